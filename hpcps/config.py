@@ -1,0 +1,787 @@
+"""Job files: TOML → validated, frozen dataclasses.
+
+A job file describes one training run (data, model, optimizer, cluster layout, ...).
+It is parsed with :mod:`tomllib` and validated key by key against a fixed schema;
+every problem is reported as a :class:`ConfigError` naming the job file and the dotted
+key, e.g.::
+
+    jobs/x.toml: optimizer.learning_rate: must be > 0, got -0.1
+    jobs/x.toml: train.batchsize: unknown key (did you mean 'batch_size'?)
+
+This module is imported before MPI is initialised and must never import ``mpi4py``.
+
+Path rules
+----------
+* Data paths (``data.path``, ``data.test_path``) are resolved relative to the directory
+  of the job file, so a job file and its data can be moved together.
+* ``output.dir`` is resolved relative to the current working directory at load time
+  (default ``runs/<name>``).
+
+Examples
+--------
+>>> cfg = load_job("jobs/adult_lr.toml")            # doctest: +SKIP
+>>> check_world(cfg, world_size=4)                  # doctest: +SKIP
+>>> cfg.train.batch_size, cfg.data.num_features     # doctest: +SKIP
+(256, 1048576)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "JobConfig",
+    "ClusterConfig",
+    "DataConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "TrainConfig",
+    "ConsistencyConfig",
+    "CommConfig",
+    "OutputConfig",
+    "EvaluateConfig",
+    "DATA_FORMATS",
+    "MODEL_TYPES",
+    "DTYPES",
+    "OPTIMIZERS",
+    "CONSISTENCY_MODELS",
+    "load_job",
+    "parse_job",
+    "check_world",
+    "check_output_writable",
+    "to_dict",
+]
+
+#: Supported ``data.format`` values.
+DATA_FORMATS = ("adult_csv", "svmlight")
+#: Supported ``model.type`` values.
+MODEL_TYPES = ("logistic",)
+#: Supported ``model.dtype`` values.
+DTYPES = ("float32", "float64")
+#: Supported ``optimizer.name`` values.
+OPTIMIZERS = ("sgd", "adagrad")
+#: Supported ``consistency.model`` values. Extend with "ssp", "async" once implemented.
+CONSISTENCY_MODELS = ("bsp",)
+
+_INT64_MAX = 2**63 - 1
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ConfigError(ValueError):
+    """An invalid job file or job configuration.
+
+    Parameters
+    ----------
+    path : str or os.PathLike or None
+        The job file the error refers to (``None`` if unknown).
+    key : str or None
+        Dotted key, e.g. ``"optimizer.learning_rate"``; ``None`` for errors about the
+        file as a whole (not found, TOML syntax error).
+    message : str
+        What is wrong, e.g. ``"must be > 0, got -0.1"``.
+
+    Attributes
+    ----------
+    path : pathlib.Path or None
+        The job file, as given by the caller.
+    key : str or None
+        The dotted key.
+    message : str
+        The bare message, without file and key.
+
+    Notes
+    -----
+    ``str(err)`` is ``"<path>: <key>: <message>"`` (parts that are ``None`` are left out).
+    """
+
+    def __init__(self, path: str | os.PathLike | None, key: str | None, message: str):
+        self.path = Path(path) if path is not None else None
+        self.key = key
+        self.message = message
+        parts = [str(p) for p in (self.path, key) if p is not None]
+        super().__init__(": ".join(parts + [message]))
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.key, self.message))
+
+
+# ----------------------------------------------------------------------- dataclasses
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """``[cluster]``: process layout.
+
+    Attributes
+    ----------
+    servers : int
+        Number of server ranks K (the last K world ranks); the other ranks are workers.
+    """
+
+    servers: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """``[data]``: training / test data.
+
+    Attributes
+    ----------
+    format : str
+        ``"adult_csv"`` (UCI Adult CSV, featurized by hashing) or ``"svmlight"``.
+    path : pathlib.Path
+        Absolute path of the training data (for ``adult_csv``: the whole data set, the
+        test set is split off with `test_fraction`).
+    test_path : pathlib.Path or None
+        Absolute path of the svmlight test file; ``None`` for ``adult_csv``.
+    index_base : int or None
+        svmlight feature indices start at 0 or 1 (never guessed); ``None`` for
+        ``adult_csv``.
+    n_features : int or None
+        svmlight feature count (indices must be ``< n_features`` after removing the base);
+        ``None`` for ``adult_csv`` (use :attr:`num_features`).
+    test_fraction : float
+        ``adult_csv``: fraction of rows held out as test set, in (0, 1).
+    split_seed : int
+        ``adult_csv``: seed of the train/test split.
+    max_rows : int
+        Read at most this many rows (0 = all); for quick tests.
+    hash_bits : int
+        ``adult_csv``: the hashed feature space has ``2**hash_bits`` features.
+    numeric_bins : int
+        ``adult_csv``: number of quantile bins for numeric columns.
+    crosses : bool
+        ``adult_csv``: add pairwise feature crosses.
+    """
+
+    format: str
+    path: Path
+    test_path: Path | None = None
+    index_base: int | None = None
+    n_features: int | None = None
+    test_fraction: float = 0.2
+    split_seed: int = 0
+    max_rows: int = 0
+    hash_bits: int = 20
+    numeric_bins: int = 8
+    crosses: bool = True
+
+    @property
+    def num_features(self) -> int:
+        """int : Number of model features (``n_features`` or ``2**hash_bits``)."""
+        if self.format == "svmlight":
+            return int(self.n_features)
+        return 2**self.hash_bits
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """``[model]``: the model.
+
+    Attributes
+    ----------
+    type : str
+        Model type; only ``"logistic"`` for now.
+    l2 : float
+        L2 regularisation strength (>= 0).
+    dtype : str
+        Parameter dtype, ``"float32"`` or ``"float64"``.
+    """
+
+    type: str = "logistic"
+    l2: float = 0.0
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """``[optimizer]``: the server-side update rule.
+
+    Attributes
+    ----------
+    name : str
+        ``"sgd"`` or ``"adagrad"``.
+    learning_rate : float
+        Step size (> 0).
+    initial_accumulator : float
+        AdaGrad initial squared-gradient accumulator (>= 0).
+    eps : float
+        AdaGrad denominator epsilon (>= 0).
+    """
+
+    name: str = "adagrad"
+    learning_rate: float = 0.1
+    initial_accumulator: float = 0.1
+    eps: float = 1e-8
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """``[train]``: the training loop.
+
+    Attributes
+    ----------
+    epochs : int
+        Passes over the training data (>= 1).
+    batch_size : int
+        Minibatch size per worker (>= 1).
+    shuffle : bool
+        Shuffle each worker's rows every epoch.
+    max_steps : int
+        Cap on steps per epoch (0 = no limit).
+    progress_seconds : float
+        Seconds between progress lines printed by the chief (> 0).
+    """
+
+    epochs: int = 5
+    batch_size: int = 256
+    shuffle: bool = True
+    max_steps: int = 0
+    progress_seconds: float = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsistencyConfig:
+    """``[consistency]``: the consistency model.
+
+    Attributes
+    ----------
+    model : str
+        One of :data:`CONSISTENCY_MODELS` (only ``"bsp"`` for now).
+    """
+
+    model: str = "bsp"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommConfig:
+    """``[comm]``: communication.
+
+    Attributes
+    ----------
+    max_message_bytes : int
+        Messages larger than this are split into chunks (>= 1024).
+    """
+
+    max_message_bytes: int = 1073741824
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputConfig:
+    """``[output]``: where results go.
+
+    Attributes
+    ----------
+    dir : pathlib.Path
+        Absolute output directory (job file value resolved against the working
+        directory; default ``runs/<name>``).
+    """
+
+    dir: Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateConfig:
+    """``[evaluate]``: evaluation after training.
+
+    Attributes
+    ----------
+    sklearn_baseline : bool
+        Also train scikit-learn's ``LogisticRegression`` on the same features and compare.
+    max_auc_gap : float
+        Largest acceptable ``baseline AUC - hpcps AUC`` (>= 0).
+    """
+
+    sklearn_baseline: bool = False
+    max_auc_gap: float = 0.005
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """A validated job file.
+
+    Attributes
+    ----------
+    name : str
+        Job name (``[A-Za-z0-9_.-]+``).
+    seed : int
+        Global random seed (>= 0).
+    cluster, data, model, optimizer, train, consistency, comm, output, evaluate
+        The sections, see the respective ``*Config`` classes.
+    path : pathlib.Path
+        Absolute path of the job file.
+    text : str
+        The raw job file text (stored with the model).
+    """
+
+    name: str
+    seed: int = 0
+    cluster: ClusterConfig
+    data: DataConfig
+    model: ModelConfig
+    optimizer: OptimizerConfig
+    train: TrainConfig
+    consistency: ConsistencyConfig
+    comm: CommConfig
+    output: OutputConfig
+    evaluate: EvaluateConfig
+    path: Path
+    text: str
+
+
+# --------------------------------------------------------------------------- schema
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """Type and constraint of one key (internal)."""
+
+    kind: type  # str, int, float or bool
+    default: Any = _REQUIRED
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False  # lo exclusive
+    hi_open: bool = False  # hi exclusive
+    choices: tuple | None = None
+
+
+_TOP = {
+    "name": _Rule(str),
+    "seed": _Rule(int, 0, lo=0),
+}
+
+_SECTIONS: dict[str, dict[str, _Rule]] = {
+    "cluster": {"servers": _Rule(int, 1, lo=1)},
+    "data": {
+        "format": _Rule(str, choices=DATA_FORMATS),
+        "path": _Rule(str),
+        "test_path": _Rule(str, ""),
+        "index_base": _Rule(int, choices=(0, 1)),
+        "n_features": _Rule(int, lo=1),
+        "test_fraction": _Rule(float, 0.2, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
+        "split_seed": _Rule(int, 0, lo=0),
+        "max_rows": _Rule(int, 0, lo=0),
+        "hash_bits": _Rule(int, 20, lo=1, hi=40),
+        "numeric_bins": _Rule(int, 8, lo=2, hi=256),
+        "crosses": _Rule(bool, True),
+    },
+    "model": {
+        "type": _Rule(str, "logistic", choices=MODEL_TYPES),
+        "l2": _Rule(float, 0.0, lo=0.0),
+        "dtype": _Rule(str, "float32", choices=DTYPES),
+    },
+    "optimizer": {
+        "name": _Rule(str, "adagrad", choices=OPTIMIZERS),
+        "learning_rate": _Rule(float, 0.1, lo=0.0, lo_open=True),
+        "initial_accumulator": _Rule(float, 0.1, lo=0.0),
+        "eps": _Rule(float, 1e-8, lo=0.0),
+    },
+    "train": {
+        "epochs": _Rule(int, 5, lo=1),
+        "batch_size": _Rule(int, 256, lo=1),
+        "shuffle": _Rule(bool, True),
+        "max_steps": _Rule(int, 0, lo=0),
+        "progress_seconds": _Rule(float, 5.0, lo=0.0, lo_open=True),
+    },
+    "consistency": {"model": _Rule(str, "bsp", choices=CONSISTENCY_MODELS)},
+    "comm": {"max_message_bytes": _Rule(int, 1073741824, lo=1024)},
+    "output": {"dir": _Rule(str, "")},
+    "evaluate": {
+        "sklearn_baseline": _Rule(bool, False),
+        "max_auc_gap": _Rule(float, 0.005, lo=0.0),
+    },
+}
+
+# [data] keys that only make sense for one format; setting them for the other is an error.
+_FORMAT_ONLY = {
+    "adult_csv": ("test_fraction", "split_seed", "hash_bits", "numeric_bins", "crosses"),
+    "svmlight": ("test_path", "index_base", "n_features"),
+}
+_FORMAT_REQUIRED = {"adult_csv": (), "svmlight": ("test_path", "index_base", "n_features")}
+
+_TOML_TYPE_NAMES = {
+    str: "string",
+    int: "integer",
+    float: "float",
+    bool: "boolean",
+    dict: "table",
+    list: "array",
+}
+
+
+def _type_name(value: Any) -> str:
+    for t in (bool, int, float, str, dict, list):  # bool before int
+        if isinstance(value, t):
+            return _TOML_TYPE_NAMES[t]
+    return type(value).__name__  # datetime, date, time
+
+
+def _show(value: Any) -> str:
+    """Render a value the way it would be written in TOML (roughly)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{...}"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _fmt_num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
+
+
+class _Checker:
+    """Validation helpers bound to one job file (internal)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.job_dir = path.resolve().parent
+
+    def error(self, key: str | None, message: str) -> ConfigError:
+        return ConfigError(self.path, key, message)
+
+    # -- keys ----------------------------------------------------------------------
+
+    def unknown_keys(self, table: dict, valid: dict, prefix: str) -> None:
+        for k in table:
+            if k in valid:
+                continue
+            dotted = f"{prefix}{k}"
+            close = difflib.get_close_matches(k, list(valid), n=1, cutoff=0.6)
+            if close:
+                hint = f"did you mean '{close[0]}'?"
+            elif prefix and k in _TOP:
+                hint = (f"'{k}' is a top-level key; move it above the first [section] "
+                        "header")
+            else:
+                homes = [s for s, keys in _SECTIONS.items() if k in keys and f"{s}." != prefix]
+                if homes:
+                    hint = f"'{k}' belongs in [{homes[0]}]"
+                else:
+                    hint = "valid keys: " + ", ".join(sorted(valid))
+            raise self.error(dotted, f"unknown key ({hint})")
+
+    def value(self, table: dict, key: str, rule: _Rule, dotted: str) -> Any:
+        """Type- and range-check ``table[key]`` (or return the default)."""
+        if key not in table:
+            if rule.default is _REQUIRED:
+                raise self.error(dotted, "required key missing")
+            return rule.default
+        v = table[key]
+        kind = rule.kind
+        ok = isinstance(v, kind) and not (kind is not bool and isinstance(v, bool))
+        if kind is float and isinstance(v, int) and not isinstance(v, bool):
+            try:
+                v, ok = float(v), True
+            except OverflowError:
+                raise self.error(dotted, f"number too large, got {v}") from None
+        if not ok:
+            raise self.error(dotted, f"expected {_TOML_TYPE_NAMES[kind]}, "
+                                     f"got {_type_name(v)} {_show(v)}")
+        if kind is float and not math.isfinite(v):
+            raise self.error(dotted, f"must be a finite number, got {_show(v)}")
+        if rule.choices is not None and v not in rule.choices:
+            allowed = ", ".join(_show(c) for c in rule.choices)
+            msg = f"must be one of {allowed}, got {_show(v)}"
+            if isinstance(v, str):
+                close = difflib.get_close_matches(v, [str(c) for c in rule.choices], n=1)
+                if close:
+                    msg += f" (did you mean '{close[0]}'?)"
+            raise self.error(dotted, msg)
+        if kind is int and v > _INT64_MAX:
+            raise self.error(dotted, f"must be <= {_INT64_MAX}, got {v}")
+        self._range(v, rule, dotted)
+        return v
+
+    def _range(self, v: float, rule: _Rule, dotted: str) -> None:
+        lo, hi = rule.lo, rule.hi
+        if lo is not None and hi is not None:
+            bad = (v <= lo if rule.lo_open else v < lo) or (v >= hi if rule.hi_open else v > hi)
+            if bad:
+                lb = "(" if rule.lo_open else "["
+                rb = ")" if rule.hi_open else "]"
+                raise self.error(dotted, f"must be in {lb}{_fmt_num(lo)}, {_fmt_num(hi)}{rb}, "
+                                         f"got {_show(v)}")
+        elif lo is not None:
+            if v <= lo if rule.lo_open else v < lo:
+                op = ">" if rule.lo_open else ">="
+                raise self.error(dotted, f"must be {op} {_fmt_num(lo)}, got {_show(v)}")
+        elif hi is not None:
+            if v >= hi if rule.hi_open else v > hi:
+                op = "<" if rule.hi_open else "<="
+                raise self.error(dotted, f"must be {op} {_fmt_num(hi)}, got {_show(v)}")
+
+    # -- paths -----------------------------------------------------------------------
+
+    def input_file(self, value: str, dotted: str) -> Path:
+        """Resolve a data path against the job file's directory; it must be a file."""
+        if not value:
+            raise self.error(dotted, "must not be empty")
+        p = Path(value).expanduser()
+        if not p.is_absolute():
+            p = self.job_dir / p
+        p = p.resolve()
+        if not p.exists():
+            rel = "" if Path(value).expanduser().is_absolute() else (
+                f" (relative paths are resolved against the job file's directory "
+                f"{self.job_dir})")
+            raise self.error(dotted, f"file not found: {p}{rel}")
+        if not p.is_file():
+            raise self.error(dotted, f"not a regular file: {p}")
+        if not os.access(p, os.R_OK):
+            raise self.error(dotted, f"file not readable: {p}")
+        return p
+
+
+def _section(ck: _Checker, doc: dict, name: str) -> dict:
+    table = doc.get(name, {})
+    if not isinstance(table, dict):
+        raise ck.error(name, f"expected a table ([{name}]), got {_type_name(table)} "
+                             f"{_show(table)}")
+    ck.unknown_keys(table, _SECTIONS[name], f"{name}.")
+    return table
+
+
+def _simple(ck: _Checker, doc: dict, name: str) -> dict[str, Any]:
+    table = _section(ck, doc, name)
+    return {k: ck.value(table, k, rule, f"{name}.{k}") for k, rule in _SECTIONS[name].items()}
+
+
+def _data(ck: _Checker, doc: dict) -> DataConfig:
+    table = _section(ck, doc, "data")
+    rules = _SECTIONS["data"]
+    fmt = ck.value(table, "format", rules["format"], "data.format")
+    for other, keys in _FORMAT_ONLY.items():
+        if other == fmt:
+            continue
+        for k in keys:
+            if k not in table or (k == "test_path" and table[k] == ""):
+                continue
+            if k == "test_path":
+                raise ck.error("data.test_path", f"must be empty for format '{fmt}' (the "
+                                                 "test set is split off by "
+                                                 "data.test_fraction), got "
+                                                 f"{_show(table[k])}")
+            raise ck.error(f"data.{k}", f"not used with format '{fmt}' (only with "
+                                        f"'{other}'); remove it")
+    for k in _FORMAT_REQUIRED[fmt]:
+        if k not in table:
+            raise ck.error(f"data.{k}", f"required key missing (required for format "
+                                        f"'{fmt}')")
+    vals: dict[str, Any] = {}
+    for k, rule in rules.items():
+        if k == "format":
+            continue
+        if k in _FORMAT_ONLY[fmt] or not any(k in ks for ks in _FORMAT_ONLY.values()):
+            vals[k] = ck.value(table, k, rule, f"data.{k}")
+    path = ck.input_file(vals.pop("path"), "data.path")
+    test_path = vals.pop("test_path", "")
+    test_path = ck.input_file(test_path, "data.test_path") if fmt == "svmlight" else None
+    return DataConfig(format=fmt, path=path, test_path=test_path, **vals)
+
+
+def _parse(doc: dict, text: str, path: Path) -> JobConfig:
+    ck = _Checker(path)
+    ck.unknown_keys(doc, {**_TOP, **_SECTIONS}, "")
+    name = ck.value(doc, "name", _TOP["name"], "name")
+    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise ck.error("name", "must match [A-Za-z0-9_.-]+ (and not be '.' or '..'), "
+                               f"got {_show(name)}")
+    seed = ck.value(doc, "seed", _TOP["seed"], "seed")
+
+    cluster = ClusterConfig(**_simple(ck, doc, "cluster"))
+    data = _data(ck, doc)
+    model = ModelConfig(**_simple(ck, doc, "model"))
+    optimizer = OptimizerConfig(**_simple(ck, doc, "optimizer"))
+    train = TrainConfig(**_simple(ck, doc, "train"))
+    consistency = ConsistencyConfig(**_simple(ck, doc, "consistency"))
+    comm = CommConfig(**_simple(ck, doc, "comm"))
+    out_dir = _simple(ck, doc, "output")["dir"] or f"runs/{name}"
+    output = OutputConfig(dir=(Path.cwd() / Path(out_dir).expanduser()).resolve())
+    evaluate = EvaluateConfig(**_simple(ck, doc, "evaluate"))
+    return JobConfig(name=name, seed=seed, cluster=cluster, data=data, model=model,
+                     optimizer=optimizer, train=train, consistency=consistency, comm=comm,
+                     output=output, evaluate=evaluate, path=path.resolve(), text=text)
+
+
+# ------------------------------------------------------------------------ public API
+
+
+def parse_job(text: str, path: str | os.PathLike) -> JobConfig:
+    """Parse and validate job-file text.
+
+    Parameters
+    ----------
+    text : str
+        TOML text of the job file.
+    path : str or os.PathLike
+        Path of the job file: used in error messages and as the base directory of
+        relative data paths. It need not exist.
+
+    Returns
+    -------
+    JobConfig
+        The validated configuration; ``JobConfig.path`` is `path` made absolute.
+
+    Raises
+    ------
+    ConfigError
+        On a TOML syntax error, an unknown / missing / mistyped / out-of-range key, or a
+        missing input file.
+    """
+    path = Path(path)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, None, f"invalid TOML: {e}") from None
+    return _parse(doc, text, path)
+
+
+def load_job(path: str | os.PathLike) -> JobConfig:
+    """Read, parse and validate a job file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The job file (TOML, UTF-8).
+
+    Returns
+    -------
+    JobConfig
+        The validated configuration.
+
+    Raises
+    ------
+    ConfigError
+        If the file cannot be read, or for any error :func:`parse_job` reports.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError(path, None, f"job file not found ({path.absolute()})") from None
+    except IsADirectoryError:
+        raise ConfigError(path, None, "is a directory, expected a TOML job file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, None, f"not valid UTF-8 text: {e}") from None
+    except OSError as e:
+        raise ConfigError(path, None, f"cannot read job file: {e.strerror or e}") from None
+    return parse_job(text, path)
+
+
+def _display_path(path: Path) -> Path:
+    """`path` relative to the working directory if it lies below it."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def check_world(cfg: JobConfig, world_size: int) -> None:
+    """Check that the MPI world fits the job's cluster layout.
+
+    Parameters
+    ----------
+    cfg : JobConfig
+        The job.
+    world_size : int
+        Number of MPI ranks.
+
+    Raises
+    ------
+    ConfigError
+        With key ``"cluster.servers"`` unless ``1 <= servers <= world_size - 1`` (at least
+        one server and one worker).
+    TypeError
+        If `world_size` is not an int.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
+    k = cfg.cluster.servers
+    where = _display_path(cfg.path)
+    if world_size < 2:
+        raise ConfigError(where, "cluster.servers",
+                          f"world size {world_size} is too small: need at least "
+                          f"{k} + 1 = {k + 1} MPI ranks ({k} server(s) + at least 1 worker)")
+    if not 1 <= k <= world_size - 1:
+        raise ConfigError(where, "cluster.servers",
+                          f"{k} server(s) in a world of {world_size} ranks leave "
+                          f"{world_size} - {k} = {world_size - k} workers; need "
+                          f"1 <= servers <= world size - 1 = {world_size - 1} "
+                          f"(or launch at least {k + 1} ranks)")
+
+
+def check_output_writable(cfg: JobConfig) -> None:
+    """Create the output directory (with parents) and check that it is writable.
+
+    Parameters
+    ----------
+    cfg : JobConfig
+        The job; uses ``cfg.output.dir``.
+
+    Raises
+    ------
+    ConfigError
+        With key ``"output.dir"`` if the directory cannot be created or written to.
+    """
+    d = cfg.output.dir
+    where = _display_path(cfg.path)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(where, "output.dir", f"exists and is not a directory: {d}") from None
+    except OSError as e:
+        raise ConfigError(where, "output.dir",
+                          f"cannot create directory {d}: {e.strerror or e}") from None
+    try:
+        with tempfile.TemporaryFile(dir=d, prefix=".hpcps-write-test-"):
+            pass
+    except OSError as e:
+        raise ConfigError(where, "output.dir",
+                          f"directory is not writable: {d}: {e.strerror or e}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def to_dict(cfg: JobConfig) -> dict[str, Any]:
+    """The validated configuration as a plain, JSON-serialisable dict.
+
+    Parameters
+    ----------
+    cfg : JobConfig
+        The job.
+
+    Returns
+    -------
+    dict
+        ``{"name", "seed", "cluster": {...}, "data": {...}, ..., "path"}`` with paths as
+        strings. ``data`` also holds the derived ``num_features``; the raw job file text
+        (``cfg.text``) is left out.
+    """
+    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "text"}
+    out = {k: _plain(dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+           for k, v in d.items()}
+    out["data"]["num_features"] = cfg.data.num_features
+    return out
