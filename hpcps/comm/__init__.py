@@ -1,0 +1,11 @@
+"""The communication layer: the only part of hpcps that imports :mod:`mpi4py`.
+
+Submodules
+----------
+core
+    World checks, the server/worker role split, abort-on-error, dtype-derived buffer sends
+    with splitting of messages over ``max_message_bytes``.
+transport
+    The parameter-server wire protocol (request headers, tags, ops) over point-to-point
+    buffer calls, with per-op counters of messages, bytes and seconds.
+"""

@@ -1,0 +1,162 @@
+"""The ``hpcps`` command.
+
+``hpcps train JOB``         run a job inside an MPI launch (every rank runs this)
+``hpcps run [-n N] [JOB]``  start mpirun for JOB (default: the shipped quick-start job)
+``hpcps check [JOB]``       run JOB and compare its test AUC with scikit-learn's
+``hpcps info``              versions of hpcps, MPI, mpi4py, h5py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+QUICKSTART = Path(__file__).resolve().parent.parent / "jobs" / "adult_lr.toml"
+QUICKSTART_WORKERS = 3
+
+
+def _rank_label() -> str:
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return f"rank {os.environ[var]}: "
+    return ""
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    sys.stderr.write(f"hpcps: {_rank_label()}error: {msg}\n")
+    sys.stderr.flush()
+    return code
+
+
+def cmd_train(args) -> int:
+    # Everything that can be checked without MPI is checked before mpi4py is imported, so a
+    # bad job file fails on every rank at once, before any communication.
+    from .config import ConfigError, check_output_writable, load_job
+
+    try:
+        cfg = load_job(args.job)
+        check_output_writable(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
+    from .comm import core
+    from .job import run_job
+
+    world = core.world()
+    with core.abort_on_error(world):
+        try:
+            run_job(cfg, world)
+        except (ConfigError, core.LaunchError) as e:
+            # raised identically on every rank before any communication: exit, don't abort
+            return _fail(str(e))
+    return 0
+
+
+def _default_job(job):
+    if job:
+        return job
+    if not QUICKSTART.exists():
+        raise SystemExit(_fail(f"no job file given and the quick-start job {QUICKSTART} is missing"))
+    return str(QUICKSTART)
+
+
+def cmd_run(args) -> int:
+    from . import launch
+    from .config import ConfigError, load_job
+
+    job = _default_job(args.job)
+    try:
+        cfg = load_job(job)
+    except ConfigError as e:
+        return _fail(str(e))
+    n = args.n or cfg.cluster.servers + QUICKSTART_WORKERS
+    try:
+        mpirun = launch.find_mpirun(args.mpirun)
+    except FileNotFoundError as e:
+        return _fail(str(e))
+    cmd, env = launch.build_command(n, job, mpirun=mpirun, flavour=launch.mpi_flavour(mpirun),
+                                    extra=args.mpirun_args)
+    shown = " ".join(f"{k}={v}" for k, v in env.items())
+    print(f"hpcps run: {(shown + ' ') if shown else ''}{' '.join(cmd)}", flush=True)
+    if args.dry_run:
+        return 0
+    return launch.run(cmd, env)
+
+
+def cmd_check(args) -> int:
+    from .config import ConfigError, load_job
+
+    rc = cmd_run(args)
+    if rc != 0:
+        return rc
+    try:
+        cfg = load_job(_default_job(args.job))
+    except ConfigError as e:
+        return _fail(str(e))
+    metrics = json.loads((cfg.output.dir / "metrics.json").read_text())
+    base = metrics.get("summary", {}).get("baseline")
+    if not base or not metrics.get("epochs"):
+        return _fail(f"{cfg.path}: set [evaluate] sklearn_baseline = true for hpcps check")
+    ours = metrics["epochs"][-1]["test_auc"]
+    gap = base["test_auc"] - ours
+    ok = gap <= cfg.evaluate.max_auc_gap
+    print(f"check: hpcps AUC {ours:.4f}  scikit-learn AUC {base['test_auc']:.4f}  "
+          f"gap {gap:+.4f}  (allowed {cfg.evaluate.max_auc_gap})  {'OK' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+def cmd_info(args) -> int:
+    import h5py
+    import numpy
+
+    from . import __version__, launch
+
+    print(f"hpcps {__version__}; numpy {numpy.__version__}; h5py {h5py.__version__} "
+          f"(HDF5 {h5py.version.hdf5_version})")
+    try:
+        mpirun = launch.find_mpirun()
+        print(f"mpirun: {mpirun} {launch.mpi_flavour(mpirun)}")
+    except FileNotFoundError as e:
+        print(e)
+    import mpi4py
+
+    print(f"mpi4py {mpi4py.__version__}")
+    from mpi4py import MPI
+
+    print(MPI.Get_library_version().strip().splitlines()[0])
+    print(f"cores: {os.cpu_count()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hpcps", description="An MPI parameter server for machine learning.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="run a job inside an MPI launch (every rank)")
+    t.add_argument("job", help="TOML job file")
+    t.set_defaults(func=cmd_train)
+    for name, func, hlp in (("run", cmd_run, "launch mpirun for a job"),
+                            ("check", cmd_check, "run a job and compare its AUC with scikit-learn")):
+        r = sub.add_parser(name, help=hlp)
+        r.add_argument("job", nargs="?", help=f"TOML job file (default: {QUICKSTART.name}, 1 server + 3 workers)")
+        r.add_argument("-n", type=int, default=0, help="number of ranks (default: servers + 3)")
+        r.add_argument("--mpirun", help="mpirun to use (default: next to python, then PATH)")
+        r.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+        r.add_argument("mpirun_args", nargs=argparse.REMAINDER,
+                       help="after --: extra mpirun arguments")
+        r.set_defaults(func=func)
+    i = sub.add_parser("info", help="versions and the MPI in use")
+    i.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "mpirun_args", None) and args.mpirun_args[0] == "--":
+        args.mpirun_args = args.mpirun_args[1:]
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Small collectives used by the roles, with buffer calls only (no pickle).
+
+Every function here is collective over the communicator passed in: all its ranks must call it,
+in the same order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .core import native_contiguous
+
+
+def allreduce_sum(comm: MPI.Intracomm, values) -> np.ndarray:
+    """Element-wise sum over ranks of a float64 or int64 array. Collective."""
+    a = native_contiguous(values)
+    out = np.empty_like(a)
+    comm.Allreduce(a, out, op=MPI.SUM)
+    return out
+
+
+def allreduce_max(comm: MPI.Intracomm, values) -> np.ndarray:
+    """Element-wise maximum over ranks. Collective."""
+    a = native_contiguous(values)
+    out = np.empty_like(a)
+    comm.Allreduce(a, out, op=MPI.MAX)
+    return out
+
+
+def gatherv(comm: MPI.Intracomm, values: np.ndarray, root: int = 0):
+    """Concatenate 1-D arrays of varying lengths on ``root`` (rank order). Collective.
+
+    Returns the concatenation on ``root`` and ``None`` elsewhere.
+    """
+    a = native_contiguous(values).reshape(-1)
+    counts = np.zeros(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([a.size], dtype=np.int64), counts)
+    if comm.Get_rank() == root:
+        out = np.empty(int(counts.sum()), dtype=a.dtype)
+        comm.Gatherv(a, [out, counts.tolist()], root=root)
+        return out
+    comm.Gatherv(a, None, root=root)
+    return None
+
+
+def gather_rows(comm: MPI.Intracomm, row: np.ndarray, root: int = 0):
+    """Stack one fixed-length float64 row per rank on ``root`` → ``(size, n)``. Collective."""
+    a = native_contiguous(np.asarray(row, dtype=np.float64)).reshape(-1)
+    out = np.empty((comm.Get_size(), a.size), dtype=np.float64) if comm.Get_rank() == root else None
+    comm.Gather(a, out, root=root)
+    return out
+
+
+def barrier(comm: MPI.Intracomm) -> None:
+    """``comm.Barrier()``. Collective."""
+    comm.Barrier()

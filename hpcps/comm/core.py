@@ -1,0 +1,275 @@
+"""MPI essentials: launch checks, role split, abort-on-error and buffer transfers.
+
+Everything that touches MPI lives in :mod:`hpcps.comm`; communicators are passed in, never
+taken from a module-level ``COMM_WORLD``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
+
+#: Default largest single MPI message in bytes; larger arrays are sent in chunks so that no
+#: element count reaches 2**31 (MPI's int counts), whatever the datatype.
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+
+SERVER = "server"
+WORKER = "worker"
+
+
+class LaunchError(RuntimeError):
+    """The MPI launch does not fit the job (world size, MPI build mismatch, roles)."""
+
+
+def world() -> MPI.Intracomm:
+    """Return ``MPI.COMM_WORLD``; called once, by the command-line entry point only."""
+    return MPI.COMM_WORLD
+
+
+def hostname() -> str:
+    """Name of the node this rank runs on (``MPI.Get_processor_name``)."""
+    try:
+        return MPI.Get_processor_name()
+    except MPI.Exception:  # pragma: no cover - MPI not usable
+        return socket.gethostname()
+
+
+def launcher_world_size(environ=None) -> int | None:
+    """World size announced by the launcher's environment, or ``None`` when not launched.
+
+    Reads the variables Open MPI (``OMPI_COMM_WORLD_SIZE``), MPICH/Hydra and PMI-2
+    (``PMI_SIZE``) and Slurm's ``srun`` (``SLURM_STEP_NUM_TASKS``, only inside a job step)
+    set for each launched process.
+    """
+    env = os.environ if environ is None else environ
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if env.get(var, "").isdigit():
+            return int(env[var])
+    if env.get("SLURM_STEP_ID") and env.get("SLURM_STEP_NUM_TASKS", "").isdigit():
+        return int(env["SLURM_STEP_NUM_TASKS"])
+    return None
+
+
+def check_launch(comm: MPI.Intracomm, environ=None) -> None:
+    """Refuse a world of size 1 when the launcher started more processes.
+
+    That happens when mpi4py was built against a different MPI than the ``mpirun``/``srun``
+    that started the job: every process then believes it is rank 0 of 1.
+    Local (not collective); call it on every rank before any communication.
+
+    Raises
+    ------
+    LaunchError
+        With the sizes seen and the usual fix.
+    """
+    announced = launcher_world_size(environ)
+    size = comm.Get_size()
+    if size == 1 and announced is not None and announced > 1:
+        raise LaunchError(
+            f"MPI reports a world of 1 rank but the launcher started {announced}: mpi4py "
+            f"({MPI.Get_library_version().splitlines()[0].strip()}) was built against a "
+            "different MPI than the mpirun/srun in use. Use the mpirun of the same MPI "
+            "(`python -c 'import mpi4py; print(mpi4py.get_config())'`), or reinstall mpi4py "
+            "against the site MPI: `pip install --no-binary mpi4py --force mpi4py`."
+        )
+
+
+@dataclass(frozen=True)
+class Roles:
+    """This rank's place in the job after :func:`split_roles`.
+
+    Attributes
+    ----------
+    world : MPI.Intracomm
+        The job's world communicator (as passed in).
+    ps : MPI.Intracomm
+        A duplicate of ``world`` reserved for parameter-server traffic (worker <-> server),
+        so that its messages never match collectives or other traffic.
+    role_comm : MPI.Intracomm
+        The communicator of this rank's role (all workers, or all servers).
+    role : str
+        ``"worker"`` or ``"server"``.
+    index : int
+        Rank within ``role_comm`` (worker index or server index).
+    worker_ranks, server_ranks : tuple of int
+        World (and ``ps``) ranks of the workers and of the servers, in index order.
+    """
+
+    world: MPI.Intracomm
+    ps: MPI.Intracomm
+    role_comm: MPI.Intracomm
+    role: str
+    index: int
+    worker_ranks: tuple
+    server_ranks: tuple
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.worker_ranks)
+
+    @property
+    def n_servers(self) -> int:
+        return len(self.server_ranks)
+
+    @property
+    def is_chief(self) -> bool:
+        """True on worker 0 (world rank 0), which reports progress and writes the model."""
+        return self.role == WORKER and self.index == 0
+
+    def free(self) -> None:
+        """Free the communicators made by :func:`split_roles` (collective over world)."""
+        for c in (self.role_comm, self.ps):
+            if c != MPI.COMM_NULL:
+                c.Free()
+
+
+def role_map(world_size: int, n_servers: int) -> list[str]:
+    """Role of every world rank: the last ``n_servers`` ranks serve, the others work.
+
+    World rank 0 is therefore always worker 0 (the chief).
+
+    Raises
+    ------
+    LaunchError
+        Unless ``1 <= n_servers <= world_size - 1``.
+    """
+    if not 1 <= n_servers <= world_size - 1:
+        raise LaunchError(
+            f"{world_size} rank(s) cannot hold {n_servers} server(s) and at least one worker: "
+            f"need world size >= servers + 1 = {n_servers + 1}"
+        )
+    return [WORKER] * (world_size - n_servers) + [SERVER] * n_servers
+
+
+def split_roles(comm: MPI.Intracomm, n_servers: int) -> Roles:
+    """Split ``comm`` into servers and workers.  Collective over ``comm``.
+
+    Every rank computes the same role map locally (so a bad ``n_servers`` raises on every
+    rank before any communication), then ``comm.Split`` makes the role communicators.
+    """
+    roles = role_map(comm.Get_size(), n_servers)
+    me = comm.Get_rank()
+    role = roles[me]
+    ps = comm.Dup()
+    role_comm = comm.Split(0 if role == WORKER else 1, me)
+    return Roles(
+        world=comm,
+        ps=ps,
+        role_comm=role_comm,
+        role=role,
+        index=role_comm.Get_rank(),
+        worker_ranks=tuple(r for r, x in enumerate(roles) if x == WORKER),
+        server_ranks=tuple(r for r, x in enumerate(roles) if x == SERVER),
+    )
+
+
+@contextlib.contextmanager
+def abort_on_error(comm: MPI.Comm, stream=None):
+    """Turn an exception on any rank into an abort of the whole job.
+
+    Prints ``hpcps: rank R on HOST: <traceback>`` to ``stream`` (stderr) and calls
+    ``comm.Abort(1)``, so that no other rank is left waiting in a collective or a receive.
+    Not collective: only the raising rank calls ``Abort``. ``SystemExit`` with code 0 passes.
+    """
+    try:
+        yield
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        _report_and_abort(comm, stream, f"exit status {e.code}", code=e.code if isinstance(e.code, int) else 1)
+    except BaseException as e:  # noqa: BLE001 - every failure must end the job
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        if isinstance(e, (LaunchError,)) or type(e).__name__ in ("ConfigError", "DataError"):
+            text = f"{type(e).__name__}: {e}\n"
+        _report_and_abort(comm, stream, text.rstrip(), code=1)
+
+
+def _report_and_abort(comm, stream, text, code):
+    stream = stream or sys.stderr
+    try:
+        stream.write(f"hpcps: rank {comm.Get_rank()} on {hostname()}: {text}\n")
+        stream.flush()
+    finally:
+        comm.Abort(code)
+
+
+# --------------------------------------------------------------------------- buffers
+
+
+def native_contiguous(a: np.ndarray) -> np.ndarray:
+    """Return ``a`` as a C-contiguous array of native byte order (a copy only when needed).
+
+    Non-contiguous, transposed or byte-swapped arrays would otherwise be sent scrambled.
+    """
+    a = np.asarray(a)
+    return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
+
+
+def chunk_slices(n_elements: int, itemsize: int, max_bytes: int) -> list[slice]:
+    """Split ``n_elements`` items into slices of at most ``max_bytes`` bytes (≥ 1 item each).
+
+    Both the sender and the receiver derive the same chunks from the element count, so a
+    message of any size goes through MPI's ``int`` counts. ``n_elements == 0`` gives ``[]``.
+    """
+    per = max(1, max_bytes // max(1, itemsize))
+    per = min(per, (1 << 31) - 1)
+    return [slice(i, min(i + per, n_elements)) for i in range(0, n_elements, per)]
+
+
+def isend_array(comm: MPI.Comm, a: np.ndarray, dest: int, tag: int, max_bytes: int,
+                requests: list) -> np.ndarray:
+    """Start non-blocking sends of ``a`` to ``dest`` (chunked); append their requests.
+
+    Point-to-point: ``dest`` must post the matching :func:`irecv_array`/:func:`recv_array`.
+    Returns the (possibly converted) array actually sent, which the caller must keep alive
+    until the requests complete.
+    """
+    a = native_contiguous(a)
+    flat = a.reshape(-1)
+    dt = from_numpy_dtype(a.dtype)
+    for s in chunk_slices(flat.size, a.itemsize, max_bytes):
+        part = flat[s]
+        requests.append(comm.Isend([part, part.size, dt], dest=dest, tag=tag))
+    return a
+
+
+def irecv_array(comm: MPI.Comm, out: np.ndarray, source: int, tag: int, max_bytes: int,
+                requests: list) -> None:
+    """Post non-blocking receives into ``out`` (C-contiguous, native) from ``source``."""
+    if not (out.flags.c_contiguous and out.dtype.isnative):
+        raise ValueError("receive buffer must be C-contiguous with native byte order")
+    flat = out.reshape(-1)
+    dt = from_numpy_dtype(out.dtype)
+    for s in chunk_slices(flat.size, out.itemsize, max_bytes):
+        part = flat[s]
+        requests.append(comm.Irecv([part, part.size, dt], source=source, tag=tag))
+
+
+def send_array(comm: MPI.Comm, a: np.ndarray, dest: int, tag: int, max_bytes: int) -> None:
+    """Blocking chunked send of ``a`` (see :func:`isend_array`). Point-to-point."""
+    reqs: list = []
+    keep = isend_array(comm, a, dest, tag, max_bytes, reqs)
+    MPI.Request.Waitall(reqs)
+    del keep
+
+
+def recv_array(comm: MPI.Comm, out: np.ndarray, source: int, tag: int, max_bytes: int) -> None:
+    """Blocking chunked receive into ``out`` (see :func:`irecv_array`). Point-to-point."""
+    reqs: list = []
+    irecv_array(comm, out, source, tag, max_bytes, reqs)
+    MPI.Request.Waitall(reqs)
+
+
+def waitall(requests: list) -> None:
+    """Complete a list of requests made by :func:`isend_array`/:func:`irecv_array`."""
+    if requests:
+        MPI.Request.Waitall(requests)
+        requests.clear()

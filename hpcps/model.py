@@ -1,0 +1,92 @@
+"""Sparse logistic regression on the parameter server (no MPI).
+
+Tables: ``weights`` (sparse, one float per feature) and ``bias`` (dense, one row). The
+gradient kernel is :func:`hpcps.kernels.logistic.logistic_loss_grad`; the loss is the mean
+log-loss of the step's examples plus the optional L2 penalty ``l2/2 * ||w||²`` applied
+lazily by the servers to the rows a step touches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .kernels.logistic import logistic_loss_grad, logistic_predict
+from .optim import Optimizer
+from .tables import TableSpec
+
+WEIGHTS, BIAS = "weights", "bias"
+
+
+def logistic_tables(cfg) -> list:
+    """``[(TableSpec, Optimizer)]`` of the logistic model of job ``cfg``, in table-id order."""
+    o = cfg.optimizer
+    dtype = cfg.model.dtype
+
+    def opt(l2):
+        return Optimizer(o.name, o.learning_rate, l2=l2,
+                         initial_accumulator=o.initial_accumulator, eps=o.eps)
+
+    return [
+        (TableSpec(WEIGHTS, cfg.data.num_features, 1, dtype, sparse=True), opt(cfg.model.l2)),
+        (TableSpec(BIAS, 1, 1, dtype, sparse=False), opt(0.0)),
+    ]
+
+
+def batch_keys(X):
+    """Unique feature keys of a CSR batch and the batch's columns renumbered into them.
+
+    Returns
+    -------
+    keys : int64 (m,), sorted
+    local_indices : int64 (nnz,), positions of ``X.indices`` in ``keys``
+    """
+    keys, local = np.unique(X.indices, return_inverse=True)
+    return keys.astype(np.int64, copy=False), local.astype(np.int64, copy=False).reshape(-1)
+
+
+def loss_and_gradient(X, y, keys_local, w, bias):
+    """Summed log-loss, gradient sum over the batch's keys, and bias gradient sum.
+
+    Parameters
+    ----------
+    X : csr_matrix (B, n_features)
+    y : float64 (B,) in {0, 1}
+    keys_local : int64 (nnz,), from :func:`batch_keys`
+    w : (m,) pulled weights of the batch's keys, float32/float64
+    bias : float
+
+    Returns
+    -------
+    loss_sum : float
+    grad : (m,) same dtype as ``w``
+    grad_bias : float
+    """
+    grad = np.empty_like(w)
+    indptr = X.indptr.astype(np.int64, copy=False)
+    data = X.data.astype(np.float64, copy=False)
+    loss, gb = logistic_loss_grad(indptr, keys_local, data, np.ascontiguousarray(y, dtype=np.float64),
+                                  np.ascontiguousarray(w), float(bias), grad)
+    return loss, grad, gb
+
+
+def predict(X, keys_local, w, bias) -> np.ndarray:
+    """Probabilities P(y = 1 | x), float64 (B,)."""
+    out = np.empty(X.shape[0], dtype=np.float64)
+    logistic_predict(X.indptr.astype(np.int64, copy=False), keys_local,
+                     X.data.astype(np.float64, copy=False), np.ascontiguousarray(w), float(bias), out)
+    return out
+
+
+def binary_metrics(y, p) -> dict:
+    """Log-loss, ROC AUC and accuracy (threshold 0.5) with scikit-learn's metrics."""
+    from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
+
+    y = np.asarray(y, dtype=np.float64)
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-15, 1 - 1e-15)
+    res = {"n": int(y.size)}
+    if y.size == 0:
+        return res
+    res["logloss"] = float(log_loss(y, p, labels=[0, 1]))
+    res["accuracy"] = float(accuracy_score(y, p >= 0.5))
+    res["auc"] = float(roc_auc_score(y, p)) if 0 < y.sum() < y.size else float("nan")
+    return res

@@ -1,0 +1,149 @@
+"""Parameter tables and the key → server map (no MPI).
+
+A table has ``num_keys`` rows of ``dim`` values. Its key space ``[0, num_keys)`` is first
+permuted by a bijection, then cut into one contiguous *key range* per server:
+
+    p(k)      = (k * A) mod num_keys        A = :func:`choose_multiplier`; A = 1 for dense tables
+    R         = ceil(num_keys / n_servers)
+    server(k) = p(k) // R                   local row = p(k) - server(k) * R
+
+A sparse table's multiplier ``A`` is coprime with ``num_keys`` and near ``num_keys / φ``
+(golden-ratio multiplicative hashing, Knuth TAOCP vol. 3 §6.4), so neighbouring keys —
+one-hot features, low ids, which are often the frequent ones — land on different servers
+instead of piling onto the first. The inverse map uses ``A⁻¹ mod num_keys``, so a shard's
+rows can be written out in original key order. Dense tables (``permute=False``) keep key
+order so that each server holds one contiguous block of rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kernels.keys import choose_multiplier, permute_keys
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Declaration of one parameter table.
+
+    Attributes
+    ----------
+    name : str
+        Table name (the dataset name in model and checkpoint files).
+    num_keys : int
+        Number of rows; keys are int64 in ``[0, num_keys)``.
+    dim : int
+        Values per row.
+    dtype : str
+        ``"float32"`` or ``"float64"``.
+    sparse : bool
+        Sparse tables are pulled/pushed by keys and use a permuted key space; dense tables
+        keep key order.
+    init_std : float
+        Rows start as N(0, init_std²) (``0`` = zeros), drawn per server from the job seed.
+    """
+
+    name: str
+    num_keys: int
+    dim: int = 1
+    dtype: str = "float32"
+    sparse: bool = True
+    init_std: float = 0.0
+
+    def __post_init__(self):
+        if self.num_keys < 1 or self.dim < 1:
+            raise ValueError(f"table {self.name!r}: num_keys and dim must be >= 1, "
+                             f"got {self.num_keys} and {self.dim}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"table {self.name!r}: dtype must be float32 or float64, got {self.dtype!r}")
+
+
+class KeyPartition:
+    """The key → server map of one table over ``n_servers`` servers (see module docstring).
+
+    Parameters
+    ----------
+    num_keys : int
+        Size of the key space.
+    n_servers : int
+        Number of servers (≥ 1).
+    permute : bool
+        Permute the key space first (sparse tables) or not (dense tables).
+    """
+
+    def __init__(self, num_keys: int, n_servers: int, permute: bool = True):
+        if n_servers < 1:
+            raise ValueError(f"n_servers must be >= 1, got {n_servers}")
+        self.num_keys = int(num_keys)
+        self.n_servers = int(n_servers)
+        self.multiplier = choose_multiplier(self.num_keys) if permute else 1
+        self.inverse = pow(self.multiplier, -1, self.num_keys) if self.num_keys > 1 else 0
+        self.range_size = -(-self.num_keys // self.n_servers)
+
+    def positions(self, keys: np.ndarray) -> np.ndarray:
+        """Permuted positions ``p(k)``, int64, same shape as ``keys``.
+
+        Raises
+        ------
+        ValueError
+            For a key outside ``[0, num_keys)`` (the message names the key).
+        """
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        if self.multiplier == 1:
+            if keys.size and (keys.min() < 0 or keys.max() >= self.num_keys):
+                bad = keys[(keys < 0) | (keys >= self.num_keys)][0]
+                raise ValueError(f"key {bad} outside the key space [0, {self.num_keys})")
+            return keys
+        return permute_keys(keys, self.num_keys, self.multiplier)
+
+    def shard_range(self, server: int) -> tuple[int, int]:
+        """Permuted positions ``[lo, hi)`` owned by ``server`` (may be empty)."""
+        lo = min(server * self.range_size, self.num_keys)
+        hi = min(lo + self.range_size, self.num_keys)
+        return lo, hi
+
+    def server_of(self, keys: np.ndarray) -> np.ndarray:
+        """Server index of each key, int64."""
+        return self.positions(keys) // self.range_size
+
+    def split(self, keys: np.ndarray):
+        """Group ``keys`` by server.
+
+        Returns
+        -------
+        order : int64 ndarray (n,)
+            Permutation of ``range(n)`` that sorts the request by server (stable).
+        bounds : int64 ndarray (n_servers + 1,)
+            ``order[bounds[s]:bounds[s+1]]`` are the positions in ``keys`` owned by server s.
+        """
+        srv = self.server_of(keys)
+        order = np.argsort(srv, kind="stable")
+        bounds = np.zeros(self.n_servers + 1, dtype=np.int64)
+        np.cumsum(np.bincount(srv, minlength=self.n_servers), out=bounds[1:])
+        return order, bounds
+
+    def local_rows(self, keys: np.ndarray, server: int) -> np.ndarray:
+        """Local row index of each key on ``server``.
+
+        Raises
+        ------
+        ValueError
+            If a key is outside the key space or not in this server's key range.
+        """
+        lo, hi = self.shard_range(server)
+        pos = self.positions(keys)
+        if pos.size and (pos.min() < lo or pos.max() >= hi):
+            bad = np.asarray(keys)[(pos < lo) | (pos >= hi)][0]
+            raise ValueError(f"key {bad} does not belong to server {server} "
+                             f"(key range [{lo}, {hi}) of the permuted space)")
+        return pos - lo
+
+    def shard_keys(self, server: int) -> np.ndarray:
+        """Original keys of the rows of ``server``'s shard, in local row order, int64."""
+        lo, hi = self.shard_range(server)
+        pos = np.arange(lo, hi, dtype=np.int64)
+        if self.multiplier == 1:
+            return pos
+        return permute_keys(pos, self.num_keys, self.inverse)
