@@ -1,0 +1,122 @@
+# mpi-ranks: 3 4
+"""Multi-rank tests of the wire protocol, the server loop and BSP (real MPI ranks).
+
+Run: ``mpirun -n 3 python -m pytest --with-mpi tests/mpi/test_protocol.py``.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcps.comm import core
+from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint
+from hpcps.consistency import BSP
+from hpcps.optim import Optimizer
+from hpcps.server.server import ParameterServer
+from hpcps.tables import TableSpec
+from hpcps.worker.client import PSClient
+
+
+def _ps(comm, n_servers, tables, worker_fn, max_bytes=1 << 30):
+    """Run a parameter server on ``comm``: servers serve, workers call ``worker_fn(client, roles)``."""
+    roles = core.split_roles(comm, n_servers)
+    result = None
+    try:
+        if roles.role == core.SERVER:
+            ep = ServerEndpoint(roles.ps, max_bytes)
+            ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks, tables, BSP()).serve()
+        else:
+            ep = WorkerEndpoint(roles.ps, roles.server_ranks, max_bytes)
+            client = PSClient(ep, [t[0] for t in tables], roles.n_servers)
+            result = worker_fn(client, roles)
+            client.stop()
+        comm.Barrier()
+    finally:
+        roles.free()
+    return roles, result
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_duplicate_keys_summed_across_workers_and_servers(dtype):
+    """Every worker pushes key 7 three times and key 1000 once; lr=1 SGD, scale 1/examples."""
+    comm = MPI.COMM_WORLD
+    spec = TableSpec("w", 5000, 2, dtype, sparse=True)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+
+    def work(client, roles):
+        keys = np.array([7, 7, 1000, 7], dtype=np.int64)
+        grads = np.ones((4, 2)) * (roles.index + 1)
+        client.push("w", keys, grads)
+        client.clock(1)
+        return client.pull("w", np.array([7, 1000, 3, 7]))
+
+    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    if roles.role == core.WORKER:
+        nw = roles.n_workers
+        s = sum(range(1, nw + 1))            # sum of (index + 1) over workers
+        scale = 1.0 / nw                     # one example per worker
+        want = np.array([[-3 * s * scale] * 2, [-s * scale] * 2, [0, 0], [-3 * s * scale] * 2])
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert got.dtype == np.dtype(dtype)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_bsp_pull_sees_exactly_previous_clock():
+    """Under BSP the pull at clock t shows all workers' updates of clocks < t, none newer."""
+    comm = MPI.COMM_WORLD
+    spec = TableSpec("w", 64, 1, "float64", sparse=True)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+
+    def work(client, roles):
+        seen = []
+        for t in range(5):
+            seen.append(client.pull("w", np.arange(64))[:, 0].copy())
+            client.push("w", np.arange(64), -np.ones((64, 1)))   # +1 per worker per clock (lr=1)
+            client.clock(1)                                     # scale 1/n_workers
+        return seen
+
+    roles, seen = _ps(comm, 1, tables, work)
+    if roles.role == core.WORKER:
+        for t, row in enumerate(seen):
+            np.testing.assert_array_equal(row, np.full(64, float(t)))
+
+
+@pytest.mark.mpi(min_size=3)
+def test_message_splitting_and_odd_layouts():
+    """Tiny max_message_bytes forces chunking; byte-swapped and strided pushes arrive intact."""
+    comm = MPI.COMM_WORLD
+    spec = TableSpec("w", 100_000, 3, "float64", sparse=True)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+    rng = np.random.default_rng(0)
+    keys = rng.choice(100_000, size=5000, replace=False).astype(">i8")      # big-endian keys
+    base = rng.standard_normal((5000, 6))
+    grads = base[:, ::2].astype(">f8")                                     # strided + swapped
+
+    def work(client, roles):
+        if roles.index == 0:
+            client.push("w", keys, grads)
+            client.clock(1)
+        else:
+            client.clock(0)
+        return client.pull("w", keys[::-1])
+
+    roles, got = _ps(comm, 1, tables, work, max_bytes=1024)
+    if roles.role == core.WORKER:
+        np.testing.assert_array_equal(got, -np.asarray(grads[::-1], dtype=np.float64))
+
+
+@pytest.mark.mpi(min_size=3)
+def test_key_outside_key_space_is_an_error_on_the_worker():
+    comm = MPI.COMM_WORLD
+    spec = TableSpec("w", 10, 1, "float32", sparse=True)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+
+    def work(client, roles):
+        with pytest.raises(ValueError, match="key 10 outside"):
+            client.pull("w", np.array([1, 10]))
+        with pytest.raises(ValueError, match="key -1 outside"):
+            client.push("w", np.array([-1]), np.ones((1, 1)))
+        return True
+
+    _ps(comm, 1, tables, work)

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Run the whole hpcps test suite: the README's test command (``python tests/run.py``).
+
+1. unit and end-to-end tests in one pytest process (``tests/unit``, ``tests/e2e``);
+2. every ``tests/mpi/test_*.py`` under ``mpirun -n K python -m pytest --with-mpi`` for each K
+   listed in its ``# mpi-ranks: ...`` line, each launch in its own process with a timeout so
+   that one hang cannot eat the budget.
+
+Launcher settings that only a test machine needs (run-as-root, oversubscription) are set here,
+for these launches only. Prints one closing line ``N passed, N failed``; exits non-zero if
+anything failed or timed out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = int(os.environ.get("HPCPS_TEST_TIMEOUT", "600"))
+
+
+def mpi_env() -> dict:
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    # more ranks than cores on small test machines (Open MPI 5 / PRRTE)
+    env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    return env
+
+
+def counts(text: str) -> tuple[int, int]:
+    tail = text.strip().splitlines()[-1:] or [""]
+    line = tail[0]
+    p = sum(int(m) for m in re.findall(r"(\d+) passed", line))
+    f = sum(int(m) for m in re.findall(r"(\d+) (?:failed|error|errors)\b", line))
+    return p, f
+
+
+def run(cmd, env, label) -> tuple[int, int, int]:
+    print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        out = proc.stdout + proc.stderr
+        rc = proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out += f"\nTIMEOUT after {TIMEOUT} s\n"
+        rc = 124
+    sys.stdout.write(out[-20000:])
+    p, f = counts(proc.stdout if rc != 124 else "")
+    if rc not in (0,) and f == 0:
+        f = 1
+    print(f"=== {label}: exit {rc}, {p} passed, {f} failed, {time.time() - t0:.1f} s", flush=True)
+    return rc, p, f
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-k", help="pytest -k expression for the serial part")
+    ap.add_argument("--no-mpi", action="store_true", help="skip the multi-rank files")
+    ap.add_argument("--only-mpi", action="store_true", help="only the multi-rank files")
+    args = ap.parse_args()
+    env = mpi_env()
+    py = sys.executable
+    total_p = total_f = 0
+    if not args.only_mpi:
+        cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit", "tests/e2e"]
+        if args.k:
+            cmd += ["-k", args.k]
+        _, p, f = run(cmd, env, "serial")
+        total_p += p
+        total_f += f
+    if not args.no_mpi:
+        mpirun = str(Path(py).parent / "mpirun") if (Path(py).parent / "mpirun").exists() else "mpirun"
+        for path in sorted((ROOT / "tests" / "mpi").glob("test_*.py")):
+            m = re.search(r"^# mpi-ranks:\s*([\d ]+)$", path.read_text(), re.M)
+            for k in (m.group(1).split() if m else ["2"]):
+                cmd = [mpirun, "-n", k, py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                       "--with-mpi", str(path.relative_to(ROOT))]
+                _, p, f = run(cmd, env, f"{path.name} on {k} ranks")
+                # every rank prints its own summary line; count rank 0's (the last line seen)
+                total_p += p
+                total_f += f
+    print(f"\n{total_p} passed, {total_f} failed")
+    return 1 if total_f else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
