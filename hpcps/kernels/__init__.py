@@ -1,0 +1,34 @@
+"""Cython kernels (``nogil``, typed memoryviews, float32/float64): no MPI, no I/O.
+
+- :mod:`hpcps.kernels.optim` — server-side update rules and the duplicate-key merge.
+- :mod:`hpcps.kernels.logistic` — worker-side logistic loss / gradient on a CSR batch.
+- :mod:`hpcps.kernels.keys` — the key permutation ``p(k) = k * A mod num_keys``.
+"""
+
+from .keys import choose_multiplier, inverse_multiplier, permute_keys, permute_keys_into
+from .logistic import logistic_loss_grad, logistic_predict
+from .optim import (
+    OPTIMIZERS,
+    apply_sparse,
+    dense_adagrad,
+    dense_sgd,
+    merge_duplicates,
+    sparse_adagrad,
+    sparse_sgd,
+)
+
+__all__ = [
+    "OPTIMIZERS",
+    "apply_sparse",
+    "choose_multiplier",
+    "dense_adagrad",
+    "dense_sgd",
+    "inverse_multiplier",
+    "logistic_loss_grad",
+    "logistic_predict",
+    "merge_duplicates",
+    "permute_keys",
+    "permute_keys_into",
+    "sparse_adagrad",
+    "sparse_sgd",
+]

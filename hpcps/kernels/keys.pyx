@@ -1,0 +1,269 @@
+"""Key permutation for range partitioning: ``p(k) = (k * A) mod num_keys``.
+
+For ``gcd(A, num_keys) == 1`` the map is a bijection of ``[0, num_keys)`` (``A`` is a unit
+of the ring Z/nZ, its inverse is ``pow(A, -1, num_keys)``, so the inverse map is the same
+kernel with the inverse multiplier). With ``A`` near ``num_keys / phi`` (phi the golden
+ratio) consecutive keys land far apart, in the spirit of Fibonacci / multiplicative hashing
+(Knuth, "The Art of Computer Programming", vol. 3, 2nd ed., §6.4, multiplicative hashing
+with ``A / w ≈ 1 / phi``), so that keys that are close — one-hot features, frequent ids —
+spread over the servers' contiguous key ranges.
+
+The product is formed exactly in 128 bits (``unsigned __int128``, GCC/Clang) so the map is
+right for ``num_keys`` and ``A`` up to ``2**63 - 1``; when both are below ``2**32`` a plain
+64-bit product is used.
+"""
+
+import math
+import operator
+
+import numpy as np
+
+from libc.stdint cimport int64_t, uint64_t
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    static inline uint64_t hpcps_mulmod_u64(uint64_t a, uint64_t b, uint64_t n) {
+    #if defined(__SIZEOF_INT128__)
+        return (uint64_t)(((unsigned __int128)a * (unsigned __int128)b) % n);
+    #else
+        /* portable fallback: double-and-add; a, b < n < 2**63 so sums never overflow */
+        uint64_t r = 0;
+        a %= n;
+        b %= n;
+        while (b) {
+            if (b & 1u) { r += a; if (r >= n) r -= n; }
+            a += a; if (a >= n) a -= n;
+            b >>= 1;
+        }
+        return r;
+    #endif
+    }
+    """
+    uint64_t hpcps_mulmod_u64(uint64_t a, uint64_t b, uint64_t n) nogil
+
+__all__ = ["permute_keys", "permute_keys_into", "choose_multiplier", "inverse_multiplier"]
+
+_INT64_MAX = (1 << 63) - 1
+# 1 / phi = 0.6180339887498948482045868343656..., scaled by 10**19 (rounded down).
+_INV_PHI_NUM = 6180339887498948482
+_INV_PHI_DEN = 10 ** 19
+
+
+def _check_space(num_keys, multiplier):
+    """Validate and return (num_keys, multiplier reduced mod num_keys) as Python ints."""
+    try:
+        n = operator.index(num_keys)
+        a = operator.index(multiplier)
+    except TypeError:
+        raise TypeError(f"num_keys and multiplier must be integers, got "
+                        f"{type(num_keys).__name__} and {type(multiplier).__name__}") from None
+    if not 1 <= n <= _INT64_MAX:
+        raise ValueError(f"num_keys must be in [1, 2**63 - 1], got {n}")
+    if not 0 <= a <= _INT64_MAX:
+        raise ValueError(f"multiplier must be in [0, 2**63 - 1], got {a}")
+    if math.gcd(a, n) != 1:
+        raise ValueError(f"multiplier {a} is not coprime with num_keys {n} "
+                         f"(gcd {math.gcd(a, n)}), so k -> k * {a} mod {n} is not a bijection")
+    return n, a % n
+
+
+cdef Py_ssize_t _permute(const int64_t[::1] keys, uint64_t n, uint64_t a,
+                         int64_t[::1] out) noexcept nogil:
+    """out[i] = keys[i] * a mod n; stops at and returns the first i with keys[i] outside
+    [0, n), else -1."""
+    cdef Py_ssize_t i, m = keys.shape[0]
+    cdef uint64_t k
+    if n <= (<uint64_t>1 << 32):
+        # k < n <= 2**32 and a < n: the product fits in 64 bits.
+        for i in range(m):
+            k = <uint64_t>keys[i]
+            if k >= n:
+                return i
+            out[i] = <int64_t>((k * a) % n)
+    else:
+        for i in range(m):
+            k = <uint64_t>keys[i]
+            if k >= n:
+                return i
+            out[i] = <int64_t>hpcps_mulmod_u64(k, a, n)
+    return -1
+
+
+def _keys_vector(keys):
+    keys = np.asarray(keys)
+    if keys.ndim != 1:
+        raise ValueError(f"keys must be 1-D, got shape {keys.shape}")
+    if keys.dtype != np.int64:
+        if keys.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if keys.dtype.kind not in "iu":
+            raise TypeError(f"keys must have an integer dtype (int64), got {keys.dtype}")
+        if keys.dtype == np.uint64 and keys.max() > _INT64_MAX:
+            bad = keys[keys > _INT64_MAX][0]
+            raise ValueError(f"key {int(bad)} is outside the key space (num_keys <= 2**63 - 1)")
+    return np.ascontiguousarray(keys, dtype=np.int64)
+
+
+def permute_keys_into(keys, num_keys, multiplier, out):
+    """Write ``(keys * multiplier) mod num_keys`` into ``out`` (exact, 128-bit product).
+
+    Parameters
+    ----------
+    keys : ndarray of int64, shape (n,)
+        Keys in ``[0, num_keys)`` (other integer dtypes are converted).
+    num_keys : int
+        Size of the key space, ``1 <= num_keys <= 2**63 - 1``.
+    multiplier : int
+        ``A`` in ``[0, 2**63 - 1]`` with ``gcd(A, num_keys) == 1``.
+    out : ndarray of int64, shape (n,), C-contiguous, writeable
+        Output positions in ``[0, num_keys)``. May be ``keys`` itself (in place). If an
+        error is raised, the entries before the offending key are written, the rest are not.
+
+    Returns
+    -------
+    out : ndarray of int64, shape (n,)
+        The ``out`` argument.
+
+    Raises
+    ------
+    TypeError
+        If ``keys`` is not integer, ``num_keys``/``multiplier`` are not integers, or ``out``
+        is not an int64 ndarray.
+    ValueError
+        If a key is ``< 0`` or ``>= num_keys`` (the message names the first such key and
+        ``num_keys``), ``out`` has the wrong shape or is not C-contiguous/writeable,
+        ``num_keys``/``multiplier`` are out of range, or ``gcd(multiplier, num_keys) != 1``.
+
+    Notes
+    -----
+    Bijective because the multiplier is invertible modulo ``num_keys``; multiplicative
+    hashing per Knuth, TAOCP vol. 3, §6.4. See :func:`choose_multiplier`.
+    """
+    n, a = _check_space(num_keys, multiplier)
+    keys = _keys_vector(keys)
+    if not isinstance(out, np.ndarray) or out.dtype != np.int64:
+        raise TypeError("out must be a numpy.ndarray of dtype int64")
+    if out.shape != keys.shape:
+        raise ValueError(f"out has shape {out.shape} but keys has shape {keys.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writeable")
+    cdef const int64_t[::1] kv = keys
+    cdef int64_t[::1] ov = out
+    cdef uint64_t un = n, ua = a
+    cdef Py_ssize_t bad
+    with nogil:
+        bad = _permute(kv, un, ua, ov)
+    if bad >= 0:
+        raise ValueError(f"key {keys[bad]} (at position {bad}) is outside the key space "
+                         f"[0, {n}) (num_keys = {n})")
+    return out
+
+
+def permute_keys(keys, num_keys, multiplier):
+    """Permuted positions ``p(k) = (k * multiplier) mod num_keys`` of ``keys``.
+
+    Parameters
+    ----------
+    keys : ndarray of int64, shape (n,)
+        Keys in ``[0, num_keys)`` (other integer dtypes are converted).
+    num_keys : int
+        Size of the key space, ``1 <= num_keys <= 2**63 - 1``.
+    multiplier : int
+        ``A`` in ``[0, 2**63 - 1]`` with ``gcd(A, num_keys) == 1`` (use
+        :func:`choose_multiplier`; for the inverse map pass :func:`inverse_multiplier`).
+
+    Returns
+    -------
+    positions : ndarray of int64, shape (n,)
+        ``p(keys)``, in ``[0, num_keys)``, computed exactly (128-bit product).
+
+    Raises
+    ------
+    TypeError
+        If ``keys`` is not integer or ``num_keys``/``multiplier`` are not integers.
+    ValueError
+        If a key is ``< 0`` or ``>= num_keys`` (the message names the first offending key
+        and ``num_keys``), ``num_keys``/``multiplier`` are out of range, or
+        ``gcd(multiplier, num_keys) != 1`` (the map would not be a bijection).
+
+    Notes
+    -----
+    Multiplicative hashing, Knuth, TAOCP vol. 3, 2nd ed., §6.4; a bijection of
+    ``[0, num_keys)`` since the multiplier is a unit modulo ``num_keys``.
+    """
+    keys = _keys_vector(keys)
+    return permute_keys_into(keys, num_keys, multiplier, np.empty(keys.shape[0], dtype=np.int64))
+
+
+def choose_multiplier(num_keys):
+    """A multiplier ``A`` for :func:`permute_keys`: odd, coprime with ``num_keys``, ≈ n / φ.
+
+    Parameters
+    ----------
+    num_keys : int
+        Size of the key space, ``1 <= num_keys <= 2**63 - 1``.
+
+    Returns
+    -------
+    A : int
+        The odd integer in ``[1, num_keys)`` with ``gcd(A, num_keys) == 1`` closest to
+        ``num_keys * 0.6180339887...`` (ties: the smaller); ``1`` for ``num_keys`` 1 or 2.
+
+    Raises
+    ------
+    TypeError
+        If ``num_keys`` is not an integer.
+    ValueError
+        If ``num_keys`` is outside ``[1, 2**63 - 1]``.
+
+    Notes
+    -----
+    The golden-ratio multiplier of Fibonacci hashing (Knuth, TAOCP vol. 3, 2nd ed., §6.4)
+    spreads consecutive keys evenly; computed in exact integer arithmetic. Coprimality makes
+    ``k -> k * A mod num_keys`` a bijection.
+    """
+    try:
+        n = operator.index(num_keys)
+    except TypeError:
+        raise TypeError(f"num_keys must be an integer, got {type(num_keys).__name__}") from None
+    if not 1 <= n <= _INT64_MAX:
+        raise ValueError(f"num_keys must be in [1, 2**63 - 1], got {n}")
+    if n <= 2:
+        return 1
+    target = (n * _INV_PHI_NUM + _INV_PHI_DEN // 2) // _INV_PHI_DEN
+    d = 0
+    while True:  # terminates: A = 1 always qualifies
+        for a in ((target - d, target + d) if d else (target,)):
+            if 1 <= a < n and a & 1 and math.gcd(a, n) == 1:
+                return a
+        d += 1
+
+
+def inverse_multiplier(num_keys, multiplier):
+    """The multiplier of the inverse permutation: ``pow(multiplier, -1, num_keys)``.
+
+    Parameters
+    ----------
+    num_keys : int
+        Size of the key space, ``1 <= num_keys <= 2**63 - 1``.
+    multiplier : int
+        ``A`` with ``gcd(A, num_keys) == 1``.
+
+    Returns
+    -------
+    B : int
+        In ``[0, num_keys)``, with ``permute_keys(permute_keys(k, n, A), n, B) == k``
+        (``0`` when ``num_keys == 1``).
+
+    Raises
+    ------
+    ValueError
+        If the arguments are out of range or not coprime.
+
+    Notes
+    -----
+    Modular inverse (extended Euclid, Knuth, TAOCP vol. 2, 3rd ed., §4.5.2).
+    """
+    n, a = _check_space(num_keys, multiplier)
+    return pow(a, -1, n) if n > 1 else 0
