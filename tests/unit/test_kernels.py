@@ -1,0 +1,660 @@
+"""Unit tests of the Cython kernels against pure-numpy references (no MPI)."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hpcps.kernels import keys as kkeys
+from hpcps.kernels import logistic as klog
+from hpcps.kernels import optim as kopt
+from hpcps.kernels.keys import choose_multiplier, inverse_multiplier, permute_keys, permute_keys_into
+from hpcps.kernels.logistic import logistic_loss_grad, logistic_predict
+from hpcps.kernels.optim import (
+    apply_sparse,
+    dense_adagrad,
+    dense_sgd,
+    merge_duplicates,
+    sparse_adagrad,
+    sparse_sgd,
+)
+
+DTYPES = [np.float32, np.float64]
+HYP = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+
+
+def tol(dtype):
+    return dict(rtol=2e-6, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-14)
+
+
+# --------------------------------------------------------------------------------------
+# numpy references
+# --------------------------------------------------------------------------------------
+
+def ref_merge(keys, values):
+    """np.add.at based duplicate merge (sums in input order)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    uniq, inv = np.unique(keys, return_inverse=True)
+    out = np.zeros((uniq.shape[0], values.shape[1]), dtype=values.dtype)
+    np.add.at(out, inv.reshape(-1), values)
+    return uniq, out
+
+
+def ref_step(name, w, acc, rows, G, lr, l2, scale, eps):
+    """One update on unique ``rows`` with gradient rows ``G``, numpy arithmetic in w.dtype."""
+    dt = w.dtype.type
+    lr, l2, scale, eps = dt(lr), dt(l2), dt(scale), dt(eps)
+    g = scale * G + l2 * w[rows]
+    if name == "sgd":
+        w[rows] = w[rows] - lr * g
+    else:
+        acc[rows] = acc[rows] + g * g
+        w[rows] = w[rows] - lr * g / (np.sqrt(acc[rows]) + eps)
+
+
+def ref_apply(name, w, acc, keys, grads, lr, l2, scale, eps):
+    rows, G = ref_merge(keys, grads)
+    ref_step(name, w, acc, rows, G, lr, l2, scale, eps)
+
+
+def zipf_keys(rng, n, num_rows, a=1.3):
+    """Skewed keys with many duplicates, hot keys scattered over the table."""
+    ranks = (rng.zipf(a, size=n) - 1) % num_rows
+    return rng.permutation(num_rows)[ranks].astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------
+# merge_duplicates
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, 4])
+@pytest.mark.parametrize("span", ["dense", "wide", "negative"])
+def test_merge_matches_add_at_bitwise(dtype, dim, span):
+    rng = np.random.default_rng(1)
+    n = 5000
+    if span == "dense":  # counting path
+        keys = zipf_keys(rng, n, 300)
+    elif span == "wide":  # sort path (span >> n)
+        keys = rng.choice(rng.integers(0, 2**62, size=400), size=n)
+    else:  # negative keys, both signs, sort path
+        keys = rng.choice(rng.integers(-2**62, 2**62, size=400), size=n)
+    values = rng.standard_normal((n, dim)).astype(dtype)
+    uk, s = merge_duplicates(keys, values)
+    ruk, rs = ref_merge(keys, values)
+    assert uk.dtype == np.int64 and s.dtype == dtype and s.shape == (uk.shape[0], dim)
+    np.testing.assert_array_equal(uk, ruk)
+    np.testing.assert_array_equal(s, rs)  # same order of additions: bitwise equal
+
+
+def test_merge_extreme_key_span():
+    keys = np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min, 0, np.iinfo(np.int64).max])
+    uk, s = merge_duplicates(keys, np.arange(4.0).reshape(4, 1))
+    np.testing.assert_array_equal(uk, [np.iinfo(np.int64).min, 0, np.iinfo(np.int64).max])
+    np.testing.assert_array_equal(s[:, 0], [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("keys", [np.full(7, 3), np.full(7, 2**60)])
+def test_merge_sums_in_input_order(keys):
+    # float32: (1e8 + 1) + -1e8 == 0 in input order, but 1 in other orders.
+    vals = np.array([1e8, 1.0, -1e8, 1.0, 1.0, 1.0, 1.0], dtype=np.float32).reshape(-1, 1)
+    uk, s = merge_duplicates(keys, vals)
+    expect = np.float32(0)
+    for v in vals[:, 0]:
+        expect = np.float32(expect + v)
+    assert uk.tolist() == [keys[0]]
+    assert s[0, 0] == expect == np.float32(4.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, 3])
+def test_merge_all_same_key(dtype, dim):
+    vals = np.ones((1000, dim), dtype=dtype)
+    uk, s = merge_duplicates(np.full(1000, 42), vals)
+    assert uk.tolist() == [42]
+    np.testing.assert_array_equal(s, np.full((1, dim), 1000, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, 5])
+def test_merge_empty(dtype, dim):
+    uk, s = merge_duplicates(np.empty(0, np.int64), np.empty((0, dim), dtype))
+    assert uk.shape == (0,) and uk.dtype == np.int64
+    assert s.shape == (0, dim) and s.dtype == dtype
+
+
+def test_merge_non_contiguous_and_int32_keys():
+    rng = np.random.default_rng(2)
+    vals = rng.standard_normal((50, 6))[:, ::2]  # not C-contiguous
+    keys = rng.integers(0, 10, 50).astype(np.int32)
+    uk, s = merge_duplicates(keys, vals)
+    ruk, rs = ref_merge(keys, np.ascontiguousarray(vals))
+    np.testing.assert_array_equal(uk, ruk)
+    np.testing.assert_array_equal(s, rs)
+
+
+def test_merge_errors():
+    with pytest.raises(ValueError, match="3 rows but keys has 2"):
+        merge_duplicates(np.array([1, 2]), np.ones((3, 1)))
+    with pytest.raises(ValueError, match="2-D"):
+        merge_duplicates(np.array([1, 2]), np.ones(2))
+    with pytest.raises(TypeError, match="integer"):
+        merge_duplicates(np.array([1.0, 2.0]), np.ones((2, 1)))
+    with pytest.raises(TypeError, match="float32 or float64"):
+        merge_duplicates(np.array([1, 2]), np.ones((2, 1), dtype=np.int64))
+
+
+@HYP
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 300), span=st.integers(1, 10**6),
+       dim=st.integers(1, 3), f32=st.booleans())
+def test_merge_property(seed, n, span, dim, f32):
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if f32 else np.float64
+    keys = rng.integers(-span, span, size=n)
+    vals = rng.standard_normal((n, dim)).astype(dtype)
+    uk, s = merge_duplicates(keys, vals)
+    ruk, rs = ref_merge(keys, vals)
+    np.testing.assert_array_equal(uk, ruk)
+    np.testing.assert_array_equal(s, rs)
+
+
+# --------------------------------------------------------------------------------------
+# sparse / dense update rules
+# --------------------------------------------------------------------------------------
+
+HP = dict(lr=0.3, l2=0.01, scale=0.25, eps=1e-6)
+
+
+def _table(rng, R, dim, dtype):
+    w = rng.standard_normal((R, dim)).astype(dtype)
+    acc = rng.uniform(0.1, 1.0, (R, dim)).astype(dtype)
+    return w, acc
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, 4])
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_sparse_rules_match_reference(dtype, dim, name):
+    rng = np.random.default_rng(3)
+    R, m = 200, 80
+    w, acc = _table(rng, R, dim, dtype)
+    rows = rng.choice(R, size=m, replace=False).astype(np.int64)
+    grads = rng.standard_normal((m, dim)).astype(dtype)
+    w_ref, acc_ref = w.copy(), acc.copy()
+    ref_step(name, w_ref, acc_ref, rows, grads, **HP)
+    if name == "sgd":
+        sparse_sgd(w, rows, grads, HP["lr"], HP["l2"], HP["scale"])
+    else:
+        sparse_adagrad(w, acc, rows, grads, **HP)
+    np.testing.assert_allclose(w, w_ref, **tol(dtype))
+    np.testing.assert_allclose(acc, acc_ref, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_dense_rules_match_reference(dtype, name):
+    rng = np.random.default_rng(4)
+    w2, acc2 = _table(rng, 50, 3, dtype)
+    w, acc = w2.reshape(-1), acc2.reshape(-1)  # views, as callers pass them
+    grads = rng.standard_normal(w.shape[0]).astype(dtype)
+    w_ref, acc_ref = w.copy(), acc.copy()
+    ref_step(name, w_ref, acc_ref, np.arange(w.shape[0]), grads, **HP)
+    if name == "sgd":
+        dense_sgd(w, grads, HP["lr"], HP["l2"], HP["scale"])
+    else:
+        dense_adagrad(w, acc, grads, **HP)
+    np.testing.assert_allclose(w2.reshape(-1), w_ref, **tol(dtype))
+    np.testing.assert_allclose(acc2.reshape(-1), acc_ref, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, 3])
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("keys_kind", ["zipf", "all_same", "unique", "empty"])
+def test_apply_sparse_matches_reference(dtype, dim, name, keys_kind):
+    rng = np.random.default_rng(5)
+    R = 500
+    w, acc = _table(rng, R, dim, dtype)
+    n = 3000
+    keys = {"zipf": lambda: zipf_keys(rng, n, R),
+            "all_same": lambda: np.full(n, 17, dtype=np.int64),
+            "unique": lambda: rng.permutation(R).astype(np.int64),
+            "empty": lambda: np.empty(0, dtype=np.int64)}[keys_kind]()
+    grads = rng.standard_normal((keys.shape[0], dim)).astype(dtype)
+    w_ref, acc_ref = w.copy(), acc.copy()
+    w0 = w.copy()
+    ref_apply(name, w_ref, acc_ref, keys, grads, **HP)
+    apply_sparse(name, w, acc if name == "adagrad" else None, keys, grads,
+                 HP["lr"], HP["l2"], HP["scale"], HP["eps"])
+    np.testing.assert_allclose(w, w_ref, **tol(dtype))
+    np.testing.assert_allclose(acc, acc_ref, **tol(dtype))
+    if keys_kind == "empty":
+        np.testing.assert_array_equal(w, w0)
+    else:  # untouched rows stay bitwise the same
+        untouched = np.setdiff1d(np.arange(R), keys)
+        np.testing.assert_array_equal(w[untouched], w0[untouched])
+
+
+def test_apply_sparse_wide_table_sort_path():
+    # Table much larger than the push: the merge takes its sort path.
+    rng = np.random.default_rng(6)
+    R, n = 2_000_000, 1000
+    w = np.zeros((R, 1), np.float64)
+    keys = rng.choice(rng.integers(0, R, 50), size=n)
+    grads = rng.standard_normal((n, 1))
+    w_ref = w.copy()
+    ref_apply("sgd", w_ref, None, keys, grads, **HP)
+    apply_sparse("sgd", w, None, keys, grads, HP["lr"], HP["l2"], HP["scale"], HP["eps"])
+    np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fancy_index_counterexample(dtype):
+    """``w[idx] -= g`` applies one of several duplicates; apply_sparse sums them."""
+    w = np.zeros((3, 1), dtype=dtype)
+    keys = np.array([1, 1, 1, 2], dtype=np.int64)
+    grads = np.ones((4, 1), dtype=dtype)
+    lr = 0.5
+    fancy = w.copy()
+    fancy[keys] -= lr * grads  # buffered: row 1 gets -0.5 once
+    assert fancy[1, 0] == dtype(-0.5)
+    correct = w.copy()
+    np.subtract.at(correct, keys, lr * grads)  # unbuffered: -1.5
+    assert correct[1, 0] == dtype(-1.5)
+    apply_sparse("sgd", w, None, keys, grads, lr, 0.0, 1.0, 1e-8)
+    np.testing.assert_array_equal(w, correct)
+    assert not np.array_equal(w, fancy)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("bad", [-1, 10, 2**40])
+def test_out_of_range_rows_raise_and_leave_state_unchanged(name, bad):
+    rng = np.random.default_rng(7)
+    w, acc = _table(rng, 10, 2, np.float32)
+    w0, acc0 = w.copy(), acc.copy()
+    keys = np.array([0, 3, 3, bad, 4], dtype=np.int64)
+    grads = np.ones((5, 2), np.float32)
+    with pytest.raises(ValueError, match=rf"keys\[3\] = {bad} is out of range \[0, 10\)"):
+        apply_sparse(name, w, acc, keys, grads, 0.1, 0.0, 1.0, 1e-8)
+    with pytest.raises(ValueError, match=rf"rows\[3\] = {bad} is out of range \[0, 10\)"):
+        if name == "sgd":
+            sparse_sgd(w, keys, grads, 0.1)
+        else:
+            sparse_adagrad(w, acc, keys, grads, 0.1)
+    np.testing.assert_array_equal(w, w0)
+    np.testing.assert_array_equal(acc, acc0)
+
+
+def test_update_rule_argument_errors():
+    w = np.zeros((4, 2), np.float32)
+    acc = np.zeros((4, 2), np.float32)
+    g = np.ones((2, 2), np.float32)
+    k = np.array([0, 1])
+    with pytest.raises(ValueError, match="unknown optimizer 'adam'; valid: 'sgd', 'adagrad'"):
+        apply_sparse("adam", w, None, k, g, 0.1, 0.0, 1.0, 1e-8)
+    with pytest.raises(TypeError, match="dtype float64 but must have dtype float32"):
+        apply_sparse("sgd", w, None, k, g.astype(np.float64), 0.1, 0.0, 1.0, 1e-8)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        sparse_sgd(w.astype(np.int32), k, g, 0.1)
+    with pytest.raises(ValueError, match="grads has 2 rows but rows has 3"):
+        sparse_sgd(w, np.array([0, 1, 2]), g, 0.1)
+    with pytest.raises(ValueError, match="grads has 3 columns but w has dim 2"):
+        sparse_sgd(w, k, np.ones((2, 3), np.float32), 0.1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        sparse_sgd(np.zeros((4, 4), np.float32)[:, ::2], k, g, 0.1)
+    with pytest.raises(ValueError, match="needs its accumulator"):
+        apply_sparse("adagrad", w, None, k, g, 0.1, 0.0, 1.0, 1e-8)
+    with pytest.raises(ValueError, match="shape"):
+        sparse_adagrad(w, np.zeros((4, 1), np.float32), k, g, 0.1)
+    with pytest.raises(TypeError, match="acc has dtype float64"):
+        sparse_adagrad(w, np.zeros((4, 2)), k, g, 0.1)
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        sparse_adagrad(w, acc, k, g, 0.1, eps=0.0)
+    with pytest.raises(ValueError, match="lr must be finite"):
+        sparse_sgd(w, k, g, float("nan"))
+    with pytest.raises(ValueError, match="length 3 but w has length 8"):
+        dense_sgd(w.reshape(-1), np.ones(3, np.float32), 0.1)
+    with pytest.raises(ValueError, match="1-D"):
+        dense_sgd(w, g, 0.1)
+    ro = np.zeros(4, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        dense_sgd(ro, np.ones(4, np.float32), 0.1)
+    np.testing.assert_array_equal(w, 0)
+
+
+def test_apply_sparse_adagrad_slot_in_list_and_readonly_inputs():
+    rng = np.random.default_rng(8)
+    w, acc = _table(rng, 20, 2, np.float64)
+    keys = rng.integers(0, 20, 50)
+    grads = rng.standard_normal((50, 2))
+    keys.flags.writeable = False
+    grads.flags.writeable = False  # e.g. buffers received from MPI
+    w_ref, acc_ref = w.copy(), acc.copy()
+    ref_apply("adagrad", w_ref, acc_ref, keys, grads, **HP)
+    apply_sparse("adagrad", w, [acc], keys, grads, **HP)
+    np.testing.assert_allclose(w, w_ref, rtol=1e-12)
+    np.testing.assert_allclose(acc, acc_ref, rtol=1e-12)
+
+
+@HYP
+@given(seed=st.integers(0, 2**32 - 1), R=st.integers(1, 400), n=st.integers(0, 600),
+       dim=st.integers(1, 3), f32=st.booleans(), name=st.sampled_from(["sgd", "adagrad"]))
+def test_apply_sparse_property(seed, R, n, dim, f32, name):
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if f32 else np.float64
+    w, acc = _table(rng, R, dim, dtype)
+    keys = rng.integers(0, R, size=n)
+    grads = rng.standard_normal((n, dim)).astype(dtype)
+    w_ref, acc_ref = w.copy(), acc.copy()
+    ref_apply(name, w_ref, acc_ref, keys, grads, **HP)
+    apply_sparse(name, w, acc, keys, grads, **HP)
+    np.testing.assert_allclose(w, w_ref, **tol(dtype))
+    np.testing.assert_allclose(acc, acc_ref, **tol(dtype))
+
+
+def test_apply_sparse_equals_sequential_minibatch_sgd_without_l2():
+    # Without L2, SGD on summed duplicates equals np.subtract.at of every update.
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((100, 1))
+    keys = zipf_keys(rng, 5000, 100)
+    grads = rng.standard_normal((5000, 1))
+    ref = w.copy()
+    np.subtract.at(ref, keys, 0.1 * 0.5 * grads)
+    apply_sparse("sgd", w, None, keys, grads, 0.1, 0.0, 0.5, 1e-8)
+    np.testing.assert_allclose(w, ref, rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# keys
+# --------------------------------------------------------------------------------------
+
+@settings(deadline=None, max_examples=200)
+@given(n=st.integers(1, 5000))
+def test_permute_is_bijection(n):
+    a = choose_multiplier(n)
+    assert 1 <= a <= max(n - 1, 1) and math.gcd(a, n) == 1 and a % 2 == 1
+    p = permute_keys(np.arange(n, dtype=np.int64), n, a)
+    assert p.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(p), np.arange(n))
+    b = inverse_multiplier(n, a)
+    np.testing.assert_array_equal(permute_keys(p, n, b), np.arange(n))
+
+
+@settings(deadline=None, max_examples=100)
+@given(n=st.integers(1, 3000), a=st.integers(0, 2**63 - 1))
+def test_permute_bijection_any_coprime_multiplier(n, a):
+    if math.gcd(a, n) != 1:
+        with pytest.raises(ValueError, match="not coprime"):
+            permute_keys(np.arange(n), n, a)
+        return
+    p = permute_keys(np.arange(n), n, a)
+    np.testing.assert_array_equal(np.sort(p), np.arange(n))
+    np.testing.assert_array_equal(p, [(k * a) % n for k in range(n)])
+
+
+@pytest.mark.parametrize("n", [2**63 - 1, 2**63 - 25, 2**62 + 1, 2**32 + 1, 2**32, 2**32 - 1,
+                               10**18 + 9])
+def test_permute_exact_for_huge_key_spaces(n):
+    a = choose_multiplier(n)
+    rng = np.random.default_rng(n % 2**32)
+    keys = np.concatenate([
+        np.arange(0, 20), n - 1 - np.arange(0, 20),
+        (2**62 - 50 + np.arange(100)) % n,
+        rng.integers(0, n, 500, dtype=np.int64) if n < 2**63 else rng.integers(0, 2**63 - 1, 500),
+    ]).astype(np.int64)
+    keys = keys[keys < n]
+    for mult in (a, n - 1, inverse_multiplier(n, a)):
+        got = permute_keys(keys, n, mult)
+        expect = [(int(k) * mult) % n for k in keys]
+        assert got.tolist() == expect
+
+
+def test_choose_multiplier_properties():
+    assert choose_multiplier(1) == 1
+    assert choose_multiplier(2) == 1
+    for n in [3, 10, 1000, 1 << 20, 10**9 + 7, 2**63 - 1, 2**40 * 3 * 5 * 7]:
+        a = choose_multiplier(n)
+        assert 1 <= a < n and a % 2 == 1 and math.gcd(a, n) == 1
+        assert abs(a - n * 0.6180339887498949) <= max(0.001 * n, 8)
+    assert isinstance(choose_multiplier(np.int64(1000)), int)
+    with pytest.raises(ValueError):
+        choose_multiplier(0)
+    with pytest.raises(ValueError):
+        choose_multiplier(2**63)
+    with pytest.raises(TypeError):
+        choose_multiplier(10.0)
+
+
+@pytest.mark.parametrize("n", [10**6, 2**20, 999_983, 10**12])
+@pytest.mark.parametrize("servers", [3, 8, 64])
+def test_consecutive_keys_spread_over_ranges(n, servers):
+    # The point of the golden-ratio multiplier: a run of 1000 consecutive keys (one-hot
+    # features) is split almost evenly over the servers' contiguous ranges.
+    p = permute_keys(np.arange(1000, 2000), n, choose_multiplier(n))
+    counts = np.bincount(p // -(-n // servers), minlength=servers)
+    assert counts.max() - counts.min() <= 4
+
+
+@pytest.mark.parametrize("bad", [-1, 100, 2**62])
+def test_permute_out_of_range_names_first_offending_key(bad):
+    keys = np.array([5, 7, bad, -3, 1000], dtype=np.int64)
+    with pytest.raises(ValueError, match=rf"key {bad} \(at position 2\) is outside the key "
+                                         rf"space \[0, 100\) \(num_keys = 100\)"):
+        permute_keys(keys, 100, 61)
+
+
+def test_permute_keys_into_and_edge_cases():
+    n, a = 1000, choose_multiplier(1000)
+    keys = np.arange(n, dtype=np.int64)
+    out = np.empty(n, np.int64)
+    assert permute_keys_into(keys, n, a, out) is out
+    np.testing.assert_array_equal(out, (keys * a) % n)
+    inplace = keys.copy()
+    permute_keys_into(inplace, n, a, inplace)
+    np.testing.assert_array_equal(inplace, out)
+    assert permute_keys(np.empty(0, np.int64), n, a).shape == (0,)
+    assert permute_keys([], n, a).dtype == np.int64
+    np.testing.assert_array_equal(permute_keys(np.array([3, 0], np.int32), 5, 2), [1, 0])
+    np.testing.assert_array_equal(permute_keys(np.zeros(3, np.int64), 1, 0), [0, 0, 0])
+    with pytest.raises(ValueError, match="num_keys must be in"):
+        permute_keys(keys, 0, 1)
+    with pytest.raises(ValueError, match="not coprime"):
+        permute_keys(keys, n, 10)
+    with pytest.raises(ValueError, match="shape"):
+        permute_keys_into(keys, n, a, np.empty(3, np.int64))
+    with pytest.raises(TypeError, match="int64"):
+        permute_keys_into(keys, n, a, np.empty(n, np.int32))
+    with pytest.raises(TypeError, match="integer"):
+        permute_keys(np.array([1.0]), n, a)
+
+
+# --------------------------------------------------------------------------------------
+# logistic
+# --------------------------------------------------------------------------------------
+
+def random_csr(rng, B, n, max_row=8):
+    lens = rng.integers(0, max_row + 1, size=B)
+    indptr = np.zeros(B + 1, np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    indices = rng.integers(0, n, size=indptr[-1]).astype(np.int64)  # may repeat in a row
+    data = rng.standard_normal(indptr[-1])
+    return indptr, indices, data
+
+
+def ref_logistic(indptr, indices, data, y, w, bias):
+    B = indptr.shape[0] - 1
+    w = w.astype(np.float64)
+    row = np.repeat(np.arange(B), np.diff(indptr))
+    m = bias + np.bincount(row, weights=data * w[indices], minlength=B)
+    p = 1.0 / (1.0 + np.exp(-m))
+    loss = np.sum(np.logaddexp(0.0, m) - y * m)
+    grad = np.bincount(indices, weights=(p - y)[row] * data, minlength=w.shape[0])
+    return loss, grad, np.sum(p - y), p
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("idx", [np.int64, np.int32])
+def test_logistic_matches_reference(dtype, idx):
+    rng = np.random.default_rng(10)
+    B, n = 300, 120
+    indptr, indices, data = random_csr(rng, B, n)
+    y = rng.integers(0, 2, B).astype(np.float64)
+    w = (0.5 * rng.standard_normal(n)).astype(dtype)
+    bias = 0.3
+    grad = np.full(n, np.nan, dtype=dtype)  # must be zero-filled by the kernel
+    loss, gb = logistic_loss_grad(indptr.astype(idx), indices.astype(idx), data, y, w, bias, grad)
+    rloss, rgrad, rgb, rp = ref_logistic(indptr, indices, data, y, w, bias)
+    assert isinstance(loss, float) and isinstance(gb, float)
+    t = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loss, rloss, rtol=1e-12)
+    np.testing.assert_allclose(gb, rgb, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grad, rgrad, **t)
+    out = np.empty(B)
+    logistic_predict(indptr.astype(idx), indices.astype(idx), data, w, bias, out)
+    np.testing.assert_allclose(out, rp, rtol=1e-13, atol=1e-15)
+
+
+def test_logistic_mixed_index_dtypes_and_readonly():
+    rng = np.random.default_rng(11)
+    indptr, indices, data = random_csr(rng, 20, 10)
+    y = rng.integers(0, 2, 20).astype(np.float64)
+    w = rng.standard_normal(10)
+    for a in (indptr, indices, data, y, w):
+        a.flags.writeable = False
+    g1, g2 = np.empty(10), np.empty(10)
+    r1 = logistic_loss_grad(indptr, indices, data, y, w, 0.0, g1)
+    r2 = logistic_loss_grad(indptr.astype(np.int32), indices, data, y, w, 0.0, g2)
+    assert r1 == r2
+    np.testing.assert_array_equal(g1, g2)
+
+
+def test_logistic_gradient_is_derivative_of_loss():
+    rng = np.random.default_rng(12)
+    indptr, indices, data = random_csr(rng, 40, 15)
+    y = rng.integers(0, 2, 40).astype(np.float64)
+    w = rng.standard_normal(15)
+    grad = np.empty(15)
+    _, gb = logistic_loss_grad(indptr, indices, data, y, w, 0.2, grad)
+    h = 1e-6
+    g = np.empty(15)
+    for c in range(15):
+        e = np.zeros(15)
+        e[c] = h
+        lp, _ = logistic_loss_grad(indptr, indices, data, y, w + e, 0.2, g)
+        lm, _ = logistic_loss_grad(indptr, indices, data, y, w - e, 0.2, g)
+        assert abs((lp - lm) / (2 * h) - grad[c]) < 1e-6
+    lp, _ = logistic_loss_grad(indptr, indices, data, y, w, 0.2 + h, g)
+    lm, _ = logistic_loss_grad(indptr, indices, data, y, w, 0.2 - h, g)
+    assert abs((lp - lm) / (2 * h) - gb) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, y, loss, p", [
+    (1000.0, 0.0, 1000.0, 1.0),
+    (-1000.0, 0.0, 0.0, 0.0),
+    (1000.0, 1.0, 0.0, 1.0),
+    (-1000.0, 1.0, 1000.0, 0.0),
+])
+def test_logistic_extreme_margins(dtype, m, y, loss, p):
+    # One example, one feature x = 2 with weight m / 4 plus bias m / 2: margin m.
+    indptr = np.array([0, 1], np.int64)
+    indices = np.array([0], np.int64)
+    data = np.array([2.0])
+    w = np.array([m / 4], dtype=dtype)
+    grad = np.empty(1, dtype=dtype)
+    got, gb = logistic_loss_grad(indptr, indices, data, np.array([y]), w, m / 2, grad)
+    assert np.isfinite(got) and np.isfinite(gb) and np.all(np.isfinite(grad))
+    assert got == pytest.approx(loss, abs=1e-12)
+    assert gb == pytest.approx(p - y, abs=1e-12)
+    assert grad[0] == pytest.approx(2 * (p - y), abs=1e-12)
+    out = np.empty(1)
+    logistic_predict(indptr, indices, data, w, m / 2, out)
+    assert out[0] == p
+
+
+def test_logistic_small_losses_keep_relative_precision():
+    indptr = np.arange(4, dtype=np.int64)
+    indices = np.zeros(3, np.int64)
+    margins = np.array([40.0, 25.0, -30.0])
+    y = np.array([1.0, 1.0, 0.0])
+    grad = np.empty(1)
+    loss, gb = logistic_loss_grad(indptr, indices, margins, y, np.array([1.0]), 0.0, grad)
+    expect = math.log1p(math.exp(-40)) + math.log1p(math.exp(-25)) + math.log1p(math.exp(-30))
+    assert loss == pytest.approx(expect, rel=1e-14)
+
+
+def test_predict_agrees_with_sigmoid():
+    rng = np.random.default_rng(13)
+    B, n = 500, 30
+    indptr, indices, data = random_csr(rng, B, n)
+    w = 3 * rng.standard_normal(n)
+    out = np.empty(B)
+    logistic_predict(indptr, indices, data, w, -0.7, out)
+    row = np.repeat(np.arange(B), np.diff(indptr))
+    m = -0.7 + np.bincount(row, weights=data * w[indices], minlength=B)
+    np.testing.assert_allclose(out, 1.0 / (1.0 + np.exp(-m)), rtol=1e-13, atol=1e-300)
+    assert np.all((out >= 0) & (out <= 1))
+
+
+def test_logistic_empty_batch():
+    grad = np.full(4, 7.0, np.float32)
+    loss, gb = logistic_loss_grad(np.array([0]), np.empty(0, np.int64), np.empty(0), np.empty(0),
+                                  np.ones(4, np.float32), 0.5, grad)
+    assert loss == 0.0 and gb == 0.0
+    np.testing.assert_array_equal(grad, 0)
+    out = np.empty(0)
+    logistic_predict(np.array([0]), np.empty(0, np.int64), np.empty(0), np.ones(4), 0.0, out)
+
+
+@pytest.mark.parametrize("bad", [-1, 5, 2**40])
+@pytest.mark.parametrize("idx", [np.int64, np.int32])
+def test_logistic_column_out_of_range(bad, idx):
+    if idx == np.int32 and bad > 2**31:
+        pytest.skip("does not fit int32")
+    indptr = np.array([0, 2, 4], idx)
+    indices = np.array([0, 1, bad, 2], idx)
+    data = np.ones(4)
+    w = np.ones(5)
+    msg = rf"indices\[2\] = {bad} is out of range \[0, 5\)"
+    with pytest.raises(ValueError, match=msg):
+        logistic_loss_grad(indptr, indices, data, np.array([0.0, 1.0]), w, 0.0, np.empty(5))
+    with pytest.raises(ValueError, match=msg):
+        logistic_predict(indptr, indices, data, w, 0.0, np.empty(2))
+
+
+def test_logistic_argument_errors():
+    indptr = np.array([0, 1, 2])
+    indices = np.array([0, 1])
+    data = np.ones(2)
+    y = np.zeros(2)
+    w = np.ones(3)
+    with pytest.raises(ValueError, match="y has 3 labels but indptr describes 2 rows"):
+        logistic_loss_grad(indptr, indices, data, np.zeros(3), w, 0.0, np.empty(3))
+    with pytest.raises(ValueError, match="indices has 2 entries but data has 3"):
+        logistic_loss_grad(indptr, indices, np.ones(3), y, w, 0.0, np.empty(3))
+    with pytest.raises(ValueError, match=r"indptr\[1\] = 3 is invalid"):
+        logistic_loss_grad(np.array([0, 3, 2]), indices, data, y, w, 0.0, np.empty(3))
+    with pytest.raises(ValueError, match=r"indptr\[2\] = 1 is invalid"):
+        logistic_predict(np.array([0, 2, 1]), indices, data, w, 0.0, np.empty(2))
+    with pytest.raises(TypeError, match="grad must have dtype float64"):
+        logistic_loss_grad(indptr, indices, data, y, w, 0.0, np.empty(3, np.float32))
+    with pytest.raises(ValueError, match=r"grad must have shape \(3,\)"):
+        logistic_loss_grad(indptr, indices, data, y, w, 0.0, np.empty(4))
+    with pytest.raises(ValueError, match=r"out must have shape \(2,\)"):
+        logistic_predict(indptr, indices, data, w, 0.0, np.empty(3))
+    with pytest.raises(TypeError, match="float32 or float64"):
+        logistic_predict(indptr, indices, data, np.ones(3, np.int64), 0.0, np.empty(2))
+
+
+def test_modules_export_documented_api():
+    for mod, names in [(kopt, ["merge_duplicates", "sparse_sgd", "sparse_adagrad", "dense_sgd",
+                               "dense_adagrad", "apply_sparse"]),
+                       (klog, ["logistic_loss_grad", "logistic_predict"]),
+                       (kkeys, ["permute_keys", "permute_keys_into", "choose_multiplier"])]:
+        for name in names:
+            f = getattr(mod, name)
+            doc = f.__doc__ or ""
+            assert "Parameters" in doc and "Raises" in doc and "Notes" in doc, name
