@@ -318,3 +318,12 @@ def test_max_rows(small_csv):
 def test_partition_bad_args_before_reading(tmp_path, args, kwargs):
     with pytest.raises(ValueError):
         load_adult_partition(tmp_path / "does-not-exist.csv", *args, **kwargs)
+
+
+def test_data_layer_never_imports_mpi4py():
+    code = (
+        "import sys, hpcps.data, hpcps.data.adult, hpcps.data.svmlight, hpcps.data.partition_rows\n"
+        "sys.exit(1 if 'mpi4py' in sys.modules else 0)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
