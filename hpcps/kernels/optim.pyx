@@ -29,7 +29,21 @@ import numpy as np
 
 from cython cimport floating
 from libc.math cimport sqrt
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define hpcps_prefetch(p) __builtin_prefetch((const void *)(p))
+    #else
+    #define hpcps_prefetch(p) ((void)0)
+    #endif
+    """
+    void hpcps_prefetch(const void* p) noexcept nogil
+
+# How many entries ahead the gather in _accumulate_packed prefetches its source row.
+cdef enum:
+    _PREFETCH_AHEAD = 64
 
 __all__ = [
     "OPTIMIZERS",
@@ -114,6 +128,11 @@ def _positive(x, name):
     return x
 
 
+def _row_error(name, Py_ssize_t i, value, num_rows):
+    return ValueError(f"{name}[{i}] = {value} is out of range [0, {num_rows}) "
+                      f"(w has {num_rows} rows)")
+
+
 def _check_rows(const int64_t[::1] rows, int64_t num_rows, name="rows"):
     """Raise ValueError naming the first entry of ``rows`` outside ``[0, num_rows)``."""
     cdef Py_ssize_t i, bad = -1, n = rows.shape[0]
@@ -123,8 +142,7 @@ def _check_rows(const int64_t[::1] rows, int64_t num_rows, name="rows"):
                 bad = i
                 break
     if bad >= 0:
-        raise ValueError(f"{name}[{bad}] = {rows[bad]} is out of range [0, {num_rows}) "
-                         f"(w has {num_rows} rows)")
+        raise _row_error(name, bad, rows[bad], num_rows)
 
 
 def _check_sparse_args(w, rows, grads):
@@ -151,135 +169,134 @@ def _check_acc(acc, w, name="acc"):
 # merge_duplicates
 # --------------------------------------------------------------------------------------
 
-cdef Py_ssize_t _slots_by_counting(const int64_t[::1] keys, int64_t kmin, int64_t[::1] pos,
-                                   int64_t[::1] slot) noexcept nogil:
-    """Counting pass over the key span; returns the number of distinct keys.
+cdef void _minmax(const int64_t[::1] keys, int64_t* kmin, int64_t* kmax) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef int64_t lo = keys[0], hi = keys[0], k
+    for i in range(1, keys.shape[0]):
+        k = keys[i]
+        if k < lo:
+            lo = k
+        elif k > hi:
+            hi = k
+    kmin[0] = lo
+    kmax[0] = hi
 
-    ``pos`` (span,) zero-filled on entry. On return ``slot[i]`` is the rank of ``keys[i]``
-    among the distinct keys, and ``pos[k - kmin]`` is that rank + 1 (0 if k is absent).
+
+cdef int64_t _rank_span(const int64_t[::1] keys, int64_t kmin, int64_t[::1] pos,
+                        int64_t[::1] ukeys) noexcept nogil:
+    """Counting pass over the key span [kmin, kmin + len(pos)); ``pos`` zero-filled.
+
+    On return ``pos[k - kmin]`` is 1 + the rank of ``k`` among the distinct keys (0 if
+    absent), ``ukeys[:m]`` holds the distinct keys in ascending order; returns m.
     """
-    cdef Py_ssize_t i, s, n = keys.shape[0], span = pos.shape[0]
+    cdef Py_ssize_t i, s
     cdef int64_t m = 0
-    for i in range(n):
+    for i in range(keys.shape[0]):
         pos[<uint64_t>keys[i] - <uint64_t>kmin] = 1
-    for s in range(span):
+    for s in range(pos.shape[0]):
         if pos[s]:
+            ukeys[m] = <int64_t>(<uint64_t>kmin + <uint64_t>s)
             m += 1
             pos[s] = m
-    for i in range(n):
-        slot[i] = pos[<uint64_t>keys[i] - <uint64_t>kmin] - 1
     return m
 
 
-cdef void _fill_unique_from_pos(const int64_t[::1] pos, int64_t kmin,
-                                int64_t[::1] ukeys) noexcept nogil:
-    cdef Py_ssize_t s, span = pos.shape[0]
-    for s in range(span):
-        if pos[s]:
-            ukeys[pos[s] - 1] = <int64_t>(<uint64_t>kmin + <uint64_t>s)
-
-
-cdef Py_ssize_t _slots_by_order(const int64_t[::1] sorted_keys, const int64_t[::1] order,
-                                int64_t[::1] slot, int64_t[::1] ukeys) noexcept nogil:
-    """Given keys in sorted order and the permutation, fill slot / ukeys; return m."""
-    cdef Py_ssize_t t, n = sorted_keys.shape[0]
-    cdef int64_t m = -1
-    cdef int64_t k
-    for t in range(n):
-        k = sorted_keys[t]
-        if m < 0 or k != ukeys[m]:
-            m += 1
-            ukeys[m] = k
-        slot[order[t]] = m
-    return m + 1
-
-
-cdef void _accumulate(const int64_t[::1] slot, const floating[:, ::1] values,
-                      floating[:, ::1] out) noexcept nogil:
-    """``out[slot[i]] += values[i]`` for i = 0, 1, ... in input order (out zero-filled)."""
-    cdef Py_ssize_t i, j, s, n = values.shape[0], dim = values.shape[1]
-    if dim == 1:
+cdef _accumulate_by_pos(const int64_t[::1] keys, int64_t kmin, const int64_t[::1] pos,
+                        const floating[:, ::1] values, floating[:, ::1] out):
+    """``out[rank(keys[i])] += values[i]`` for i = 0, 1, ... (input order; out zero-filled)."""
+    cdef Py_ssize_t i, j, r, n = values.shape[0], dim = values.shape[1]
+    with nogil:
         for i in range(n):
-            out[slot[i], 0] += values[i, 0]
-    else:
-        for i in range(n):
-            s = slot[i]
+            r = pos[<uint64_t>keys[i] - <uint64_t>kmin] - 1
             for j in range(dim):
-                out[s, j] += values[i, j]
+                out[r, j] += values[i, j]
 
 
-def _key_slots(arr):
-    """Sorted distinct keys ``ukeys`` (m,) and ``slot`` (n,) with ``ukeys[slot] == keys``.
+cdef Py_ssize_t _count_runs_packed(const uint64_t[::1] packed, int ibits) noexcept nogil:
+    cdef Py_ssize_t t, m = 0
+    cdef uint64_t h, prev = 0
+    for t in range(packed.shape[0]):
+        h = packed[t] >> ibits
+        if t == 0 or h != prev:
+            m += 1
+            prev = h
+    return m
 
-    ``arr``: validated int64 (n,) C-contiguous array.
-    """
-    cdef const int64_t[::1] keys = arr
-    cdef Py_ssize_t i, n = keys.shape[0]
-    cdef int64_t kmin, kmax
-    cdef uint64_t span
-    cdef Py_ssize_t m
-    cdef int64_t[::1] slot_v, ukeys_v, pos_v, sorted_v, order_v
-    slot = np.empty(n, dtype=np.int64)
-    if n == 0:
-        return np.empty(0, dtype=np.int64), slot
-    kmin = keys[0]
-    kmax = keys[0]
+
+cdef _accumulate_packed(const uint64_t[::1] packed, int ibits, int64_t kmin,
+                        const floating[:, ::1] values, int64_t[::1] ukeys,
+                        floating[:, ::1] out):
+    """Walk ``packed`` = sorted ``(key - kmin) << ibits | i``: equal keys are contiguous and
+    in increasing i (input order); ``out[run] += values[i]`` (out zero-filled)."""
+    cdef Py_ssize_t t, j, i, m = -1, n = packed.shape[0], dim = values.shape[1]
+    cdef uint64_t h, prev = 0, mask = (<uint64_t>1 << ibits) - 1
     with nogil:
-        for i in range(1, n):
-            if keys[i] < kmin:
-                kmin = keys[i]
-            elif keys[i] > kmax:
-                kmax = keys[i]
-    span = <uint64_t>kmax - <uint64_t>kmin + 1  # 0 if the keys cover all 2**64 values
-    slot_v = slot
-    if span != 0 and span <= <uint64_t>(_DENSE_SPAN_FACTOR * n + _DENSE_SPAN_SLACK):
-        # Counting sort over the span: O(n + span), no comparison sort.
-        pos = np.zeros(span, dtype=np.int64)
-        pos_v = pos
-        with nogil:
-            m = _slots_by_counting(keys, kmin, pos_v, slot_v)
-        ukeys = np.empty(m, dtype=np.int64)
-        ukeys_v = ukeys
-        with nogil:
-            _fill_unique_from_pos(pos_v, kmin, ukeys_v)
-        return ukeys, slot
-    # Sort path. Pack (key - kmin, i) into one uint64 when it fits: the packed values are
-    # distinct, so numpy's fast (unstable, SIMD) sort yields exactly the (key, i) order.
-    ibits = max(int(n - 1).bit_length(), 1)
-    sbits = int(span - 1).bit_length() if span != 0 else 64
-    if ibits + sbits <= 64:
-        packed = (arr.view(np.uint64) - np.uint64(<uint64_t>kmin)) << np.uint64(ibits)
-        packed |= np.arange(n, dtype=np.uint64)
-        packed.sort()
-        order = (packed & np.uint64((1 << ibits) - 1)).view(np.int64)
-        sorted_keys = ((packed >> np.uint64(ibits)) + np.uint64(<uint64_t>kmin)).view(np.int64)
-        del packed
+        for t in range(n):
+            if t + _PREFETCH_AHEAD < n:  # the gather below is random: fetch rows early
+                hpcps_prefetch(&values[<Py_ssize_t>(packed[t + _PREFETCH_AHEAD] & mask), 0])
+            h = packed[t] >> ibits
+            i = <Py_ssize_t>(packed[t] & mask)
+            if m < 0 or h != prev:
+                m += 1
+                prev = h
+                ukeys[m] = <int64_t>(h + <uint64_t>kmin)
+            for j in range(dim):
+                out[m, j] += values[i, j]
+
+
+def _merge_counting(keys, int64_t kmin, span, values):
+    cdef const int64_t[::1] kv = keys
+    cdef int64_t m
+    pos = np.zeros(span, dtype=np.int64)
+    ukeys = np.empty(min(span, keys.shape[0]), dtype=np.int64)
+    cdef int64_t[::1] pos_v = pos, uk_v = ukeys
+    with nogil:
+        m = _rank_span(kv, kmin, pos_v, uk_v)
+    out = np.zeros((m, values.shape[1]), dtype=values.dtype)
+    if values.dtype == np.float32:
+        _accumulate_by_pos[float](kv, kmin, pos_v, values, out)
     else:
-        order = np.argsort(arr, kind="stable")
-        sorted_keys = arr[order]
-    order_v = order
-    sorted_v = sorted_keys
-    ukeys = np.empty(n, dtype=np.int64)
-    ukeys_v = ukeys
-    with nogil:
-        m = _slots_by_order(sorted_v, order_v, slot_v, ukeys_v)
-    return ukeys[:m].copy(), slot
-
-
-cdef _merge_typed(const int64_t[::1] slot, const floating[:, ::1] values, floating[:, ::1] out):
-    with nogil:
-        _accumulate(slot, values, out)
+        _accumulate_by_pos[double](kv, kmin, pos_v, values, out)
+    return ukeys[:m], out
 
 
 def _merge(keys, values):
     """merge_duplicates on validated inputs (keys int64 (n,), values C-contiguous (n, dim))."""
-    ukeys, slot = _key_slots(keys)
-    out = np.zeros((ukeys.shape[0], values.shape[1]), dtype=values.dtype)
-    if values.shape[0] and values.shape[1]:
-        if values.dtype == np.float32:
-            _merge_typed[float](slot, values, out)
-        else:
-            _merge_typed[double](slot, values, out)
+    cdef const int64_t[::1] kv = keys
+    cdef int64_t kmin, kmax
+    cdef uint64_t span
+    cdef Py_ssize_t n = kv.shape[0], m
+    if n == 0 or values.shape[1] == 0:
+        ukeys = np.unique(keys)
+        return ukeys, np.zeros((ukeys.shape[0], values.shape[1]), dtype=values.dtype)
+    with nogil:
+        _minmax(kv, &kmin, &kmax)
+    span = <uint64_t>kmax - <uint64_t>kmin + 1  # 0 if the keys cover all 2**64 values
+    if span != 0 and span <= <uint64_t>(_DENSE_SPAN_FACTOR * n + _DENSE_SPAN_SLACK):
+        # Distribution counting over the span: O(n + span), no comparison sort.
+        return _merge_counting(keys, kmin, span, values)
+    ibits = max(int(n - 1).bit_length(), 1)
+    sbits = int(span - 1).bit_length() if span != 0 else 64
+    if ibits + sbits > 64:
+        # Keys too spread out to pack with their index: rank them with np.unique first.
+        ukeys, inv = np.unique(keys, return_inverse=True)
+        inv = np.ascontiguousarray(inv.reshape(-1), dtype=np.int64)
+        return ukeys, _merge_counting(inv, 0, ukeys.shape[0], values)[1]
+    # Pack (key - kmin, i) into one uint64: the packed values are distinct, so numpy's fast
+    # (SIMD, unstable) sort gives exactly the (key, input position) order.
+    packed = (keys.view(np.uint64) - np.uint64(<uint64_t>kmin)) << np.uint64(ibits)
+    packed |= np.arange(n, dtype=np.uint64)
+    packed.sort()
+    cdef const uint64_t[::1] pv = packed
+    cdef int ib = ibits
+    with nogil:
+        m = _count_runs_packed(pv, ib)
+    ukeys = np.empty(m, dtype=np.int64)
+    out = np.zeros((m, values.shape[1]), dtype=values.dtype)
+    if values.dtype == np.float32:
+        _accumulate_packed[float](pv, ib, kmin, values, ukeys, out)
+    else:
+        _accumulate_packed[double](pv, ib, kmin, values, ukeys, out)
     return ukeys, out
 
 
@@ -330,69 +347,102 @@ def merge_duplicates(keys, values):
 # Update rules
 # --------------------------------------------------------------------------------------
 
-cdef _sparse_sgd_typed(floating[:, ::1] w, const int64_t[::1] rows,
-                       const floating[:, ::1] grads, double lr_, double l2_, double scale_):
-    cdef Py_ssize_t i, j, r, m = rows.shape[0], dim = w.shape[1]
-    cdef floating lr = <floating>lr_, l2 = <floating>l2_, scale = <floating>scale_, g
+cdef inline void _sgd_row(floating* w, const floating* grad, Py_ssize_t dim, floating lr,
+                          floating l2, floating scale) noexcept nogil:
+    """w[:dim] -= lr * (scale * grad + l2 * w) — the one place the SGD rule is written."""
+    cdef Py_ssize_t j
+    cdef floating g
+    for j in range(dim):
+        g = scale * grad[j] + l2 * w[j]
+        w[j] = w[j] - lr * g
+
+
+cdef inline void _adagrad_row(floating* w, floating* acc, const floating* grad, Py_ssize_t dim,
+                              floating lr, floating l2, floating scale,
+                              floating eps) noexcept nogil:
+    """The diagonal AdaGrad rule on ``dim`` contiguous elements."""
+    cdef Py_ssize_t j
+    cdef floating g, a
+    for j in range(dim):
+        g = scale * grad[j] + l2 * w[j]
+        a = acc[j] + g * g
+        acc[j] = a
+        w[j] = w[j] - lr * g / (<floating>sqrt(a) + eps)
+
+
+cdef _rows_step(floating[:, ::1] w, floating[:, ::1] acc, bint adagrad,
+                const int64_t[::1] rows, const floating[:, ::1] grads,
+                double lr_, double l2_, double scale_, double eps_):
+    """Update rows ``rows[i]`` of ``w`` (and ``acc``) with ``grads[i]``; rows validated."""
+    cdef Py_ssize_t i, r, m = rows.shape[0], dim = w.shape[1]
+    cdef floating lr = <floating>lr_, l2 = <floating>l2_, scale = <floating>scale_
+    cdef floating eps = <floating>eps_
+    if m == 0 or dim == 0:
+        return
     with nogil:
         for i in range(m):
             r = rows[i]
-            for j in range(dim):
-                g = scale * grads[i, j] + l2 * w[r, j]
-                w[r, j] = w[r, j] - lr * g
+            if adagrad:
+                _adagrad_row(&w[r, 0], &acc[r, 0], &grads[i, 0], dim, lr, l2, scale, eps)
+            else:
+                _sgd_row(&w[r, 0], &grads[i, 0], dim, lr, l2, scale)
 
 
-cdef _sparse_adagrad_typed(floating[:, ::1] w, floating[:, ::1] acc, const int64_t[::1] rows,
-                           const floating[:, ::1] grads, double lr_, double l2_,
-                           double scale_, double eps_):
-    cdef Py_ssize_t i, j, r, m = rows.shape[0], dim = w.shape[1]
-    cdef floating lr = <floating>lr_, l2 = <floating>l2_, scale = <floating>scale_
-    cdef floating eps = <floating>eps_, g, a
-    with nogil:
-        for i in range(m):
-            r = rows[i]
-            for j in range(dim):
-                g = scale * grads[i, j] + l2 * w[r, j]
-                a = acc[r, j] + g * g
-                acc[r, j] = a
-                w[r, j] = w[r, j] - lr * g / (<floating>sqrt(a) + eps)
-
-
-cdef _dense_sgd_typed(floating[::1] w, const floating[::1] grads,
-                      double lr_, double l2_, double scale_):
-    cdef Py_ssize_t i, n = w.shape[0]
-    cdef floating lr = <floating>lr_, l2 = <floating>l2_, scale = <floating>scale_, g
+cdef Py_ssize_t _scatter_add(const int64_t[::1] keys, const floating[:, ::1] grads,
+                             floating[:, ::1] G, uint8_t[::1] touched):
+    """``G[keys[i]] += grads[i]`` in input order, marking touched rows; returns the first i
+    with keys[i] outside [0, len(G)) (stopping there), else -1."""
+    cdef Py_ssize_t i, j, n = keys.shape[0], dim = grads.shape[1], bad = -1
+    cdef uint64_t R = <uint64_t>G.shape[0], k
     with nogil:
         for i in range(n):
-            g = scale * grads[i] + l2 * w[i]
-            w[i] = w[i] - lr * g
+            if i + _PREFETCH_AHEAD < n and <uint64_t>keys[i + _PREFETCH_AHEAD] < R:
+                hpcps_prefetch(&G[keys[i + _PREFETCH_AHEAD], 0])
+            k = <uint64_t>keys[i]
+            if k >= R:
+                bad = i
+                break
+            touched[k] = 1
+            for j in range(dim):
+                G[k, j] += grads[i, j]
+    return bad
 
 
-cdef _dense_adagrad_typed(floating[::1] w, floating[::1] acc, const floating[::1] grads,
-                          double lr_, double l2_, double scale_, double eps_):
-    cdef Py_ssize_t i, n = w.shape[0]
+cdef _touched_step(floating[:, ::1] w, floating[:, ::1] acc, bint adagrad,
+                   const uint8_t[::1] touched, const floating[:, ::1] G,
+                   double lr_, double l2_, double scale_, double eps_):
+    """Update every touched row ``r`` of ``w`` (and ``acc``) with ``G[r]``."""
+    cdef Py_ssize_t r, R = w.shape[0], dim = w.shape[1]
     cdef floating lr = <floating>lr_, l2 = <floating>l2_, scale = <floating>scale_
-    cdef floating eps = <floating>eps_, g, a
+    cdef floating eps = <floating>eps_
     with nogil:
-        for i in range(n):
-            g = scale * grads[i] + l2 * w[i]
-            a = acc[i] + g * g
-            acc[i] = a
-            w[i] = w[i] - lr * g / (<floating>sqrt(a) + eps)
+        for r in range(R):
+            if touched[r]:
+                if adagrad:
+                    _adagrad_row(&w[r, 0], &acc[r, 0], &G[r, 0], dim, lr, l2, scale, eps)
+                else:
+                    _sgd_row(&w[r, 0], &G[r, 0], dim, lr, l2, scale)
 
 
-def _run_sparse_sgd(w, rows, grads, lr, l2, scale):
+cdef _flat_step(floating[::1] w, floating[::1] acc, bint adagrad, const floating[::1] grads,
+                double lr_, double l2_, double scale_, double eps_):
+    cdef Py_ssize_t n = w.shape[0]
+    cdef floating lr = <floating>lr_, l2 = <floating>l2_, scale = <floating>scale_
+    cdef floating eps = <floating>eps_
+    if n == 0:
+        return
+    with nogil:
+        if adagrad:
+            _adagrad_row(&w[0], &acc[0], &grads[0], n, lr, l2, scale, eps)
+        else:
+            _sgd_row(&w[0], &grads[0], n, lr, l2, scale)
+
+
+def _run_rows_step(w, acc, adagrad, rows, grads, lr, l2, scale, eps):
     if w.dtype == np.float32:
-        _sparse_sgd_typed[float](w, rows, grads, lr, l2, scale)
+        _rows_step[float](w, acc, adagrad, rows, grads, lr, l2, scale, eps)
     else:
-        _sparse_sgd_typed[double](w, rows, grads, lr, l2, scale)
-
-
-def _run_sparse_adagrad(w, acc, rows, grads, lr, l2, scale, eps):
-    if w.dtype == np.float32:
-        _sparse_adagrad_typed[float](w, acc, rows, grads, lr, l2, scale, eps)
-    else:
-        _sparse_adagrad_typed[double](w, acc, rows, grads, lr, l2, scale, eps)
+        _rows_step[double](w, acc, adagrad, rows, grads, lr, l2, scale, eps)
 
 
 def sparse_sgd(w, rows, grads, lr, l2=0.0, scale=1.0):
@@ -436,8 +486,7 @@ def sparse_sgd(w, rows, grads, lr, l2=0.0, scale=1.0):
     w, rows, grads = _check_sparse_args(w, rows, grads)
     lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
     _check_rows(rows, w.shape[0])
-    if rows.shape[0] and w.shape[1]:
-        _run_sparse_sgd(w, rows, grads, lr, l2, scale)
+    _run_rows_step(w, None, False, rows, grads, lr, l2, scale, 1.0)
 
 
 def sparse_adagrad(w, acc, rows, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
@@ -490,8 +539,7 @@ def sparse_adagrad(w, acc, rows, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
     lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
     eps = _positive(eps, "eps")
     _check_rows(rows, w.shape[0])
-    if rows.shape[0] and w.shape[1]:
-        _run_sparse_adagrad(w, acc, rows, grads, lr, l2, scale, eps)
+    _run_rows_step(w, acc, True, rows, grads, lr, l2, scale, eps)
 
 
 def _check_dense_args(w, grads):
@@ -533,9 +581,9 @@ def dense_sgd(w, grads, lr, l2=0.0, scale=1.0):
     w, grads = _check_dense_args(w, grads)
     lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
     if w.dtype == np.float32:
-        _dense_sgd_typed[float](w, grads, lr, l2, scale)
+        _flat_step[float](w, None, False, grads, lr, l2, scale, 1.0)
     else:
-        _dense_sgd_typed[double](w, grads, lr, l2, scale)
+        _flat_step[double](w, None, False, grads, lr, l2, scale, 1.0)
 
 
 def dense_adagrad(w, acc, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
@@ -577,9 +625,9 @@ def dense_adagrad(w, acc, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
     lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
     eps = _positive(eps, "eps")
     if w.dtype == np.float32:
-        _dense_adagrad_typed[float](w, acc, grads, lr, l2, scale, eps)
+        _flat_step[float](w, acc, True, grads, lr, l2, scale, eps)
     else:
-        _dense_adagrad_typed[double](w, acc, grads, lr, l2, scale, eps)
+        _flat_step[double](w, acc, True, grads, lr, l2, scale, eps)
 
 
 def _single_slot(slots):
@@ -647,11 +695,29 @@ def apply_sparse(name, w, slots, keys, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
     if name == "adagrad":
         acc = _check_acc(_single_slot(slots), w, "slots (adagrad accumulator)")
         eps = _positive(eps, "eps")
-    _check_rows(keys, w.shape[0], "keys")
-    if keys.shape[0] == 0 or w.shape[1] == 0:
-        return
-    rows, summed = _merge(keys, grads)
-    if name == "sgd":
-        _run_sparse_sgd(w, rows, summed, lr, l2, scale)
     else:
-        _run_sparse_adagrad(w, acc, rows, summed, lr, l2, scale, eps)
+        eps = 1.0  # unused by SGD
+    R, n = w.shape[0], keys.shape[0]
+    adagrad = name == "adagrad"
+    if n == 0 or w.shape[1] == 0:
+        _check_rows(keys, R, "keys")
+        return
+    if R * w.shape[1] <= _DENSE_SPAN_FACTOR * n * w.shape[1] + _DENSE_SPAN_SLACK:
+        # Table not much larger than the push: sum into a dense (R, dim) buffer in input
+        # order (bitwise the same sums as merge_duplicates), then step every touched row.
+        G = np.zeros(w.shape, dtype=w.dtype)
+        touched = np.zeros(R, dtype=np.uint8)
+        if w.dtype == np.float32:
+            bad = _scatter_add[float](keys, grads, G, touched)
+        else:
+            bad = _scatter_add[double](keys, grads, G, touched)
+        if bad >= 0:
+            raise _row_error("keys", bad, keys[bad], R)  # w is untouched so far
+        if w.dtype == np.float32:
+            _touched_step[float](w, acc, adagrad, touched, G, lr, l2, scale, eps)
+        else:
+            _touched_step[double](w, acc, adagrad, touched, G, lr, l2, scale, eps)
+        return
+    _check_rows(keys, R, "keys")
+    rows, summed = _merge(keys, grads)
+    _run_rows_step(w, acc, adagrad, rows, summed, lr, l2, scale, eps)

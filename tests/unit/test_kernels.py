@@ -251,6 +251,38 @@ def test_apply_sparse_wide_table_sort_path():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("R", [300, 3_000_000])  # dense-buffer path / merge (sort) path
+def test_apply_sparse_equals_merge_then_rule_bitwise(dtype, name, R):
+    rng = np.random.default_rng(14)
+    n, dim = 2000, 2
+    keys = rng.choice(rng.integers(0, R, 400), size=n)
+    grads = rng.standard_normal((n, dim)).astype(dtype)
+    w1 = rng.standard_normal((R, dim)).astype(dtype)
+    acc1 = np.full((R, dim), 0.5, dtype)
+    w2, acc2 = w1.copy(), acc1.copy()
+    apply_sparse(name, w1, acc1, keys, grads, **HP)
+    rows, summed = merge_duplicates(keys, grads)
+    if name == "sgd":
+        sparse_sgd(w2, rows, summed, HP["lr"], HP["l2"], HP["scale"])
+    else:
+        sparse_adagrad(w2, acc2, rows, summed, **HP)
+    np.testing.assert_array_equal(w1, w2)
+    np.testing.assert_array_equal(acc1, acc2)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_apply_sparse_out_of_range_on_merge_path(name):
+    R = 3_000_000  # push much smaller than the table: merge path, not the dense buffer
+    w = np.ones((R, 1), np.float32)
+    acc = np.ones((R, 1), np.float32)
+    keys = np.array([5, 9, R, 5], np.int64)
+    with pytest.raises(ValueError, match=rf"keys\[2\] = {R} is out of range \[0, {R}\)"):
+        apply_sparse(name, w, acc, keys, np.ones((4, 1), np.float32), 0.1, 0.0, 1.0, 1e-8)
+    assert np.all(w == 1) and np.all(acc == 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_fancy_index_counterexample(dtype):
     """``w[idx] -= g`` applies one of several duplicates; apply_sparse sums them."""
     w = np.zeros((3, 1), dtype=dtype)
