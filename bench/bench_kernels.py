@@ -16,8 +16,8 @@ timed), in rotating order; the report gives median times and the ratios numpy / 
 
 Usage::
 
-    python bench/bench_kernels.py            # 10 M updates into 1 M rows (~30 s)
-    python bench/bench_kernels.py --big      # also into 64 M rows (needs ~3 GB RAM)
+    python bench/bench_kernels.py            # 10 M updates into 1 M rows (~5 s)
+    python bench/bench_kernels.py --big      # also into 64 M rows (~40 s, ~3 GB RAM)
 """
 
 import argparse
@@ -123,7 +123,7 @@ def main(argv=None):
     ap.add_argument("--updates", type=int, default=10_000_000, help="keys per push")
     ap.add_argument("--rows", type=int, default=1_000_000, help="table rows")
     ap.add_argument("--big", action="store_true", help="also benchmark a 64 M-row table")
-    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median)")
+    ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions (median)")
     ap.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the key draw")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -14,7 +14,7 @@ Update rules (per element, ``g`` the scaled, L2-regularised gradient of one row)
 
 SGD: Robbins & Monro, "A stochastic approximation method", Ann. Math. Statist. 1951;
 AdaGrad: Duchi, Hazan & Singer, "Adaptive subgradient methods for online learning and
-stochastic optimization", JMLR 12, 2011 (diagonal variant, §1 and eq. (1)); used by Downpour
+stochastic optimization", JMLR 12, 2011 (diagonal version, §1.1); used by Downpour
 SGD, Dean et al., "Large scale distributed deep networks", NIPS 2012, §4.1.
 
 The sparse rules assume unique rows: a row that appeared twice would receive the L2 term
@@ -326,12 +326,15 @@ def merge_duplicates(keys, values):
 
     Notes
     -----
-    Deterministic: each output row starts at +0.0 and adds its input rows in input order
-    (the result is bitwise equal to ``np.add.at(np.zeros((m, dim)), slot, values)``).
-    The key-to-row map comes from a counting pass over ``[min(keys), max(keys)]`` when that
-    span is at most about 4n, otherwise from a sort of the keys (Knuth, TAOCP vol. 3, §5.2,
-    distribution counting / sorting); the summation itself never depends on the sort.
-    Empty input gives outputs of shape (0,) and (0, dim).
+    Deterministic: each output row starts at +0.0 and adds its input rows in input order,
+    so the result is bitwise equal to ``np.add.at(np.zeros((m, dim)), inverse, values)``
+    with ``unique_keys, inverse = np.unique(keys, return_inverse=True)``.
+    Algorithm: when ``max(keys) - min(keys)`` is at most about 4n, distribution counting
+    over that span (Knuth, TAOCP vol. 3, 2nd ed., §5.2, Algorithm D) ranks the keys in
+    O(n + span); otherwise the pairs ``(key - min(keys), i)`` are packed into one uint64
+    each and sorted (all distinct, so any sort gives the stable order), and equal-key runs
+    are summed walking the sorted pairs; keys too spread out to pack are ranked with
+    ``np.unique``. Empty input gives outputs of shape (0,) and (0, dim).
     """
     keys = _int64_vector(keys, "keys")
     values = np.asarray(values)
@@ -479,9 +482,8 @@ def sparse_sgd(w, rows, grads, lr, l2=0.0, scale=1.0):
 
     Notes
     -----
-    Stochastic gradient descent: Robbins & Monro, Ann. Math. Statist. 22(3), 1951; the
-    lazy, sparse form of the L2 term as in Bottou, "Stochastic gradient descent tricks",
-    Neural Networks: Tricks of the Trade, 2012, §5.1.
+    Stochastic gradient descent: Robbins & Monro, Ann. Math. Statist. 22(3), 1951. The
+    L2 term is "lazy": it only decays the rows the update touches.
     """
     w, rows, grads = _check_sparse_args(w, rows, grads)
     lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
@@ -530,7 +532,7 @@ def sparse_adagrad(w, acc, rows, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
     Notes
     -----
     Duchi, Hazan & Singer, "Adaptive subgradient methods for online learning and stochastic
-    optimization", JMLR 12:2121-2159, 2011 (diagonal update, eq. (1) with ``delta = eps``);
+    optimization", JMLR 12:2121-2159, 2011 (diagonal update, §1.1, ``delta = eps``);
     the rule used by Downpour SGD, Dean et al., "Large scale distributed deep networks",
     NIPS 2012, §4.1.
     """
@@ -618,7 +620,7 @@ def dense_adagrad(w, acc, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
 
     Notes
     -----
-    Duchi, Hazan & Singer, JMLR 12, 2011, eq. (1); Dean et al., NIPS 2012, §4.1.
+    Duchi, Hazan & Singer, JMLR 12, 2011, §1.1 (diagonal); Dean et al., NIPS 2012, §4.1.
     """
     w, grads = _check_dense_args(w, grads)
     acc = _check_acc(acc, w)
@@ -683,9 +685,11 @@ def apply_sparse(name, w, slots, keys, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
     Notes
     -----
     Update rules: see :func:`sparse_sgd` (Robbins & Monro 1951) and :func:`sparse_adagrad`
-    (Duchi, Hazan & Singer, JMLR 2011; Dean et al., NIPS 2012, §4.1). Summing duplicates
-    first is what a parameter server does for one aggregated minibatch step (Li et al.,
-    "Scaling distributed machine learning with the parameter server", OSDI 2014, §3).
+    (Duchi, Hazan & Singer, JMLR 2011; Dean et al., NIPS 2012, §4.1). Summation: when the
+    table has at most about ``4 n`` rows the gradient rows are added, in input order, into
+    a zeroed ``(R, dim)`` buffer and every touched row is stepped (O(n + R)); otherwise via
+    :func:`merge_duplicates` (O(n log n)). Both give bitwise the same result as
+    ``merge_duplicates`` followed by ``sparse_sgd`` / ``sparse_adagrad``.
     """
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; valid: {', '.join(map(repr, OPTIMIZERS))}")
