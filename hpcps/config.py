@@ -533,6 +533,8 @@ class _Checker:
         """Resolve a data path against the job file's directory; it must be a file."""
         if not value:
             raise self.error(dotted, "must not be empty")
+        if "\x00" in value:
+            raise self.error(dotted, f"path contains a NUL character: {value!r}")
         p = Path(value).expanduser()
         if not p.is_absolute():
             p = self.job_dir / p
@@ -613,6 +615,8 @@ def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     consistency = ConsistencyConfig(**_simple(ck, doc, "consistency"))
     comm = CommConfig(**_simple(ck, doc, "comm"))
     out_dir = _simple(ck, doc, "output")["dir"] or f"runs/{name}"
+    if "\x00" in out_dir:
+        raise ck.error("output.dir", f"path contains a NUL character: {out_dir!r}")
     output = OutputConfig(dir=(Path.cwd() / Path(out_dir).expanduser()).resolve())
     evaluate = EvaluateConfig(**_simple(ck, doc, "evaluate"))
     return JobConfig(name=name, seed=seed, cluster=cluster, data=data, model=model,

@@ -94,7 +94,7 @@ class KeyPartition:
         if self.multiplier == 1:
             if keys.size and (keys.min() < 0 or keys.max() >= self.num_keys):
                 bad = keys[(keys < 0) | (keys >= self.num_keys)][0]
-                raise ValueError(f"key {bad} outside the key space [0, {self.num_keys})")
+                raise ValueError(f"key {bad} is outside the key space [0, {self.num_keys})")
             return keys
         return permute_keys(keys, self.num_keys, self.multiplier)
 

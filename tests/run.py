@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = int(os.environ.get("HPCPS_TEST_TIMEOUT", "600"))
+TIMEOUT = int(os.environ.get("HPCPS_TEST_TIMEOUT", "300"))
 
 
 def mpi_env() -> dict:
@@ -48,7 +48,8 @@ def run(cmd, env, label) -> tuple[int, int, int]:
     print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              errors="replace", timeout=TIMEOUT)
         out = proc.stdout + proc.stderr
         rc = proc.returncode
     except subprocess.TimeoutExpired as e:
@@ -73,7 +74,7 @@ def main() -> int:
     py = sys.executable
     total_p = total_f = 0
     if not args.only_mpi:
-        cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit", "tests/e2e"]
+        cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no", "tests/unit", "tests/e2e"]
         if args.k:
             cmd += ["-k", args.k]
         _, p, f = run(cmd, env, "serial")
@@ -84,7 +85,7 @@ def main() -> int:
         for path in sorted((ROOT / "tests" / "mpi").glob("test_*.py")):
             m = re.search(r"^# mpi-ranks:\s*([\d ]+)$", path.read_text(), re.M)
             for k in (m.group(1).split() if m else ["2"]):
-                cmd = [mpirun, "-n", k, py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                cmd = [mpirun, "-n", k, py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no",
                        "--with-mpi", str(path.relative_to(ROOT))]
                 _, p, f = run(cmd, env, f"{path.name} on {k} ranks")
                 # every rank prints its own summary line; count rank 0's (the last line seen)

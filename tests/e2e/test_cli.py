@@ -1,0 +1,100 @@
+"""End-to-end: real mpirun launches of ``hpcps`` on real data, and how they fail."""
+
+import json
+import socket
+
+import h5py
+import numpy as np
+
+from tests.helpers import hpcps, launch, write_job
+
+SMALL = """
+name = "small"
+[data]
+format = "adult_csv"
+path = "@DATA@"
+max_rows = 6000
+[model]
+l2 = 0.001
+[train]
+epochs = 2
+progress_seconds = 0.05
+[output]
+dir = "out"
+"""
+
+
+def test_quickstart_subset_trains_and_writes_outputs(tmp_path):
+    job = write_job(tmp_path / "small.toml", SMALL)
+    proc, _ = hpcps(["run", "-n", "4", job], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "3 worker(s), 1 server(s)" in out
+    assert "ETA" in out and "ex/s" in out                     # progress lines
+    assert "server 0:" in out and "keys" in out               # per-server load
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert metrics["epochs"][-1]["test_auc"] > 0.85
+    assert metrics["summary"]["servers"][0]["bytes_in"] > 0
+    with h5py.File(tmp_path / "out" / "model.h5", "r") as f:
+        assert f["weights"].shape == (2**20, 1) and f["bias"].shape == (1, 1)
+        assert f.attrs["step"] == metrics["summary"]["steps"]
+        assert 'name = "small"' in f.attrs["config"]
+        assert np.count_nonzero(f["weights"][()]) > 1000
+
+
+def test_full_quickstart_matches_scikit_learn(tmp_path):
+    """The Done-when of the runnable core: jobs/adult_lr.toml, 1 server + 3 workers."""
+    proc, _ = hpcps(["check"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "scikit-learn LogisticRegression test AUC" in proc.stdout
+    assert "check: hpcps AUC" in proc.stdout and "OK" in proc.stdout
+
+
+def test_bad_job_file_fails_on_every_rank_fast(tmp_path):
+    job = write_job(tmp_path / "bad.toml", SMALL.replace("epochs = 2", "epochz = 2"))
+    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=60)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if "train.epochz: unknown key (did you mean 'epochs'?)" in l]
+    assert {l.split(":")[1].strip() for l in lines} == {"rank 0", "rank 1", "rank 2"}
+    assert "bad.toml" in lines[0]
+    assert secs < 30
+
+
+def test_too_many_servers_is_refused_before_communication(tmp_path):
+    job = write_job(tmp_path / "s.toml", SMALL + "[cluster]\nservers = 2\n")
+    proc, secs = launch(2, ["train", job], cwd=tmp_path, timeout=60)
+    assert proc.returncode != 0
+    assert proc.stderr.count("cluster.servers") == 2, proc.stderr
+
+
+def test_exception_on_one_rank_aborts_the_job_fast(tmp_path):
+    """Worker 1's byte range of the svmlight file holds a bad line: the others are waiting
+    in a collective; the job must still end at once, naming the rank and host."""
+    good = "".join(f"{i % 2} 1:1 {2 + i % 5}:0.5\n" for i in range(40))
+    (tmp_path / "train.svm").write_text(good + good + "1 3:abc\n" + good)   # line 81: 2nd half
+    (tmp_path / "test.svm").write_text(good)
+    job = write_job(tmp_path / "svm.toml", f"""
+name = "svm"
+[data]
+format = "svmlight"
+path = "{tmp_path / 'train.svm'}"
+test_path = "{tmp_path / 'test.svm'}"
+index_base = 1
+n_features = 8
+[output]
+dir = "out"
+""")
+    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert f"rank 1 on {socket.gethostname()}" in proc.stderr, proc.stderr[-2000:]
+    assert "train.svm:81" in proc.stderr
+    assert secs < 60
+
+
+def test_world_of_one_while_the_launcher_says_more(tmp_path):
+    job = write_job(tmp_path / "w.toml", SMALL)
+    proc, _ = hpcps(["train", job], cwd=tmp_path, timeout=60,
+                    env=__import__("tests.helpers", fromlist=["mpi_env"]).mpi_env(PMI_SIZE="4"))
+    assert proc.returncode == 2
+    assert "world of 1 rank but the launcher started 4" in proc.stderr

@@ -1,0 +1,51 @@
+"""Helpers for tests that launch real MPI jobs (no fixtures here: plain functions)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "data" / "adult.csv.gz"
+
+
+def mpirun() -> str:
+    local = Path(sys.executable).parent / "mpirun"
+    return str(local) if local.exists() else "mpirun"
+
+
+def mpi_env(**extra) -> dict:
+    """Environment for test launches: run-as-root (when root) and oversubscription."""
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+    env.update(extra)
+    return env
+
+
+def launch(n: int, args, cwd=None, timeout=300, env=None):
+    """``mpirun -n N python -m hpcps ARGS``; returns (CompletedProcess, seconds)."""
+    cmd = [mpirun(), "-n", str(n), sys.executable, "-m", "hpcps", *map(str, args)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env or mpi_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, time.perf_counter() - t0
+
+
+def hpcps(args, cwd=None, timeout=600, env=None):
+    """``python -m hpcps ARGS`` (no mpirun around it)."""
+    cmd = [sys.executable, "-m", "hpcps", *map(str, args)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env or mpi_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, time.perf_counter() - t0
+
+
+def write_job(path: Path, body: str) -> Path:
+    path.write_text(body.replace("@DATA@", str(DATA)))
+    return path

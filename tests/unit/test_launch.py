@@ -1,0 +1,50 @@
+"""``hpcps run``'s mpirun command line (no MPI started here)."""
+
+import os
+import subprocess
+import sys
+
+from hpcps import launch
+from hpcps.cli import QUICKSTART, build_parser
+
+
+def test_oversubscribe_only_when_more_ranks_than_cores():
+    cmd, _ = launch.build_command(4, "j.toml", mpirun="mpirun", flavour=("openmpi", 5), cores=2, is_root=False)
+    assert cmd[:5] == ["mpirun", "-n", "4", "--map-by", ":OVERSUBSCRIBE"]
+    cmd, _ = launch.build_command(2, "j.toml", mpirun="mpirun", flavour=("openmpi", 5), cores=2, is_root=False)
+    assert "--map-by" not in cmd
+    cmd, _ = launch.build_command(8, "j.toml", mpirun="mpirun", flavour=("openmpi", 4), cores=2, is_root=False)
+    assert "--oversubscribe" in cmd
+    cmd, env = launch.build_command(8, "j.toml", mpirun="mpiexec", flavour=("mpich", 4), cores=2, is_root=True)
+    assert "--map-by" not in cmd and "--oversubscribe" not in cmd and env == {}
+
+
+def test_run_as_root_variables_only_for_root():
+    _, env = launch.build_command(4, "j", mpirun="m", flavour=("openmpi", 5), cores=8, is_root=False)
+    assert env == {}
+    _, env = launch.build_command(4, "j", mpirun="m", flavour=("openmpi", 5), cores=8, is_root=True)
+    assert env == {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def test_command_runs_this_python_and_the_job():
+    cmd, _ = launch.build_command(3, "jobs/x.toml", mpirun="m", python="/py", extra=["--host", "a"])
+    assert cmd[-5:] == ["/py", "-m", "hpcps", "train", "jobs/x.toml"]
+    assert cmd[3:5] == ["--host", "a"]
+
+
+def test_flavour_of_the_installed_mpirun():
+    kind, major = launch.mpi_flavour(launch.find_mpirun())
+    assert kind in ("openmpi", "mpich", "unknown")
+
+
+def test_run_returns_the_exit_status():
+    assert launch.run([sys.executable, "-c", "raise SystemExit(3)"], {}) == 3
+    assert launch.run([sys.executable, "-c", "import os,signal; os.kill(os.getpid(), signal.SIGTERM)"], {}) == 128 + 15
+
+
+def test_default_job_is_the_quickstart_with_three_workers(capsys):
+    assert QUICKSTART.exists()
+    args = build_parser().parse_args(["run", "--dry-run"])
+    assert args.func(args) == 0
+    line = capsys.readouterr().out
+    assert " -n 4 " in line and str(QUICKSTART) in line
