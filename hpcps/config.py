@@ -50,6 +50,7 @@ __all__ = [
     "CommConfig",
     "OutputConfig",
     "EvaluateConfig",
+    "CheckpointConfig",
     "DATA_FORMATS",
     "MODEL_TYPES",
     "DTYPES",
@@ -310,6 +311,29 @@ class EvaluateConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """``[checkpoint]``: periodic HDF5 checkpoints under ``<output.dir>/ckpt/``.
+
+    Attributes
+    ----------
+    every_steps : int
+        Checkpoint every this many steps (worker clocks); 0 = not by step count.
+    every_seconds : float
+        Checkpoint when this many seconds of wall time passed since the last one (decided
+        by worker 0 and broadcast); 0 = not by time.
+    keep : int
+        Number of complete checkpoints kept (older ones are deleted), >= 1.
+    at_end : bool
+        Also checkpoint after the last step.
+    """
+
+    every_steps: int = 0
+    every_seconds: float = 0.0
+    keep: int = 3
+    at_end: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """A validated job file.
 
@@ -319,7 +343,7 @@ class JobConfig:
         Job name (``[A-Za-z0-9_.-]+``).
     seed : int
         Global random seed (>= 0).
-    cluster, data, model, optimizer, train, consistency, comm, output, evaluate
+    cluster, data, model, optimizer, train, consistency, comm, output, evaluate, checkpoint
         The sections, see the respective ``*Config`` classes.
     path : pathlib.Path
         Absolute path of the job file.
@@ -338,6 +362,7 @@ class JobConfig:
     comm: CommConfig
     output: OutputConfig
     evaluate: EvaluateConfig
+    checkpoint: CheckpointConfig
     path: Path
     text: str
 
@@ -401,6 +426,12 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
     "consistency": {"model": _Rule(str, "bsp", choices=CONSISTENCY_MODELS)},
     "comm": {"max_message_bytes": _Rule(int, 1073741824, lo=1024)},
     "output": {"dir": _Rule(str, "")},
+    "checkpoint": {
+        "every_steps": _Rule(int, 0, lo=0),
+        "every_seconds": _Rule(float, 0.0, lo=0),
+        "keep": _Rule(int, 3, lo=1),
+        "at_end": _Rule(bool, True),
+    },
     "evaluate": {
         "sklearn_baseline": _Rule(bool, False),
         "max_auc_gap": _Rule(float, 0.005, lo=0.0),
@@ -619,9 +650,11 @@ def _parse(doc: dict, text: str, path: Path) -> JobConfig:
         raise ck.error("output.dir", f"path contains a NUL character: {out_dir!r}")
     output = OutputConfig(dir=(Path.cwd() / Path(out_dir).expanduser()).resolve())
     evaluate = EvaluateConfig(**_simple(ck, doc, "evaluate"))
+    checkpoint = CheckpointConfig(**_simple(ck, doc, "checkpoint"))
     return JobConfig(name=name, seed=seed, cluster=cluster, data=data, model=model,
                      optimizer=optimizer, train=train, consistency=consistency, comm=comm,
-                     output=output, evaluate=evaluate, path=path.resolve(), text=text)
+                     output=output, evaluate=evaluate, checkpoint=checkpoint,
+                     path=path.resolve(), text=text)
 
 
 # ------------------------------------------------------------------------ public API

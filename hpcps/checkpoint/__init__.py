@@ -1,0 +1,434 @@
+"""HDF5 checkpoints: layout, atomic commit, validation, and re-sharded reads (h5py, no MPI).
+
+Layout
+------
+One directory per checkpoint, named by the step (worker clock) it was taken at::
+
+    <run dir>/ckpt/step-00001200/
+        shard-0000.h5      written by server 0
+        shard-0001.h5      ...
+        manifest.h5        written last, by worker 0; its presence marks the checkpoint
+
+``shard-SSSS.h5`` (one per server; serial h5py)
+    attrs ``server``, ``n_servers``, ``clock`` (steps applied), ``hpcps_version``;
+    per table a group ``tables/<name>`` with
+
+    * ``rows``  (hi - lo, dim), the table dtype: the server's rows, in *permuted* key order
+      (row i holds permuted position lo + i, see :mod:`hpcps.tables`);
+    * ``keys``  (hi - lo,) int64: the original key of each row;
+    * ``slots/<slot>`` like ``rows``: optimizer state (``accumulator`` for AdaGrad);
+    * attrs ``lo``, ``hi``, ``num_keys``, ``dim``, ``dtype``, ``multiplier``, ``sparse``,
+      ``optimizer``.
+
+``manifest.h5``
+    attrs ``format`` (``"hpcps-checkpoint-1"``), ``hpcps_version``, ``job_name``, ``config``
+    (the job file text, TOML), ``step`` (worker clock = steps done, all workers),
+    ``epoch`` and ``step_in_epoch`` (where the data readers resume), ``steps_per_epoch``,
+    ``n_servers``, ``n_workers``, ``created`` (ISO 8601 UTC), ``rng`` (how the readers'
+    random streams are derived: numpy PCG64 seeded with ``[seed, worker, epoch]``, so the
+    position fully restores them);
+
+    * ``shards``: attrs ``files``, ``sha256``, ``bytes`` — every shard file with its checksum;
+    * ``partition/<table>``: attrs ``num_keys``, ``dim``, ``dtype``, ``multiplier``,
+      ``range_size``, ``sparse``; dataset ``ranges`` (n_servers, 2) int64, the permuted key
+      range ``[lo, hi)`` of each server;
+    * ``workers``: datasets ``clock`` (n_workers,) int64 and ``last_push_seq``
+      (n_workers,) int64 (the last push each worker had applied);
+    * ``metrics``: attr ``history`` (JSON text, the per-epoch metrics so far);
+    * ``tables/<name>`` and ``tables/<name>_keys``: HDF5 *virtual datasets* stitching the
+      shards, so ``h5py.File(manifest)["tables/weights"]`` reads the whole table
+      ``(num_keys, dim)`` in permuted order and ``["tables/weights_keys"]`` the key of each
+      of its rows; ``slots/<name>/<slot>`` likewise.
+
+Atomic commit
+-------------
+Every file is written under a temporary name in the same directory, flushed, fsync'ed,
+moved into place with ``os.replace`` and the directory fsync'ed. The manifest is written
+last and names the size and SHA-256 of every shard, so a checkpoint is *complete* only when
+its manifest exists and every shard matches it. :func:`latest_valid` skips (with a warning)
+any newer checkpoint that is incomplete, truncated or corrupt; a process killed at any
+instant of a write therefore never makes the previous checkpoint unusable.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from .. import __version__
+
+FORMAT = "hpcps-checkpoint-1"
+MANIFEST = "manifest.h5"
+_STEP_RE = re.compile(r"^step-(\d{8,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is unusable or does not match the job (the message says why)."""
+
+
+# ---------------------------------------------------------------------------- paths
+
+
+def ckpt_root(run_dir) -> Path:
+    """``<run dir>/ckpt``."""
+    return Path(run_dir) / "ckpt"
+
+
+def step_dir(run_dir, step: int) -> Path:
+    """Directory of the checkpoint taken at ``step``."""
+    return ckpt_root(run_dir) / f"step-{int(step):08d}"
+
+
+def shard_name(server: int) -> str:
+    """File name of server ``server``'s shard."""
+    return f"shard-{int(server):04d}.h5"
+
+
+def list_steps(run_dir) -> list[int]:
+    """Steps of every checkpoint directory under ``run_dir`` (complete or not), ascending."""
+    root = ckpt_root(run_dir)
+    if not root.is_dir():
+        return []
+    steps = [int(m.group(1)) for p in root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()]
+    return sorted(steps)
+
+
+# ---------------------------------------------------------------------- atomic files
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_h5(final: Path, fill) -> None:
+    """Write an HDF5 file by calling ``fill(h5file)`` on a temp file, then commit it."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        with h5py.File(tmp, "w") as f:
+            fill(f)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except OSError as e:
+        raise CheckpointError(f"cannot write {final}: {e.strerror or e} "
+                              f"(free space in {final.parent}: {_free(final.parent)})") from e
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _free(d: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(d).free / 1e6:,.1f} MB"
+    except OSError:
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------- shards
+
+
+def write_shard(directory, server: int, n_servers: int, clock: int, tables: list) -> tuple[int, str]:
+    """Write one server's shard file atomically. Local (not collective).
+
+    Parameters
+    ----------
+    directory : path-like
+        The checkpoint directory (``step_dir(run_dir, step)``).
+    server, n_servers, clock : int
+    tables : list of dict
+        Per table: ``name``, ``rows`` (n, dim) ndarray, ``keys`` (n,) int64, ``slots``
+        (dict of name -> ndarray like rows), ``lo``, ``hi``, ``num_keys``, ``multiplier``,
+        ``sparse``, ``optimizer``.
+
+    Returns
+    -------
+    nbytes : int
+        Size of the file written.
+    sha256 : str
+        Hex digest of the file.
+
+    Raises
+    ------
+    CheckpointError
+        If the file cannot be written (message names the file and the free space).
+    """
+    final = Path(directory) / shard_name(server)
+
+    def fill(f):
+        f.attrs["server"] = int(server)
+        f.attrs["n_servers"] = int(n_servers)
+        f.attrs["clock"] = int(clock)
+        f.attrs["hpcps_version"] = __version__
+        for t in tables:
+            g = f.create_group(f"tables/{t['name']}")
+            g.create_dataset("rows", data=t["rows"])
+            g.create_dataset("keys", data=np.asarray(t["keys"], dtype=np.int64))
+            for sname, arr in (t.get("slots") or {}).items():
+                g.create_dataset(f"slots/{sname}", data=arr)
+            for a in ("lo", "hi", "num_keys", "multiplier"):
+                g.attrs[a] = int(t[a])
+            g.attrs["dim"] = int(t["rows"].shape[1])
+            g.attrs["dtype"] = str(t["rows"].dtype)
+            g.attrs["sparse"] = bool(t["sparse"])
+            g.attrs["optimizer"] = str(t.get("optimizer", ""))
+
+    _atomic_h5(final, fill)
+    return final.stat().st_size, _sha256(final)
+
+
+# -------------------------------------------------------------------------- manifest
+
+
+def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch: int,
+                   step_in_epoch: int, steps_per_epoch: int, n_workers: int,
+                   worker_clocks, last_push_seq, shards: list, partitions: dict,
+                   history: list) -> Path:
+    """Write ``manifest.h5`` last, making the checkpoint complete. Local (worker 0 only).
+
+    Parameters
+    ----------
+    shards : list of (nbytes, sha256) in server order, as returned by :func:`write_shard`.
+    partitions : dict of table name -> dict(num_keys, dim, dtype, multiplier, range_size,
+        sparse, ranges=(n_servers, 2) int64, slots=[slot names])
+    history : list of dict
+        Per-epoch metrics so far (stored as JSON text).
+    """
+    directory = Path(directory)
+    n_servers = len(shards)
+
+    def fill(f):
+        f.attrs["format"] = FORMAT
+        f.attrs["hpcps_version"] = __version__
+        f.attrs["job_name"] = job_name
+        f.attrs["config"] = cfg_text
+        f.attrs["step"] = int(step)
+        f.attrs["epoch"] = int(epoch)
+        f.attrs["step_in_epoch"] = int(step_in_epoch)
+        f.attrs["steps_per_epoch"] = int(steps_per_epoch)
+        f.attrs["n_servers"] = n_servers
+        f.attrs["n_workers"] = int(n_workers)
+        f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        f.attrs["rng"] = "numpy PCG64 seeded with [seed, worker, epoch]; restored by position"
+        sh = f.create_group("shards")
+        sh.attrs["files"] = [shard_name(s) for s in range(n_servers)]
+        sh.attrs["sha256"] = [d for _, d in shards]
+        sh.attrs["bytes"] = np.array([n for n, _ in shards], dtype=np.int64)
+        w = f.create_group("workers")
+        w.create_dataset("clock", data=np.asarray(worker_clocks, dtype=np.int64))
+        w.create_dataset("last_push_seq", data=np.asarray(last_push_seq, dtype=np.int64))
+        w["clock"].attrs["meaning"] = "steps finished by each worker"
+        m = f.create_group("metrics")
+        m.attrs["history"] = json.dumps(history, allow_nan=True)
+        for name, p in partitions.items():
+            g = f.create_group(f"partition/{name}")
+            for a in ("num_keys", "dim", "multiplier", "range_size"):
+                g.attrs[a] = int(p[a])
+            g.attrs["dtype"] = p["dtype"]
+            g.attrs["sparse"] = bool(p["sparse"])
+            g.create_dataset("ranges", data=np.asarray(p["ranges"], dtype=np.int64))
+            g["ranges"].attrs["meaning"] = "permuted key range [lo, hi) of each server"
+            _virtual(f, f"tables/{name}", "rows", name, p, n_servers, (p["dim"],), p["dtype"])
+            _virtual(f, f"tables/{name}_keys", "keys", name, p, n_servers, (), "int64")
+            f[f"tables/{name}"].attrs["meaning"] = (
+                f"rows of table {name!r} in permuted key order; key of row i: tables/{name}_keys[i]")
+            for slot in p.get("slots", []):
+                _virtual(f, f"slots/{name}/{slot}", f"slots/{slot}", name, p, n_servers,
+                         (p["dim"],), p["dtype"])
+
+    final = directory / MANIFEST
+    _atomic_h5(final, fill)
+    return final
+
+
+def _virtual(f, target, dataset, table, p, n_servers, tail, dtype):
+    layout = h5py.VirtualLayout(shape=(p["num_keys"], *tail), dtype=dtype)
+    for s in range(n_servers):
+        lo, hi = (int(v) for v in p["ranges"][s])
+        if hi > lo:
+            src = h5py.VirtualSource(shard_name(s), f"tables/{table}/{dataset}", shape=(hi - lo, *tail))
+            layout[lo:hi] = src
+    f.create_virtual_dataset(target, layout, fillvalue=0)
+
+
+def read_manifest(directory) -> dict:
+    """The manifest's attributes and small datasets as Python values.
+
+    Raises
+    ------
+    CheckpointError
+        If the manifest is missing or unreadable.
+    """
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        raise CheckpointError(f"{directory}: no {MANIFEST} (checkpoint incomplete)")
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                raise CheckpointError(f"{path}: not an hpcps checkpoint manifest")
+            m = {k: _plain(v) for k, v in f.attrs.items()}
+            m["shards"] = {k: _plain(v) for k, v in f["shards"].attrs.items()}
+            m["workers"] = {k: f["workers"][k][()] for k in f["workers"]}
+            m["history"] = json.loads(f["metrics"].attrs["history"])
+            m["partition"] = {}
+            for name, g in f["partition"].items():
+                d = {k: _plain(v) for k, v in g.attrs.items()}
+                d["ranges"] = g["ranges"][()]
+                d["slots"] = sorted(f["slots"][name].keys()) if "slots" in f and name in f["slots"] else []
+                m["partition"][name] = d
+    except (OSError, KeyError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable manifest ({e})") from e
+    return m
+
+
+def _plain(v):
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()] if v.dtype == object else v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def verify(directory) -> dict:
+    """Check that a checkpoint is complete: manifest readable, every shard present with the
+    recorded size and SHA-256, and readable by h5py with every table.
+
+    Returns the manifest (:func:`read_manifest`).
+
+    Raises
+    ------
+    CheckpointError
+        Naming the first problem found.
+    """
+    directory = Path(directory)
+    m = read_manifest(directory)
+    for name, size, digest in zip(m["shards"]["files"], m["shards"]["bytes"], m["shards"]["sha256"]):
+        p = directory / name
+        if not p.exists():
+            raise CheckpointError(f"{directory}: shard {name} is missing")
+        if p.stat().st_size != size:
+            raise CheckpointError(f"{p}: {p.stat().st_size} bytes, manifest says {size} (truncated?)")
+        if _sha256(p) != digest:
+            raise CheckpointError(f"{p}: SHA-256 does not match the manifest (corrupt)")
+        try:
+            with h5py.File(p, "r") as f:
+                for t in m["partition"]:
+                    f[f"tables/{t}/rows"].shape
+        except (OSError, KeyError) as e:
+            raise CheckpointError(f"{p}: unreadable shard ({e})") from e
+    return m
+
+
+def latest_valid(run_dir, warn=None):
+    """Newest complete checkpoint under ``run_dir``: ``(directory, manifest)`` or ``None``.
+
+    Newer checkpoints that fail :func:`verify` are skipped; ``warn(message)`` is called for
+    each (e.g. to print a warning). Local (not collective).
+    """
+    for step in reversed(list_steps(run_dir)):
+        d = step_dir(run_dir, step)
+        try:
+            return d, verify(d)
+        except CheckpointError as e:
+            if warn:
+                warn(f"skipping checkpoint {d.name}: {e}")
+    return None
+
+
+def prune(run_dir, keep: int, warn=None) -> list[Path]:
+    """Delete all but the ``keep`` newest *complete* checkpoints (and incomplete ones older
+    than the newest complete one). Returns the directories removed. Local."""
+    steps = list_steps(run_dir)
+    complete = [s for s in steps if (step_dir(run_dir, s) / MANIFEST).exists()]
+    keep_set = set(complete[-keep:])
+    newest = complete[-1] if complete else -1
+    removed = []
+    for s in steps:
+        if s in keep_set or s > newest:
+            continue
+        d = step_dir(run_dir, s)
+        try:
+            shutil.rmtree(d)
+            removed.append(d)
+        except OSError as e:
+            if warn:
+                warn(f"could not remove old checkpoint {d}: {e}")
+    return removed
+
+
+# ------------------------------------------------------------------- re-sharded reads
+
+
+def read_range(directory, manifest: dict, table: str, lo: int, hi: int, *, num_keys: int,
+               dim: int, dtype: str, multiplier: int, slots=()) -> tuple[np.ndarray, dict]:
+    """Rows of permuted positions ``[lo, hi)`` of ``table``, gathered from whichever old
+    shards hold them — for a restart on any number of servers. Local.
+
+    Returns
+    -------
+    rows : ndarray (hi - lo, dim)
+    slot_rows : dict slot name -> ndarray (hi - lo, dim)
+
+    Raises
+    ------
+    CheckpointError
+        If the table is missing or its shape, dtype or key permutation differ from the job's
+        (the message names the table and both values).
+    """
+    part = manifest["partition"].get(table)
+    if part is None:
+        raise CheckpointError(f"{directory}: checkpoint has no table {table!r} "
+                              f"(it has {', '.join(manifest['partition'])})")
+    want = (num_keys, dim)
+    have = (part["num_keys"], part["dim"])
+    if want != have:
+        raise CheckpointError(f"{directory}: table {table!r} has shape {have} in the checkpoint "
+                              f"but {want} in this job")
+    if part["dtype"] != dtype:
+        raise CheckpointError(f"{directory}: table {table!r} is {part['dtype']} in the checkpoint "
+                              f"but {dtype} in this job")
+    if part["multiplier"] != multiplier:
+        raise CheckpointError(f"{directory}: table {table!r} key permutation differs "
+                              f"({part['multiplier']} vs {multiplier})")
+    rows = np.empty((hi - lo, dim), dtype=dtype)
+    slot_rows = {s: np.empty((hi - lo, dim), dtype=dtype) for s in slots}
+    missing = [s for s in slots if s not in part["slots"]]
+    if missing:
+        raise CheckpointError(f"{directory}: table {table!r} has no optimizer slot(s) {missing} "
+                              f"(checkpoint has {part['slots']}); was another optimizer used?")
+    for s, (a, b) in enumerate(np.asarray(part["ranges"])):
+        x, y = max(lo, int(a)), min(hi, int(b))
+        if x >= y:
+            continue
+        with h5py.File(Path(directory) / shard_name(s), "r") as f:
+            g = f[f"tables/{table}"]
+            rows[x - lo:y - lo] = g["rows"][x - a:y - a]
+            for sl in slots:
+                slot_rows[sl][x - lo:y - lo] = g[f"slots/{sl}"][x - a:y - a]
+    return rows, slot_rows
