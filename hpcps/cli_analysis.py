@@ -1,0 +1,170 @@
+"""The offline analysis subcommands of ``hpcps`` (no MPI; logic in :mod:`hpcps.analysis`).
+
+``hpcps inspect SOURCE``                       position, layout, table statistics, integrity
+``hpcps eval SOURCE --data FILE [--job JOB]``  test log-loss, AUC, accuracy of the model
+``hpcps export SOURCE [--format npz] [-o OUT]``  tables in original key order as .npz
+``hpcps plot RUN [-o curves.png]``             learning curves and per-server load
+``hpcps diff SOURCE_A SOURCE_B``               per-table max / mean absolute difference
+
+SOURCE is a checkpoint directory, its ``manifest.h5``, a run directory (its newest valid
+checkpoint) or a ``model.h5``. Every expected failure (missing, incomplete or corrupt file,
+invalid job, malformed data) prints one line ``hpcps: error: ...`` and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+SOURCE_HELP = "checkpoint directory, manifest.h5, run directory (newest valid checkpoint) or model.h5"
+
+
+def _errors():
+    from .analysis import AnalysisError
+    from .checkpoint import CheckpointError
+    from .config import ConfigError
+    from .data import DataError
+
+    return (AnalysisError, CheckpointError, ConfigError, DataError, OSError)
+
+
+def _guard(func):
+    """Run a command; expected errors become one line on stderr and exit status 1."""
+
+    def run(args) -> int:
+        try:
+            return func(args)
+        except _errors() as e:
+            msg = " ".join(str(e).split())
+            sys.stderr.write(f"hpcps {args.command}: error: {msg}\n")
+            sys.stderr.flush()
+            return 1
+
+    run.__name__ = func.__name__
+    run.__doc__ = func.__doc__
+    return run
+
+
+@_guard
+def cmd_inspect(args) -> int:
+    """``hpcps inspect``: print :func:`hpcps.analysis.inspect`'s report."""
+    from . import analysis
+
+    print(analysis.format_inspect(analysis.inspect(args.source)))
+    return 0
+
+
+@_guard
+def cmd_eval(args) -> int:
+    """``hpcps eval``: print :func:`hpcps.analysis.evaluate`'s metrics."""
+    from . import analysis
+
+    print(analysis.format_evaluate(analysis.evaluate(args.source, args.data, job=args.job)))
+    return 0
+
+
+@_guard
+def cmd_export(args) -> int:
+    """``hpcps export``: write the tables with :func:`hpcps.analysis.export_npz`."""
+    import numpy as np
+
+    from . import analysis
+
+    src = analysis.resolve(args.source)
+    path = analysis.export_npz(src, args.output)
+    with np.load(path, allow_pickle=False) as z:
+        parts = ", ".join(f"{k} {z[k].shape}" for k in z.files)
+    print(f"wrote {path} from {src.label}: {parts}")
+    return 0
+
+
+@_guard
+def cmd_plot(args) -> int:
+    """``hpcps plot``: draw the run's curves with :func:`hpcps.analysis.plot_run`."""
+    from . import analysis
+
+    path, panels = analysis.plot_run(args.run, args.output)
+    print(f"wrote {path} ({len(panels)} panels: {', '.join(panels)})")
+    return 0
+
+
+@_guard
+def cmd_diff(args) -> int:
+    """``hpcps diff``: print :func:`hpcps.analysis.diff`'s table (exit 0 whatever differs)."""
+    from . import analysis
+
+    print(analysis.format_diff(analysis.diff(args.a, args.b)))
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``inspect``, ``eval``, ``export``, ``plot`` and ``diff`` to the ``hpcps`` parser.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers`` returned; each subcommand sets ``func``
+        (called with the parsed arguments, returns the exit status).
+    """
+    i = subparsers.add_parser("inspect", help="describe a checkpoint, run or model file (no MPI)",
+                              description="Step, epoch, servers, workers, clocks, per-table "
+                                          "statistics and optimizer slots; verifies checksums.")
+    i.add_argument("source", help=SOURCE_HELP)
+    i.set_defaults(func=cmd_inspect)
+
+    e = subparsers.add_parser("eval", help="test metrics of a checkpointed logistic model (no MPI)",
+                              description="Log-loss, AUC and accuracy on a data set, featurized "
+                                          "as the job that trained the model.")
+    e.add_argument("source", help=SOURCE_HELP)
+    e.add_argument("--data", required=True,
+                   help="svmlight file (svmlight jobs: every row is scored) or the Adult CSV "
+                        "(adult_csv jobs: the job's test split is scored)")
+    e.add_argument("--job", help="job file to use instead of the configuration stored with the model")
+    e.set_defaults(func=cmd_eval)
+
+    x = subparsers.add_parser("export", help="tables in original key order to .npz (no MPI)",
+                              description="One array per table and per optimizer slot "
+                                          "(<table>__<slot>); no pickled objects.")
+    x.add_argument("source", help=SOURCE_HELP)
+    x.add_argument("--format", choices=["npz"], default="npz", help="output format (default: npz)")
+    x.add_argument("-o", "--output", help="output file (default: <job>-step-XXXXXXXX.npz here)")
+    x.set_defaults(func=cmd_export)
+
+    p = subparsers.add_parser("plot", help="plot a run's metrics.json (no MPI)",
+                              description="Log-loss and AUC per epoch and over wall time, bytes "
+                                          "per server, staleness histogram if recorded.")
+    p.add_argument("run", help="run directory or its metrics.json")
+    p.add_argument("-o", "--output", help="image file (default: RUN/curves.png)")
+    p.set_defaults(func=cmd_plot)
+
+    d = subparsers.add_parser("diff", help="per-table differences of two checkpoints (no MPI)",
+                              description="Max and mean absolute difference per table and slot, "
+                                          "in original key order. Exit status 0 unless a source "
+                                          "cannot be read.")
+    d.add_argument("a", metavar="SOURCE_A", help=SOURCE_HELP)
+    d.add_argument("b", metavar="SOURCE_B", help=SOURCE_HELP)
+    d.set_defaults(func=cmd_diff)
+
+
+def main(argv=None) -> int:
+    """Run one analysis subcommand without the rest of the ``hpcps`` CLI (for tests).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments after the program name.
+
+    Returns
+    -------
+    int
+        Exit status.
+    """
+    ap = argparse.ArgumentParser(prog="hpcps")
+    sub = ap.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
