@@ -41,14 +41,15 @@ def cmd_train(args) -> int:
         check_output_writable(cfg)
     except ConfigError as e:
         return _fail(str(e))
+    from .checkpoint import CheckpointError
     from .comm import core
     from .job import run_job
 
     world = core.world()
     with core.abort_on_error(world):
         try:
-            run_job(cfg, world)
-        except (ConfigError, core.LaunchError) as e:
+            run_job(cfg, world, resume=args.resume)
+        except (ConfigError, core.LaunchError, CheckpointError) as e:
             # raised identically on every rank before any communication: exit, don't abort
             return _fail(str(e))
     return 0
@@ -82,7 +83,15 @@ def cmd_run(args) -> int:
     print(f"hpcps run: {(shown + ' ') if shown else ''}{' '.join(cmd)}", flush=True)
     if args.dry_run:
         return 0
-    return launch.run(cmd, env)
+    rc = launch.run(cmd, env)
+    restarts = 0
+    # exit 2 is a job-file error (restarting cannot help); a forwarded signal means stop
+    while rc not in (0, 2) and restarts < args.max_restarts and not launch.forwarded:
+        restarts += 1
+        print(f"hpcps run: mpirun exited with status {rc}; restart {restarts}/{args.max_restarts} "
+              "(the job resumes from its newest valid checkpoint)", flush=True)
+        rc = launch.run(cmd, env)
+    return rc
 
 
 def cmd_check(args) -> int:
@@ -135,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run a job inside an MPI launch (every rank)")
     t.add_argument("job", help="TOML job file")
+    t.add_argument("--resume", default="auto",
+                   help="'auto' (default): resume from the newest valid checkpoint in the run "
+                        "directory if there is one; 'never': start afresh; or a checkpoint directory")
     t.set_defaults(func=cmd_train)
     for name, func, hlp in (("run", cmd_run, "launch mpirun for a job"),
                             ("check", cmd_check, "run a job and compare its AUC with scikit-learn")):
@@ -143,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("-n", type=int, default=0, help="number of ranks (default: servers + 3)")
         r.add_argument("--mpirun", help="mpirun to use (default: next to python, then PATH)")
         r.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+        r.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                       help="relaunch mpirun up to N times after a failure (e.g. a rank was "
+                            "killed); the job resumes from its newest valid checkpoint")
         r.add_argument("mpirun_args", nargs=argparse.REMAINDER,
                        help="after --: extra mpirun arguments")
         r.set_defaults(func=func)

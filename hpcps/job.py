@@ -11,14 +11,16 @@ import time
 import numpy as np
 
 from . import __version__
+from . import checkpoint as ckpt
 from .comm import core
-from .comm.collectives import gather_rows
+from .comm.collectives import bcast_int, gather_rows
 from .comm.transport import ServerEndpoint, WorkerEndpoint
 from .config import check_world, to_dict
 from .consistency import make_policy
 from .model import BIAS, WEIGHTS, logistic_tables
 from .output import write_metrics, write_model
 from .server.server import ParameterServer
+from .worker.checkpointer import Checkpointer
 from .worker.client import PSClient
 from .worker.trainer import Trainer
 
@@ -27,7 +29,46 @@ STAT_FIELDS = ("is_server", "index", "rows", "memory_bytes", "keys_pulled", "key
                "bytes_in", "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds")
 
 
-def run_job(cfg, world, out=None) -> dict | None:
+def find_restore(cfg, world, resume="auto", out=None):
+    """Pick the checkpoint to resume from; the same on every rank. Collective over ``world``.
+
+    Rank 0 looks for the newest *valid* checkpoint under ``cfg.output.dir`` (warning about
+    newer ones that are incomplete or corrupt) — or validates the one named by ``resume`` —
+    and broadcasts its step; every rank then reads that manifest.
+
+    Parameters
+    ----------
+    resume : "auto", "never" or a checkpoint directory
+
+    Returns
+    -------
+    (directory, manifest) or None
+    """
+    out = out or sys.stdout
+    if resume == "never":
+        return None
+    step = -1
+    if world.Get_rank() == 0:
+        try:
+            if resume == "auto":
+                found = ckpt.latest_valid(cfg.output.dir,
+                                          warn=lambda m: out.write(f"hpcps: warning: {m}\n"))
+                step = int(found[1]["step"]) if found else -1
+            else:
+                step = int(ckpt.verify(resume)["step"])
+        except ckpt.CheckpointError as e:
+            out.write(f"hpcps: error: --resume {resume}: {e}\n")
+            step = -2
+    step = bcast_int(world, step)
+    if step == -2:
+        raise ckpt.CheckpointError(f"cannot resume from {resume} (see rank 0's message)")
+    if step < 0:
+        return None
+    d = ckpt.step_dir(cfg.output.dir, step) if resume == "auto" else resume
+    return d, ckpt.read_manifest(d)
+
+
+def run_job(cfg, world, out=None, resume="auto") -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
     Returns the summary dict on the chief (world rank 0), ``None`` elsewhere.
@@ -43,6 +84,7 @@ def run_job(cfg, world, out=None) -> dict | None:
     policy = make_policy(cfg.consistency.model)
     tables = logistic_tables(cfg)
     specs = [t[0] for t in tables]
+    restore = find_restore(cfg, world, resume, out)
     roles = core.split_roles(world, cfg.cluster.servers)
     t_start = time.perf_counter()
     stats = np.zeros(len(STAT_FIELDS))
@@ -53,7 +95,8 @@ def run_job(cfg, world, out=None) -> dict | None:
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, cfg.comm.max_message_bytes)
             server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
-                                     tables, policy, seed=cfg.seed)
+                                     tables, policy, seed=cfg.seed, run_dir=cfg.output.dir,
+                                     restore=restore)
             server.serve()
             load = server.load()
             stats[0] = 1
@@ -62,6 +105,8 @@ def run_job(cfg, world, out=None) -> dict | None:
         else:
             ep = WorkerEndpoint(roles.ps, roles.server_ranks, cfg.comm.max_message_bytes)
             client = PSClient(ep, specs, roles.n_servers)
+            if restore is not None:
+                client.clock_value = int(restore[1]["step"])
 
             def on_epoch(rec):
                 history.append(rec)
@@ -71,7 +116,11 @@ def run_job(cfg, world, out=None) -> dict | None:
 
             trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
                               roles.is_chief, on_epoch=on_epoch, out=out)
-            result = trainer.run()
+            checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
+                                        roles.n_workers, [t[1].slot_names for t in tables], out)
+            result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer)
+            result["checkpoints"] = {"count": checkpointer.count, "seconds": checkpointer.seconds,
+                                     "bytes": checkpointer.bytes}
             model = None
             if roles.is_chief:
                 model = {WEIGHTS: client.pull_table(WEIGHTS), BIAS: client.pull_table(BIAS)}
@@ -116,6 +165,8 @@ def _summary(cfg, result, rows, wall) -> dict:
         "steps": result["steps"],
         "epochs": result["epochs"],
         "model_path": result.get("model_path"),
+        "checkpoints": dict(result["checkpoints"],
+                            share_of_run=result["checkpoints"]["seconds"] / wall if wall else 0.0),
         "servers": [{k: int(d[k]) for k in ("index", "rows", "memory_bytes", "keys_pulled",
                                              "keys_pushed", "bytes_in", "bytes_out", "requests")}
                     for d in servers],
@@ -151,6 +202,10 @@ def _print_summary(s, history, out) -> None:
           f"{b['test_logloss']:.4f}  accuracy {b['test_accuracy']:.4f}  ({b['seconds']:.1f} s)\n")
         if "auc_gap" in b:
             w(f"  AUC gap (scikit-learn - hpcps): {b['auc_gap']:+.4f}\n")
+    c = s["checkpoints"]
+    if c["count"]:
+        w(f"  checkpoints: {c['count']} written, {_mb(c['bytes'])}, {c['seconds']:.2f} s "
+          f"({100 * c['share_of_run']:.1f} % of the run)\n")
     if s.get("model_path"):
         w(f"  model: {s['model_path']}\n")
     out.flush()

@@ -85,12 +85,21 @@ def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), core
     return cmd, env
 
 
+#: Signals forwarded during the last :func:`run` (a user or scheduler asked to stop).
+forwarded: list = []
+
+
 def run(cmd: list[str], env_extra: dict) -> int:
-    """Run ``cmd``, forwarding signals; return its exit status (128 + signal if killed)."""
+    """Run ``cmd``, forwarding signals; return its exit status (128 + signal if killed).
+
+    The signals forwarded are recorded in :data:`forwarded`.
+    """
     env = dict(os.environ, **env_extra)
+    forwarded.clear()
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum, _frame):
+        forwarded.append(signum)
         try:
             proc.send_signal(signum)
         except ProcessLookupError:

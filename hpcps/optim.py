@@ -42,6 +42,19 @@ class Optimizer:
         self.initial_accumulator = float(initial_accumulator)
         self.eps = float(eps)
 
+    @property
+    def slot_names(self) -> tuple:
+        """Names of the per-row state arrays (checkpointed with the table)."""
+        return ("accumulator",) if self.name == "adagrad" else ()
+
+    def slots_dict(self, slots) -> dict:
+        """``{slot name: array}`` for a shard's ``slots`` (as made by :meth:`init_slots`)."""
+        return {"accumulator": slots} if self.name == "adagrad" else {}
+
+    def slots_from_dict(self, d: dict):
+        """Inverse of :meth:`slots_dict`."""
+        return d["accumulator"] if self.name == "adagrad" else None
+
     def init_slots(self, shape, dtype):
         """Per-row optimizer state for a shard of ``shape``; ``None`` for SGD."""
         if self.name == "adagrad":

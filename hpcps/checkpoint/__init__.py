@@ -207,7 +207,7 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
 def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch: int,
                    step_in_epoch: int, steps_per_epoch: int, n_workers: int,
                    worker_clocks, last_push_seq, shards: list, partitions: dict,
-                   history: list) -> Path:
+                   history: list, extra: dict | None = None) -> Path:
     """Write ``manifest.h5`` last, making the checkpoint complete. Local (worker 0 only).
 
     Parameters
@@ -217,6 +217,9 @@ def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch:
         sparse, ranges=(n_servers, 2) int64, slots=[slot names])
     history : list of dict
         Per-epoch metrics so far (stored as JSON text).
+    extra : dict of str -> str or int, optional
+        More root attributes (e.g. ``epoch_plan``, the JSON list of ``[n_workers, steps]``
+        segments of an epoch resumed on another number of workers).
     """
     directory = Path(directory)
     n_servers = len(shards)
@@ -234,6 +237,9 @@ def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch:
         f.attrs["n_workers"] = int(n_workers)
         f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         f.attrs["rng"] = "numpy PCG64 seeded with [seed, worker, epoch]; restored by position"
+        f.attrs["epoch_plan"] = "[]"
+        for k, v in (extra or {}).items():
+            f.attrs[k] = v
         sh = f.create_group("shards")
         sh.attrs["files"] = [shard_name(s) for s in range(n_servers)]
         sh.attrs["sha256"] = [d for _, d in shards]

@@ -52,6 +52,13 @@ def gather_rows(comm: MPI.Intracomm, row: np.ndarray, root: int = 0):
     return out
 
 
+def bcast_int(comm: MPI.Intracomm, value: int, root: int = 0) -> int:
+    """Broadcast one int64 from ``root``; returns it on every rank. Collective."""
+    buf = np.array([value], dtype=np.int64)
+    comm.Bcast(buf, root=root)
+    return int(buf[0])
+
+
 def barrier(comm: MPI.Intracomm) -> None:
     """``comm.Barrier()``. Collective."""
     comm.Barrier()

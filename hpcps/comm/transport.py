@@ -27,8 +27,9 @@ from mpi4py import MPI
 from .core import irecv_array, isend_array, recv_array, waitall
 
 # ops
-PULL, PUSH, CLOCK, PULL_SHARD, STOP = 1, 2, 3, 4, 5
-OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop"}
+PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT = 1, 2, 3, 4, 5, 6
+OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
+            CHECKPOINT: "checkpoint"}
 # tags
 TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY = 11, 12, 13, 14
 HEADER_LEN = 8

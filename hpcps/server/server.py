@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import checkpoint as ckpt
 from ..comm import transport as tp
 from ..tables import KeyPartition, TableSpec
 
@@ -55,9 +56,16 @@ class ParameterServer:
     policy : consistency policy (e.g. :class:`hpcps.consistency.BSP`)
     seed : int
         Job seed (initial values of tables with ``init_std > 0``).
+    run_dir : path-like or None
+        Run directory; checkpoints go to ``<run_dir>/ckpt/step-XXXXXXXX/shard-SSSS.h5``.
+    restore : (directory, manifest) or None
+        Checkpoint to start from (:func:`hpcps.checkpoint.latest_valid`); this server reads
+        the rows of its key range from whichever old shards hold them, so the number of
+        servers may differ from the checkpointed job's.
     """
 
-    def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0):
+    def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0,
+                 run_dir=None, restore=None):
         self.ep = endpoint
         self.index = index
         self.worker_of_rank = {r: i for i, r in enumerate(worker_ranks)}
@@ -68,14 +76,24 @@ class ParameterServer:
             part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
             lo, hi = part.shard_range(index)
             shape = (hi - lo, spec.dim)
-            if spec.init_std > 0:
+            slots = opt.init_slots(shape, spec.dtype)
+            if restore is not None:
+                w, saved = ckpt.read_range(restore[0], restore[1], spec.name, lo, hi,
+                                           num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype,
+                                           multiplier=part.multiplier, slots=opt.slot_names)
+                if saved:
+                    slots = opt.slots_from_dict(saved)
+            elif spec.init_std > 0:
                 rng = np.random.default_rng([seed, tid, index])
                 w = (rng.standard_normal(shape) * spec.init_std).astype(spec.dtype)
             else:
                 w = np.zeros(shape, dtype=spec.dtype)
-            self.shards.append(Shard(spec, part, opt, lo, hi, w, opt.init_slots(shape, spec.dtype)))
-        self.clock = 0                       # steps applied from every worker
-        self.worker_clock = [0] * self.n_workers
+            self.shards.append(Shard(spec, part, opt, lo, hi, w, slots))
+        self.n_servers = n_servers
+        self.run_dir = run_dir
+        start = int(restore[1]["step"]) if restore is not None else 0
+        self.clock = start                   # steps applied from every worker
+        self.worker_clock = [start] * self.n_workers
         self.examples = {}                   # clock -> examples pushed in that step
         self.pending = {}                    # clock -> {table: [(worker, rows, grads)]}
         self.waiting_pulls = []              # (source, header, rows) deferred by the policy
@@ -134,6 +152,11 @@ class ParameterServer:
                 self.ep.reply(source, shard.w, op)
             else:
                 self.waiting_pulls.append((source, h, None))
+        elif op == tp.CHECKPOINT:
+            if self.clock >= int(h[tp.H_CLOCK]):
+                self._checkpoint(source, h)
+            else:
+                self.waiting_pulls.append((source, h, None))
         elif op == tp.STOP:
             self.stopped.add(source)
         else:
@@ -155,13 +178,34 @@ class ParameterServer:
             self.clock = c + 1
         still = []
         for source, h, rows in self.waiting_pulls:
-            if self.policy.pull_ready(self.clock, int(h[tp.H_CLOCK])):
+            op = int(h[tp.H_OP])
+            if op == tp.CHECKPOINT and self.clock >= int(h[tp.H_CLOCK]):
+                self._checkpoint(source, h)
+            elif op != tp.CHECKPOINT and self.policy.pull_ready(self.clock, int(h[tp.H_CLOCK])):
                 shard = self._shard(h)
-                op = int(h[tp.H_OP])
                 self.ep.reply(source, shard.w if rows is None else shard.w[rows], op)
             else:
                 still.append((source, h, rows))
         self.waiting_pulls = still
+
+    def _checkpoint(self, source, h) -> None:
+        """Write this server's shard for the checkpoint at step ``h[clock]``; reply with the
+        file's size and SHA-256 (uint8 (40,): little-endian int64 size, 32 digest bytes)."""
+        step = int(h[tp.H_CLOCK])
+        if self.clock != step:
+            raise RuntimeError(f"server {self.index}: checkpoint for step {step} requested at "
+                               f"clock {self.clock}: not a consistent cut")
+        tables = [dict(name=sh.spec.name, rows=sh.w, keys=sh.part.shard_keys(self.index),
+                       slots=sh.optimizer.slots_dict(sh.slots), lo=sh.lo, hi=sh.hi,
+                       num_keys=sh.spec.num_keys, multiplier=sh.part.multiplier,
+                       sparse=sh.spec.sparse, optimizer=sh.optimizer.name)
+                  for sh in self.shards]
+        nbytes, digest = ckpt.write_shard(ckpt.step_dir(self.run_dir, step), self.index,
+                                          self.n_servers, self.clock, tables)
+        reply = np.zeros(40, dtype=np.uint8)
+        reply[:8] = np.frombuffer(np.array([nbytes], dtype="<i8").tobytes(), dtype=np.uint8)
+        reply[8:] = np.frombuffer(bytes.fromhex(digest), dtype=np.uint8)
+        self.ep.reply(source, reply, tp.CHECKPOINT)
 
     def _shard(self, h) -> Shard:
         tid = int(h[tp.H_TABLE])

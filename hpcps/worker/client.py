@@ -150,6 +150,25 @@ class PSClient:
             out[part.shard_keys(s)] = buf
         return out
 
+    def checkpoint(self, step: int) -> list:
+        """Ask every server to write its shard for the checkpoint at ``step``.
+
+        Each server writes once it has applied every step ``< step`` (a consistent cut:
+        it cannot have applied more, as this worker has not clocked ``step`` yet).
+        Point-to-point; called by worker 0 only.
+
+        Returns
+        -------
+        list of (nbytes, sha256 hex) per server, in server order.
+        """
+        replies = [np.empty(40, dtype=np.uint8) for _ in range(self.n_servers)]
+        for s in range(self.n_servers):
+            self.ep.expect(s, replies[s], tp.CHECKPOINT)
+            self.ep.send(s, tp.make_header(tp.CHECKPOINT, 0, step))
+        self.ep.complete(tp.CHECKPOINT)
+        return [(int(np.frombuffer(r[:8].tobytes(), dtype="<i8")[0]), r[8:].tobytes().hex())
+                for r in replies]
+
     def stop(self) -> None:
         """Tell every server this worker is done (after its last pull)."""
         for s in range(self.n_servers):

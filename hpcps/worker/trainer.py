@@ -7,6 +7,7 @@ with zero examples, so no server waits for it.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -16,6 +17,49 @@ import numpy as np
 from ..comm.collectives import allreduce_max, allreduce_sum, gatherv
 from ..data.source import load_split
 from ..model import BIAS, WEIGHTS, batch_keys, binary_metrics, loss_and_gradient, predict
+
+
+def epoch_order(n_rows: int, seed: int, worker: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Order in which ``worker`` reads its ``n_rows`` rows in ``epoch``, int64.
+
+    Drawn from numpy's PCG64 seeded with ``[seed, worker, epoch]``, so a position
+    ``(epoch, step)`` fully restores a reader's random state after a restart.
+    """
+    if not shuffle:
+        return np.arange(n_rows, dtype=np.int64)
+    return np.random.default_rng([seed, worker, epoch]).permutation(n_rows).astype(np.int64)
+
+
+def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size) -> list:
+    """Rows (global indices into the split) each of ``n_workers`` workers reads in the rest
+    of an epoch that was interrupted and resumed on different numbers of workers.
+
+    Parameters
+    ----------
+    part_sizes : sequence of int
+        Row counts of the partitions of the epoch's first segment (``plan[0][0]`` workers);
+        the split is their concatenation in worker order.
+    plan : list of [n_workers, steps_done]
+        The epoch's earlier segments, oldest first.
+    n_workers : int
+        Workers of the segment about to run.
+
+    Returns
+    -------
+    list of int64 ndarray, one per worker: contiguous blocks of the rows that no earlier
+    segment reached (in the order the earlier readers would have read them), so that every
+    row of the epoch is read exactly once over all segments.
+    """
+    offsets = np.concatenate([[0], np.cumsum(part_sizes)]).astype(np.int64)
+    lists = [offsets[w] + epoch_order(int(n), seed, w, epoch, shuffle)
+             for w, n in enumerate(part_sizes)]
+    for k, (n_k, done) in enumerate(plan):
+        if len(lists) != n_k:
+            raise ValueError(f"epoch plan segment {k} has {n_k} workers but {len(lists)} row lists")
+        rest = np.concatenate([r[done * batch_size:] for r in lists]) if lists else np.empty(0, np.int64)
+        nxt = plan[k + 1][0] if k + 1 < len(plan) else n_workers
+        lists = np.array_split(rest, nxt)
+    return lists
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -51,39 +95,83 @@ class Trainer:
         self.out = out or sys.stdout
         self.history: list[dict] = []
 
-    def run(self) -> dict:
-        """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator."""
+    def run(self, restore=None, checkpointer=None) -> dict:
+        """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
+
+        Parameters
+        ----------
+        restore : dict or None
+            Manifest of the checkpoint to resume from (:func:`hpcps.checkpoint.read_manifest`):
+            training continues at its epoch and step; with another number of workers than the
+            checkpointed job, the rows the interrupted epoch had not reached yet are split over
+            the new workers (:func:`epoch_rows`), so every row is still read once per epoch.
+        checkpointer : hpcps.worker.checkpointer.Checkpointer or None
+            Consulted after every step (collective when ``every_seconds`` is set).
+        """
         cfg, t = self.cfg, self.cfg.train
         X, y = load_split(cfg.data, "train", self.index, self.n_workers)
         Xt, yt = load_split(cfg.data, "test", self.index, self.n_workers)
         n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([X.shape[0], Xt.shape[0]], dtype=np.int64)))
-        steps = int(allreduce_max(self.comm, np.array([math.ceil(X.shape[0] / t.batch_size)], dtype=np.int64))[0])
+        steps_full = self._max_steps(X.shape[0])
         if t.max_steps:
-            steps = min(steps, t.max_steps)
+            steps_full = min(steps_full, t.max_steps)
+        start_epoch, start_step, plan = 0, 0, []
+        if restore is not None:
+            start_epoch, start_step = int(restore["epoch"]), int(restore["step_in_epoch"])
+            plan = json.loads(restore.get("epoch_plan", "[]"))
+            if int(restore["n_workers"]) != self.n_workers:
+                plan = plan + [[int(restore["n_workers"]), start_step]]
+                start_step = 0
+            # records of the epoch being resumed (and later) are recomputed
+            self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
         if self.is_chief:
             self._say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
                       f"{n_train} train / {n_test} test rows, {cfg.data.num_features} features; "
-                      f"{steps} steps/epoch of {t.batch_size} rows per worker; "
+                      f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
                       f"{cfg.consistency.model.upper()}, {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
-        rng = np.random.default_rng([cfg.seed, self.index])
-        total_steps = steps * t.epochs
+            if restore is not None:
+                self._say(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
+                          f"step {int(restore['step_in_epoch'])} of the epoch, written by "
+                          f"{restore['n_workers']} worker(s) and {restore['n_servers']} server(s))")
+        total_steps = steps_full * t.epochs
         examples_per_step = n_train / max(1, math.ceil(n_train / (t.batch_size * self.n_workers)))
         t0 = last = time.perf_counter()
+        clock0 = self.client.clock_value
         local_examples = 0
-        for epoch in range(t.epochs):
-            order = rng.permutation(X.shape[0]) if t.shuffle else np.arange(X.shape[0])
+        steps = steps_full
+        for epoch in range(start_epoch, t.epochs):
+            if epoch == start_epoch and plan:
+                # resumed mid-epoch on another number of workers: the epoch's remaining rows
+                X_all, y_all = load_split(cfg.data, "train", 0, 1)
+                sizes = [load_split(cfg.data, "train", p, plan[0][0])[0].shape[0]
+                         for p in range(plan[0][0])]
+                order = epoch_rows(sizes, plan, self.n_workers, cfg.seed, epoch, t.shuffle,
+                                   t.batch_size)[self.index]
+                Xe, ye = X_all, y_all
+                steps = self._max_steps(order.size)
+                if t.max_steps:
+                    steps = min(steps, max(0, t.max_steps - sum(n for _, n in plan)))
+            else:
+                plan = []
+                order = epoch_order(X.shape[0], cfg.seed, self.index, epoch, t.shuffle)
+                Xe, ye, steps = X, y, steps_full
+            if checkpointer is not None:
+                checkpointer.steps_per_epoch = steps
             loss_sum, n_ex = 0.0, 0
-            for step in range(steps):
+            first = start_step if epoch == start_epoch else 0
+            for step in range(first, steps):
                 rows = order[step * t.batch_size:(step + 1) * t.batch_size]
                 if rows.size:
-                    loss_sum += self._step(X[rows], y[rows])
+                    loss_sum += self._step(Xe[rows], ye[rows])
                     n_ex += rows.size
                 self.client.clock(int(rows.size))
+                if checkpointer is not None:
+                    checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
                 if self.is_chief and time.perf_counter() - last >= t.progress_seconds:
                     last = time.perf_counter()
-                    done = epoch * steps + step + 1
+                    done = self.client.clock_value - clock0
                     rate = done * examples_per_step / (last - t0)
-                    eta = (last - t0) / done * (total_steps - done)
+                    eta = (last - t0) / done * max(0, total_steps - self.client.clock_value)
                     self._say(f"epoch {epoch + 1}/{t.epochs}  step {step + 1}/{steps}  "
                               f"clock {self.client.clock_value}  {rate:,.0f} ex/s  "
                               f"loss(w0) {loss_sum / max(1, n_ex):.4f}  ETA {_fmt_eta(eta)}")
@@ -93,11 +181,19 @@ class Trainer:
                 self.history.append(rec)
                 if self.on_epoch:
                     self.on_epoch(rec)
+        if checkpointer is not None:
+            checkpointer.at_end(self.client.clock_value, t.epochs - 1, steps, plan, self.history)
         elapsed = time.perf_counter() - t0
         total_examples = int(allreduce_sum(self.comm, np.array([local_examples], dtype=np.int64))[0])
-        return {"seconds": elapsed, "examples": total_examples, "steps": total_steps,
-                "epochs": t.epochs, "examples_per_second": total_examples / elapsed if elapsed else 0.0,
+        return {"seconds": elapsed, "examples": total_examples,
+                "steps": self.client.clock_value - clock0, "epochs": t.epochs,
+                "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value}
+
+    def _max_steps(self, n_rows: int) -> int:
+        """Steps every worker runs so that the largest partition is covered. Collective."""
+        b = self.cfg.train.batch_size
+        return int(allreduce_max(self.comm, np.array([math.ceil(n_rows / b)], dtype=np.int64))[0])
 
     def _step(self, Xb, yb) -> float:
         keys, local = batch_keys(Xb)

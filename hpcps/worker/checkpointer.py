@@ -1,0 +1,98 @@
+"""When and how the workers take checkpoints (layout: :mod:`hpcps.checkpoint`).
+
+A checkpoint is taken right after a step's clock, at a consistent cut: worker 0 asks every
+server to write its shard once it has applied every step before that clock (under BSP/SSP
+no server can have applied more, since worker 0 has not clocked further), collects the
+shards' sizes and checksums, and writes the manifest last. The other workers go on; their
+next pull waits for the servers as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from .. import checkpoint as ckpt
+from ..comm.collectives import bcast_int
+
+
+class Checkpointer:
+    """Decide and write periodic checkpoints.
+
+    Parameters
+    ----------
+    cfg : hpcps.config.JobConfig
+    client : hpcps.worker.client.PSClient
+    comm : MPI.Intracomm
+        Workers' communicator (used for the time-based decision).
+    is_chief : bool
+    n_workers : int
+    slot_names : list of tuple
+        Optimizer slot names per table (table-id order).
+    out : text stream for the one-line reports (worker 0).
+    """
+
+    def __init__(self, cfg, client, comm, is_chief, n_workers, slot_names, out):
+        self.cfg = cfg
+        self.c = cfg.checkpoint
+        self.client = client
+        self.comm = comm
+        self.is_chief = is_chief
+        self.n_workers = n_workers
+        self.slot_names = slot_names
+        self.out = out
+        self.last_time = time.perf_counter()
+        self.last_step = None
+        self.seconds = 0.0
+        self.bytes = 0
+        self.count = 0
+        self.steps_per_epoch = 0
+
+    def after_step(self, clock, epoch, step_in_epoch, plan, history) -> None:
+        """Called by every worker after each clock. Collective when ``every_seconds`` is set."""
+        due = bool(self.c.every_steps) and clock % self.c.every_steps == 0
+        if self.c.every_seconds:
+            flag = int(self.is_chief and time.perf_counter() - self.last_time >= self.c.every_seconds)
+            due = due or bool(bcast_int(self.comm, flag))
+        if due:
+            self.write(clock, epoch, step_in_epoch, plan, history)
+
+    def at_end(self, clock, epoch, step_in_epoch, plan, history) -> None:
+        """Final checkpoint after the last step (if ``at_end`` and not already taken)."""
+        if self.c.at_end and self.last_step != clock:
+            self.write(clock, epoch, step_in_epoch, plan, history)
+
+    def write(self, clock, epoch, step_in_epoch, plan, history) -> None:
+        """Worker 0 writes the checkpoint at ``clock``; the others only note it. Not collective."""
+        self.last_step = clock
+        self.last_time = time.perf_counter()
+        if not self.is_chief:
+            return
+        t0 = time.perf_counter()
+        d = ckpt.step_dir(self.cfg.output.dir, clock)
+        shards = self.client.checkpoint(clock)
+        partitions = {}
+        for spec, part, slots in zip(self.client.specs, self.client.parts, self.slot_names):
+            partitions[spec.name] = dict(
+                num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype, multiplier=part.multiplier,
+                range_size=part.range_size, sparse=spec.sparse, slots=list(slots),
+                ranges=np.array([part.shard_range(s) for s in range(part.n_servers)], dtype=np.int64))
+        path = ckpt.write_manifest(
+            d, cfg_text=self.cfg.text, job_name=self.cfg.name, step=clock, epoch=epoch,
+            step_in_epoch=step_in_epoch, steps_per_epoch=self.steps_per_epoch, n_workers=self.n_workers,
+            worker_clocks=[clock] * self.n_workers, last_push_seq=[0] * self.n_workers,
+            shards=shards, partitions=partitions, history=history,
+            extra={"epoch_plan": json.dumps(plan)})
+        ckpt.prune(self.cfg.output.dir, self.c.keep, warn=self._say)
+        dt = time.perf_counter() - t0
+        nbytes = sum(n for n, _ in shards) + path.stat().st_size
+        self.seconds += dt
+        self.bytes += nbytes
+        self.count += 1
+        self._say(f"checkpoint {d.name}: {nbytes / 1e6:,.1f} MB in {dt:.2f} s")
+
+    def _say(self, text) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
