@@ -787,6 +787,8 @@ def load_metrics(run) -> tuple[Path, dict]:
         If the file is missing, not JSON, or not a metrics object.
     """
     p = Path(run)
+    if not p.exists():
+        raise AnalysisError(f"{p}: no such file or directory")
     if p.is_dir():
         p = p / METRICS_FILE
     try:

@@ -163,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         r.set_defaults(func=func)
     i = sub.add_parser("info", help="versions and the MPI in use")
     i.set_defaults(func=cmd_info)
+    from .cli_analysis import register as register_analysis
+    register_analysis(sub)  # inspect, eval, export, plot, diff (no MPI)
     return p
 
 

@@ -1,0 +1,560 @@
+"""Offline analysis (hpcps.analysis, hpcps inspect/eval/export/plot/diff) on real files.
+
+Checkpoints are written with the public hpcps.checkpoint.write_shard / write_manifest exactly as
+servers and worker 0 write them (shards in permuted key order, from
+hpcps.tables.KeyPartition); model and metrics files with hpcps.output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from scipy.special import expit
+from sklearn.datasets import dump_svmlight_file, load_svmlight_file
+from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
+
+from hpcps import analysis
+from hpcps import checkpoint as ckpt
+from hpcps.cli_analysis import main as cli
+from hpcps.config import parse_job
+from hpcps.output import write_metrics, write_model
+from hpcps.tables import KeyPartition
+
+ROOT = Path(__file__).resolve().parents[2]
+ADULT = ROOT / "data" / "adult.csv.gz"
+NF = 50  # features of the synthetic svmlight job (multiplier != 1, uneven server ranges)
+
+SVM_JOB = """
+name = "tiny"
+seed = 3
+[cluster]
+servers = 3
+[data]
+format = "svmlight"
+path = "train.svm"
+test_path = "test.svm"
+index_base = 1
+n_features = 50
+[model]
+dtype = "float32"
+[optimizer]
+name = "adagrad"
+"""
+
+
+# ------------------------------------------------------------------------- helpers
+
+
+def write_checkpoint(run_dir, step, tables, slots, *, cfg_text, n_servers=3, n_workers=2,
+                     epoch=1, step_in_epoch=4, steps_per_epoch=10, history=()):
+    """Write a complete checkpoint of ``tables`` (original key order) the way a job does.
+
+    Sparse tables (all but ``bias``) are permuted with KeyPartition and each server's shard
+    holds its permuted key range; ``slots[table]`` are the optimizer slot arrays.
+    """
+    d = ckpt.step_dir(run_dir, step)
+    parts = {name: KeyPartition(a.shape[0], n_servers, permute=(name != "bias"))
+             for name, a in tables.items()}
+    shards = []
+    for s in range(n_servers):
+        entries = []
+        for name, a in tables.items():
+            part = parts[name]
+            lo, hi = part.shard_range(s)
+            keys = part.shard_keys(s)
+            entries.append(dict(name=name, rows=a[keys], keys=keys,
+                                slots={k: v[keys] for k, v in slots.get(name, {}).items()},
+                                lo=lo, hi=hi, num_keys=part.num_keys, multiplier=part.multiplier,
+                                sparse=name != "bias", optimizer="adagrad" if slots else "sgd"))
+        shards.append(ckpt.write_shard(d, s, n_servers, step, entries))
+    partitions = {name: dict(num_keys=p.num_keys, dim=tables[name].shape[1],
+                             dtype=str(tables[name].dtype), multiplier=p.multiplier,
+                             range_size=p.range_size, sparse=name != "bias",
+                             slots=sorted(slots.get(name, {})),
+                             ranges=np.array([p.shard_range(s) for s in range(n_servers)]))
+                  for name, p in parts.items()}
+    ckpt.write_manifest(d, cfg_text=cfg_text, job_name=tomllib.loads(cfg_text)["name"], step=step,
+                        epoch=epoch, step_in_epoch=step_in_epoch, steps_per_epoch=steps_per_epoch,
+                        n_workers=n_workers, worker_clocks=[step] * n_workers,
+                        last_push_seq=[step] * n_workers, shards=shards, partitions=partitions,
+                        history=list(history))
+    return d
+
+
+def logistic(seed=0, nf=NF, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 1, (nf, 1)).astype(dtype)
+    w[rng.random(nf) < 0.3] = 0                    # some untouched (zero) rows
+    b = np.array([[0.25]], dtype=dtype)
+    tables = {"weights": w, "bias": b}
+    slots = {"weights": {"accumulator": (0.1 + rng.random((nf, 1))).astype(dtype)},
+             "bias": {"accumulator": np.array([[3.5]], dtype=dtype)}}
+    return tables, slots
+
+
+@pytest.fixture
+def svm_run(tmp_path):
+    """A job directory with svmlight data and a run with two checkpoints and a model file."""
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    rng = np.random.default_rng(7)
+    truth = rng.normal(0, 1.5, NF)
+    for name, n in (("train.svm", 300), ("test.svm", 200)):
+        X = (rng.random((n, NF)) < 0.15) * rng.normal(1, 0.5, (n, NF))
+        y = (rng.random(n) < expit(X @ truth - 0.2)).astype(int)
+        dump_svmlight_file(X, y, str(jobdir / name), zero_based=False)
+    (jobdir / "tiny.toml").write_text(SVM_JOB)
+    run = tmp_path / "runs" / "tiny"
+    t1, s1 = logistic(1)
+    t2, s2 = logistic(2)
+    hist = [{"epoch": 1, "clock": 10, "seconds": 0.5, "train_logloss": 0.7, "test_logloss": 0.6,
+             "test_auc": 0.71, "test_accuracy": 0.66, "test_rows": 200}]
+    c1 = write_checkpoint(run, 10, t1, s1, cfg_text=SVM_JOB, history=hist)
+    c2 = write_checkpoint(run, 20, t2, s2, cfg_text=SVM_JOB, epoch=2, step_in_epoch=0, history=hist)
+    cfg = parse_job(SVM_JOB, jobdir / "tiny.toml")
+    write_model(run / "model.h5", t2, cfg, step=20, epoch=2)
+    return {"job": jobdir / "tiny.toml", "test": jobdir / "test.svm", "run": run,
+            "c1": c1, "c2": c2, "t1": t1, "s1": s1, "t2": t2, "s2": s2}
+
+
+def run_cli(args, cwd=None):
+    """``python -m hpcps.cli_analysis ARGS`` in a fresh process that cannot import mpi4py."""
+    code = ("import sys; sys.modules['mpi4py'] = None\n"
+            "from hpcps.cli_analysis import main\n"
+            "rc = main(sys.argv[1:])\n"
+            "assert 'mpi4py' not in [m.split('.')[0] for m in sys.modules if sys.modules[m]]\n"
+            "sys.exit(rc)\n")
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def expected_metrics(X, y, w, b):
+    p = np.clip(expit(X @ w[:, 0].astype(np.float64) + float(b[0, 0])), 1e-15, 1 - 1e-15)
+    return {"logloss": log_loss(y, p, labels=[0, 1]), "auc": roc_auc_score(y, p),
+            "accuracy": accuracy_score(y, p >= 0.5)}
+
+
+# --------------------------------------------------------------------- the helper
+
+
+def test_helper_checkpoint_really_is_permuted_and_valid(svm_run):
+    m = ckpt.verify(svm_run["c2"])
+    assert m["n_servers"] == 3 and m["partition"]["weights"]["multiplier"] != 1
+    with h5py.File(svm_run["c2"] / "shard-0001.h5", "r") as f:
+        keys = f["tables/weights/keys"][()]
+        np.testing.assert_array_equal(f["tables/weights/rows"][()], svm_run["t2"]["weights"][keys])
+    assert not np.array_equal(keys, np.sort(keys))  # not stored in key order
+    with h5py.File(svm_run["c2"] / "shard-0002.h5", "r") as f:
+        assert f["tables/bias/rows"].shape == (0, 1)  # 1-row dense table: only server 0 has it
+
+
+# ------------------------------------------------------------------ sources, tables
+
+
+def test_resolve_every_kind_of_source(svm_run):
+    run, c1, c2 = svm_run["run"], svm_run["c1"], svm_run["c2"]
+    for p in (c2, c2 / "manifest.h5", run, run / "ckpt"):
+        src = analysis.resolve(p)
+        assert (src.kind, src.path, src.meta["step"]) == ("checkpoint", c2, 20)
+    assert analysis.resolve(run).run_dir == run
+    assert [s["step"] for s in analysis.resolve(run).checkpoints] == [10, 20]
+    assert analysis.resolve(c1).meta["step"] == 10
+    m = analysis.resolve(run / "model.h5")
+    assert m.kind == "model" and m.meta["job_name"] == "tiny" and m.meta["step"] == 20
+
+
+def test_read_tables_unpermutes_rows_and_slots(svm_run):
+    tables, slots = analysis.read_tables(svm_run["c1"])
+    for name in ("weights", "bias"):
+        np.testing.assert_array_equal(tables[name], svm_run["t1"][name])
+        assert tables[name].dtype == np.float32
+        np.testing.assert_array_equal(slots[name]["accumulator"], svm_run["s1"][name]["accumulator"])
+    mt, ms = analysis.read_tables(svm_run["run"] / "model.h5")
+    np.testing.assert_array_equal(mt["weights"], svm_run["t2"]["weights"])
+    assert ms == {}
+
+
+def test_read_tables_detects_keys_that_are_not_a_permutation(svm_run, tmp_path):
+    # a shard missing behind the virtual dataset reads as fill value 0: caught, not garbage
+    d = tmp_path / "copy"
+    shutil.copytree(svm_run["c1"], d)
+    src = analysis.resolve(d)
+    (d / "shard-0001.h5").unlink()
+    with pytest.raises(analysis.AnalysisError, match="not a permutation"):
+        analysis.read_tables(src)
+
+
+def test_array_stats_blocks_and_nonfinite():
+    a = np.array([[0.0], [3.0], [-4.0], [np.nan], [np.inf], [0.0], [1.0]])
+    for block in (1, 2, 100):
+        st = analysis.array_stats(a, block_rows=block)
+        assert st["shape"] == (7, 1) and st["size"] == 7 and st["nonfinite"] == 2
+        assert st["nonzeros"] == 5  # NaN and inf count as non-zero
+        assert st["min"] == -4.0 and st["max"] == 3.0 and st["mean"] == 0.0
+        assert math.isclose(st["l2"], math.sqrt(26))
+    with pytest.raises(ValueError, match="block_rows"):
+        analysis.array_stats(a, block_rows=0)
+
+
+# ------------------------------------------------------------------------- inspect
+
+
+def test_inspect_checkpoint_statistics(svm_run):
+    rep = analysis.inspect(svm_run["c2"])
+    w, acc = svm_run["t2"]["weights"].astype(np.float64), svm_run["s2"]["weights"]["accumulator"]
+    st = rep["tables"]["weights"]
+    assert st["shape"] == (NF, 1) and st["dtype"] == "float32"
+    assert st["nonzeros"] == np.count_nonzero(w) < NF
+    assert math.isclose(st["l2"], np.linalg.norm(w), rel_tol=1e-12)
+    assert (st["min"], st["max"]) == (w.min(), w.max())
+    assert sum(st["server_rows"]) == NF and len(st["server_rows"]) == 3
+    sl = st["slots"]["accumulator"]
+    assert math.isclose(sl["mean"], acc.astype(np.float64).mean(), rel_tol=1e-12)
+    assert (sl["min"], sl["max"]) == (float(acc.min()), float(acc.max()))
+    assert rep["tables"]["bias"]["max"] == 0.25 and rep["tables"]["bias"]["server_rows"] == [1, 0, 0]
+    text = analysis.format_inspect(rep)
+    for want in ("step         20  (epoch 2, step_in_epoch 0, steps_per_epoch 10)",
+                 "servers      3", "workers      2", "clocks       20 (all 2 workers)",
+                 "integrity    OK: manifest and 3 shard(s)", f"weights: shape ({NF}, 1) float32",
+                 "slot accumulator: min", "hpcps 0.1.0", "job          tiny", "created"):
+        assert want in text, (want, text)
+
+
+def test_inspect_run_lists_invalid_checkpoints_and_uses_newest_valid(svm_run):
+    shard = svm_run["c2"] / "shard-0002.h5"
+    shard.write_bytes(shard.read_bytes()[:-100])               # truncate the newest
+    rep = analysis.inspect(svm_run["run"])
+    assert rep["source"].path == svm_run["c1"]
+    text = analysis.format_inspect(rep)
+    assert "step-00000010  valid" in text
+    assert "step-00000020  INVALID:" in text and "truncated" in text
+    assert "newest valid: step-00000010" in text
+
+
+def test_inspect_run_without_valid_checkpoint_falls_back_to_model(svm_run):
+    for c in (svm_run["c1"], svm_run["c2"]):
+        (c / "manifest.h5").unlink()
+    rep = analysis.inspect(svm_run["run"])
+    assert rep["source"].kind == "model"
+    assert "no valid checkpoint; showing the final model file model.h5" in analysis.format_inspect(rep)
+    (svm_run["run"] / "model.h5").unlink()
+    with pytest.raises(analysis.AnalysisError, match="no valid checkpoint"):
+        analysis.resolve(svm_run["run"])
+
+
+def test_inspect_model_file(svm_run):
+    text = analysis.format_inspect(analysis.inspect(svm_run["run"] / "model.h5"))
+    assert "model file" in text and "features     50 (index_base 1)" in text
+    assert "step         20  (epoch 2)" in text and "weights: shape (50, 1) float32" in text
+
+
+def _truncate(d):
+    p = d / "shard-0000.h5"
+    p.write_bytes(p.read_bytes()[:200])
+
+
+def _flip(d):
+    p = d / "shard-0001.h5"
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    p.write_bytes(bytes(b))
+
+
+def _garbage_manifest(d):
+    (d / "manifest.h5").write_bytes(b"not hdf5 at all" * 10)
+
+
+def _half_manifest(d):
+    p = d / "manifest.h5"
+    p.write_bytes(p.read_bytes()[:1000])
+
+
+@pytest.mark.parametrize("damage, target, message", [
+    (_truncate, ".", "truncated"),
+    (_flip, ".", "SHA-256 does not match"),
+    (lambda d: (d / "shard-0002.h5").unlink(), ".", "shard shard-0002.h5 is missing"),
+    (lambda d: (d / "manifest.h5").unlink(), ".", "checkpoint incomplete"),
+    (_garbage_manifest, ".", "unreadable manifest"),
+    (_half_manifest, "manifest.h5", "unreadable manifest"),
+    (lambda d: None, "nothing-here", "no such file or directory"),
+    (lambda d: (d / "notes.h5").write_bytes(b"\x89HDF\r\n" + b"x" * 50), "notes.h5",
+     "not a readable HDF5 file"),
+    (lambda d: h5py.File(d / "other.h5", "w").close(), "other.h5",
+     "neither an hpcps checkpoint manifest nor an hpcps model file"),
+])
+def test_cli_damaged_sources_give_one_line_and_status_1(svm_run, tmp_path, damage, target, message):
+    d = tmp_path / "step-00000010"
+    shutil.copytree(svm_run["c1"], d)
+    damage(d)
+    for cmd in (["inspect"], ["export", "-o", tmp_path / "x.npz"], ["diff", svm_run["c2"]]):
+        proc = run_cli([cmd[0], d / target if target != "." else d, *cmd[1:]])
+        assert proc.returncode == 1, (cmd, proc.stdout, proc.stderr)
+        assert proc.stdout == ""
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"hpcps {cmd[0]}: error: "), proc.stderr
+        assert message in lines[0], lines[0]
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_cli_inspect_prints_report(svm_run):
+    proc = run_cli(["inspect", svm_run["run"]])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"run {svm_run['run']}: 2 checkpoint(s)")
+    assert "non-zeros" in proc.stdout and "slot accumulator" in proc.stdout
+
+
+# ---------------------------------------------------------------------------- eval
+
+
+def test_toml_text_round_trips():
+    doc = {"name": "x", "seed": 3, "f": 1e-08, "g": -2.5, "big": 10**18, "t": True,
+           "s": 'quote " back \\ tab\t nl\n del\x7f é 😀', "arr": [1, 2], "weird key": "v",
+           "data": {"path": "/a b/c.svm", "n": 0, "sub": {"x": 1.0}}, "empty": {}}
+    assert tomllib.loads(analysis.toml_text(doc)) == doc
+
+
+def test_eval_svmlight_matches_independent_computation(svm_run):
+    X, y = load_svmlight_file(str(svm_run["test"]), n_features=NF, zero_based=False)
+    t = svm_run["t2"]
+    want = expected_metrics(X, y, t["weights"], t["bias"])
+    for src in (svm_run["c2"], svm_run["run"], svm_run["run"] / "model.h5"):
+        res = analysis.evaluate(src, svm_run["test"])
+        assert res["rows"] == 200 and res["positives"] == int(y.sum())
+        for k, v in want.items():
+            assert math.isclose(res[k], v, rel_tol=1e-9, abs_tol=1e-12), (src, k, res[k], v)
+    other = analysis.evaluate(svm_run["c1"], svm_run["test"])
+    assert not math.isclose(other["auc"], want["auc"])     # really the other checkpoint's weights
+
+
+def test_cli_eval_with_and_without_job(svm_run, tmp_path):
+    # the stored config's data paths (train.svm, test.svm) do not exist next to the run:
+    # --data replaces them
+    proc = run_cli(["eval", svm_run["c2"], "--data", svm_run["test"]], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "200 rows" in proc.stdout and "AUC 0." in proc.stdout and "log-loss" in proc.stdout
+    proc2 = run_cli(["eval", svm_run["c2"], "--data", svm_run["test"], "--job", svm_run["job"]])
+    assert proc2.returncode == 0, proc2.stderr
+    assert proc2.stdout.splitlines()[-1] == proc.stdout.splitlines()[-1]
+
+
+def test_eval_rejects_job_with_other_feature_count(svm_run, tmp_path):
+    job = svm_run["job"].parent / "wide.toml"
+    job.write_text(SVM_JOB.replace("n_features = 50", "n_features = 64"))
+    with pytest.raises(analysis.AnalysisError, match="weights has 50 rows but the job .* has 64 features"):
+        analysis.evaluate(svm_run["c2"], svm_run["test"], job=job)
+    proc = run_cli(["eval", svm_run["c2"], "--data", tmp_path / "missing.svm"])
+    assert proc.returncode == 1 and "missing.svm: no such data file" in proc.stderr
+
+
+def test_eval_reports_malformed_data(svm_run, tmp_path):
+    bad = tmp_path / "bad.svm"
+    bad.write_text("1 1:0.5\n0 99:1\n")          # feature 99 >= n_features 50
+    proc = run_cli(["eval", svm_run["c2"], "--data", bad])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "bad.svm" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+ADULT_JOB = f"""
+name = "adult_small"
+[data]
+format = "adult_csv"
+path = "../data/adult.csv.gz"
+max_rows = 4000
+hash_bits = 12
+[model]
+dtype = "float64"
+"""
+
+
+@pytest.mark.skipif(not ADULT.exists(), reason="data/adult.csv.gz not present")
+def test_eval_adult_uses_the_jobs_test_split(tmp_path):
+    from sklearn.linear_model import LogisticRegression
+
+    from hpcps.data.adult import load_adult_partition
+
+    kw = dict(hash_bits=12, numeric_bins=8, crosses=True, test_fraction=0.2, split_seed=0,
+              max_rows=4000)
+    Xtr, ytr = load_adult_partition(ADULT, "train", 0, 1, **kw)
+    Xte, yte = load_adult_partition(ADULT, "test", 0, 1, **kw)
+    lr = LogisticRegression(C=0.03, max_iter=3000).fit(Xtr, ytr)
+    tables = {"weights": lr.coef_.reshape(-1, 1).astype(np.float64),
+              "bias": np.array([[lr.intercept_[0]]])}
+    d = write_checkpoint(tmp_path / "runs" / "adult_small", 7, tables, {}, cfg_text=ADULT_JOB, n_servers=2)
+    res = analysis.evaluate(d, ADULT)
+    want = expected_metrics(Xte, yte, tables["weights"], tables["bias"])
+    assert res["rows"] == Xte.shape[0] == 800
+    for k, v in want.items():
+        assert math.isclose(res[k], v, rel_tol=1e-9), (k, res[k], v)
+    assert res["auc"] > 0.85                      # a real model on real data
+
+
+# -------------------------------------------------------------------------- export
+
+
+def test_export_npz_original_order_without_pickle(svm_run, tmp_path):
+    out = tmp_path / "c1.npz"
+    assert analysis.export_npz(svm_run["c1"], out) == out
+    with np.load(out, allow_pickle=False) as z:
+        assert sorted(z.files) == ["bias", "bias__accumulator", "weights", "weights__accumulator"]
+        np.testing.assert_array_equal(z["weights"], svm_run["t1"]["weights"])
+        np.testing.assert_array_equal(z["bias"], svm_run["t1"]["bias"])
+        np.testing.assert_array_equal(z["weights__accumulator"], svm_run["s1"]["weights"]["accumulator"])
+        assert z["weights"].dtype == np.float32
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
+def test_cli_export_default_name_and_model_file(svm_run, tmp_path):
+    proc = run_cli(["export", svm_run["run"], "--format", "npz"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "tiny-step-00000020.npz"
+    assert f"wrote {out}" in proc.stdout
+    with np.load(out, allow_pickle=False) as z:
+        np.testing.assert_array_equal(z["weights"], svm_run["t2"]["weights"])
+    proc = run_cli(["export", svm_run["run"] / "model.h5", "-o", tmp_path / "m.npz"])
+    assert proc.returncode == 0, proc.stderr
+    with np.load(tmp_path / "m.npz", allow_pickle=False) as z:
+        assert sorted(z.files) == ["bias", "weights"]
+    proc = run_cli(["export", svm_run["c1"], "--format", "csv"])
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+# ---------------------------------------------------------------------------- plot
+
+
+def metrics_record(staleness=None, summary=True):
+    epochs = [{"epoch": e, "clock": 10 * e, "seconds": 1.5 * e, "train_logloss": 0.6 / e,
+               "test_logloss": 0.55 / e, "test_auc": 0.8 + 0.02 * e, "test_accuracy": 0.8,
+               "test_rows": 200} for e in (1, 2, 3)]
+    epochs[1]["test_auc"] = float("nan")                  # written as null
+    rec = {"job": "tiny", "epochs": epochs}
+    if summary:
+        rec["summary"] = {"servers": [{"index": i, "rows": 17, "memory_bytes": 1000, "keys_pulled": 5,
+                                       "keys_pushed": 5, "bytes_in": 1e6 * (i + 1),
+                                       "bytes_out": 2e6 * (i + 1), "requests": 9} for i in range(3)]}
+        if staleness is not None:
+            rec["summary"]["staleness_histogram"] = staleness
+    return rec
+
+
+@pytest.mark.parametrize("staleness, panels", [
+    (None, 5), ([120, 30, 4], 6), ({"0": 10, "2": 3}, 6)])
+def test_plot_panels(tmp_path, staleness, panels):
+    import matplotlib.image
+
+    run = tmp_path / "runs" / "tiny"
+    write_metrics(run / "metrics.json", metrics_record(staleness))
+    assert json.loads((run / "metrics.json").read_text())["epochs"][1]["test_auc"] is None
+    path, drawn = analysis.plot_run(run)
+    assert path == run / "curves.png" and len(drawn) == panels
+    assert ("staleness histogram" in drawn) == (staleness is not None)
+    assert {"log-loss vs epoch", "test AUC vs wall time (s)", "bytes per server"} <= set(drawn)
+    img = matplotlib.image.imread(path)
+    assert img.shape[0] > 300 and img.shape[1] > 600 and img.std() > 0
+
+
+def test_cli_plot(tmp_path):
+    run = tmp_path / "run"
+    write_metrics(run / "metrics.json", metrics_record(summary=False))   # mid-run: no summary yet
+    proc = run_cli(["plot", run, "-o", tmp_path / "c.svg"])
+    assert proc.returncode == 0, proc.stderr
+    assert "4 panels" in proc.stdout and (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
+    proc = run_cli(["plot", run / "metrics.json", "-o", tmp_path / "c.png"])
+    assert proc.returncode == 0 and (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for args, msg in (([tmp_path / "nowhere"], "nowhere: no such file or directory"),
+                      ([run, "-o", tmp_path / "c.xyz"], "unsupported image format 'xyz'")):
+        proc = run_cli(["plot", *args])
+        assert proc.returncode == 1 and msg in proc.stderr and "Traceback" not in proc.stderr
+    (run / "metrics.json").write_text('{"epochs": [')
+    proc = run_cli(["plot", run])
+    assert proc.returncode == 1 and "not valid JSON" in proc.stderr
+    write_metrics(run / "metrics.json", {"epochs": [], "summary": {"staleness_histogram": "x"}})
+    proc = run_cli(["plot", run])
+    assert proc.returncode == 1 and "staleness_histogram must be" in proc.stderr
+
+
+# ---------------------------------------------------------------------------- diff
+
+
+def test_diff_values(svm_run):
+    res = analysis.diff(svm_run["c1"], svm_run["c2"])
+    rows = {r["name"]: r for r in res["rows"]}
+    assert sorted(rows) == ["bias", "bias__accumulator", "weights", "weights__accumulator"]
+    d = np.abs(svm_run["t1"]["weights"].astype(np.float64) - svm_run["t2"]["weights"])
+    assert math.isclose(rows["weights"]["max_abs"], d.max(), rel_tol=1e-12)
+    assert math.isclose(rows["weights"]["mean_abs"], d.mean(), rel_tol=1e-12)
+    assert rows["weights"]["differing"] == np.count_nonzero(d)
+    assert rows["bias"]["max_abs"] == 0.0 and rows["bias"]["differing"] == 0
+    same = analysis.diff(svm_run["c2"], svm_run["run"] / "model.h5")["rows"]
+    assert sorted((r["name"], r["status"]) for r in same) == [
+        ("bias", "compared"), ("bias__accumulator", "only in A"),
+        ("weights", "compared"), ("weights__accumulator", "only in A")]
+    assert all(r["max_abs"] == 0.0 for r in same if r["status"] == "compared")
+
+
+def test_cli_diff_shape_mismatch_is_reported_and_exits_0(svm_run, tmp_path):
+    text = SVM_JOB.replace("n_features = 50", "n_features = 64")
+    t, s = logistic(3, nf=64)
+    other = write_checkpoint(tmp_path / "other", 5, t, s, cfg_text=text, n_servers=2)
+    proc = run_cli(["diff", svm_run["c1"], other])
+    assert proc.returncode == 0, proc.stderr
+    lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines()[3:]}
+    assert lines["weights"].endswith("shapes differ: A (50, 1) vs B (64, 1); not compared")
+    assert lines["weights__accumulator"].endswith("shapes differ: A (50, 1) vs B (64, 1); not compared")
+    assert proc.stdout.splitlines()[0] == f"A: checkpoint {svm_run['c1']} (step 10)"
+    bias = [ln for ln in proc.stdout.splitlines() if ln.startswith("bias ")]
+    assert len(bias) == 1 and "(1, 1)" in bias[0] and "of 1" in bias[0]
+
+
+# --------------------------------------------------------------- tools and the CLI
+
+
+@pytest.mark.skipif(shutil.which("h5ls") is None or shutil.which("h5dump") is None,
+                    reason="HDF5 command-line tools not installed (Debian: hdf5-tools)")
+def test_hdf5_tools_read_manifest_and_shards(svm_run, tmp_path):
+    man = svm_run["c2"] / "manifest.h5"
+    out = subprocess.run(["h5ls", "-r", man], capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert "/tables/weights          Dataset {50, 1}" in out
+    assert "/tables/weights_keys     Dataset {50}" in out and "/slots/weights/accumulator" in out
+    out = subprocess.run(["h5dump", "-H", man], capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert 'DATASET "weights"' in out and "( 50, 1 )" in out and 'ATTRIBUTE "format"' in out
+    out = subprocess.run(["h5dump", "-a", "/format", man], capture_output=True, text=True, check=True).stdout
+    assert '"hpcps-checkpoint-1"' in out
+    # the virtual dataset's data really comes from the shards, run from another directory
+    out = subprocess.run(["h5dump", "-d", "/tables/weights_keys", "-y", "-w", "0", man],
+                         capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    data = out.split("DATA {")[1].split("}")[0]
+    keys = [int(x) for x in data.replace(",", " ").split()]
+    with h5py.File(man, "r") as f:
+        assert keys == f["tables/weights_keys"][()].tolist()
+    assert sorted(keys) == list(range(NF))
+    for s in range(3):
+        shard = svm_run["c2"] / f"shard-{s:04d}.h5"
+        out = subprocess.run(["h5ls", "-r", shard], capture_output=True, text=True, check=True).stdout
+        assert "/tables/weights/rows" in out and "/tables/weights/slots/accumulator" in out
+        subprocess.run(["h5dump", "-H", shard], capture_output=True, check=True)
+
+
+def test_hpcps_command_has_the_analysis_subcommands(svm_run):
+    from hpcps import cli
+
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    if "inspect" not in sub.choices:
+        pytest.skip("hpcps.cli.build_parser does not call hpcps.cli_analysis.register yet")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    code = ("import sys; sys.modules['mpi4py'] = None\n"
+            "from hpcps.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, "inspect", svm_run["c2"]], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "step         20" in proc.stdout
