@@ -865,6 +865,7 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     mpath, m = load_metrics(run)
     epochs = [e for e in m.get("epochs", []) if isinstance(e, dict)]
@@ -899,6 +900,8 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
     axes = fig.subplots((len(panels) + 1) // 2, 2, squeeze=False).reshape(-1)
     for ax, (title, kind, x, xl, a, b) in zip(axes, panels):
         ax.set_title(title)
+        if xl == "epoch":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if kind == "loss":
             ax.plot(x, a, "o-", label="train (progressive)")
             ax.plot(x, b, "s-", label="test")
@@ -918,9 +921,11 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
             ax.set_xticks(idx)
             ax.set_xlabel("server")
             ax.set_ylabel("MB")
-            ax.legend()
+            ax.margins(y=0.3)
+            ax.legend(fontsize="small")
         else:
             ax.bar(x, a, 0.8, color="C3")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel("staleness (clocks)")
             ax.set_ylabel("count")
         ax.grid(True, alpha=0.3)

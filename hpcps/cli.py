@@ -41,7 +41,7 @@ def cmd_train(args) -> int:
         check_output_writable(cfg)
     except ConfigError as e:
         return _fail(str(e))
-    from .checkpoint import CheckpointError
+    from .checkpoint import ResumeError
     from .comm import core
     from .job import run_job
 
@@ -49,7 +49,7 @@ def cmd_train(args) -> int:
     with core.abort_on_error(world):
         try:
             run_job(cfg, world, resume=args.resume)
-        except (ConfigError, core.LaunchError, CheckpointError) as e:
+        except (ConfigError, core.LaunchError, ResumeError) as e:
             # raised identically on every rank before any communication: exit, don't abort
             return _fail(str(e))
     return 0

@@ -47,7 +47,18 @@ def _guard(func):
 
 @_guard
 def cmd_inspect(args) -> int:
-    """``hpcps inspect``: print :func:`hpcps.analysis.inspect`'s report."""
+    """``hpcps inspect``: print :func:`hpcps.analysis.inspect`'s report.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments (see :func:`register`).
+
+    Returns
+    -------
+    int
+        Exit status: 0, or 1 (one-line error on stderr) if a source cannot be used.
+    """
     from . import analysis
 
     print(analysis.format_inspect(analysis.inspect(args.source)))
@@ -56,7 +67,18 @@ def cmd_inspect(args) -> int:
 
 @_guard
 def cmd_eval(args) -> int:
-    """``hpcps eval``: print :func:`hpcps.analysis.evaluate`'s metrics."""
+    """``hpcps eval``: print :func:`hpcps.analysis.evaluate`'s metrics.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments (see :func:`register`).
+
+    Returns
+    -------
+    int
+        Exit status: 0, or 1 (one-line error on stderr) if a source cannot be used.
+    """
     from . import analysis
 
     print(analysis.format_evaluate(analysis.evaluate(args.source, args.data, job=args.job)))
@@ -65,7 +87,18 @@ def cmd_eval(args) -> int:
 
 @_guard
 def cmd_export(args) -> int:
-    """``hpcps export``: write the tables with :func:`hpcps.analysis.export_npz`."""
+    """``hpcps export``: write the tables with :func:`hpcps.analysis.export_npz`.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments (see :func:`register`).
+
+    Returns
+    -------
+    int
+        Exit status: 0, or 1 (one-line error on stderr) if a source cannot be used.
+    """
     import numpy as np
 
     from . import analysis
@@ -80,7 +113,18 @@ def cmd_export(args) -> int:
 
 @_guard
 def cmd_plot(args) -> int:
-    """``hpcps plot``: draw the run's curves with :func:`hpcps.analysis.plot_run`."""
+    """``hpcps plot``: draw the run's curves with :func:`hpcps.analysis.plot_run`.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments (see :func:`register`).
+
+    Returns
+    -------
+    int
+        Exit status: 0, or 1 (one-line error on stderr) if a source cannot be used.
+    """
     from . import analysis
 
     path, panels = analysis.plot_run(args.run, args.output)
@@ -90,7 +134,18 @@ def cmd_plot(args) -> int:
 
 @_guard
 def cmd_diff(args) -> int:
-    """``hpcps diff``: print :func:`hpcps.analysis.diff`'s table (exit 0 whatever differs)."""
+    """``hpcps diff``: print :func:`hpcps.analysis.diff`'s table (exit 0 whatever differs).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments (see :func:`register`).
+
+    Returns
+    -------
+    int
+        Exit status: 0, or 1 (one-line error on stderr) if a source cannot be used.
+    """
     from . import analysis
 
     print(analysis.format_diff(analysis.diff(args.a, args.b)))

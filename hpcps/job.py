@@ -61,7 +61,7 @@ def find_restore(cfg, world, resume="auto", out=None):
             step = -2
     step = bcast_int(world, step)
     if step == -2:
-        raise ckpt.CheckpointError(f"cannot resume from {resume} (see rank 0's message)")
+        raise ckpt.ResumeError(f"cannot resume from {resume} (see rank 0's message)")
     if step < 0:
         return None
     d = ckpt.step_dir(cfg.output.dir, step) if resume == "auto" else resume
@@ -85,6 +85,8 @@ def run_job(cfg, world, out=None, resume="auto") -> dict | None:
     tables = logistic_tables(cfg)
     specs = [t[0] for t in tables]
     restore = find_restore(cfg, world, resume, out)
+    if restore is not None:
+        ckpt.check_compatible(restore[0], restore[1], specs)   # every rank, before any traffic
     roles = core.split_roles(world, cfg.cluster.servers)
     t_start = time.perf_counter()
     stats = np.zeros(len(STAT_FIELDS))

@@ -75,6 +75,38 @@ class CheckpointError(RuntimeError):
     """A checkpoint is unusable or does not match the job (the message says why)."""
 
 
+class ResumeError(CheckpointError):
+    """The checkpoint chosen for a restart does not fit the job; raised identically on every
+    rank before any parameter-server traffic."""
+
+
+def check_compatible(directory, manifest: dict, tables) -> None:
+    """Refuse to resume a job whose tables differ from the checkpoint's. Local.
+
+    Parameters
+    ----------
+    tables : sequence of hpcps.tables.TableSpec
+
+    Raises
+    ------
+    ResumeError
+        Naming the table and both shapes (or dtypes).
+    """
+    have = manifest["partition"]
+    for spec in tables:
+        p = have.get(spec.name)
+        if p is None:
+            raise ResumeError(f"{directory}: checkpoint has no table {spec.name!r} "
+                              f"(it has {', '.join(have) or 'none'}); is it from another model?")
+        if (p["num_keys"], p["dim"]) != (spec.num_keys, spec.dim):
+            raise ResumeError(f"{directory}: table {spec.name!r} has shape "
+                              f"({p['num_keys']}, {p['dim']}) in the checkpoint but "
+                              f"({spec.num_keys}, {spec.dim}) in this job")
+        if p["dtype"] != spec.dtype:
+            raise ResumeError(f"{directory}: table {spec.name!r} is {p['dtype']} in the checkpoint "
+                              f"but {spec.dtype} in this job")
+
+
 # ---------------------------------------------------------------------------- paths
 
 
@@ -123,8 +155,11 @@ def _sha256(path: Path) -> str:
 
 def _atomic_h5(final: Path, fill) -> None:
     """Write an HDF5 file by calling ``fill(h5file)`` on a temp file, then commit it."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    except OSError as e:
+        raise CheckpointError(f"cannot write {final}: {e.strerror or e}") from e
     os.close(fd)
     tmp = Path(tmp)
     try:

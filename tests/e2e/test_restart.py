@@ -1,0 +1,162 @@
+"""Checkpoint/restart with real mpirun launches, real kills and real HDF5 files.
+
+Under deterministic BSP (float64) a run that is killed and resumed — on the same or another
+number of servers — must end with weights bit-identical to an uninterrupted run.
+"""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcps import checkpoint as ck
+from tests.helpers import hpcps, launch, mpi_env, write_job
+
+JOB = """
+name = "restart"
+seed = 5
+[cluster]
+servers = {servers}
+[data]
+format = "adult_csv"
+path = "@DATA@"
+max_rows = {rows}
+hash_bits = 14
+[model]
+dtype = "float64"
+l2 = 0.001
+[optimizer]
+name = "adagrad"
+[train]
+epochs = {epochs}
+batch_size = {batch}
+[checkpoint]
+every_steps = {every}
+keep = {keep}
+[output]
+dir = "{out}"
+"""
+
+
+def job(tmp_path, name, *, servers=1, rows=6000, epochs=2, batch=64, every=10, keep=3, out=None):
+    return write_job(tmp_path / f"{name}.toml", JOB.format(
+        servers=servers, rows=rows, epochs=epochs, batch=batch, every=every, keep=keep,
+        out=out or (tmp_path / name)))
+
+
+def weights(run_dir):
+    with h5py.File(Path(run_dir) / "model.h5", "r") as f:
+        return f["weights"][()], f["bias"][()]
+
+
+def assert_identical(a, b):
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), \
+        f"max |diff| {np.abs(a[0] - b[0]).max()}"
+
+
+def rank_pids(job_path):
+    """{world rank: pid} of the ranks running ``job_path``."""
+    found = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+            if b"train" not in cmd or str(job_path).encode() not in cmd:
+                continue
+            env = dict(kv.split(b"=", 1) for kv in (p / "environ").read_bytes().split(b"\0") if b"=" in kv)
+            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(p.name)
+        except (OSError, KeyError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("victim", ["worker", "server"])
+def test_kill_9_a_rank_then_resume_is_bit_identical(tmp_path, victim):
+    kw = dict(rows=24000, batch=16, epochs=2, every=25)
+    ref = job(tmp_path, "ref", **kw)
+    proc, _ = hpcps(["run", "-n", "4", ref, "--", ], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = weights(tmp_path / "ref")
+
+    killed = job(tmp_path, "killed", **kw)
+    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", "--max-restarts", "2",
+                          str(killed)], cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    rank = 3 if victim == "server" else random.Random(victim).choice([0, 1, 2])
+    deadline = time.time() + 120
+    first = ck.step_dir(tmp_path / "killed", 50) / ck.MANIFEST
+    while not first.exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.01)
+    pids = rank_pids(killed)
+    assert rank in pids, f"rank {rank} not found running ({pids})"
+    os.kill(pids[rank], signal.SIGKILL)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out[-3000:]
+    assert "restart 1/2" in out and "resumed from checkpoint step" in out, out[-3000:]
+    assert_identical(weights(tmp_path / "killed"), want)
+
+
+def test_resume_on_fewer_and_more_servers_is_bit_identical(tmp_path):
+    ref = job(tmp_path, "ref", servers=3)
+    proc, _ = launch(5, ["train", ref], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = weights(tmp_path / "ref")
+    first = job(tmp_path, "first", servers=3, epochs=1)     # stops after epoch 1 (checkpoint at end)
+    proc, _ = launch(5, ["train", first], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for servers in (2, 4):
+        out = tmp_path / f"s{servers}"
+        shutil.copytree(tmp_path / "first", out)
+        j = job(tmp_path, f"s{servers}", servers=servers, epochs=2, out=out)
+        proc, _ = launch(2 + servers, ["train", j], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "written by 2 worker(s) and 3 server(s)" in proc.stdout
+        assert_identical(weights(out), want)
+
+
+def test_resume_mid_epoch_on_fewer_workers_reads_every_row_once(tmp_path):
+    a = job(tmp_path, "a", every=7, keep=100)
+    proc, _ = launch(4, ["train", a], cwd=tmp_path)                    # 3 workers
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    src = ck.step_dir(tmp_path / "a", 14)
+    m = ck.verify(src)
+    assert (m["epoch"], m["step_in_epoch"], m["n_workers"]) == (0, 14, 3)
+    b = job(tmp_path, "b")
+    proc, _ = launch(3, ["train", b, "--resume", src], cwd=tmp_path)  # 2 workers
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "b" / "metrics.json").read_text())["summary"]
+    n_train = 4800                                   # 6000 rows, 20 % test
+    read_before = 3 * 14 * 64                        # 3 workers x 14 steps x 64 rows (1600 each)
+    assert summary["examples"] == (n_train - read_before) + n_train
+
+
+def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
+    j = job(tmp_path, "c", epochs=1, every=10)
+    proc, _ = launch(4, ["train", j], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = ck.list_steps(tmp_path / "c")
+    newest = ck.step_dir(tmp_path / "c", steps[-1]) / "shard-0000.h5"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    proc, _ = launch(4, ["train", j], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"skipping checkpoint step-{steps[-1]:08d}" in proc.stdout
+    assert f"resumed from checkpoint step {steps[-2]}" in proc.stdout
+
+
+def test_checkpoint_of_another_model_shape_is_refused(tmp_path):
+    j = job(tmp_path, "m", epochs=1)
+    assert launch(4, ["train", j], cwd=tmp_path)[0].returncode == 0
+    other = write_job(tmp_path / "m2.toml", j.read_text().replace("hash_bits = 14", "hash_bits = 13"))
+    proc, secs = launch(4, ["train", other], cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert "table 'weights' has shape (16384, 1) in the checkpoint but (8192, 1)" in proc.stderr

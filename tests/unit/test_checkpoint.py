@@ -1,0 +1,168 @@
+"""Checkpoint files (hpcps.checkpoint): layout, validation and fallback, re-sharded reads,
+and the epoch plan that keeps every row read once when the worker count changes."""
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpcps import checkpoint as ck
+from hpcps.tables import KeyPartition
+from hpcps.worker.trainer import epoch_rows, epoch_order
+
+NUM_KEYS, DIM = 1000, 2
+
+
+def make_checkpoint(run_dir, step, n_servers, seed=0):
+    """A real checkpoint of a (NUM_KEYS, DIM) table 'w' with an AdaGrad slot; returns the full
+    table in permuted order (and its keys) for comparison."""
+    part = KeyPartition(NUM_KEYS, n_servers)
+    rng = np.random.default_rng(seed)
+    full = rng.standard_normal((NUM_KEYS, DIM))
+    acc = rng.random((NUM_KEYS, DIM))
+    d = ck.step_dir(run_dir, step)
+    shards = []
+    for s in range(n_servers):
+        lo, hi = part.shard_range(s)
+        shards.append(ck.write_shard(d, s, n_servers, step, [dict(
+            name="w", rows=full[lo:hi], keys=part.shard_keys(s), slots={"accumulator": acc[lo:hi]},
+            lo=lo, hi=hi, num_keys=NUM_KEYS, multiplier=part.multiplier, sparse=True,
+            optimizer="adagrad")]))
+    ranges = np.array([part.shard_range(s) for s in range(n_servers)])
+    ck.write_manifest(d, cfg_text='name = "t"\n', job_name="t", step=step, epoch=1, step_in_epoch=3,
+                      steps_per_epoch=9, n_workers=2, worker_clocks=[step, step],
+                      last_push_seq=[0, 0], shards=shards,
+                      partitions={"w": dict(num_keys=NUM_KEYS, dim=DIM, dtype="float64",
+                                            multiplier=part.multiplier, range_size=part.range_size,
+                                            sparse=True, ranges=ranges, slots=["accumulator"])},
+                      history=[{"epoch": 1, "test_auc": 0.9}])
+    return d, full, acc, part
+
+
+def test_manifest_layout_and_virtual_datasets(tmp_path):
+    d, full, acc, part = make_checkpoint(tmp_path, 12, 3)
+    with h5py.File(d / ck.MANIFEST, "r") as f:
+        np.testing.assert_array_equal(f["tables/w"][()], full)          # stitched VDS
+        keys = f["tables/w_keys"][()]
+        assert sorted(keys.tolist()) == list(range(NUM_KEYS))
+        np.testing.assert_array_equal(part.positions(keys), np.arange(NUM_KEYS))
+        np.testing.assert_array_equal(f["slots/w/accumulator"][()], acc)
+        assert isinstance(f.attrs["config"], str) and f.attrs["step"] == 12
+        assert f.attrs["format"] == ck.FORMAT
+    m = ck.verify(d)
+    assert m["history"] == [{"epoch": 1, "test_auc": 0.9}]
+    assert m["shards"]["files"] == ["shard-0000.h5", "shard-0001.h5", "shard-0002.h5"]
+    assert ck.latest_valid(tmp_path)[0] == d
+
+
+@pytest.mark.parametrize("new_servers", [1, 2, 3, 4, 7])
+def test_read_range_reshards_to_any_server_count(tmp_path, new_servers):
+    d, full, acc, _ = make_checkpoint(tmp_path, 5, 3)
+    m = ck.read_manifest(d)
+    new = KeyPartition(NUM_KEYS, new_servers)
+    got = []
+    for s in range(new_servers):
+        lo, hi = new.shard_range(s)
+        rows, slots = ck.read_range(d, m, "w", lo, hi, num_keys=NUM_KEYS, dim=DIM, dtype="float64",
+                                    multiplier=new.multiplier, slots=["accumulator"])
+        np.testing.assert_array_equal(slots["accumulator"], acc[lo:hi])
+        got.append(rows)
+    np.testing.assert_array_equal(np.concatenate(got), full)
+
+
+def test_mismatched_table_is_a_clear_error(tmp_path):
+    d, *_ = make_checkpoint(tmp_path, 5, 2)
+    m = ck.read_manifest(d)
+    with pytest.raises(ck.CheckpointError, match=r"table 'w' has shape \(1000, 2\) in the checkpoint but \(1000, 3\)"):
+        ck.read_range(d, m, "w", 0, 10, num_keys=NUM_KEYS, dim=3, dtype="float64", multiplier=1)
+    with pytest.raises(ck.CheckpointError, match="no table 'bias'"):
+        ck.read_range(d, m, "bias", 0, 1, num_keys=1, dim=1, dtype="float64", multiplier=1)
+
+
+def _corrupt_truncate(d):
+    p = d / "shard-0001.h5"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _corrupt_flip(d):
+    p = d / "shard-0000.h5"
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    p.write_bytes(bytes(b))
+
+
+def _corrupt_no_manifest(d):
+    (d / ck.MANIFEST).unlink()
+
+
+def _corrupt_missing_shard(d):
+    (d / "shard-0002.h5").unlink()
+
+
+def _corrupt_garbage_manifest(d):
+    (d / ck.MANIFEST).write_bytes(b"\x89HDF\r\n\x1a\n" + os.urandom(300))
+
+
+@pytest.mark.parametrize("corrupt,reason", [
+    (_corrupt_truncate, "truncated"), (_corrupt_flip, "SHA-256"), (_corrupt_no_manifest, "incomplete"),
+    (_corrupt_missing_shard, "missing"), (_corrupt_garbage_manifest, "unreadable manifest")])
+def test_newest_bad_checkpoint_falls_back_to_previous(tmp_path, corrupt, reason):
+    good, full, *_ = make_checkpoint(tmp_path, 10, 3, seed=1)
+    bad, *_ = make_checkpoint(tmp_path, 20, 3, seed=2)
+    corrupt(bad)
+    warnings = []
+    d, m = ck.latest_valid(tmp_path, warn=warnings.append)
+    assert d == good and m["step"] == 10
+    assert len(warnings) == 1 and reason in warnings[0] and "step-00000020" in warnings[0]
+    with pytest.raises(ck.CheckpointError, match=reason):
+        ck.verify(bad)
+
+
+def test_interrupted_write_leaves_previous_checkpoint_usable(tmp_path):
+    """What a kill during a shard write leaves: a temp file and no manifest."""
+    good, *_ = make_checkpoint(tmp_path, 10, 2)
+    partial = ck.step_dir(tmp_path, 20)
+    partial.mkdir(parents=True)
+    (partial / ".shard-0000.h5.abc.tmp").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    assert ck.latest_valid(tmp_path)[0] == good
+
+
+def test_prune_keeps_the_newest_complete(tmp_path):
+    for step in (1, 2, 3, 4):
+        make_checkpoint(tmp_path, step, 1)
+    (ck.step_dir(tmp_path, 5)).mkdir()                   # being written: must survive
+    ck.prune(tmp_path, keep=2)
+    assert ck.list_steps(tmp_path) == [3, 4, 5]
+
+
+def test_write_error_names_the_file(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "ckpt").write_text("a file where the checkpoint directory should be")
+    with pytest.raises(ck.CheckpointError, match="cannot write"):
+        ck.write_shard(ck.step_dir(ro, 1), 0, 1, 1, [])
+
+
+@settings(max_examples=120, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=5),
+       plan_tail=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 6)), max_size=3),
+       n_last=st.integers(1, 6), done0=st.integers(0, 6), batch=st.integers(1, 7),
+       shuffle=st.booleans())
+def test_every_row_read_exactly_once_across_worker_count_changes(sizes, plan_tail, n_last, done0,
+                                                                 batch, shuffle):
+    """Segments of an epoch on changing worker counts read each row once, all rows overall."""
+    plan = [[len(sizes), done0]] + [list(t) for t in plan_tail]
+    seen = []
+    # rows read by each segment = the first `done` batches of each worker's list
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    lists = [offsets[w] + epoch_order(n, 7, w, 2, shuffle) for w, n in enumerate(sizes)]
+    for k, (n_k, done) in enumerate(plan):
+        seen += [r[: done * batch] for r in lists]
+        lists = epoch_rows(sizes, plan[: k + 1], plan[k + 1][0] if k + 1 < len(plan) else n_last,
+                           7, 2, shuffle, batch)
+    seen += lists                                         # the last segment reads the rest
+    allrows = np.concatenate(seen) if seen else np.empty(0)
+    assert sorted(allrows.tolist()) == list(range(sum(sizes)))
