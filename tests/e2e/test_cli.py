@@ -6,7 +6,7 @@ import socket
 import h5py
 import numpy as np
 
-from tests.helpers import hpcps, launch, write_job
+from tests.helpers import DATA, hpcps, launch, write_job
 
 SMALL = """
 name = "small"
@@ -43,12 +43,31 @@ def test_quickstart_subset_trains_and_writes_outputs(tmp_path):
         assert np.count_nonzero(f["weights"][()]) > 1000
 
 
-def test_full_quickstart_matches_scikit_learn(tmp_path):
-    """The Done-when of the runnable core: jobs/adult_lr.toml, 1 server + 3 workers."""
+def test_full_quickstart_matches_scikit_learn_and_analysis_commands_work(tmp_path):
+    """The Done-when of the runnable core: jobs/adult_lr.toml, 1 server + 3 workers; then the
+    offline analysis commands on the quick-start job's checkpoint."""
     proc, _ = hpcps(["check"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "scikit-learn LogisticRegression test AUC" in proc.stdout
     assert "check: hpcps AUC" in proc.stdout and "OK" in proc.stdout
+    run = tmp_path / "runs" / "adult_lr"
+    auc = json.loads((run / "metrics.json").read_text())["epochs"][-1]["test_auc"]
+    ckpts = sorted((run / "ckpt").iterdir())
+    assert ckpts, "the quick-start job writes a checkpoint at the end"
+    proc, _ = hpcps(["inspect", run], cwd=tmp_path)
+    assert proc.returncode == 0 and "integrity    OK" in proc.stdout, proc.stdout + proc.stderr
+    proc, _ = hpcps(["eval", ckpts[-1], "--data", DATA], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{auc:.4f}" in proc.stdout                       # same AUC as training reported
+    proc, _ = hpcps(["export", ckpts[-1], "--format", "npz", "-o", tmp_path / "m.npz"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with np.load(tmp_path / "m.npz", allow_pickle=False) as z:
+        with h5py.File(run / "model.h5", "r") as f:
+            np.testing.assert_array_equal(z["weights"], f["weights"][()])
+    proc, _ = hpcps(["diff", ckpts[-1], run / "model.h5"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc, _ = hpcps(["plot", run, "-o", tmp_path / "curves.png"], cwd=tmp_path)
+    assert proc.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 10_000, proc.stderr
 
 
 def test_bad_job_file_fails_on_every_rank_fast(tmp_path):
