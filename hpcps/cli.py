@@ -32,26 +32,39 @@ def _fail(msg: str, code: int = 2) -> int:
 
 
 def cmd_train(args) -> int:
-    # Everything that can be checked without MPI is checked before mpi4py is imported, so a
-    # bad job file fails on every rank at once, before any communication.
+    # Everything that can be checked without MPI traffic is checked first, on every rank.
+    # The ranks then agree (one Allreduce) so that a bad job file — or a data path missing on
+    # one node only — makes *every* rank print an error and exit 2 together, instead of the
+    # first rank to exit getting the others killed before they said anything.
     from .config import ConfigError, check_output_writable, load_job
 
+    error = None
     try:
         cfg = load_job(args.job)
         check_output_writable(cfg)
     except ConfigError as e:
-        return _fail(str(e))
+        error = str(e)
     from .checkpoint import ResumeError
     from .comm import core
     from .job import run_job
 
     world = core.world()
+    try:
+        core.check_launch(world)
+    except core.LaunchError as e:
+        return _fail(str(e))
+    if core.any_rank_failed(world, error is not None):
+        _fail(error or "a job-file error was reported by another rank (see its message)")
+        core.barrier_before_exit(world)
+        return 2
     with core.abort_on_error(world):
         try:
             run_job(cfg, world, resume=args.resume)
         except (ConfigError, core.LaunchError, ResumeError) as e:
-            # raised identically on every rank before any communication: exit, don't abort
-            return _fail(str(e))
+            # raised identically on every rank before any parameter-server traffic
+            _fail(str(e))
+            core.barrier_before_exit(world)
+            return 2
     return 0
 
 
@@ -126,15 +139,17 @@ def cmd_info(args) -> int:
           f"(HDF5 {h5py.version.hdf5_version})")
     try:
         mpirun = launch.find_mpirun()
-        print(f"mpirun: {mpirun} {launch.mpi_flavour(mpirun)}")
+        kind, major = launch.mpi_flavour(mpirun)
+        print(f"mpirun: {mpirun} ({kind} {major or '?'})")
     except FileNotFoundError as e:
         print(e)
     import mpi4py
 
+    mpi4py.rc.initialize = False          # MPI_Get_library_version needs no MPI_Init
     print(f"mpi4py {mpi4py.__version__}")
     from mpi4py import MPI
 
-    print(MPI.Get_library_version().strip().splitlines()[0])
+    print(MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0])
     print(f"cores: {os.cpu_count()}")
     return 0
 

@@ -196,12 +196,13 @@ def _print_summary(s, history, out) -> None:
     w(f"  workers: pull wait {tot_pull:.2f} s, push {tot_push:.2f} s (summed over workers)\n")
     if history:
         h = history[-1]
-        w(f"  hpcps test AUC {h['test_auc']:.4f}  log-loss {h['test_logloss']:.4f}  "
-          f"accuracy {h['test_accuracy']:.4f}\n")
+        w(f"  hpcps                              test AUC {h['test_auc']:.4f}  log-loss "
+          f"{h['test_logloss']:.4f}  accuracy {h['test_accuracy']:.4f}\n")
     if "baseline" in s:
         b = s["baseline"]
-        w(f"  scikit-learn LogisticRegression test AUC {b['test_auc']:.4f}  log-loss "
-          f"{b['test_logloss']:.4f}  accuracy {b['test_accuracy']:.4f}  ({b['seconds']:.1f} s)\n")
+        w(f"  scikit-learn LogisticRegression    test AUC {b['test_auc']:.4f}  log-loss "
+          f"{b['test_logloss']:.4f}  accuracy {b['test_accuracy']:.4f}  (same features, "
+          f"C = 1/(l2 n) = {b['C']:.4g}; {b['seconds']:.1f} s)\n")
         if "auc_gap" in b:
             w(f"  AUC gap (scikit-learn - hpcps): {b['auc_gap']:+.4f}\n")
     c = s["checkpoints"]

@@ -82,6 +82,22 @@ def check_launch(comm: MPI.Intracomm, environ=None) -> None:
         )
 
 
+def any_rank_failed(comm: MPI.Intracomm, failed: bool) -> bool:
+    """True on every rank if ``failed`` is true on any. Collective (one Allreduce)."""
+    flag = np.array([1 if failed else 0], dtype=np.int32)
+    out = np.zeros(1, dtype=np.int32)
+    comm.Allreduce(flag, out, op=MPI.MAX)
+    return bool(out[0])
+
+
+def barrier_before_exit(comm: MPI.Intracomm) -> None:
+    """Flush stdout/stderr and wait for every rank, so that all messages are out before the
+    first rank exits (the launcher kills the rest then). Collective."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    comm.Barrier()
+
+
 @dataclass(frozen=True)
 class Roles:
     """This rank's place in the job after :func:`split_roles`.

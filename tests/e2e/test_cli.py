@@ -1,12 +1,14 @@
 """End-to-end: real mpirun launches of ``hpcps`` on real data, and how they fail."""
 
 import json
+import os
+import re
 import socket
 
 import h5py
 import numpy as np
 
-from tests.helpers import DATA, hpcps, launch, write_job
+from tests.helpers import DATA, hpcps, launch, mpi_env, write_job
 
 SMALL = """
 name = "small"
@@ -48,7 +50,8 @@ def test_full_quickstart_matches_scikit_learn_and_analysis_commands_work(tmp_pat
     offline analysis commands on the quick-start job's checkpoint."""
     proc, _ = hpcps(["check"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "scikit-learn LogisticRegression test AUC" in proc.stdout
+    assert re.search(r"hpcps +test AUC 0\.9\d+", proc.stdout)
+    assert re.search(r"scikit-learn LogisticRegression +test AUC 0\.9\d+", proc.stdout)
     assert "check: hpcps AUC" in proc.stdout and "OK" in proc.stdout
     run = tmp_path / "runs" / "adult_lr"
     auc = json.loads((run / "metrics.json").read_text())["epochs"][-1]["test_auc"]
@@ -72,17 +75,17 @@ def test_full_quickstart_matches_scikit_learn_and_analysis_commands_work(tmp_pat
 
 def test_bad_job_file_fails_on_every_rank_fast(tmp_path):
     job = write_job(tmp_path / "bad.toml", SMALL.replace("epochs = 2", "epochz = 2"))
-    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=60)
-    assert proc.returncode != 0
+    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
     lines = [l for l in proc.stderr.splitlines() if "train.epochz: unknown key (did you mean 'epochs'?)" in l]
     assert {l.split(":")[1].strip() for l in lines} == {"rank 0", "rank 1", "rank 2"}
     assert "bad.toml" in lines[0]
-    assert secs < 30
+    assert secs < 60
 
 
 def test_too_many_servers_is_refused_before_communication(tmp_path):
     job = write_job(tmp_path / "s.toml", SMALL + "[cluster]\nservers = 2\n")
-    proc, secs = launch(2, ["train", job], cwd=tmp_path, timeout=60)
+    proc, secs = launch(2, ["train", job], cwd=tmp_path, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.count("cluster.servers") == 2, proc.stderr
 
@@ -104,16 +107,21 @@ n_features = 8
 [output]
 dir = "out"
 """)
-    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
+    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=300)
     assert proc.returncode != 0
     assert f"rank 1 on {socket.gethostname()}" in proc.stderr, proc.stderr[-2000:]
     assert "train.svm:81" in proc.stderr
-    assert secs < 60
+    assert secs < 120             # startup included; the abort itself takes well under a second
 
 
 def test_world_of_one_while_the_launcher_says_more(tmp_path):
     job = write_job(tmp_path / "w.toml", SMALL)
-    proc, _ = hpcps(["train", job], cwd=tmp_path, timeout=60,
-                    env=__import__("tests.helpers", fromlist=["mpi_env"]).mpi_env(PMI_SIZE="4"))
+    shm_before = set(os.listdir("/dev/shm"))
+    try:
+        proc, _ = hpcps(["train", job], cwd=tmp_path, timeout=120, env=mpi_env(PMI_SIZE="4"))
+    finally:                      # a singleton MPI start leaves its shared-memory segment
+        for name in set(os.listdir("/dev/shm")) - shm_before:
+            if name.startswith("sm_segment"):
+                os.unlink(os.path.join("/dev/shm", name))
     assert proc.returncode == 2
     assert "world of 1 rank but the launcher started 4" in proc.stderr

@@ -160,3 +160,39 @@ def test_checkpoint_of_another_model_shape_is_refused(tmp_path):
     proc, secs = launch(4, ["train", other], cwd=tmp_path, timeout=120)
     assert proc.returncode != 0
     assert "table 'weights' has shape (16384, 1) in the checkpoint but (8192, 1)" in proc.stderr
+
+
+def test_server_killed_while_writing_its_shard_restarts_from_previous_checkpoint(tmp_path):
+    """A 2^22-row table makes each shard write take a while; SIGKILL the server as soon as
+    its temporary shard file of the second checkpoint appears."""
+    j = write_job(tmp_path / "w.toml", JOB.format(servers=1, rows=4000, epochs=2, batch=64,
+                                                 every=10, keep=5, out=tmp_path / "w")
+                  .replace("hash_bits = 14", "hash_bits = 22"))
+    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", "--max-restarts", "1", str(j)],
+                         cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    second = ck.step_dir(tmp_path / "w", 20)
+    deadline = time.time() + 180
+    tmp_files = []
+    while time.time() < deadline and p.poll() is None:
+        if second.is_dir():
+            tmp_files = list(second.glob(".shard-*.tmp"))
+            if tmp_files:
+                break
+        time.sleep(0.002)
+    assert tmp_files, "never saw the second checkpoint's shard being written"
+    os.kill(rank_pids(j)[3], signal.SIGKILL)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out[-3000:]
+    assert "resumed from checkpoint step 10 " in out, out[-3000:]
+    assert ck.verify(ck.step_dir(tmp_path / "w", ck.list_steps(tmp_path / "w")[-1]))["step"] >= 20
+
+
+def test_checkpoint_every_seconds(tmp_path):
+    j = write_job(tmp_path / "t.toml", JOB.format(servers=1, rows=6000, epochs=2, batch=32,
+                                                 every=0, keep=100, out=tmp_path / "t")
+                  .replace("keep = 100\n", "keep = 100\nevery_seconds = 0.05\nat_end = false\n"))
+    proc, _ = launch(4, ["train", j], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = ck.list_steps(tmp_path / "t")
+    assert len(steps) >= 2 and all(ck.verify(ck.step_dir(tmp_path / "t", s)) for s in steps)
