@@ -36,6 +36,9 @@ def cmd_train(args) -> int:
     # The ranks then agree (one Allreduce) so that a bad job file — or a data path missing on
     # one node only — makes *every* rank print an error and exit 2 together, instead of the
     # first rank to exit getting the others killed before they said anything.
+    from .signals import EXIT_REQUEUE, StopRequest
+
+    stop = StopRequest().install()      # first: a stop signal may come during start-up
     from .config import ConfigError, check_output_writable, load_job
 
     error = None
@@ -59,7 +62,9 @@ def cmd_train(args) -> int:
         return 2
     with core.abort_on_error(world):
         try:
-            run_job(cfg, world, resume=args.resume)
+            res = run_job(cfg, world, resume=args.resume, stop=stop)
+            if res and res.get("stopped_by_signal"):
+                return EXIT_REQUEUE
         except (ConfigError, core.LaunchError, ResumeError) as e:
             # raised identically on every rank before any parameter-server traffic
             _fail(str(e))

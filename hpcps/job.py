@@ -14,12 +14,14 @@ from . import __version__
 from . import checkpoint as ckpt
 from .comm import core
 from .comm.collectives import bcast_int, gather_rows
+from .comm.core import any_rank_failed
 from .comm.transport import ServerEndpoint, WorkerEndpoint
 from .config import check_world, to_dict
 from .consistency import make_policy
 from .model import BIAS, WEIGHTS, logistic_tables
 from .output import write_metrics, write_model
 from .server.server import ParameterServer
+from .signals import EXIT_REQUEUE
 from .worker.checkpointer import Checkpointer
 from .worker.client import PSClient
 from .worker.trainer import Trainer
@@ -68,10 +70,12 @@ def find_restore(cfg, world, resume="auto", out=None):
     return d, ckpt.read_manifest(d)
 
 
-def run_job(cfg, world, out=None, resume="auto") -> dict | None:
+def run_job(cfg, world, out=None, resume="auto", stop=None) -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
-    Returns the summary dict on the chief (world rank 0), ``None`` elsewhere.
+    Returns the summary dict on the chief (world rank 0), ``{"stopped_by_signal": bool}``
+    elsewhere. ``stop`` (:class:`hpcps.signals.StopRequest`) lets a signal end the training
+    after one checkpoint.
 
     Raises
     ------
@@ -117,14 +121,15 @@ def run_job(cfg, world, out=None, resume="auto") -> dict | None:
                                "config": to_dict(cfg), "epochs": history})
 
             trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
-                              roles.is_chief, on_epoch=on_epoch, out=out)
+                              roles.is_chief, on_epoch=on_epoch, out=out, stop=stop)
             checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
                                         roles.n_workers, [t[1].slot_names for t in tables], out)
             result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer)
             result["checkpoints"] = {"count": checkpointer.count, "seconds": checkpointer.seconds,
                                      "bytes": checkpointer.bytes}
             model = None
-            if roles.is_chief:
+            stats[0] = -1 if result["stopped_by_signal"] else 0
+            if roles.is_chief and not result["stopped_by_signal"]:
                 model = {WEIGHTS: client.pull_table(WEIGHTS), BIAS: client.pull_table(BIAS)}
             client.stop()
             s = ep.stats
@@ -132,15 +137,21 @@ def run_job(cfg, world, out=None, resume="auto") -> dict | None:
                           s.total("bytes_out"), s.total("messages")]
             stats[9:12] = [s.seconds.get("pull", 0.0), s.seconds.get("push", 0.0),
                            s.seconds.get("clock", 0.0)]
-            if roles.is_chief:
+            if roles.is_chief and model is not None:
                 path = write_model(cfg.output.dir / "model.h5", model, cfg,
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
         rows = gather_rows(world, stats)
+        stopped = bool(any_rank_failed(world, stats[0] == -1))
     finally:
         roles.free()
     if not roles.is_chief:
-        return None
+        return {"stopped_by_signal": stopped}
+    if stopped:
+        out.write(f"stopped by signal after a checkpoint at clock {result['clock']}; exit status "
+                  f"{EXIT_REQUEUE} asks the batch script to requeue the job\n")
+        out.flush()
+        return {"stopped_by_signal": True}
     summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
     if cfg.evaluate.sklearn_baseline:
         summary["baseline"] = sklearn_baseline(cfg)
@@ -157,7 +168,7 @@ def _summary(cfg, result, rows, wall) -> dict:
     servers, workers = [], []
     for r in rows:
         d = dict(zip(STAT_FIELDS, (float(v) for v in r)))
-        (servers if d["is_server"] else workers).append(d)
+        (servers if d["is_server"] == 1 else workers).append(d)
     servers.sort(key=lambda d: d["index"])
     return {
         "wall_seconds": wall,

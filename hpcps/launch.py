@@ -5,8 +5,10 @@
 * adds oversubscription only when more ranks than cores are asked for
   (Open MPI 5: ``--map-by :OVERSUBSCRIBE``; Open MPI 4: ``--oversubscribe``; MPICH needs none);
 * sets Open MPI's run-as-root variables only when running as root;
-* forwards SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to mpirun (which passes them to the ranks)
-  and returns mpirun's exit status.
+* forwards SIGINT, SIGUSR1 and SIGUSR2 to mpirun (which passes them to the ranks); the first
+  SIGTERM is sent on as SIGUSR1 (Open MPI's mpirun kills the ranks on SIGTERM, while hpcps
+  ranks take SIGUSR1 as "checkpoint and exit with status 75"), a second one as SIGTERM;
+* returns mpirun's exit status.
 """
 
 from __future__ import annotations
@@ -99,7 +101,12 @@ def run(cmd: list[str], env_extra: dict) -> int:
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum, _frame):
+        first_term = signum == signal.SIGTERM and signal.SIGTERM not in forwarded
         forwarded.append(signum)
+        if first_term:
+            # mpirun would kill the ranks on SIGTERM; SIGUSR1 is passed on to them instead,
+            # and hpcps treats it as "checkpoint and exit". A second SIGTERM goes through.
+            signum = signal.SIGUSR1
         try:
             proc.send_signal(signum)
         except ProcessLookupError:

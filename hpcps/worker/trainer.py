@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from ..comm.collectives import allreduce_max, allreduce_sum, gatherv
+from ..comm.core import any_rank_failed
 from ..data.source import load_split
 from ..model import BIAS, WEIGHTS, batch_keys, binary_metrics, loss_and_gradient, predict
 
@@ -84,7 +85,8 @@ class Trainer:
         Called on the chief with each epoch's metrics record.
     """
 
-    def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None):
+    def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None,
+                 stop=None):
         self.cfg = cfg
         self.index = index
         self.n_workers = n_workers
@@ -94,6 +96,8 @@ class Trainer:
         self.on_epoch = on_epoch
         self.out = out or sys.stdout
         self.history: list[dict] = []
+        self.stop = stop                  # hpcps.signals.StopRequest or None
+        self.stopped_by_signal = False
 
     def run(self, restore=None, checkpointer=None) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
@@ -167,6 +171,15 @@ class Trainer:
                 self.client.clock(int(rows.size))
                 if checkpointer is not None:
                     checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
+                if self.stop is not None and any_rank_failed(self.comm, self.stop.requested):
+                    # a stop signal reached some worker: all checkpoint here and leave
+                    if self.is_chief:
+                        self._say(f"stop requested by signal at clock {self.client.clock_value}: "
+                                  "checkpointing, then exiting for a requeue")
+                    if checkpointer is not None:
+                        checkpointer.write(self.client.clock_value, epoch, step + 1, plan, self.history)
+                    self.stopped_by_signal = True
+                    break
                 if self.is_chief and time.perf_counter() - last >= t.progress_seconds:
                     last = time.perf_counter()
                     done = self.client.clock_value - clock0
@@ -176,19 +189,21 @@ class Trainer:
                               f"clock {self.client.clock_value}  {rate:,.0f} ex/s  "
                               f"loss(w0) {loss_sum / max(1, n_ex):.4f}  ETA {_fmt_eta(eta)}")
             local_examples += n_ex
+            if self.stopped_by_signal:
+                break
             rec = self._evaluate(epoch, Xt, yt, loss_sum, n_ex, time.perf_counter() - t0)
             if rec is not None:
                 self.history.append(rec)
                 if self.on_epoch:
                     self.on_epoch(rec)
-        if checkpointer is not None:
+        if checkpointer is not None and not self.stopped_by_signal:
             checkpointer.at_end(self.client.clock_value, t.epochs - 1, steps, plan, self.history)
         elapsed = time.perf_counter() - t0
         total_examples = int(allreduce_sum(self.comm, np.array([local_examples], dtype=np.int64))[0])
         return {"seconds": elapsed, "examples": total_examples,
                 "steps": self.client.clock_value - clock0, "epochs": t.epochs,
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
-                "clock": self.client.clock_value}
+                "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
 
     def _max_steps(self, n_rows: int) -> int:
         """Steps every worker runs so that the largest partition is covered. Collective."""

@@ -47,12 +47,12 @@ def reference(cfg, n_workers):
     parts = [load_split(cfg.data, "train", i, n_workers) for i in range(n_workers)]
     B = cfg.train.batch_size
     steps = max(math.ceil(X.shape[0] / B) for X, _ in parts)
-    rngs = [np.random.default_rng([cfg.seed, i]) for i in range(n_workers)]
     w = np.zeros(cfg.data.num_features)
     b = 0.0
     lr, l2 = cfg.optimizer.learning_rate, cfg.model.l2
-    for _epoch in range(cfg.train.epochs):
-        orders = [rng.permutation(X.shape[0]) for rng, (X, _) in zip(rngs, parts)]
+    for epoch in range(cfg.train.epochs):
+        orders = [np.random.default_rng([cfg.seed, i, epoch]).permutation(X.shape[0])
+                  for i, (X, _) in enumerate(parts)]
         for s in range(steps):
             gw = np.zeros_like(w)
             touched = np.zeros(w.size, dtype=bool)
