@@ -160,8 +160,10 @@ def _atomic_h5(final: Path, fill) -> None:
     os.close(fd)
     tmp = Path(tmp)
     try:
-        # libver "latest": HDF5 >= 1.10 format, several times faster to write big datasets
-        with h5py.File(tmp, "w", libver="latest") as f:
+        # file format of HDF5 1.8-1.10: several times faster to write than the default
+        # "earliest", and still readable by HDF5 1.10 tools (h5dump/h5ls of Debian 12);
+        # "latest" (HDF5 2.x) is not
+        with h5py.File(tmp, "w", libver=("v108", "v110")) as f:
             fill(f)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
