@@ -12,7 +12,7 @@ import pytest
 
 from hpcps import checkpoint as ck
 from tests.e2e.test_restart import rank_pids
-from tests.helpers import hpcps, mpi_env, write_job
+from tests.helpers import mpi_env, write_job
 
 JOB = """
 name = "sig"
@@ -25,30 +25,31 @@ hash_bits = 14
 [model]
 dtype = "float64"
 [train]
-epochs = 2
+epochs = 200
 batch_size = 16
-progress_seconds = 0.5
+progress_seconds = 0.3
 [output]
 dir = "out"
 """
 
 
-def start(tmp_path):
-    job = write_job(tmp_path / "sig.toml", JOB)
-    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", str(job)], cwd=tmp_path,
+def start(job, cwd, wait_for="  step "):
+    """Launch the (long: 200 epochs) job; return once a line containing ``wait_for`` shows."""
+    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", str(job)], cwd=cwd,
                          env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
-    for line in p.stdout:                      # wait until training runs
+    for line in p.stdout:
         lines.append(line)
-        if line.startswith("epoch 1/2  step"):
+        if wait_for in line:
             break
-    return job, p, lines
+    return p, lines
 
 
 @pytest.mark.parametrize("how", ["SIGTERM to hpcps run", "SIGUSR1 to worker rank 1",
                                  "SIGTERM to the server rank"])
 def test_stop_signal_checkpoints_exits_75_and_resumes(tmp_path, how):
-    job, p, lines = start(tmp_path)
+    job = write_job(tmp_path / "sig.toml", JOB)
+    p, lines = start(job, tmp_path)
     if how.startswith("SIGTERM to hpcps"):
         p.send_signal(signal.SIGTERM)
     elif "worker" in how:
@@ -65,6 +66,9 @@ def test_stop_signal_checkpoints_exits_75_and_resumes(tmp_path, how):
     clock = int(m.group(1))
     assert ck.list_steps(tmp_path / "out")[-1] == clock
     assert ck.verify(ck.step_dir(tmp_path / "out", clock))["step"] == clock
-    proc, _ = hpcps(["run", "-n", "4", job], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert f"resumed from checkpoint step {clock} " in proc.stdout
+    # the next launch resumes there; stop it again the same way
+    p, lines = start(job, tmp_path, wait_for="resumed from checkpoint step")
+    assert f"resumed from checkpoint step {clock} " in lines[-1], "".join(lines)[-3000:]
+    p.send_signal(signal.SIGTERM)
+    out = "".join(lines) + p.communicate(timeout=300)[0]
+    assert p.returncode == 75, out[-3000:]
