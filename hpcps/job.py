@@ -11,14 +11,16 @@ import time
 import numpy as np
 
 from . import __version__
+from . import consistency_report
 from .comm import core
-from .comm.collectives import gather_rows
+from .comm.collectives import barrier, gather_rows
+from .comm.rma import allocate_windows, free_windows
 from .comm.transport import ServerEndpoint, WorkerEndpoint
 from .config import check_world, to_dict
-from .consistency import make_policy
+from .consistency import policy_from_config
 from .model import BIAS, WEIGHTS, logistic_tables
 from .output import write_metrics, write_model
-from .server.server import ParameterServer
+from .server.server import ParameterServer, window_sizes
 from .worker.client import PSClient
 from .worker.trainer import Trainer
 
@@ -27,10 +29,12 @@ STAT_FIELDS = ("is_server", "index", "rows", "memory_bytes", "keys_pulled", "key
                "bytes_in", "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds")
 
 
-def run_job(cfg, world, out=None) -> dict | None:
+def run_job(cfg, world, out=None, step_hook=None) -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
     Returns the summary dict on the chief (world rank 0), ``None`` elsewhere.
+    ``step_hook(worker_index, clock)``, if given, is called by every worker before each step
+    (tests slow a worker down with it).
 
     Raises
     ------
@@ -40,7 +44,7 @@ def run_job(cfg, world, out=None) -> dict | None:
     out = out or sys.stdout
     core.check_launch(world)
     check_world(cfg, world.Get_size())
-    policy = make_policy(cfg.consistency.model)
+    policy = policy_from_config(cfg.consistency)
     tables = logistic_tables(cfg)
     specs = [t[0] for t in tables]
     roles = core.split_roles(world, cfg.cluster.servers)
@@ -50,10 +54,18 @@ def run_job(cfg, world, out=None) -> dict | None:
     result = None
     history: list = []
     try:
+        windows = []
+        if cfg.consistency.pull == "rma":           # one window per table (collective)
+            sizes = (window_sizes(specs, roles.index, roles.n_servers, roles.n_workers)
+                     if roles.role == core.SERVER else [0] * len(specs))
+            windows = allocate_windows(roles.ps, sizes)
+        server = client = trainer = None
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, cfg.comm.max_message_bytes)
             server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
-                                     tables, policy, seed=cfg.seed)
+                                     tables, policy, seed=cfg.seed, windows=windows)
+            if windows:
+                barrier(roles.ps)                    # windows initialised before any read
             server.serve()
             load = server.load()
             stats[0] = 1
@@ -61,7 +73,9 @@ def run_job(cfg, world, out=None) -> dict | None:
                                             "bytes_in", "bytes_out", "requests")]
         else:
             ep = WorkerEndpoint(roles.ps, roles.server_ranks, cfg.comm.max_message_bytes)
-            client = PSClient(ep, specs, roles.n_servers)
+            client = PSClient(ep, specs, roles.n_servers, policy, roles.n_workers, windows)
+            if windows:
+                barrier(roles.ps)
 
             def on_epoch(rec):
                 history.append(rec)
@@ -70,7 +84,8 @@ def run_job(cfg, world, out=None) -> dict | None:
                                "config": to_dict(cfg), "epochs": history})
 
             trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
-                              roles.is_chief, on_epoch=on_epoch, out=out)
+                              roles.is_chief, on_epoch=on_epoch, out=out, policy=policy,
+                              step_hook=step_hook)
             result = trainer.run()
             model = None
             if roles.is_chief:
@@ -86,11 +101,17 @@ def run_job(cfg, world, out=None) -> dict | None:
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
         rows = gather_rows(world, stats)
+        crows = gather_rows(world, consistency_report.local_row(
+            server is not None, roles.index, server.staleness if server else None, client,
+            trainer.steps if trainer else None, windows))
+        free_windows(windows)                        # collective; normal exit path
     finally:
         roles.free()
     if not roles.is_chief:
         return None
     summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
+    summary["consistency"] = consistency_report.summarize(
+        crows, policy, cfg.consistency.pull, 8 + np.dtype(cfg.model.dtype).itemsize)
     if cfg.evaluate.sklearn_baseline:
         summary["baseline"] = sklearn_baseline(cfg)
         if history:
@@ -151,6 +172,9 @@ def _print_summary(s, history, out) -> None:
           f"{b['test_logloss']:.4f}  accuracy {b['test_accuracy']:.4f}  ({b['seconds']:.1f} s)\n")
         if "auc_gap" in b:
             w(f"  AUC gap (scikit-learn - hpcps): {b['auc_gap']:+.4f}\n")
+    if "consistency" in s:
+        for line in consistency_report.lines(s["consistency"]):
+            w(line + "\n")
     if s.get("model_path"):
         w(f"  model: {s['model_path']}\n")
     out.flush()

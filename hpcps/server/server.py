@@ -274,3 +274,13 @@ class ParameterServer:
             "clock": self.clock,
             "staleness": self.staleness,
         }
+
+
+def window_sizes(specs, server: int, n_servers: int, n_workers: int) -> list[int]:
+    """Bytes of each table's RMA window on server ``server``: the int64 clock header
+    (:func:`hpcps.consistency.header_len`) followed by the shard's rows, C order. Local."""
+    out = []
+    for spec in specs:
+        lo, hi = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).shard_range(server)
+        out.append(header_len(n_workers) * 8 + (hi - lo) * spec.dim * np.dtype(spec.dtype).itemsize)
+    return out

@@ -15,7 +15,9 @@ import numpy as np
 
 from ..comm.collectives import allreduce_max, allreduce_sum, gatherv
 from ..data.source import load_split
-from ..model import BIAS, WEIGHTS, batch_keys, binary_metrics, loss_and_gradient, predict
+from ..consistency import BSP
+from ..model import BIAS, WEIGHTS, batch_keys, binary_metrics, predict
+from .steps import make_steps
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -38,9 +40,14 @@ class Trainer:
         Worker 0 prints progress and collects the metrics.
     on_epoch : callable(dict) or None
         Called on the chief with each epoch's metrics record.
+    policy : hpcps.consistency.Policy, optional
+        Consistency policy (default BSP); picks the step runner (:mod:`hpcps.worker.steps`).
+    step_hook : callable(worker_index, clock) or None
+        Called before every step (tests use it to slow a worker down).
     """
 
-    def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None):
+    def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None,
+                 policy=None, step_hook=None):
         self.cfg = cfg
         self.index = index
         self.n_workers = n_workers
@@ -50,6 +57,9 @@ class Trainer:
         self.on_epoch = on_epoch
         self.out = out or sys.stdout
         self.history: list[dict] = []
+        self.policy = policy or BSP()
+        self.step_hook = step_hook
+        self.steps = make_steps(self.policy, client, index, cfg.data.num_features)
 
     def run(self) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator."""
@@ -64,7 +74,8 @@ class Trainer:
             self._say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
                       f"{n_train} train / {n_test} test rows, {cfg.data.num_features} features; "
                       f"{steps} steps/epoch of {t.batch_size} rows per worker; "
-                      f"{cfg.consistency.model.upper()}, {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
+                      f"{self.policy.describe()} ({self.client.pull_mode} pulls), "
+                      f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
         rng = np.random.default_rng([cfg.seed, self.index])
         total_steps = steps * t.epochs
         examples_per_step = n_train / max(1, math.ceil(n_train / (t.batch_size * self.n_workers)))
@@ -73,11 +84,13 @@ class Trainer:
         for epoch in range(t.epochs):
             order = rng.permutation(X.shape[0]) if t.shuffle else np.arange(X.shape[0])
             loss_sum, n_ex = 0.0, 0
+            self.steps.begin_epoch(X, y, order, steps, t.batch_size)
             for step in range(steps):
+                if self.step_hook is not None:
+                    self.step_hook(self.index, self.client.clock_value)
                 rows = order[step * t.batch_size:(step + 1) * t.batch_size]
-                if rows.size:
-                    loss_sum += self._step(X[rows], y[rows])
-                    n_ex += rows.size
+                loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
+                n_ex += rows.size
                 self.client.clock(int(rows.size))
                 if self.is_chief and time.perf_counter() - last >= t.progress_seconds:
                     last = time.perf_counter()
@@ -85,7 +98,8 @@ class Trainer:
                     rate = done * examples_per_step / (last - t0)
                     eta = (last - t0) / done * (total_steps - done)
                     self._say(f"epoch {epoch + 1}/{t.epochs}  step {step + 1}/{steps}  "
-                              f"clock {self.client.clock_value}  {rate:,.0f} ex/s  "
+                              f"clock {self.client.clock_value} (workers "
+                              f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
                               f"loss(w0) {loss_sum / max(1, n_ex):.4f}  ETA {_fmt_eta(eta)}")
             local_examples += n_ex
             rec = self._evaluate(epoch, Xt, yt, loss_sum, n_ex, time.perf_counter() - t0)
@@ -99,22 +113,13 @@ class Trainer:
                 "epochs": t.epochs, "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value}
 
-    def _step(self, Xb, yb) -> float:
-        keys, local = batch_keys(Xb)
-        w = self.client.pull(WEIGHTS, keys)[:, 0]
-        b = self.client.pull(BIAS, [0])[0, 0]
-        loss, g, gb = loss_and_gradient(Xb, yb, local, w, b)
-        self.client.push(WEIGHTS, keys, g)
-        self.client.push(BIAS, [0], [gb])
-        return loss
-
     def _evaluate(self, epoch, Xt, yt, loss_sum, n_ex, elapsed):
         """Epoch metrics: progressive train log-loss, test log-loss/AUC/accuracy. Collective."""
         tr = allreduce_sum(self.comm, np.array([loss_sum, n_ex], dtype=np.float64))
         if Xt.shape[0]:
             keys, local = batch_keys(Xt)
-            w = self.client.pull(WEIGHTS, keys)[:, 0]
-            b = self.client.pull(BIAS, [0])[0, 0]
+            w = self.client.pull(WEIGHTS, keys, fresh=True)[:, 0]
+            b = self.client.pull(BIAS, [0], fresh=True)[0, 0]
             p = predict(Xt, local, w, b)
         else:
             p = np.empty(0)
