@@ -33,8 +33,8 @@ def run_job(cfg, world, out=None, step_hook=None) -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
     Returns the summary dict on the chief (world rank 0), ``None`` elsewhere.
-    ``step_hook(worker_index, clock)``, if given, is called by every worker before each step
-    (tests slow a worker down with it).
+    ``step_hook(worker_index, clock)``, if given, is called by every worker in each step
+    between computing the gradient and pushing it (tests slow a worker down with it).
 
     Raises
     ------

@@ -29,11 +29,16 @@ class SyncSteps:
     client : hpcps.worker.client.PSClient
     index : int
         Worker index (for error messages).
+
+    step_hook : callable(worker_index, clock) or None
+        Called after each step's gradient is computed, before it is pushed (tests use it
+        to make one worker's computation slow).
     """
 
-    def __init__(self, client, index: int):
+    def __init__(self, client, index: int, step_hook=None):
         self.client = client
         self.index = index
+        self.step_hook = step_hook
 
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
@@ -49,6 +54,8 @@ class SyncSteps:
         loss, g, gb = loss_and_gradient(Xb, yb, local, w, b)
         check_finite(f"worker {self.index} at clock {self.client.clock_value}: loss/gradient",
                      loss, g, gb)
+        if self.step_hook is not None:
+            self.step_hook(self.index, self.client.clock_value)
         self.client.push(WEIGHTS, keys, g)
         self.client.push(BIAS, [0], [gb])
         return loss
@@ -107,12 +114,15 @@ class DownpourSteps:
     policy : hpcps.consistency.Async
     num_features : int
         Size of the weights table (for the push filter's residual).
+    step_hook : callable(worker_index, clock) or None
+        See :class:`SyncSteps`.
     """
 
-    def __init__(self, client, index: int, policy, num_features: int):
+    def __init__(self, client, index: int, policy, num_features: int, step_hook=None):
         self.client = client
         self.index = index
         self.policy = policy
+        self.step_hook = step_hook
         self.filter = PushFilter(num_features, policy.push_threshold) if policy.push_threshold > 0 else None
         self._reset()
 
@@ -148,6 +158,8 @@ class DownpourSteps:
             loss, g, gb = loss_and_gradient(Xb, yb, local, w, self.cache_b)
             check_finite(f"worker {self.index} at clock {self.client.clock_value}: loss/gradient",
                          loss, g, gb)
+            if self.step_hook is not None:
+                self.step_hook(self.index, self.client.clock_value)
             if self.acc_versions is None:
                 self.acc_versions = self.cache_versions
             self.acc_keys.append(keys)
@@ -186,8 +198,8 @@ class DownpourSteps:
         return {"filter_sent": f.sent if f else 0, "filter_offered": f.offered if f else 0}
 
 
-def make_steps(policy, client, index: int, num_features: int):
+def make_steps(policy, client, index: int, num_features: int, step_hook=None):
     """The step runner for ``policy`` (Downpour for aggregate-free policies)."""
     if policy.aggregate:
-        return SyncSteps(client, index)
-    return DownpourSteps(client, index, policy, num_features)
+        return SyncSteps(client, index, step_hook)
+    return DownpourSteps(client, index, policy, num_features, step_hook)

@@ -43,7 +43,8 @@ class Trainer:
     policy : hpcps.consistency.Policy, optional
         Consistency policy (default BSP); picks the step runner (:mod:`hpcps.worker.steps`).
     step_hook : callable(worker_index, clock) or None
-        Called before every step (tests use it to slow a worker down).
+        Called in every step after the gradient is computed and before it is pushed (tests
+        use it to slow one worker's computation down).
     """
 
     def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None,
@@ -59,7 +60,7 @@ class Trainer:
         self.history: list[dict] = []
         self.policy = policy or BSP()
         self.step_hook = step_hook
-        self.steps = make_steps(self.policy, client, index, cfg.data.num_features)
+        self.steps = make_steps(self.policy, client, index, cfg.data.num_features, step_hook)
 
     def run(self) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator."""
@@ -86,8 +87,6 @@ class Trainer:
             loss_sum, n_ex = 0.0, 0
             self.steps.begin_epoch(X, y, order, steps, t.batch_size)
             for step in range(steps):
-                if self.step_hook is not None:
-                    self.step_hook(self.index, self.client.clock_value)
                 rows = order[step * t.batch_size:(step + 1) * t.batch_size]
                 loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
                 n_ex += rows.size
