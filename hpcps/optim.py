@@ -91,5 +91,5 @@ def check_finite(what: str, *arrays) -> None:
         if a.size and not np.isfinite(a).all():
             bad = int(a.size - np.count_nonzero(np.isfinite(a)))
             raise NonFiniteError(f"{what}: {bad} non-finite value(s) of {a.size} (NaN or inf); "
-                                 "the run diverged and was stopped before the values reached the "
-                                 "model; lower [optimizer] learning_rate")
+                                 "the run diverged and was stopped before they were pushed or a model "
+                                 "file was written; lower [optimizer] learning_rate")

@@ -78,6 +78,8 @@ class ShardWindow:
         self.nbytes = int(nbytes)
         self.gets = 0          # completed read epochs
         self.retries = 0       # read epochs that found the shard too old
+        self.read_seconds = 0.0          # in read(), retries and back-off included
+        self.exclusive_wait_seconds = 0.0  # waiting for the exclusive lock (server)
 
     # ---------------------------------------------------------------- local side
     def _check(self) -> MPI.Win:
@@ -116,7 +118,9 @@ class ShardWindow:
         Nothing inside may call a collective or wait for a message.
         """
         win = self._check()
+        t0 = time.perf_counter()
         win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
+        self.exclusive_wait_seconds += time.perf_counter() - t0
         try:
             yield
         finally:
@@ -177,6 +181,7 @@ class ShardWindow:
                 t = base.Create_hindexed_block(dim, offs[s].tolist()).Commit()
                 ttypes.append((t, rows_out[s]))
         hdr_t = MPI.INT64_T
+        t_start = time.perf_counter()
         tries = 0
         sleep = RETRY_SLEEP_MIN
         try:
@@ -203,6 +208,7 @@ class ShardWindow:
         finally:
             for t, _ in ttypes:
                 t.Free()
+            self.read_seconds += time.perf_counter() - t_start
 
     # ---------------------------------------------------------------- teardown
     def free(self) -> None:
