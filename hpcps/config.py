@@ -56,6 +56,7 @@ __all__ = [
     "DTYPES",
     "OPTIMIZERS",
     "CONSISTENCY_MODELS",
+    "PULL_MODES",
     "load_job",
     "parse_job",
     "check_world",
@@ -71,8 +72,10 @@ MODEL_TYPES = ("logistic",)
 DTYPES = ("float32", "float64")
 #: Supported ``optimizer.name`` values.
 OPTIMIZERS = ("sgd", "adagrad")
-#: Supported ``consistency.model`` values. Extend with "ssp", "async" once implemented.
-CONSISTENCY_MODELS = ("bsp",)
+#: Supported ``consistency.model`` values.
+CONSISTENCY_MODELS = ("bsp", "ssp", "async")
+#: Supported ``consistency.pull`` values.
+PULL_MODES = ("p2p", "rma")
 
 _INT64_MAX = 2**63 - 1
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -261,10 +264,34 @@ class ConsistencyConfig:
     Attributes
     ----------
     model : str
-        One of :data:`CONSISTENCY_MODELS` (only ``"bsp"`` for now).
+        One of :data:`CONSISTENCY_MODELS`: ``"bsp"`` (bulk synchronous), ``"ssp"`` (stale
+        synchronous, Ho et al. NIPS 2013) or ``"async"`` (Downpour SGD, Dean et al. NIPS 2012
+        §4.1).
+    staleness : int
+        SSP bound ``s`` (>= 0): a worker at clock ``c`` reads parameters that include every
+        worker's updates of clocks ``< c - s``. Only with ``model = "ssp"``; ``0`` equals BSP.
+    pull : str
+        One of :data:`PULL_MODES`: ``"p2p"`` (request/reply messages) or ``"rma"`` (one-sided
+        ``MPI_Get`` from per-shard windows, no message to the server).
+    n_fetch, n_push : int
+        Downpour: fetch parameters every ``n_fetch`` steps, push accumulated gradients every
+        ``n_push`` steps (>= 1). Only with ``model = "async"``.
+    staleness_aware_lr : bool
+        Servers divide each update's step by ``staleness + 1`` (Zhang et al., IJCAI 2016).
+        Not with ``model = "bsp"``.
+    push_threshold : float
+        Push filter (Li et al., OSDI 2014 §3.3 "significantly modified" filter): a worker
+        sends only gradient entries whose accumulated magnitude exceeds this value and keeps
+        the rest locally until it does (0 = off). Only with ``model = "async"``.
     """
 
     model: str = "bsp"
+    staleness: int = 0
+    pull: str = "p2p"
+    n_fetch: int = 1
+    n_push: int = 1
+    staleness_aware_lr: bool = False
+    push_threshold: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -423,7 +450,15 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "max_steps": _Rule(int, 0, lo=0),
         "progress_seconds": _Rule(float, 5.0, lo=0.0, lo_open=True),
     },
-    "consistency": {"model": _Rule(str, "bsp", choices=CONSISTENCY_MODELS)},
+    "consistency": {
+        "model": _Rule(str, "bsp", choices=CONSISTENCY_MODELS),
+        "staleness": _Rule(int, 0, lo=0, hi=1_000_000),
+        "pull": _Rule(str, "p2p", choices=PULL_MODES),
+        "n_fetch": _Rule(int, 1, lo=1, hi=1_000_000),
+        "n_push": _Rule(int, 1, lo=1, hi=1_000_000),
+        "staleness_aware_lr": _Rule(bool, False),
+        "push_threshold": _Rule(float, 0.0, lo=0.0),
+    },
     "comm": {"max_message_bytes": _Rule(int, 1073741824, lo=1024)},
     "output": {"dir": _Rule(str, "")},
     "checkpoint": {
@@ -629,6 +664,27 @@ def _data(ck: _Checker, doc: dict) -> DataConfig:
     return DataConfig(format=fmt, path=path, test_path=test_path, **vals)
 
 
+# [consistency] keys that only apply to some models; setting them otherwise is an error.
+_MODEL_ONLY = {
+    "staleness": ("ssp",),
+    "n_fetch": ("async",),
+    "n_push": ("async",),
+    "push_threshold": ("async",),
+    "staleness_aware_lr": ("ssp", "async"),
+}
+
+
+def _consistency(ck: _Checker, doc: dict) -> ConsistencyConfig:
+    table = _section(ck, doc, "consistency")
+    vals = _simple(ck, doc, "consistency")
+    for k, models in _MODEL_ONLY.items():
+        if k in table and vals["model"] not in models:
+            which = " or ".join(repr(m) for m in models)
+            raise ck.error(f"consistency.{k}", f"only used with model = {which}, not "
+                                               f"{vals['model']!r}; remove it")
+    return ConsistencyConfig(**vals)
+
+
 def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     ck = _Checker(path)
     ck.unknown_keys(doc, {**_TOP, **_SECTIONS}, "")
@@ -643,7 +699,7 @@ def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     model = ModelConfig(**_simple(ck, doc, "model"))
     optimizer = OptimizerConfig(**_simple(ck, doc, "optimizer"))
     train = TrainConfig(**_simple(ck, doc, "train"))
-    consistency = ConsistencyConfig(**_simple(ck, doc, "consistency"))
+    consistency = _consistency(ck, doc)
     comm = CommConfig(**_simple(ck, doc, "comm"))
     out_dir = _simple(ck, doc, "output")["dir"] or f"runs/{name}"
     if "\x00" in out_dir:

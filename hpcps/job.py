@@ -12,15 +12,17 @@ import numpy as np
 
 from . import __version__
 from . import checkpoint as ckpt
+from . import consistency_report
 from .comm import core
-from .comm.collectives import bcast_int, gather_rows
+from .comm.collectives import barrier, bcast_int, gather_rows
 from .comm.core import any_rank_failed
+from .comm.rma import allocate_windows, free_windows
 from .comm.transport import ServerEndpoint, WorkerEndpoint
 from .config import check_world, to_dict
-from .consistency import make_policy
+from .consistency import policy_from_config
 from .model import BIAS, WEIGHTS, logistic_tables
 from .output import write_metrics, write_model
-from .server.server import ParameterServer
+from .server.server import ParameterServer, window_sizes
 from .signals import EXIT_REQUEUE
 from .worker.checkpointer import Checkpointer
 from .worker.client import PSClient
@@ -70,22 +72,25 @@ def find_restore(cfg, world, resume="auto", out=None):
     return d, ckpt.read_manifest(d)
 
 
-def run_job(cfg, world, out=None, resume="auto", stop=None) -> dict | None:
+def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
     Returns the summary dict on the chief (world rank 0), ``{"stopped_by_signal": bool}``
-    elsewhere. ``stop`` (:class:`hpcps.signals.StopRequest`) lets a signal end the training
-    after one checkpoint.
+    elsewhere. ``resume`` is ``"auto"``, ``"never"`` or a checkpoint directory
+    (:func:`find_restore`). ``stop`` (:class:`hpcps.signals.StopRequest`) lets a signal end
+    the training after one checkpoint. ``step_hook(worker_index, clock)``, if given, is called
+    by every worker in each step between computing the gradient and pushing it (tests slow a
+    worker down with it).
 
     Raises
     ------
-    hpcps.config.ConfigError, hpcps.comm.core.LaunchError
-        Before any communication, identically on every rank.
+    hpcps.config.ConfigError, hpcps.comm.core.LaunchError, hpcps.checkpoint.ResumeError
+        Before any parameter-server traffic, identically on every rank.
     """
     out = out or sys.stdout
     core.check_launch(world)
     check_world(cfg, world.Get_size())
-    policy = make_policy(cfg.consistency.model)
+    policy = policy_from_config(cfg.consistency)
     tables = logistic_tables(cfg)
     specs = [t[0] for t in tables]
     restore = find_restore(cfg, world, resume, out)
@@ -98,11 +103,19 @@ def run_job(cfg, world, out=None, resume="auto", stop=None) -> dict | None:
     result = None
     history: list = []
     try:
+        windows = []
+        if cfg.consistency.pull == "rma":           # one window per table (collective)
+            sizes = (window_sizes(specs, roles.index, roles.n_servers, roles.n_workers)
+                     if roles.role == core.SERVER else [0] * len(specs))
+            windows = allocate_windows(roles.ps, sizes)
+        server = client = trainer = None
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, cfg.comm.max_message_bytes)
             server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
-                                     tables, policy, seed=cfg.seed, run_dir=cfg.output.dir,
-                                     restore=restore)
+                                     tables, policy, seed=cfg.seed, windows=windows,
+                                     run_dir=cfg.output.dir, restore=restore)
+            if windows:
+                barrier(roles.ps)                    # windows initialised before any read
             server.serve()
             load = server.load()
             stats[0] = 1
@@ -110,9 +123,11 @@ def run_job(cfg, world, out=None, resume="auto", stop=None) -> dict | None:
                                             "bytes_in", "bytes_out", "requests")]
         else:
             ep = WorkerEndpoint(roles.ps, roles.server_ranks, cfg.comm.max_message_bytes)
-            client = PSClient(ep, specs, roles.n_servers)
+            client = PSClient(ep, specs, roles.n_servers, policy, roles.n_workers, windows)
             if restore is not None:
                 client.clock_value = int(restore[1]["step"])
+            if windows:
+                barrier(roles.ps)
 
             def on_epoch(rec):
                 history.append(rec)
@@ -121,14 +136,21 @@ def run_job(cfg, world, out=None, resume="auto", stop=None) -> dict | None:
                                "config": to_dict(cfg), "epochs": history})
 
             trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
-                              roles.is_chief, on_epoch=on_epoch, out=out, stop=stop)
-            checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
-                                        roles.n_workers, [t[1].slot_names for t in tables], out)
+                              roles.is_chief, on_epoch=on_epoch, out=out, policy=policy,
+                              step_hook=step_hook, stop=stop)
+            checkpointer = None
+            if policy.aggregate:
+                checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
+                                            roles.n_workers, [t[1].slot_names for t in tables], out)
+            elif roles.is_chief and (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds):
+                out.write("hpcps: warning: checkpoints are not taken under async consistency "
+                          "yet (no consistent cut); this run writes none\n")
             result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer)
-            result["checkpoints"] = {"count": checkpointer.count, "seconds": checkpointer.seconds,
-                                     "bytes": checkpointer.bytes}
-            model = None
+            result["checkpoints"] = {"count": checkpointer.count if checkpointer else 0,
+                                     "seconds": checkpointer.seconds if checkpointer else 0.0,
+                                     "bytes": checkpointer.bytes if checkpointer else 0}
             stats[0] = -1 if result["stopped_by_signal"] else 0
+            model = None
             if roles.is_chief and not result["stopped_by_signal"]:
                 model = {WEIGHTS: client.pull_table(WEIGHTS), BIAS: client.pull_table(BIAS)}
             client.stop()
@@ -143,6 +165,10 @@ def run_job(cfg, world, out=None, resume="auto", stop=None) -> dict | None:
                 result["model_path"] = str(path)
         rows = gather_rows(world, stats)
         stopped = bool(any_rank_failed(world, stats[0] == -1))
+        crows = gather_rows(world, consistency_report.local_row(
+            server is not None, roles.index, server.staleness if server else None, client,
+            trainer.steps if trainer else None, windows))
+        free_windows(windows)                        # collective; normal exit path
     finally:
         roles.free()
     if not roles.is_chief:
@@ -153,6 +179,8 @@ def run_job(cfg, world, out=None, resume="auto", stop=None) -> dict | None:
         out.flush()
         return {"stopped_by_signal": True}
     summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
+    summary["consistency"] = consistency_report.summarize(
+        crows, policy, cfg.consistency.pull, 8 + np.dtype(cfg.model.dtype).itemsize)
     if cfg.evaluate.sklearn_baseline:
         summary["baseline"] = sklearn_baseline(cfg)
         if history:
@@ -220,6 +248,9 @@ def _print_summary(s, history, out) -> None:
     if c["count"]:
         w(f"  checkpoints: {c['count']} written, {_mb(c['bytes'])}, {c['seconds']:.2f} s "
           f"({100 * c['share_of_run']:.1f} % of the run)\n")
+    if "consistency" in s:
+        for line in consistency_report.lines(s["consistency"]):
+            w(line + "\n")
     if s.get("model_path"):
         w(f"  model: {s['model_path']}\n")
     out.flush()

@@ -75,3 +75,34 @@ class Optimizer:
         """
         _k.apply_sparse(self.name, w, slots, rows, grads, self.learning_rate, self.l2,
                         scale, self.eps)
+
+
+class NonFiniteError(FloatingPointError):
+    """A gradient, loss or parameter became NaN or infinite: the run diverged.
+
+    Raised by a worker before it pushes (so no NaN reaches the servers) and by a server before
+    it applies a push (so a NaN from one rank cannot poison the model). The usual cause is a
+    learning rate that is too large for the model; lower ``[optimizer] learning_rate``.
+    """
+
+
+def check_finite(what: str, *arrays) -> None:
+    """Raise :class:`NonFiniteError` naming ``what`` if any array holds a NaN or infinity.
+
+    Parameters
+    ----------
+    what : str
+        Where the values come from, e.g. ``"worker 2 gradient at clock 17"``.
+    *arrays : array-like or float
+
+    Raises
+    ------
+    NonFiniteError
+    """
+    for a in arrays:
+        a = np.asarray(a)
+        if a.size and not np.isfinite(a).all():
+            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            raise NonFiniteError(f"{what}: {bad} non-finite value(s) of {a.size} (NaN or inf); "
+                                 "the run diverged and was stopped before they were pushed or a model "
+                                 "file was written; lower [optimizer] learning_rate")

@@ -203,7 +203,8 @@ def abort_on_error(comm: MPI.Comm, stream=None):
         _report_and_abort(comm, stream, f"exit status {e.code}", code=e.code if isinstance(e.code, int) else 1)
     except BaseException as e:  # noqa: BLE001 - every failure must end the job
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        if isinstance(e, (LaunchError,)) or type(e).__name__ in ("ConfigError", "DataError", "CheckpointError", "ResumeError"):
+        if isinstance(e, (LaunchError,)) or type(e).__name__ in (
+                "ConfigError", "DataError", "CheckpointError", "ResumeError", "NonFiniteError"):
             text = f"{type(e).__name__}: {e}\n"
         _report_and_abort(comm, stream, text.rstrip(), code=1)
 

@@ -6,7 +6,12 @@ Every request from a worker to a server is
 2. for ``PULL`` and ``PUSH``: the keys, int64 ``(n_keys,)`` (tag ``TAG_KEYS``),
 3. for ``PUSH``: the gradient rows, table dtype ``(n_keys, dim)`` (tag ``TAG_VALS``).
 
-``PULL`` and ``PULL_SHARD`` are answered with rows (tag ``TAG_REPLY``). MPI keeps messages of
+``PULL`` and ``PULL_SHARD`` are answered with rows (tag ``TAG_REPLY``); a ``PULL`` reply is
+followed by the shard's int64 clock header (tag ``TAG_RHDR``, layout in
+:mod:`hpcps.consistency`), from which the worker learns the version it read. Header slot 7
+(``H_AUX``) is, for ``PULL``, 1 when the read must see every update of clocks below the
+request's clock whatever the consistency model (evaluation, final model), and for ``PUSH``
+the shard version the gradient was computed on (for staleness). MPI keeps messages of
 one (source, tag, communicator) in order, so the parts of a request are matched by the server
 right after its header. Arrays over ``max_message_bytes`` go in several messages (see
 :func:`hpcps.comm.core.chunk_slices`). All traffic uses the ``ps`` communicator of
@@ -31,15 +36,15 @@ PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT = 1, 2, 3, 4, 5, 6
 OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
             CHECKPOINT: "checkpoint"}
 # tags
-TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY = 11, 12, 13, 14
+TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 11, 12, 13, 14, 15
 HEADER_LEN = 8
-H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM = range(7)
+H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX = range(8)
 
 
 def make_header(op: int, table: int = 0, clock: int = 0, n_keys: int = 0,
-                n_examples: int = 0, seq: int = 0, dim: int = 0) -> np.ndarray:
+                n_examples: int = 0, seq: int = 0, dim: int = 0, aux: int = 0) -> np.ndarray:
     """Build a request header, int64 ``(8,)``."""
-    return np.array([op, table, clock, n_keys, n_examples, seq, dim, 0], dtype=np.int64)
+    return np.array([op, table, clock, n_keys, n_examples, seq, dim, aux], dtype=np.int64)
 
 
 @dataclass
@@ -101,6 +106,11 @@ class WorkerEndpoint:
         irecv_array(self.comm, out, self.server_ranks[server], TAG_REPLY, self.max_bytes, self._reqs)
         self.stats.add(op, inn=out.nbytes)
 
+    def expect_header(self, server: int, out: np.ndarray, op: int = PULL) -> None:
+        """Post the receive of the shard clock header (int64) that follows a PULL reply."""
+        irecv_array(self.comm, out, self.server_ranks[server], TAG_RHDR, self.max_bytes, self._reqs)
+        self.stats.add(op, inn=out.nbytes)
+
     def complete(self, op: int) -> None:
         """Wait for every started send and receive; time it under ``op``."""
         t0 = time.perf_counter()
@@ -147,11 +157,15 @@ class ServerEndpoint:
         self.stats.add(op, inn=vals.nbytes)
         return vals
 
-    def reply(self, dest: int, values: np.ndarray, op: int) -> None:
-        """Send reply rows to ``dest`` (which has posted the receive with ``expect``)."""
+    def reply(self, dest: int, values: np.ndarray, op: int, header: np.ndarray | None = None) -> None:
+        """Send reply rows to ``dest`` (which has posted the receive with ``expect``), then,
+        if given, the shard clock ``header`` (received with ``expect_header``)."""
         t0 = time.perf_counter()
         reqs: list = []
         keep = isend_array(self.comm, values, dest, TAG_REPLY, self.max_bytes, reqs)
+        keep_h = None if header is None else isend_array(self.comm, header.copy(), dest, TAG_RHDR,
+                                                         self.max_bytes, reqs)
         waitall(reqs)
-        del keep
-        self.stats.add(op, out=values.nbytes, seconds=time.perf_counter() - t0)
+        del keep, keep_h
+        nbytes = values.nbytes + (0 if header is None else header.nbytes)
+        self.stats.add(op, out=nbytes, seconds=time.perf_counter() - t0)

@@ -3,11 +3,19 @@
 The loop polls for requests without blocking (it keeps entering MPI, which one-sided pulls
 need for progress on some MPIs) and backs off with short sleeps when idle. Update rules are
 injected (:class:`hpcps.optim.Optimizer` per table); the consistency policy decides when a
-pull may be answered and whether pushes are aggregated per clock.
+pull may be answered and whether pushes are aggregated per clock (BSP/SSP) or applied on
+arrival (asynchronous Downpour).
+
+With RMA pulls (``windows`` given) each shard's rows and clock header live in the memory of
+an MPI window (:mod:`hpcps.comm.rma`) and the optimizer updates that memory in place: one copy
+of the parameters. Under BSP/SSP every write to a window happens inside the server's
+exclusive lock epoch on it, so an RMA reader sees a clock's update whole or not at all.
+Every applied push records its staleness (:mod:`hpcps.consistency`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -15,6 +23,9 @@ import numpy as np
 
 from .. import checkpoint as ckpt
 from ..comm import transport as tp
+from ..consistency import (H_BUSY, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0,
+                           StalenessHistogram, header_len)
+from ..optim import check_finite
 from ..tables import KeyPartition, TableSpec
 
 #: Idle back-off of the server loop, seconds (doubles from MIN to MAX while no request waits).
@@ -33,6 +44,12 @@ class Shard:
     hi: int
     w: np.ndarray
     slots: object
+    hdr: np.ndarray = None      # int64 clock header (see hpcps.consistency)
+    window: object = None       # hpcps.comm.rma.ShardWindow holding hdr and w, or None
+
+    def writing(self):
+        """Context of a write that RMA readers must see whole (exclusive window lock)."""
+        return self.window.exclusive() if self.window is not None else contextlib.nullcontext()
 
     @property
     def nbytes(self) -> int:
@@ -56,6 +73,10 @@ class ParameterServer:
     policy : consistency policy (e.g. :class:`hpcps.consistency.BSP`)
     seed : int
         Job seed (initial values of tables with ``init_std > 0``).
+    windows : list of hpcps.comm.rma.ShardWindow, optional
+        One window per table (RMA pulls); the shard's header and rows are placed in it at
+        ``window_layout(...)``. The caller makes every rank wait (a barrier) after this
+        constructor so that no reader sees the window before it is initialised.
     run_dir : path-like or None
         Run directory; checkpoints go to ``<run_dir>/ckpt/step-XXXXXXXX/shard-SSSS.h5``.
     restore : (directory, manifest) or None
@@ -65,7 +86,7 @@ class ParameterServer:
     """
 
     def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0,
-                 run_dir=None, restore=None):
+                 windows=None, run_dir=None, restore=None):
         self.ep = endpoint
         self.index = index
         self.worker_of_rank = {r: i for i, r in enumerate(worker_ranks)}
@@ -88,7 +109,21 @@ class ParameterServer:
                 w = (rng.standard_normal(shape) * spec.init_std).astype(spec.dtype)
             else:
                 w = np.zeros(shape, dtype=spec.dtype)
-            self.shards.append(Shard(spec, part, opt, lo, hi, w, slots))
+            start = int(restore[1]["step"]) if restore is not None else 0
+            nh = header_len(self.n_workers)
+            win = windows[tid] if windows else None
+            if win is not None:
+                hdr = win.local_array(0, np.int64, (nh,))
+                w_win = win.local_array(nh * 8, spec.dtype, shape)
+                w_win[...] = w
+                w = w_win
+            else:
+                hdr = np.zeros(nh, dtype=np.int64)
+            hdr[:] = 0
+            hdr[H_VERSION] = hdr[H_CLOCK] = start       # restored: start at the checkpoint
+            hdr[H_NWORKERS] = self.n_workers
+            hdr[H_WORKER0:H_WORKER0 + self.n_workers] = start
+            self.shards.append(Shard(spec, part, opt, lo, hi, w, slots, hdr, win))
         self.n_servers = n_servers
         self.run_dir = run_dir
         start = int(restore[1]["step"]) if restore is not None else 0
@@ -98,6 +133,7 @@ class ParameterServer:
         self.pending = {}                    # clock -> {table: [(worker, rows, grads)]}
         self.waiting_pulls = []              # (source, header, rows) deferred by the policy
         self.stopped = set()
+        self.staleness = StalenessHistogram()  # of every applied push
 
     # ------------------------------------------------------------------ loop
     def serve(self) -> None:
@@ -121,8 +157,8 @@ class ParameterServer:
             shard = self._shard(h)
             keys = self.ep.recv_keys(source, int(h[tp.H_NKEYS]), op)
             rows = shard.part.local_rows(keys, self.index)
-            if self.policy.pull_ready(self.clock, int(h[tp.H_CLOCK])):
-                self.ep.reply(source, shard.w[rows], op)
+            if self._pull_ready(h):
+                self.ep.reply(source, shard.w[rows], op, shard.hdr)
             else:
                 self.waiting_pulls.append((source, h, rows))
         elif op == tp.PUSH:
@@ -132,11 +168,16 @@ class ParameterServer:
             grads = self.ep.recv_values(source, (n, shard.spec.dim), shard.spec.dtype, op)
             rows = shard.part.local_rows(keys, self.index)
             c = int(h[tp.H_CLOCK])
+            check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
+                         f"{self.worker_of_rank[source]} at clock {c}", grads)
+            if not self.policy.aggregate:
+                self._apply_now(shard, rows, grads, h)
+                return
             if c < self.clock:
                 raise RuntimeError(f"server {self.index}: push for clock {c} from worker "
                                    f"{self.worker_of_rank[source]} after clock {self.clock} was applied")
             self.pending.setdefault(c, {}).setdefault(int(h[tp.H_TABLE]), []).append(
-                (self.worker_of_rank[source], rows, grads))
+                (self.worker_of_rank[source], rows, grads, int(h[tp.H_AUX])))
         elif op == tp.CLOCK:
             w = self.worker_of_rank[source]
             c = int(h[tp.H_CLOCK])
@@ -144,11 +185,19 @@ class ParameterServer:
                 raise RuntimeError(f"server {self.index}: worker {w} clocked {c}, expected "
                                    f"{self.worker_clock[w]}")
             self.worker_clock[w] = c + 1
-            self.examples[c] = self.examples.get(c, 0) + int(h[tp.H_NEX])
-            self._advance()
+            for shard in self.shards:
+                shard.hdr[H_WORKER0 + w] = c + 1     # advisory (progress line), no lock
+            if self.policy.aggregate:
+                self.examples[c] = self.examples.get(c, 0) + int(h[tp.H_NEX])
+                self._advance()
+            else:
+                self.clock = min(self.worker_clock)
+                for shard in self.shards:
+                    shard.hdr[H_CLOCK] = self.clock
+                self._answer_waiting()
         elif op == tp.PULL_SHARD:
             shard = self._shard(h)
-            if self.policy.pull_ready(self.clock, int(h[tp.H_CLOCK])):
+            if self.clock >= int(h[tp.H_CLOCK]):
                 self.ep.reply(source, shard.w, op)
             else:
                 self.waiting_pulls.append((source, h, None))
@@ -169,21 +218,68 @@ class ParameterServer:
             c = self.clock
             n_ex = self.examples.pop(c, 0)
             scale = 1.0 / n_ex if n_ex else 0.0
-            for tid, pushes in sorted(self.pending.pop(c, {}).items()):
-                pushes.sort(key=lambda p: p[0])          # worker order: deterministic sums
-                shard = self.shards[tid]
-                rows = np.concatenate([p[1] for p in pushes])
-                grads = np.concatenate([p[2] for p in pushes])
-                shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
+            pending = self.pending.pop(c, {})
+            for tid, shard in enumerate(self.shards):   # table order, as before
+                pushes = pending.get(tid)
+                with shard.writing():
+                    if pushes:
+                        pushes.sort(key=lambda p: p[0])  # worker order: deterministic sums
+                        for p in pushes:
+                            if p[3] >= 0:
+                                self.staleness.add(c - p[3])
+                        rows = np.concatenate([p[1] for p in pushes])
+                        if self.policy.staleness_aware_lr:
+                            grads = np.concatenate([p[2] / (c - p[3] + 1) if p[3] >= 0 else p[2]
+                                                    for p in pushes])
+                        else:
+                            grads = np.concatenate([p[2] for p in pushes])
+                        shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
+                    shard.hdr[H_VERSION] = c + 1
+                    shard.hdr[H_CLOCK] = c + 1
             self.clock = c + 1
+        self._answer_waiting()
+
+    def _apply_now(self, shard: Shard, rows, grads, h) -> None:
+        """Asynchronous push: apply on arrival, scaled by 1/examples (and 1/(staleness+1))."""
+        version = int(shard.hdr[H_VERSION])
+        read = int(h[tp.H_AUX])
+        n_ex = int(h[tp.H_NEX])
+        scale = 1.0 / n_ex if n_ex else 1.0
+        if read >= 0:
+            st = max(0, version - read)
+            self.staleness.add(st)
+            if self.policy.staleness_aware_lr:
+                scale /= st + 1
+        shard.hdr[H_BUSY] = 1
+        shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
+        shard.hdr[H_VERSION] = version + 1
+        shard.hdr[H_BUSY] = 0
+
+    def _pull_ready(self, h) -> bool:
+        c = int(h[tp.H_CLOCK])
+        if int(h[tp.H_AUX]):              # a read that must see every update below its clock
+            return self.clock >= c
+        return self.policy.pull_ready(self.clock, c)
+
+    def _answer_waiting(self) -> None:
+        """Answer the deferred pulls that the server clock now allows."""
         still = []
         for source, h, rows in self.waiting_pulls:
             op = int(h[tp.H_OP])
-            if op == tp.CHECKPOINT and self.clock >= int(h[tp.H_CLOCK]):
+            if op == tp.CHECKPOINT:
+                ready = self.clock >= int(h[tp.H_CLOCK])
+            elif op == tp.PULL_SHARD:
+                ready = self.clock >= int(h[tp.H_CLOCK])
+            else:
+                ready = self._pull_ready(h)
+            if ready and op == tp.CHECKPOINT:
                 self._checkpoint(source, h)
-            elif op != tp.CHECKPOINT and self.policy.pull_ready(self.clock, int(h[tp.H_CLOCK])):
+            elif ready:
                 shard = self._shard(h)
-                self.ep.reply(source, shard.w if rows is None else shard.w[rows], op)
+                if rows is None:
+                    self.ep.reply(source, shard.w, op)
+                else:
+                    self.ep.reply(source, shard.w[rows], op, shard.hdr)
             else:
                 still.append((source, h, rows))
         self.waiting_pulls = still
@@ -226,4 +322,15 @@ class ParameterServer:
             "bytes_out": int(s.total("bytes_out")),
             "requests": int(s.total("messages")),
             "clock": self.clock,
+            "staleness": self.staleness,
         }
+
+
+def window_sizes(specs, server: int, n_servers: int, n_workers: int) -> list[int]:
+    """Bytes of each table's RMA window on server ``server``: the int64 clock header
+    (:func:`hpcps.consistency.header_len`) followed by the shard's rows, C order. Local."""
+    out = []
+    for spec in specs:
+        lo, hi = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).shard_range(server)
+        out.append(header_len(n_workers) * 8 + (hi - lo) * spec.dim * np.dtype(spec.dtype).itemsize)
+    return out

@@ -10,14 +10,25 @@ Contract (as in ps-lite's KVWorker, stated here for hpcps):
 * ``clock(n_examples)`` ends this worker's step: it tells every server how many examples the
   step's pushes cover (servers divide by the total) and advances the worker clock.
 
-No method is collective; each talks point-to-point to the servers that own the keys.
+Pulls go either as request/reply messages (``p2p``) or as one-sided reads of the servers'
+shard windows (``rma``, :mod:`hpcps.comm.rma`): passive-target ``Lock(SHARED)``/``Get``/
+``Unlock``, no message to the server. Either way the worker learns each shard's clock header,
+waits (p2p: the server defers the reply; rma: the worker re-reads after a back-off) until the
+shard is as fresh as the consistency policy requires, and remembers the shard version it read
+so that its next push can carry it (the server computes the update's staleness from it).
+
+No method is collective; each talks point-to-point to the servers that own the keys, or
+reads their windows.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+import time
+
 from ..comm import transport as tp
+from ..consistency import BSP, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0, header_len
 from ..tables import KeyPartition, TableSpec
 
 
@@ -30,9 +41,15 @@ class PSClient:
     tables : list of TableSpec
         In table-id order, identical on every rank.
     n_servers : int
+    policy : hpcps.consistency.Policy, optional
+        Freshness required of reads (default BSP).
+    n_workers : int, optional
+        Number of workers (the shard header length); required with ``windows``.
+    windows : list of hpcps.comm.rma.ShardWindow, optional
+        One per table, in table-id order: pull through RMA instead of p2p messages.
     """
 
-    def __init__(self, endpoint, tables, n_servers):
+    def __init__(self, endpoint, tables, n_servers, policy=None, n_workers=1, windows=None):
         self.ep = endpoint
         self.specs = list(tables)
         self.ids = {s.name: i for i, s in enumerate(self.specs)}
@@ -40,6 +57,18 @@ class PSClient:
         self.n_servers = n_servers
         self.clock_value = 0
         self.seq = 0
+        self.policy = policy or BSP()
+        self.windows = list(windows) if windows else None
+        self.pull_mode = "rma" if self.windows else "p2p"
+        self.header_len = header_len(n_workers)
+        #: shard version last read, per table and server (-1 = never): sent with pushes
+        self.read_version = [np.full(n_servers, -1, dtype=np.int64) for _ in self.specs]
+        #: the most recent shard header seen (server clock, worker clocks)
+        self.last_header = np.zeros(self.header_len, dtype=np.int64)
+        self.read_age_max = 0          # max over reads of (my clock - shard clock)
+        self.read_age_sum = 0
+        self.reads = 0
+        self.lead_max = 0              # max over reads of (my clock - slowest worker's clock)
 
     def _table(self, table) -> tuple[int, TableSpec, KeyPartition]:
         try:
@@ -48,7 +77,7 @@ class PSClient:
         except (KeyError, IndexError):
             raise KeyError(f"unknown table {table!r}; tables: {', '.join(self.ids)}") from None
 
-    def pull(self, table, keys) -> np.ndarray:
+    def pull(self, table, keys, fresh: bool = False) -> np.ndarray:
         """Rows of ``keys``.
 
         Parameters
@@ -56,6 +85,9 @@ class PSClient:
         table : str or int
         keys : int64 array-like (n,)
             Keys in ``[0, num_keys)``; duplicates allowed.
+        fresh : bool
+            Wait until the rows include every worker's updates of clocks below this worker's
+            clock, whatever the consistency model (for evaluation and the final model).
 
         Returns
         -------
@@ -74,19 +106,70 @@ class PSClient:
         order, bounds = part.split(keys)
         sorted_keys = keys[order]
         buf = np.empty_like(out)
+        hdrs = np.zeros((self.n_servers, self.header_len), dtype=np.int64)
+        if self.windows:
+            self._pull_rma(tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh)
+        else:
+            for s in range(self.n_servers):
+                a, b = bounds[s], bounds[s + 1]
+                if a == b:
+                    continue
+                self.ep.expect(s, buf[a:b], tp.PULL)
+                self.ep.expect_header(s, hdrs[s], tp.PULL)
+                self.ep.send(s, tp.make_header(tp.PULL, tid, self.clock_value, b - a, seq=self.seq,
+                                               aux=int(fresh)), sorted_keys[a:b])
+            self.ep.complete(tp.PULL)
         for s in range(self.n_servers):
-            a, b = bounds[s], bounds[s + 1]
-            if a == b:
-                continue
-            self.ep.expect(s, buf[a:b], tp.PULL)
-            self.ep.send(s, tp.make_header(tp.PULL, tid, self.clock_value, b - a, seq=self.seq),
-                         sorted_keys[a:b])
-        self.ep.complete(tp.PULL)
+            if bounds[s] < bounds[s + 1]:
+                self._saw(tid, s, hdrs[s])
         out[order] = buf
         self.seq += 1
         return out
 
-    def push(self, table, keys, grads) -> None:
+    def _pull_rma(self, tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh) -> None:
+        """One-sided reads of each server's window (see :meth:`ShardWindow.read`)."""
+        t0 = time.perf_counter()
+        win = self.windows[tid]
+        c = self.clock_value
+        if fresh:
+            def ok(h):
+                return int(h[H_CLOCK]) >= c
+        else:
+            def ok(h):
+                return self.policy.fresh(h, c)
+        row_bytes = spec.dim * np.dtype(spec.dtype).itemsize
+        pos = part.positions(sorted_keys)
+        nbytes = 0
+        for s in range(self.n_servers):
+            a, b = bounds[s], bounds[s + 1]
+            if a == b:
+                continue
+            lo, _ = part.shard_range(s)
+            offs = self.header_len * 8 + (pos[a:b] - lo) * row_bytes
+            win.read(self.ep.server_ranks[s], hdrs[s], buf[a:b], offs, fresh=ok,
+                     max_bytes=self.ep.max_bytes)
+            nbytes += buf[a:b].nbytes + hdrs[s].nbytes
+        self.ep.stats.add(tp.PULL, messages=1, inn=nbytes, keys=int(sorted_keys.size),
+                          seconds=time.perf_counter() - t0)
+
+    def _saw(self, tid: int, server: int, hdr: np.ndarray) -> None:
+        """Record the shard header a read returned (version for pushes; ages for reports)."""
+        self.read_version[tid][server] = hdr[H_VERSION]
+        self.last_header = hdr
+        age = self.clock_value - int(hdr[H_CLOCK])
+        self.read_age_max = max(self.read_age_max, age)
+        self.read_age_sum += age
+        self.reads += 1
+        n = int(hdr[H_NWORKERS])
+        if n:
+            self.lead_max = max(self.lead_max, self.clock_value - int(hdr[H_WORKER0:H_WORKER0 + n].min()))
+
+    def worker_clocks(self) -> np.ndarray:
+        """Every worker's clock as of the most recent shard header read (int64)."""
+        n = int(self.last_header[H_NWORKERS])
+        return self.last_header[H_WORKER0:H_WORKER0 + n].copy()
+
+    def push(self, table, keys, grads, n_examples: int = 0, versions=None) -> None:
         """Send gradient sums ``grads`` for ``keys`` to the servers owning them.
 
         Parameters
@@ -94,6 +177,11 @@ class PSClient:
         table : str or int
         keys : int64 array-like (n,)
         grads : array-like (n, dim) (or (n,) when dim == 1), cast to the table dtype.
+        n_examples : int
+            Examples the sums cover, for servers that apply pushes on arrival (async); under
+            BSP/SSP the count goes with :meth:`clock` instead.
+        versions : int64 array (n_servers,), optional
+            Shard versions the gradients were computed on (default: the last ones read).
 
         Raises
         ------
@@ -112,12 +200,14 @@ class PSClient:
         order, bounds = part.split(keys)
         k = keys[order]
         g = grads[order]
+        versions = self.read_version[tid] if versions is None else versions
         for s in range(self.n_servers):
             a, b = bounds[s], bounds[s + 1]
             if a == b:
                 continue
-            self.ep.send(s, tp.make_header(tp.PUSH, tid, self.clock_value, b - a, seq=self.seq,
-                                           dim=spec.dim), k[a:b], g[a:b])
+            self.ep.send(s, tp.make_header(tp.PUSH, tid, self.clock_value, b - a, n_examples,
+                                           seq=self.seq, dim=spec.dim, aux=int(versions[s])),
+                         k[a:b], g[a:b])
         self.ep.complete(tp.PUSH)
         self.seq += 1
 

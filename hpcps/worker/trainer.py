@@ -17,7 +17,9 @@ import numpy as np
 from ..comm.collectives import allreduce_max, allreduce_sum, gatherv
 from ..comm.core import any_rank_failed
 from ..data.source import load_split
-from ..model import BIAS, WEIGHTS, batch_keys, binary_metrics, loss_and_gradient, predict
+from ..consistency import BSP
+from ..model import BIAS, WEIGHTS, batch_keys, binary_metrics, predict
+from .steps import make_steps
 
 
 def epoch_order(n_rows: int, seed: int, worker: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -83,10 +85,15 @@ class Trainer:
         Worker 0 prints progress and collects the metrics.
     on_epoch : callable(dict) or None
         Called on the chief with each epoch's metrics record.
+    policy : hpcps.consistency.Policy, optional
+        Consistency policy (default BSP); picks the step runner (:mod:`hpcps.worker.steps`).
+    step_hook : callable(worker_index, clock) or None
+        Called in every step after the gradient is computed and before it is pushed (tests
+        use it to slow one worker's computation down).
     """
 
     def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None,
-                 stop=None):
+                 stop=None, policy=None, step_hook=None):
         self.cfg = cfg
         self.index = index
         self.n_workers = n_workers
@@ -98,6 +105,9 @@ class Trainer:
         self.history: list[dict] = []
         self.stop = stop                  # hpcps.signals.StopRequest or None
         self.stopped_by_signal = False
+        self.policy = policy or BSP()
+        self.step_hook = step_hook
+        self.steps = make_steps(self.policy, client, index, cfg.data.num_features, step_hook)
 
     def run(self, restore=None, checkpointer=None) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
@@ -132,7 +142,8 @@ class Trainer:
             self._say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
                       f"{n_train} train / {n_test} test rows, {cfg.data.num_features} features; "
                       f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
-                      f"{cfg.consistency.model.upper()}, {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
+                      f"{self.policy.describe()} ({self.client.pull_mode} pulls), "
+                      f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
             if restore is not None:
                 self._say(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
                           f"step {int(restore['step_in_epoch'])} of the epoch, written by "
@@ -162,12 +173,12 @@ class Trainer:
             if checkpointer is not None:
                 checkpointer.steps_per_epoch = steps
             loss_sum, n_ex = 0.0, 0
+            self.steps.begin_epoch(Xe, ye, order, steps, t.batch_size)
             first = start_step if epoch == start_epoch else 0
             for step in range(first, steps):
                 rows = order[step * t.batch_size:(step + 1) * t.batch_size]
-                if rows.size:
-                    loss_sum += self._step(Xe[rows], ye[rows])
-                    n_ex += rows.size
+                loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
+                n_ex += rows.size
                 self.client.clock(int(rows.size))
                 if checkpointer is not None:
                     checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
@@ -186,7 +197,8 @@ class Trainer:
                     rate = done * examples_per_step / (last - t0)
                     eta = (last - t0) / done * max(0, total_steps - self.client.clock_value)
                     self._say(f"epoch {epoch + 1}/{t.epochs}  step {step + 1}/{steps}  "
-                              f"clock {self.client.clock_value}  {rate:,.0f} ex/s  "
+                              f"clock {self.client.clock_value} (workers "
+                              f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
                               f"loss(w0) {loss_sum / max(1, n_ex):.4f}  ETA {_fmt_eta(eta)}")
             local_examples += n_ex
             if self.stopped_by_signal:
@@ -210,22 +222,13 @@ class Trainer:
         b = self.cfg.train.batch_size
         return int(allreduce_max(self.comm, np.array([math.ceil(n_rows / b)], dtype=np.int64))[0])
 
-    def _step(self, Xb, yb) -> float:
-        keys, local = batch_keys(Xb)
-        w = self.client.pull(WEIGHTS, keys)[:, 0]
-        b = self.client.pull(BIAS, [0])[0, 0]
-        loss, g, gb = loss_and_gradient(Xb, yb, local, w, b)
-        self.client.push(WEIGHTS, keys, g)
-        self.client.push(BIAS, [0], [gb])
-        return loss
-
     def _evaluate(self, epoch, Xt, yt, loss_sum, n_ex, elapsed):
         """Epoch metrics: progressive train log-loss, test log-loss/AUC/accuracy. Collective."""
         tr = allreduce_sum(self.comm, np.array([loss_sum, n_ex], dtype=np.float64))
         if Xt.shape[0]:
             keys, local = batch_keys(Xt)
-            w = self.client.pull(WEIGHTS, keys)[:, 0]
-            b = self.client.pull(BIAS, [0])[0, 0]
+            w = self.client.pull(WEIGHTS, keys, fresh=True)[:, 0]
+            b = self.client.pull(BIAS, [0], fresh=True)[0, 0]
             p = predict(Xt, local, w, b)
         else:
             p = np.empty(0)

@@ -372,8 +372,9 @@ def test_bool_index_base_rejected(jobdir):
     ("train.max_steps", "-1", "must be >= 0, got -1"),
     ("train.progress_seconds", "0", "must be > 0, got 0.0"),
     ("train.progress_seconds", "-inf", "must be a finite number, got -inf"),
-    ("consistency.model", '"ssp"', "must be one of 'bsp', got 'ssp'"),
-    ("consistency.model", '"async"', "must be one of 'bsp', got 'async'"),
+    ("consistency.model", '"sssp"', "must be one of 'bsp', 'ssp', 'async', got 'sssp'"),
+    ("consistency.model", '"asynch"', "(did you mean 'async'?)"),
+    ("consistency.pull", '"mpi"', "must be one of 'p2p', 'rma', got 'mpi'"),
     ("comm.max_message_bytes", "1023", "must be >= 1024, got 1023"),
     ("evaluate.max_auc_gap", "-0.1", "must be >= 0, got -0.1"),
 ])
@@ -674,3 +675,61 @@ def test_arbitrary_text_only_raises_config_error(text):
         parse_job(text, "fuzz.toml")
     except ConfigError:
         pass
+
+
+# ------------------------------------------------------------------------ [consistency]
+
+
+def _cons(**kv):
+    lines = "".join(f"{k} = {v}\n" for k, v in kv.items())
+    return ADULT + "[consistency]\n" + lines
+
+
+def test_consistency_defaults(jobdir):
+    c = job(jobdir).consistency
+    assert (c.model, c.staleness, c.pull, c.n_fetch, c.n_push) == ("bsp", 0, "p2p", 1, 1)
+    assert (c.staleness_aware_lr, c.push_threshold) == (False, 0.0)
+
+
+@pytest.mark.parametrize("kv,want", [
+    ({"model": '"ssp"', "staleness": "2"}, ("ssp", 2, "p2p", 1, 1)),
+    ({"model": '"ssp"', "staleness": "0", "pull": '"rma"'}, ("ssp", 0, "rma", 1, 1)),
+    ({"model": '"async"', "n_fetch": "3", "n_push": "5"}, ("async", 0, "p2p", 3, 5)),
+    ({"model": '"async"', "pull": '"rma"'}, ("async", 0, "rma", 1, 1)),
+    ({"model": '"bsp"', "pull": '"rma"'}, ("bsp", 0, "rma", 1, 1)),
+])
+def test_consistency_models_parse(jobdir, kv, want):
+    c = job(jobdir, _cons(**kv)).consistency
+    assert (c.model, c.staleness, c.pull, c.n_fetch, c.n_push) == want
+
+
+def test_consistency_async_options(jobdir):
+    c = job(jobdir, _cons(model='"async"', staleness_aware_lr="true",
+                          push_threshold="1e-3")).consistency
+    assert c.staleness_aware_lr is True and c.push_threshold == 1e-3
+
+
+@pytest.mark.parametrize("kv,key,message", [
+    ({"staleness": "2"}, "consistency.staleness", "only used with model = 'ssp', not 'bsp'"),
+    ({"model": '"async"', "staleness": "2"}, "consistency.staleness",
+     "only used with model = 'ssp', not 'async'"),
+    ({"model": '"ssp"', "n_fetch": "2"}, "consistency.n_fetch", "only used with model = 'async'"),
+    ({"n_push": "2"}, "consistency.n_push", "only used with model = 'async', not 'bsp'"),
+    ({"model": '"ssp"', "push_threshold": "0.1"}, "consistency.push_threshold",
+     "only used with model = 'async'"),
+    ({"staleness_aware_lr": "true"}, "consistency.staleness_aware_lr",
+     "only used with model = 'ssp' or 'async', not 'bsp'"),
+    ({"model": '"ssp"', "staleness": "-1"}, "consistency.staleness", "must be in [0, 1000000]"),
+    ({"model": '"async"', "n_fetch": "0"}, "consistency.n_fetch", "must be in [1, 1000000]"),
+    ({"model": '"async"', "n_push": "0"}, "consistency.n_push", "must be in [1, 1000000]"),
+    ({"model": '"async"', "push_threshold": "-1"}, "consistency.push_threshold",
+     "must be >= 0"),
+    ({"model": '"ssp"', "staleness": "2.0"}, "consistency.staleness", "expected integer"),
+    ({"model": '"async"', "n_fetch": "true"}, "consistency.n_fetch", "expected integer"),
+    ({"model": '"async"', "push_treshold": "1"}, "consistency.push_treshold",
+     "did you mean 'push_threshold'?"),
+])
+def test_consistency_errors(jobdir, kv, key, message):
+    e = error(jobdir, _cons(**kv))
+    assert e.key == key
+    assert message in e.message, e.message

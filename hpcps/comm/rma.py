@@ -1,0 +1,252 @@
+"""One-sided access to server shards: MPI windows made with ``MPI.Win.Allocate``.
+
+Each server exposes its shard of every table in one window per table: an int64 *header*
+(the shard's clocks, written by the server; layout in :mod:`hpcps.consistency`) followed by
+the shard's rows (``(rows, dim)``, table dtype, C order). The server's optimizer updates this
+memory in place, so there is one copy of the parameters. Workers read it with passive-target
+``Lock(SHARED)`` / ``Get`` / ``Unlock`` and send no message to the server.
+
+Why ``Win.Allocate``
+    With the Open MPI 5 wheel a ``Get`` from a window made by ``Win.Allocate`` (or
+    ``Win.Allocate_shared``) completes while the target rank computes in Python without
+    entering MPI; with ``Win.Create`` it waits for the target. MPICH needs
+    ``MPIR_CVAR_ASYNC_PROGRESS=1`` for passive progress on every window kind. The server
+    loop keeps polling (``Iprobe``) in any case, so reads also progress on MPIs without
+    passive progress, just later.
+
+Locks
+    Every read is one lock epoch that never contains a collective or a blocking receive;
+    :meth:`ShardWindow.exclusive` is the server's epoch on its own window while it applies an
+    update (used under BSP/SSP so that a reader sees a whole clock or none of it). Under
+    asynchronous training the server writes without that lock and a read may see a row set
+    in which some rows already contain an update and others not (a torn read), which
+    Downpour SGD tolerates by design.
+
+Freeing
+    :meth:`ShardWindow.free` is collective (``MPI_Win_free`` synchronises). On the normal exit
+    path every window is freed; when a rank raises, hpcps aborts the job (``MPI_Abort``) and
+    the MPI runtime reclaims the memory — calling a collective free from one failing rank
+    would hang instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
+
+from .core import chunk_slices
+
+#: Back-off of a reader waiting for a fresh enough shard, seconds (doubles up to the max).
+RETRY_SLEEP_MIN = 2e-6
+RETRY_SLEEP_MAX = 5e-4
+
+
+class WindowFreedError(RuntimeError):
+    """A :class:`ShardWindow` was used after :meth:`ShardWindow.free`."""
+
+
+class ShardWindow:
+    """An RMA window over one table: each server's header + rows, nothing on workers.
+
+    Parameters
+    ----------
+    comm : MPI.Intracomm
+        Communicator of all servers and workers (``Roles.ps``). **Collective** over it:
+        every rank constructs the windows of all tables in the same order.
+    nbytes : int
+        Bytes this rank exposes (``header_bytes + rows * dim * itemsize`` on a server, 0 on a
+        worker).
+
+    Raises
+    ------
+    ValueError
+        If ``nbytes`` is negative.
+    """
+
+    def __init__(self, comm: MPI.Intracomm, nbytes: int):
+        if nbytes < 0:
+            raise ValueError(f"window size must be >= 0 bytes, got {nbytes}")
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self._win = MPI.Win.Allocate(int(nbytes), 1, MPI.INFO_NULL, comm)
+        mem = self._win.tomemory()
+        self._mem = np.frombuffer(mem, dtype=np.uint8) if nbytes else np.empty(0, np.uint8)
+        self.nbytes = int(nbytes)
+        self.gets = 0          # completed read epochs
+        self.retries = 0       # read epochs that found the shard too old
+        self.read_seconds = 0.0          # in read(), retries and back-off included
+        self.exclusive_wait_seconds = 0.0  # waiting for the exclusive lock (server)
+
+    # ---------------------------------------------------------------- local side
+    def _check(self) -> MPI.Win:
+        if self._win is None:
+            raise WindowFreedError("RMA window used after free()")
+        return self._win
+
+    def local_array(self, offset: int, dtype, shape) -> np.ndarray:
+        """A numpy view of this rank's window memory (no copy). Local.
+
+        Parameters
+        ----------
+        offset : int
+            Byte offset, a multiple of ``dtype``'s size.
+        dtype : numpy dtype
+        shape : tuple of int
+
+        Raises
+        ------
+        ValueError
+            If the view does not fit in the window.
+        """
+        self._check()
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape)) * dtype.itemsize
+        if offset < 0 or offset + n > self.nbytes or offset % dtype.itemsize:
+            raise ValueError(f"view of {n} bytes at offset {offset} does not fit a window of "
+                             f"{self.nbytes} bytes (or is misaligned)")
+        return self._mem[offset:offset + n].view(dtype).reshape(shape)
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """Exclusive lock epoch on this rank's own window (server side). Local, not collective.
+
+        Readers' ``Lock(SHARED)`` waits while it is held, so a write inside it is seen whole.
+        Nothing inside may call a collective or wait for a message.
+        """
+        win = self._check()
+        t0 = time.perf_counter()
+        win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
+        self.exclusive_wait_seconds += time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            win.Unlock(self.rank)
+
+    # ---------------------------------------------------------------- remote reads
+    def read(self, target: int, header: np.ndarray, rows_out: np.ndarray | None = None,
+             row_offsets: np.ndarray | None = None, header_offset: int = 0,
+             fresh=None, max_bytes: int = 1 << 30) -> int:
+        """Read a server's header and, once ``fresh(header)`` holds, some of its rows.
+
+        Not collective: a passive-target read of ``target``'s window; the target takes no
+        part. Each attempt is one ``Lock(SHARED)`` … ``Unlock`` epoch: ``Get`` the header,
+        ``Flush``, and if ``fresh`` accepts it, ``Get`` the rows in the same epoch, so header
+        and rows belong together (the server writes under :meth:`exclusive`). A stale header
+        ends the epoch and the read is retried after a short back-off.
+
+        Parameters
+        ----------
+        target : int
+            Rank (in ``comm``) of the server.
+        header : int64 ndarray (H,), C-contiguous
+            Receives the header found at byte ``header_offset``.
+        rows_out : ndarray (n, dim), C-contiguous, native byte order, or None
+            Receives the rows; its dtype is the table dtype.
+        row_offsets : int64 ndarray (n,)
+            Byte offset of each row in the target's window.
+        fresh : callable(header) -> bool, or None
+            Freshness test (``None`` accepts any header).
+        max_bytes : int
+            Largest single ``Get``; more rows are read in several.
+
+        Returns
+        -------
+        int
+            Number of stale attempts before the successful one.
+
+        Raises
+        ------
+        WindowFreedError
+            If the window has been freed.
+        ValueError
+            If the buffers are not C-contiguous or ``row_offsets`` does not match ``rows_out``.
+        """
+        win = self._check()
+        if not header.flags.c_contiguous or header.dtype != np.int64:
+            raise ValueError("header must be a C-contiguous int64 array")
+        ttypes = []
+        if rows_out is not None and rows_out.size:
+            if not (rows_out.flags.c_contiguous and rows_out.dtype.isnative):
+                raise ValueError("rows_out must be C-contiguous with native byte order")
+            if row_offsets is None or row_offsets.shape[0] != rows_out.shape[0]:
+                raise ValueError("row_offsets must give one byte offset per row of rows_out")
+            base = from_numpy_dtype(rows_out.dtype)
+            dim = rows_out.shape[1] if rows_out.ndim > 1 else 1
+            offs = np.ascontiguousarray(row_offsets, dtype=np.int64)
+            for s in chunk_slices(offs.size, rows_out.itemsize * dim, max_bytes):
+                t = base.Create_hindexed_block(dim, offs[s].tolist()).Commit()
+                ttypes.append((t, rows_out[s]))
+        hdr_t = MPI.INT64_T
+        t_start = time.perf_counter()
+        tries = 0
+        sleep = RETRY_SLEEP_MIN
+        try:
+            while True:
+                win.Lock(target, MPI.LOCK_SHARED)
+                ok = False
+                try:
+                    win.Get([header, header.size, hdr_t], target,
+                            (header_offset, header.size, hdr_t))
+                    win.Flush(target)
+                    ok = fresh is None or fresh(header)
+                    if ok:
+                        for t, out in ttypes:
+                            win.Get([out, out.size, base], target, (0, 1, t))
+                finally:
+                    win.Unlock(target)
+                if ok:
+                    self.gets += 1
+                    return tries
+                tries += 1
+                self.retries += 1
+                time.sleep(sleep)
+                sleep = min(2 * sleep, RETRY_SLEEP_MAX)
+        finally:
+            for t, _ in ttypes:
+                t.Free()
+            self.read_seconds += time.perf_counter() - t_start
+
+    # ---------------------------------------------------------------- teardown
+    def free(self) -> None:
+        """Free the window. **Collective** over ``comm``; idempotent on every rank.
+
+        No lock may be held (hpcps holds locks only inside :meth:`read` and
+        :meth:`exclusive`). Views from :meth:`local_array` must not be used afterwards.
+        """
+        if self._win is None:
+            return
+        self._mem = np.empty(0, np.uint8)
+        win, self._win = self._win, None
+        win.Free()
+
+    @property
+    def freed(self) -> bool:
+        return self._win is None
+
+
+def allocate_windows(comm: MPI.Intracomm, sizes) -> list:
+    """Allocate one :class:`ShardWindow` per entry of ``sizes`` (bytes on this rank).
+
+    **Collective** over ``comm``: every rank passes a list of the same length. If an
+    allocation fails, the windows made so far are freed before the error propagates (the
+    failure of ``MPI_Win_allocate`` is itself collective).
+    """
+    made = []
+    try:
+        for n in sizes:
+            made.append(ShardWindow(comm, n))
+    except BaseException:
+        for w in made:
+            w.free()
+        raise
+    return made
+
+
+def free_windows(windows) -> None:
+    """Free every window of a list (see :meth:`ShardWindow.free`). **Collective**."""
+    for w in windows:
+        w.free()

@@ -1,0 +1,207 @@
+# mpi-ranks: 4
+"""One-sided pulls from ``Win.Allocate`` shard windows (real MPI ranks, real windows).
+
+* an RMA pull returns exactly what a p2p pull returns for the same keys at the same clock
+  (keys on both servers, duplicates, empty key sets, float32 and float64);
+* an RMA pull completes while the server is busy applying a large update;
+* allocating and freeing windows repeatedly does not grow memory; use after free is an error.
+"""
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcps.comm import core
+from hpcps.comm.rma import ShardWindow, WindowFreedError, allocate_windows, free_windows
+from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint
+from hpcps.consistency import BSP, H_BUSY, H_VERSION, SSP, Async, header_len
+from hpcps.optim import Optimizer
+from hpcps.server.server import ParameterServer, window_sizes
+from hpcps.tables import TableSpec
+from hpcps.worker.client import PSClient
+
+
+def _ps(comm, n_servers, tables, policy, worker_fn):
+    """Servers serve from RMA windows; workers call ``worker_fn(client, roles)``."""
+    roles = core.split_roles(comm, n_servers)
+    specs = [t[0] for t in tables]
+    result = None
+    try:
+        sizes = (window_sizes(specs, roles.index, roles.n_servers, roles.n_workers)
+                 if roles.role == core.SERVER else [0] * len(specs))
+        windows = allocate_windows(roles.ps, sizes)
+        if roles.role == core.SERVER:
+            ep = ServerEndpoint(roles.ps, 1 << 30)
+            server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
+                                     tables, policy, windows=windows)
+            roles.ps.Barrier()
+            server.serve()
+        else:
+            ep = WorkerEndpoint(roles.ps, roles.server_ranks, 1 << 30)
+            client = PSClient(ep, specs, roles.n_servers, policy, roles.n_workers, windows)
+            roles.ps.Barrier()
+            with core.abort_on_error(comm):   # a failed check must not leave ranks waiting
+                result = worker_fn(client, roles)
+            client.stop()
+        comm.Barrier()
+        free_windows(windows)
+    finally:
+        roles.free()
+    return roles, result
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("dtype,policy", [("float64", BSP()), ("float32", BSP()),
+                                          ("float64", SSP(1))])
+def test_rma_pull_equals_p2p_pull(dtype, policy):
+    comm = MPI.COMM_WORLD
+    spec = TableSpec("w", 10_007, 3, dtype, sparse=True)
+    dense = TableSpec("d", 50, 2, dtype, sparse=False)      # key order: ranges split 0-24/25-49
+    tables = [(spec, Optimizer("adagrad", 0.3)), (dense, Optimizer("sgd", 0.5))]
+    rng = np.random.default_rng(comm.rank)
+    compared = [0]
+
+    def pull(client, table, keys, fresh, rma):
+        windows = client.windows
+        client.windows = windows if rma else None
+        try:
+            out = client.pull(table, keys, fresh=fresh)
+        finally:
+            client.windows = windows
+        return out, client.read_version[client.ids[table]].copy()
+
+    def work(client, roles):
+        seen = []
+        for t in range(4):
+            keys = rng.choice(10_007, size=500, replace=True).astype(np.int64)
+            client.push("w", keys, rng.standard_normal((500, 3)))
+            client.push("d", np.arange(20, 30), rng.standard_normal((10, 2)))
+            client.clock(500)
+            probes = [np.arange(10_007), keys[::-1], np.array([5, 5, 5, 10_006]),
+                      np.empty(0, dtype=np.int64)]
+            for k in probes:
+                for fresh in (False, True):
+                    a, va = pull(client, "w", k, fresh, rma=False)
+                    b, vb = pull(client, "w", k, fresh, rma=True)
+                    assert a.dtype == b.dtype == np.dtype(dtype) and a.shape == (k.size, 3)
+                    if np.array_equal(va, vb):    # same shard versions read (always under BSP)
+                        np.testing.assert_array_equal(a, b)
+                        compared[0] += 1
+            a, va = pull(client, "d", np.arange(20, 30), True, rma=False)   # spans both servers
+            b, vb = pull(client, "d", np.arange(20, 30), True, rma=True)
+            np.testing.assert_array_equal(va, vb)
+            np.testing.assert_array_equal(a, b)
+            seen.append(float(np.abs(b).sum()))
+        assert compared[0] >= 4 * 4
+        return seen
+
+    roles, seen = _ps(comm, 2, tables, policy, work)
+    if roles.role == core.WORKER:
+        assert seen[-1] > 0 and len(set(seen)) == len(seen)   # the table did change
+
+
+@pytest.mark.mpi(min_size=3)
+def test_rma_pull_completes_while_server_applies_a_large_update():
+    """Worker 0 pushes 8 M keys (async: applied on arrival); worker 1 waits until the server's
+    busy flag is up, then does an RMA pull and sees the flag still up afterwards."""
+    comm = MPI.COMM_WORLD
+    n = 1 << 23
+    spec = TableSpec("w", n, 1, "float64", sparse=True)
+    tables = [(spec, Optimizer("adagrad", 0.1))]
+
+    def work(client, roles):
+        if roles.index == 0:
+            client.push("w", np.arange(n, dtype=np.int64), np.ones((n, 1)), n_examples=1,
+                        versions=np.zeros(1, dtype=np.int64))
+            return None
+        if roles.index != 1:
+            return None
+        win = client.windows[0]
+        hdr = np.zeros(header_len(roles.n_workers), dtype=np.int64)
+        server = client.ep.server_ranks[0]
+        deadline = time.monotonic() + 120
+        while True:                       # the busy flag, or the update already finished
+            win.read(server, hdr)
+            if hdr[H_BUSY] or hdr[H_VERSION] or time.monotonic() > deadline:
+                break
+        assert hdr[H_BUSY] == 1, "never saw the server busy applying (RMA read did not progress)"
+        got = client.pull("w", np.array([3, 1 << 22, n - 1]))
+        after = np.zeros_like(hdr)
+        win.read(server, after)
+        assert after[H_BUSY] == 1 and after[H_VERSION] == 0, "pull waited for the apply to end"
+        assert got.shape == (3, 1)
+        return True
+
+    roles, ok = _ps(comm, 1, tables, Async(), work)
+    if roles.role == core.WORKER and roles.index == 1:
+        assert ok
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _shm_bytes() -> int:
+    import os
+    total = 0
+    for root, _, files in os.walk("/dev/shm"):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+@pytest.mark.mpi(min_size=2)
+def test_windows_freed_repeatedly_do_not_grow_memory():
+    comm = MPI.COMM_WORLD.Dup()
+    size = 8 << 20
+    rounds = []
+    try:
+        for i in range(40):
+            ws = allocate_windows(comm, [size if comm.rank == 1 else 0, 4096])
+            mem = ws[0].local_array(0, np.float64, (size // 8,)) if comm.rank == 1 else None
+            if mem is not None:
+                mem[:] = i                       # touch every page
+            comm.Barrier()
+            if comm.rank == 0:
+                out = np.zeros(4)
+                hdr = np.zeros(1, dtype=np.int64)
+                ws[0].read(1, hdr, out.reshape(4, 1), np.arange(4, dtype=np.int64) * 8 * 1000)
+                assert (out == i).all()
+            comm.Barrier()
+            free_windows(ws)
+            assert all(w.freed for w in ws)
+            with pytest.raises(WindowFreedError):
+                ws[0].read(1, np.zeros(1, dtype=np.int64))
+            rounds.append((_rss_kb(), _shm_bytes()))
+    finally:
+        comm.Free()
+    rss = [r for r, _ in rounds]
+    shm = [s for _, s in rounds]
+    # after warm-up, 30 more rounds of 8 MB windows must not leave 30 x 8 MB behind
+    assert rss[-1] - rss[9] < 16 * 1024, rss
+    assert shm[-1] - shm[9] < 16 << 20, shm
+
+
+@pytest.mark.mpi(min_size=2)
+def test_window_arguments_checked():
+    comm = MPI.COMM_WORLD
+    with pytest.raises(ValueError, match="must be >= 0"):
+        ShardWindow(comm, -1)                  # raised before the collective call
+    w = ShardWindow(comm, 64)
+    try:
+        with pytest.raises(ValueError, match="does not fit"):
+            w.local_array(32, np.float64, (8,))
+        with pytest.raises(ValueError, match="int64"):
+            w.read(comm.rank, np.zeros(2, dtype=np.int32))
+    finally:
+        w.free()
+    w.free()                                    # idempotent
