@@ -196,3 +196,24 @@ def test_checkpoint_every_seconds(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = ck.list_steps(tmp_path / "t")
     assert len(steps) >= 2 and all(ck.verify(ck.step_dir(tmp_path / "t", s)) for s in steps)
+
+
+def test_resume_with_rma_windows_is_bit_identical_and_ssp_resumes(tmp_path):
+    """Restored rows must land in the RMA windows the workers read (BSP + rma: identical);
+    an SSP(2) + rma job resumes and finishes too."""
+    rma = "[consistency]\npull = \"rma\"\n"
+    ref = write_job(tmp_path / "ref.toml", job(tmp_path, "ref").read_text() + rma)
+    assert launch(4, ["train", ref], cwd=tmp_path)[0].returncode == 0
+    part = write_job(tmp_path / "p.toml", job(tmp_path, "p", epochs=1).read_text() + rma)
+    assert launch(4, ["train", part], cwd=tmp_path)[0].returncode == 0
+    full = write_job(tmp_path / "f.toml", job(tmp_path, "p").read_text() + rma)  # same run dir
+    proc, _ = launch(4, ["train", full], cwd=tmp_path)
+    assert proc.returncode == 0 and "resumed from checkpoint step" in proc.stdout, proc.stderr[-2000:]
+    assert_identical(weights(tmp_path / "p"), weights(tmp_path / "ref"))
+    ssp = rma.replace("[consistency]\n", "[consistency]\nmodel = \"ssp\"\nstaleness = 2\n")
+    s1 = write_job(tmp_path / "s1.toml", job(tmp_path, "s", epochs=1).read_text() + ssp)
+    assert launch(4, ["train", s1], cwd=tmp_path)[0].returncode == 0
+    s2 = write_job(tmp_path / "s2.toml", job(tmp_path, "s").read_text() + ssp)
+    proc, _ = launch(4, ["train", s2], cwd=tmp_path)
+    assert proc.returncode == 0 and "resumed from checkpoint step" in proc.stdout, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "s" / "metrics.json").read_text())["epochs"][-1]["epoch"] == 2
