@@ -159,7 +159,7 @@ def _checkpoint(directory: Path, run_dir=None, statuses=()) -> Source:
 def _model(path: Path, run_dir=None, statuses=()) -> Source:
     try:
         with h5py.File(path, "r") as f:
-            meta = {k: _plain(v) for k, v in f.attrs.items()}
+            meta = {k: ckpt.attr_value(v) for k, v in f.attrs.items()}
             if "job_name" not in meta or "config" not in meta:
                 raise AnalysisError(f"{path}: an HDF5 file, but neither an hpcps checkpoint "
                                     "manifest nor an hpcps model file (no job_name/config attributes)")
@@ -169,16 +169,6 @@ def _model(path: Path, run_dir=None, statuses=()) -> Source:
     if not tables:
         raise AnalysisError(f"{path}: model file has no tables")
     return Source("model", path, meta, run_dir, tuple(statuses))
-
-
-def _plain(v):
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
-    if isinstance(v, np.ndarray):
-        return [_plain(x) for x in v.tolist()] if v.dtype == object else v.tolist()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
 
 
 def resolve(path) -> Source:
@@ -224,7 +214,7 @@ def resolve(path) -> Source:
         return _checkpoint(p.parent)
     try:
         with h5py.File(p, "r") as f:
-            is_manifest = _plain(f.attrs.get("format")) == ckpt.FORMAT
+            is_manifest = ckpt.attr_value(f.attrs.get("format")) == ckpt.FORMAT
     except OSError as e:
         raise AnalysisError(f"{p}: not a readable HDF5 file ({_one_line(e)})") from None
     return _checkpoint(p.parent) if is_manifest else _model(p)

@@ -331,13 +331,13 @@ def read_manifest(directory) -> dict:
         with h5py.File(path, "r") as f:
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"{path}: not an hpcps checkpoint manifest")
-            m = {k: _plain(v) for k, v in f.attrs.items()}
-            m["shards"] = {k: _plain(v) for k, v in f["shards"].attrs.items()}
+            m = {k: attr_value(v) for k, v in f.attrs.items()}
+            m["shards"] = {k: attr_value(v) for k, v in f["shards"].attrs.items()}
             m["workers"] = {k: f["workers"][k][()] for k in f["workers"]}
             m["history"] = json.loads(f["metrics"].attrs["history"])
             m["partition"] = {}
             for name, g in f["partition"].items():
-                d = {k: _plain(v) for k, v in g.attrs.items()}
+                d = {k: attr_value(v) for k, v in g.attrs.items()}
                 d["ranges"] = g["ranges"][()]
                 d["slots"] = sorted(f["slots"][name].keys()) if "slots" in f and name in f["slots"] else []
                 m["partition"][name] = d
@@ -346,11 +346,12 @@ def read_manifest(directory) -> dict:
     return m
 
 
-def _plain(v):
+def attr_value(v):
+    """An HDF5 attribute value as plain Python: str (never bytes), int, float or list."""
     if isinstance(v, bytes):
-        return v.decode()
+        return v.decode("utf-8", "replace")
     if isinstance(v, np.ndarray):
-        return [_plain(x) for x in v.tolist()] if v.dtype == object else v.tolist()
+        return [attr_value(x) for x in v.tolist()] if v.dtype == object else v.tolist()
     if isinstance(v, np.generic):
         return v.item()
     return v
