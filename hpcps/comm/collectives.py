@@ -59,6 +59,53 @@ def bcast_int(comm: MPI.Intracomm, value: int, root: int = 0) -> int:
     return int(buf[0])
 
 
+class StopVote:
+    """Non-blocking agreement that some rank wants to stop, for ranks that must not wait for
+    each other every step (SSP, async).
+
+    Rounds of ``Iallreduce(MAX)`` of a stop flag run on a private duplicate of ``comm``; a new
+    round starts on a rank when its previous one completed, so no rank ever blocks in
+    :meth:`poll`, and rank's numbers of started rounds differ by at most one.
+    :meth:`finish` (collective over ``comm``) evens them out and completes the last round.
+    Every rank of ``comm`` must create the vote, call :meth:`poll` and call :meth:`finish`.
+    """
+
+    def __init__(self, comm: MPI.Intracomm):
+        self.owner = comm
+        self.comm = comm.Dup()
+        self.req = None
+        self.started = 0
+        self.send = np.zeros(1, dtype=np.int32)
+        self.recv = np.zeros(1, dtype=np.int32)
+
+    def _start(self, flag: bool) -> None:
+        self.send[0] = 1 if flag else 0
+        self.req = self.comm.Iallreduce(self.send, self.recv, op=MPI.MAX)
+        self.started += 1
+
+    def poll(self, flag: bool) -> bool:
+        """Offer this rank's flag; True once a completed round saw a flag on any rank. Local
+        (never waits), but every rank must keep calling it."""
+        if self.req is None:
+            self._start(flag)
+        if self.req.Test():
+            self.req = None
+            return bool(self.recv[0])
+        return False
+
+    def finish(self) -> None:
+        """Even out the rounds and complete them; free the private communicator. Collective."""
+        most = int(allreduce_max(self.owner, np.array([self.started], dtype=np.int64))[0])
+        if self.started < most:
+            if self.req is not None:       # cannot happen: a rank behind has no round open
+                self.req.Wait()
+            self._start(False)
+        if self.req is not None:
+            self.req.Wait()
+            self.req = None
+        self.comm.Free()
+
+
 def barrier(comm: MPI.Intracomm) -> None:
     """``comm.Barrier()``. Collective."""
     comm.Barrier()

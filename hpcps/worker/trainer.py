@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ..comm.collectives import allreduce_max, allreduce_sum, gatherv
+from ..comm.collectives import StopVote, allreduce_max, allreduce_sum, gatherv
 from ..comm.core import any_rank_failed
 from ..data.source import load_split
 from ..consistency import BSP
@@ -154,6 +154,10 @@ class Trainer:
         clock0 = self.client.clock_value
         local_examples = 0
         steps = steps_full
+        # stop signals: under BSP the workers are in step anyway and agree with one Allreduce
+        # per step; under SSP/async that would tie them together, so they vote without waiting
+        vote = StopVote(self.comm) if self.stop is not None and self.policy.staleness != 0 else None
+        self._stop_target = None
         for epoch in range(start_epoch, t.epochs):
             if epoch == start_epoch and plan:
                 # resumed mid-epoch on another number of workers: the epoch's remaining rows
@@ -182,7 +186,7 @@ class Trainer:
                 self.client.clock(int(rows.size))
                 if checkpointer is not None:
                     checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
-                if self.stop is not None and any_rank_failed(self.comm, self.stop.requested):
+                if self.stop is not None and self._stop_now(vote):
                     # a stop signal reached some worker: all checkpoint here and leave
                     if self.is_chief:
                         self._say(f"stop requested by signal at clock {self.client.clock_value}: "
@@ -208,6 +212,8 @@ class Trainer:
                 self.history.append(rec)
                 if self.on_epoch:
                     self.on_epoch(rec)
+        if vote is not None:
+            vote.finish()
         if checkpointer is not None and not self.stopped_by_signal:
             checkpointer.at_end(self.client.clock_value, t.epochs - 1, steps, plan, self.history)
         elapsed = time.perf_counter() - t0
@@ -216,6 +222,18 @@ class Trainer:
                 "steps": self.client.clock_value - clock0, "epochs": t.epochs,
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
+
+    def _stop_now(self, vote) -> bool:
+        """Whether every worker stops after this step (see :mod:`hpcps.signals`). Collective
+        over the workers: under BSP one Allreduce per step; under SSP/async a non-blocking
+        :class:`~hpcps.comm.collectives.StopVote`, then one Allreduce of the clocks so that all
+        stop at the same clock (the largest; the others catch up to it)."""
+        if vote is None:
+            return any_rank_failed(self.comm, self.stop.requested)
+        if self._stop_target is None and vote.poll(self.stop.requested):
+            clock = np.array([self.client.clock_value], dtype=np.int64)
+            self._stop_target = int(allreduce_max(self.comm, clock)[0])
+        return self._stop_target is not None and self.client.clock_value >= self._stop_target
 
     def _max_steps(self, n_rows: int) -> int:
         """Steps every worker runs so that the largest partition is covered. Collective."""

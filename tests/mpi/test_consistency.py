@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from hpcps.config import parse_job
 from hpcps.job import run_job
+from hpcps.signals import StopRequest
 from hpcps.output import read_model
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "adult.csv.gz"
@@ -55,7 +56,9 @@ def _run(tmp, tag, consistency, step_hook=None, servers=2, rows=1500, bits=12, d
                       out=tmp / tag)
     cfg = parse_job(text, tmp / f"{tag}.toml")
     with open("/dev/null", "w") as null:
-        summary = run_job(cfg, comm, out=null, step_hook=step_hook)
+        # a StopRequest (no signal arrives) as `hpcps train` passes one: its stop vote must not
+        # tie SSP/async workers together
+        summary = run_job(cfg, comm, out=null, step_hook=step_hook, stop=StopRequest())
     comm.Barrier()
     summary = comm.bcast(summary, root=0)            # test-side only (pickle is fine here)
     model = read_model(cfg.output.dir / "model.h5")["tables"] if comm.rank == 0 else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -266,6 +267,52 @@ def test_lost_rank_requeues_and_finishes_from_last_checkpoint(slurm, reference, 
     finally:
         sub.cancel()
     print(f"kill -9 rank {victim}: {time.time() - t0:.1f} s from sbatch to COMPLETED")
+
+
+def _slurm_pmix_usable() -> bool:
+    # Slurm's mpi/pmix plugin dlopens the unversioned libpmix.so (Debian: libpmix-dev)
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=30).stdout
+    except OSError:
+        return False
+    return "libpmix.so " in out
+
+
+@pytest.mark.timeout(240)
+def test_srun_path_forwards_usr1_requeues_and_resumes(slurm, tmp_path):
+    """The srun launcher (srun --mpi=pmix, 2 tasks: the Open MPI wheel's limit under srun)."""
+    if not _slurm_pmix_usable():
+        msg = "libpmix.so missing: Slurm's mpi/pmix cannot load (apt-get install libpmix-dev)"
+        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+            pytest.fail("CI is set but " + msg)
+        pytest.skip(msg)
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "job.toml").write_text(JOB)
+    p = subprocess.run(["sbatch", "--parsable", "--overcommit", "--ntasks=2",
+                        "--export=ALL,HPCPS_LAUNCHER=srun-pmix,HPCPS_MAX_RESTARTS=1", str(TRAIN),
+                        "job.toml"], cwd=tmp_path, env=client_env(slurm), capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    sub = Submitted(slurm, tmp_path, p.stdout.strip())
+    total = EPOCHS * 150                       # one worker: 4800 rows / 32
+    try:
+        sub.wait_for("the first checkpoint", lambda: newest_checkpoint(sub.run_dir) >= EVERY, 120)
+        slurm.run("scancel", "--signal=USR1", "--batch", sub.id)
+        info = sub.wait_done(180)
+        text = sub.text()
+        assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", f"{info}\n{text[-4000:]}"
+        assert "launcher srun-pmix: srun -n 2 --kill-on-bad-exit=1 --mpi=pmix" in text
+        m = re.search(r"stop requested by signal at clock (\d+)", text)
+        assert m, text[-4000:]
+        clock = int(m.group(1))
+        assert "launcher exited with status 75" in text, text[-4000:]
+        assert f"resumed from checkpoint step {clock} " in text, text[-4000:]
+        s = json.loads((sub.run_dir / "metrics.json").read_text())["summary"]
+        assert s["steps"] + clock == total, (s["steps"], clock)
+        assert int(model(sub.run_dir)[2]["step"]) == total
+    finally:
+        sub.cancel()
 
 
 def test_max_restarts_bounds_requeues(slurm, tmp_path):
