@@ -29,7 +29,7 @@ from tests.helpers import DATA, ROOT
 TRAIN = ROOT / "slurm" / "train.sbatch"
 MULTI = ROOT / "slurm" / "multinode.sbatch"
 STEPS_PER_EPOCH = 50          # 4800 training rows / (3 workers x 32 rows)
-EPOCHS = 3
+EPOCHS = 2
 EVERY = 10
 
 JOB = f"""
@@ -188,13 +188,13 @@ def test_train_sbatch_completes_with_output_and_model(reference):
     assert info["Restarts"] == "0" and info["ExitCode"] == "0:0", info
     assert "launcher mpirun:" in text and "--bind-to none" in text    # the Open MPI wheel path
     assert f"run directory {sub.run_dir}" in text
-    assert "finished; outputs in" in text and "done: 3 epoch(s)" in text, text[-3000:]
+    assert "finished; outputs in" in text and f"done: {EPOCHS} epoch(s)" in text, text[-3000:]
     assert mdl is not None, text[-3000:]
     w, b, attrs = mdl
     assert w.shape == (2**14, 1) and b.shape == (1, 1) and np.isfinite(w).all()
     assert int(attrs["step"]) == TOTAL and int(attrs["epoch"]) == EPOCHS
     metrics = json.loads((sub.run_dir / "metrics.json").read_text())
-    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
+    assert [e["epoch"] for e in metrics["epochs"]] == list(range(1, EPOCHS + 1))
     assert metrics["summary"]["steps"] == TOTAL
     assert metrics["epochs"][-1]["test_auc"] > 0.85
     # periodic checkpoints, the newest kept ones only
@@ -240,7 +240,7 @@ def test_preempted_job_checkpoints_requeues_resumes_every_step_once(slurm, refer
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("victim", [1, 3], ids=["worker-rank-1", "server-rank-3"])
+@pytest.mark.parametrize("victim", [3], ids=["server-rank-3"])   # workers: tests/e2e/test_restart.py
 def test_lost_rank_requeues_and_finishes_from_last_checkpoint(slurm, reference, tmp_path, victim):
     if reference[1].get("JobState") != "COMPLETED" or reference[2] is None:
         pytest.fail("the uninterrupted reference run failed (see test_train_sbatch_completes...)")
