@@ -2,7 +2,8 @@
 """Run the whole hpcps test suite: the README's test command (``python tests/run.py``).
 
 1. unit tests in one pytest process, then each end-to-end file (``tests/e2e/test_*.py``, which
-   launch real ``mpirun`` jobs) in its own, each with a timeout;
+   launch real ``mpirun`` jobs) in its own, then ``tests/slurm`` (a real one-node Slurm, started
+   by its fixture), each with a timeout;
 2. every ``tests/mpi/test_*.py`` under ``mpirun -n K python -m pytest --with-mpi`` for each K
    listed in its ``# mpi-ranks: ...`` line, each launch in its own process with a timeout so
    that one hang cannot eat the budget.
@@ -78,7 +79,9 @@ def main() -> int:
     total_p = total_f = 0
     if not args.only_mpi:
         # unit tests in one process; each end-to-end file (real mpirun launches) in its own
-        for target in ["tests/unit"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "e2e").glob("test_*.py")):
+        e2e = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "e2e").glob("test_*.py"))
+        # tests/slurm starts a private one-node Slurm (skips without Slurm unless CI is set)
+        for target in ["tests/unit"] + e2e + ["tests/slurm"]:
             cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no", target]
             if args.k:
                 cmd += ["-k", args.k]
