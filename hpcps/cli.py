@@ -49,7 +49,7 @@ def cmd_train(args) -> int:
         error = str(e)
     from .checkpoint import ResumeError
     from .comm import core
-    from .job import run_job
+    from .job import ResourceError, run_job
 
     world = core.world()
     try:
@@ -65,7 +65,7 @@ def cmd_train(args) -> int:
             res = run_job(cfg, world, resume=args.resume, stop=stop)
             if res and res.get("stopped_by_signal"):
                 return EXIT_REQUEUE
-        except (ConfigError, core.LaunchError, ResumeError) as e:
+        except (ConfigError, core.LaunchError, ResumeError, ResourceError) as e:
             # raised identically on every rank before any parameter-server traffic
             _fail(str(e))
             core.barrier_before_exit(world)

@@ -72,6 +72,69 @@ def find_restore(cfg, world, resume="auto", out=None):
     return d, ckpt.read_manifest(d)
 
 
+class ResourceError(RuntimeError):
+    """The job cannot fit this machine (raised identically on every rank before training)."""
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations on this node (``MemAvailable`` of
+    /proc/meminfo), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def server_bytes(tables, n_servers: int) -> tuple[int, list[str]]:
+    """Bytes of the largest server's shards (rows and optimizer slots) and the arithmetic."""
+    from .tables import KeyPartition
+
+    total, parts = 0, []
+    for spec, opt in tables:
+        rows = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).range_size
+        copies = 1 + len(opt.slot_names)
+        item = np.dtype(spec.dtype).itemsize
+        b = rows * spec.dim * item * copies
+        total += b
+        parts.append(f"{spec.name}: {rows:,} rows x {spec.dim} x {item} B x {copies} "
+                     f"(weights{' + ' + ', '.join(opt.slot_names) if opt.slot_names else ''}) "
+                     f"= {b / 2**30:,.2f} GiB")
+    return total, parts
+
+
+def check_memory(cfg, tables, world) -> None:
+    """Refuse a job whose tables do not fit the servers' memory, showing the arithmetic.
+    Collective over ``world`` (one Allreduce): every rank raises :class:`ResourceError` when
+    any server rank's node lacks the memory.
+
+    The test is per node: the shards of all servers placed on one node (by hostname) must fit
+    its ``MemAvailable``.
+    """
+    need, parts = server_bytes(tables, cfg.cluster.servers)
+    roles = core.role_map(world.Get_size(), cfg.cluster.servers)
+    is_server = roles[world.Get_rank()] == core.SERVER
+    have = available_memory()
+    # servers sharing this node (ranks on one host): counted through the node's shared comm
+    node = world.Split_type(core.SHARED, key=world.Get_rank())
+    try:
+        here = int(core.node_sum(node, 1 if is_server else 0))
+    finally:
+        node.Free()
+    short = is_server and have is not None and need * here > have
+    if core.any_rank_failed(world, short):
+        detail = "; ".join(parts)
+        where = (f"{here} server(s) on this node need {here} x {need / 2**30:,.2f} GiB = "
+                 f"{here * need / 2**30:,.2f} GiB but {have / 2**30:,.2f} GiB is available"
+                 if short else "a server's node lacks the memory (see that rank's message)")
+        raise ResourceError(f"the tables do not fit the servers' memory: per server {detail}; "
+                            f"{where}. Use more servers ([cluster] servers = "
+                            f"{cfg.cluster.servers} now), fewer keys, or float32.")
+
+
 def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
@@ -96,6 +159,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     restore = find_restore(cfg, world, resume, out)
     if restore is not None:
         ckpt.check_compatible(restore[0], restore[1], specs)   # every rank, before any traffic
+    check_memory(cfg, tables, world)
     roles = core.split_roles(world, cfg.cluster.servers)
     t_start = time.perf_counter()
     stats = np.zeros(len(STAT_FIELDS))

@@ -22,6 +22,7 @@ from mpi4py.util.dtlib import from_numpy_dtype
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
 SERVER = "server"
+SHARED = MPI.COMM_TYPE_SHARED
 WORKER = "worker"
 
 
@@ -88,6 +89,13 @@ def any_rank_failed(comm: MPI.Intracomm, failed: bool) -> bool:
     out = np.zeros(1, dtype=np.int32)
     comm.Allreduce(flag, out, op=MPI.MAX)
     return bool(out[0])
+
+
+def node_sum(comm: MPI.Intracomm, value: int) -> int:
+    """Sum of an int over ``comm`` (e.g. the ranks of one node). Collective."""
+    out = np.zeros(1, dtype=np.int64)
+    comm.Allreduce(np.array([value], dtype=np.int64), out, op=MPI.SUM)
+    return int(out[0])
 
 
 def barrier_before_exit(comm: MPI.Intracomm) -> None:
@@ -204,7 +212,8 @@ def abort_on_error(comm: MPI.Comm, stream=None):
     except BaseException as e:  # noqa: BLE001 - every failure must end the job
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         if isinstance(e, (LaunchError,)) or type(e).__name__ in (
-                "ConfigError", "DataError", "CheckpointError", "ResumeError", "NonFiniteError"):
+                "ConfigError", "DataError", "CheckpointError", "ResumeError", "NonFiniteError",
+                "ResourceError"):
             text = f"{type(e).__name__}: {e}\n"
         _report_and_abort(comm, stream, text.rstrip(), code=1)
 

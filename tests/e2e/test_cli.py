@@ -125,3 +125,13 @@ def test_world_of_one_while_the_launcher_says_more(tmp_path):
                 os.unlink(os.path.join("/dev/shm", name))
     assert proc.returncode == 2
     assert "world of 1 rank but the launcher started 4" in proc.stderr
+
+
+def test_tables_too_big_for_memory_are_refused_with_the_arithmetic(tmp_path):
+    job = write_job(tmp_path / "big.toml", SMALL.replace("max_rows = 6000", "max_rows = 6000\nhash_bits = 36"))
+    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("the tables do not fit the servers' memory") == 3
+    assert "68,719,476,736 rows x 1 x 4 B x 2 (weights + accumulator) = 512.00 GiB" in proc.stderr
+    assert "GiB is available" in proc.stderr
+    assert secs < 60
