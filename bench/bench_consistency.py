@@ -64,7 +64,7 @@ def main() -> int:
                                       .replace("/", "-").replace("(", "").replace(")", "")
                                       .replace("=", "")))
         with abort_on_error(comm):
-            s = run_job(cfg, comm, out=io.StringIO())
+            s = run_job(cfg, comm, out=io.StringIO(), resume="never")   # every run trains afresh
         if comm.Get_rank() == 0:
             import json
             ep = json.loads((cfg.output.dir / "metrics.json").read_text())["epochs"][-1]

@@ -97,6 +97,9 @@ def cmd_run(args) -> int:
         return _fail(str(e))
     cmd, env = launch.build_command(n, job, mpirun=mpirun, flavour=launch.mpi_flavour(mpirun),
                                     extra=args.mpirun_args)
+    resume = args.resume or ("never" if args.func is cmd_check else "auto")
+    if resume != "auto":
+        cmd += ["--resume", resume]
     shown = " ".join(f"{k}={v}" for k, v in env.items())
     print(f"hpcps run: {(shown + ' ') if shown else ''}{' '.join(cmd)}", flush=True)
     if args.dry_run:
@@ -108,6 +111,9 @@ def cmd_run(args) -> int:
         restarts += 1
         print(f"hpcps run: mpirun exited with status {rc}; restart {restarts}/{args.max_restarts} "
               "(the job resumes from its newest valid checkpoint)", flush=True)
+        if "--resume" in cmd:                  # a restart continues from the checkpoints
+            i = cmd.index("--resume")
+            cmd = cmd[:i] + cmd[i + 2:]
         rc = launch.run(cmd, env)
     return rc
 
@@ -175,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("-n", type=int, default=0, help="number of ranks (default: servers + 3)")
         r.add_argument("--mpirun", help="mpirun to use (default: next to python, then PATH)")
         r.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+        r.add_argument("--resume", default=None,
+                       help="passed to `hpcps train`: auto (default for run: continue from the "
+                            "newest valid checkpoint), never (default for check: train afresh), "
+                            "or a checkpoint directory; restarts after a failure always resume")
         r.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="relaunch mpirun up to N times after a failure (e.g. a rank was "
                             "killed); the job resumes from its newest valid checkpoint")

@@ -194,7 +194,8 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
                 barrier(roles.ps)
 
             def on_epoch(rec):
-                history.append(rec)
+                # the trainer's history: epochs of earlier launches (from the checkpoint) + this
+                history[:] = trainer.history
                 write_metrics(cfg.output.dir / "metrics.json",
                               {"job": cfg.name, "hpcps_version": __version__,
                                "config": to_dict(cfg), "epochs": history})
@@ -206,10 +207,12 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
             if policy.aggregate:
                 checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
                                             roles.n_workers, [t[1].slot_names for t in tables], out)
-            elif roles.is_chief and (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds):
+            elif roles.is_chief and (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds
+                                     or cfg.checkpoint.at_end):
                 out.write("hpcps: warning: checkpoints are not taken under async consistency "
                           "yet (no consistent cut); this run writes none\n")
             result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer)
+            history[:] = trainer.history
             result["checkpoints"] = {"count": checkpointer.count if checkpointer else 0,
                                      "seconds": checkpointer.seconds if checkpointer else 0.0,
                                      "bytes": checkpointer.bytes if checkpointer else 0}

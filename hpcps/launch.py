@@ -4,7 +4,9 @@
   into the virtual environment), then on ``PATH``;
 * adds oversubscription only when more ranks than cores are asked for
   (Open MPI 5: ``--map-by :OVERSUBSCRIBE``; Open MPI 4: ``--oversubscribe``; MPICH needs none);
-* sets Open MPI's run-as-root variables only when running as root;
+* sets Open MPI's run-as-root variables only when running as root, and ``OMPI_MCA_osc=^ucx``
+  (unless set) to skip the UCX one-sided component, whose failed query prints an error per
+  rank on machines without UCX hardware;
 * forwards SIGINT, SIGUSR1 and SIGUSR2 to mpirun (which passes them to the ranks); the first
   SIGTERM is sent on as SIGUSR1 (Open MPI's mpirun kills the ranks on SIGTERM, while hpcps
   ranks take SIGUSR1 as "checkpoint and exit with status 75"), a second one as SIGTERM;
@@ -82,6 +84,10 @@ def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), core
             cmd += ["--map-by", ":OVERSUBSCRIBE"] if major >= 5 else ["--oversubscribe"]
         if is_root:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        if "OMPI_MCA_osc" not in os.environ:
+            # the UCX one-sided component fails its query on machines without UCX networks and
+            # prints an error per rank; Open MPI then uses its shared-memory one anyway
+            env["OMPI_MCA_osc"] = "^ucx"
     cmd += list(extra)
     cmd += [python or sys.executable, "-m", "hpcps", "train", str(job)]
     return cmd, env

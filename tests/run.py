@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SKIPPED: list = []
 TIMEOUT = int(os.environ.get("HPCPS_TEST_TIMEOUT", "900"))
 
 
@@ -42,6 +43,7 @@ def counts(text: str) -> tuple[int, int]:
     tail = text.strip().splitlines()[-1:] or [""]
     line = tail[0]
     p = sum(int(m) for m in re.findall(r"(\d+) passed", line))
+    SKIPPED.append(sum(int(m) for m in re.findall(r"(\d+) skipped", line)))
     f = sum(int(m) for m in re.findall(r"(\d+) (?:failed|error|errors)\b", line))
     return p, f
 
@@ -99,7 +101,8 @@ def main() -> int:
                 # every rank prints its own summary line; count rank 0's (the last line seen)
                 total_p += p
                 total_f += f
-    print(f"\n{total_p} passed, {total_f} failed")
+    skipped = sum(SKIPPED)
+    print(f"\n{total_p} passed, {total_f} failed" + (f", {skipped} skipped" if skipped else ""))
     return 1 if total_f else 0
 
 

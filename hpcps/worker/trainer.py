@@ -148,6 +148,14 @@ class Trainer:
                 self._say(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
                           f"step {int(restore['step_in_epoch'])} of the epoch, written by "
                           f"{restore['n_workers']} worker(s) and {restore['n_servers']} server(s))")
+                if restore.get("config", cfg.text) != cfg.text:
+                    self._say("hpcps: warning: the job file differs from the one the checkpoint was "
+                              "written with; training continues with the new settings")
+                if (start_epoch == t.epochs - 1 and start_step >= steps_full and not plan):
+                    self._say(f"hpcps: note: this job already finished (checkpoint at its last "
+                              f"step, in {cfg.output.dir}); nothing is trained, the model is "
+                              "re-evaluated. To train again: --resume never, or another "
+                              "[output] dir or job name")
         total_steps = steps_full * t.epochs
         examples_per_step = n_train / max(1, math.ceil(n_train / (t.batch_size * self.n_workers)))
         t0 = last = time.perf_counter()

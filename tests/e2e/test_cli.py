@@ -54,6 +54,11 @@ def test_full_quickstart_matches_scikit_learn_and_analysis_commands_work(tmp_pat
     assert re.search(r"scikit-learn LogisticRegression +test AUC 0\.9\d+", proc.stdout)
     assert "check: hpcps AUC" in proc.stdout and "OK" in proc.stdout
     run = tmp_path / "runs" / "adult_lr"
+    # running the finished job again says so instead of silently training nothing
+    proc2, _ = hpcps(["run"], cwd=tmp_path)
+    assert proc2.returncode == 0 and "this job already finished" in proc2.stdout, proc2.stdout[-2000:]
+    history = json.loads((run / "metrics.json").read_text())["epochs"]
+    assert [e["epoch"] for e in history] == [1, 2, 3]          # earlier launches' epochs kept
     auc = json.loads((run / "metrics.json").read_text())["epochs"][-1]["test_auc"]
     ckpts = sorted((run / "ckpt").iterdir())
     assert ckpts, "the quick-start job writes a checkpoint at the end"

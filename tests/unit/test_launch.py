@@ -19,11 +19,16 @@ def test_oversubscribe_only_when_more_ranks_than_cores():
     assert "--map-by" not in cmd and "--oversubscribe" not in cmd and env == {}
 
 
-def test_run_as_root_variables_only_for_root():
+def test_run_as_root_variables_only_for_root(monkeypatch):
+    monkeypatch.delenv("OMPI_MCA_osc", raising=False)
     _, env = launch.build_command(4, "j", mpirun="m", flavour=("openmpi", 5), cores=8, is_root=False)
-    assert env == {}
+    assert env == {"OMPI_MCA_osc": "^ucx"}
     _, env = launch.build_command(4, "j", mpirun="m", flavour=("openmpi", 5), cores=8, is_root=True)
-    assert env == {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    assert env == {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                   "OMPI_MCA_osc": "^ucx"}
+    monkeypatch.setenv("OMPI_MCA_osc", "sm")                 # the user's choice is kept
+    _, env = launch.build_command(4, "j", mpirun="m", flavour=("openmpi", 5), cores=8, is_root=False)
+    assert "OMPI_MCA_osc" not in env
 
 
 def test_command_runs_this_python_and_the_job():
