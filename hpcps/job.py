@@ -203,14 +203,9 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
             trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
                               roles.is_chief, on_epoch=on_epoch, out=out, policy=policy,
                               step_hook=step_hook, stop=stop)
-            checkpointer = None
-            if policy.aggregate:
-                checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
-                                            roles.n_workers, [t[1].slot_names for t in tables], out)
-            elif roles.is_chief and (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds
-                                     or cfg.checkpoint.at_end):
-                out.write("hpcps: warning: checkpoints are not taken under async consistency "
-                          "yet (no consistent cut); this run writes none\n")
+            checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
+                                        roles.n_workers, [t[1].slot_names for t in tables], out,
+                                        async_cut=not policy.aggregate, flush=trainer.steps.flush)
             result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer)
             history[:] = trainer.history
             result["checkpoints"] = {"count": checkpointer.count if checkpointer else 0,

@@ -52,6 +52,14 @@ def gather_rows(comm: MPI.Intracomm, row: np.ndarray, root: int = 0):
     return out
 
 
+def allgather_rows(comm: MPI.Intracomm, row) -> np.ndarray:
+    """Stack one fixed-length int64 row per rank on every rank → ``(size, n)``. Collective."""
+    a = native_contiguous(np.asarray(row, dtype=np.int64)).reshape(-1)
+    out = np.empty((comm.Get_size(), a.size), dtype=np.int64)
+    comm.Allgather(a, out)
+    return out
+
+
 def bcast_int(comm: MPI.Intracomm, value: int, root: int = 0) -> int:
     """Broadcast one int64 from ``root``; returns it on every rank. Collective."""
     buf = np.array([value], dtype=np.int64)

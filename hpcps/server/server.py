@@ -132,6 +132,7 @@ class ParameterServer:
         self.examples = {}                   # clock -> examples pushed in that step
         self.pending = {}                    # clock -> {table: [(worker, rows, grads)]}
         self.waiting_pulls = []              # (source, header, rows) deferred by the policy
+        self.pushes_applied = [0] * self.n_workers    # PUSH messages per worker
         self.stopped = set()
         self.staleness = StalenessHistogram()  # of every applied push
 
@@ -170,8 +171,11 @@ class ParameterServer:
             c = int(h[tp.H_CLOCK])
             check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
                          f"{self.worker_of_rank[source]} at clock {c}", grads)
+            self.pushes_applied[self.worker_of_rank[source]] += 1
             if not self.policy.aggregate:
                 self._apply_now(shard, rows, grads, h)
+                if self.waiting_pulls:
+                    self._answer_waiting()           # a checkpoint may wait for this push
                 return
             if c < self.clock:
                 raise RuntimeError(f"server {self.index}: push for clock {c} from worker "
@@ -202,10 +206,12 @@ class ParameterServer:
             else:
                 self.waiting_pulls.append((source, h, None))
         elif op == tp.CHECKPOINT:
-            if self.clock >= int(h[tp.H_CLOCK]):
+            n = int(h[tp.H_NKEYS])
+            expected = self.ep.recv_keys(source, n, op) if n else None
+            if self._cut_ready(h, expected):
                 self._checkpoint(source, h)
             else:
-                self.waiting_pulls.append((source, h, None))
+                self.waiting_pulls.append((source, h, expected))
         elif op == tp.STOP:
             self.stopped.add(source)
         else:
@@ -267,7 +273,7 @@ class ParameterServer:
         for source, h, rows in self.waiting_pulls:
             op = int(h[tp.H_OP])
             if op == tp.CHECKPOINT:
-                ready = self.clock >= int(h[tp.H_CLOCK])
+                ready = self._cut_ready(h, rows)       # rows holds the expected push counts
             elif op == tp.PULL_SHARD:
                 ready = self.clock >= int(h[tp.H_CLOCK])
             else:
@@ -283,6 +289,13 @@ class ParameterServer:
             else:
                 still.append((source, h, rows))
         self.waiting_pulls = still
+
+    def _cut_ready(self, h, expected) -> bool:
+        """A checkpoint may be written: every step before it applied and, under async, every
+        push each worker sent before the cut (``expected[w]`` messages) applied."""
+        if self.clock < int(h[tp.H_CLOCK]):
+            return False
+        return expected is None or all(a >= e for a, e in zip(self.pushes_applied, expected))
 
     def _checkpoint(self, source, h) -> None:
         """Write this server's shard for the checkpoint at step ``h[clock]``; reply with the

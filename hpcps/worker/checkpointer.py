@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from .. import checkpoint as ckpt
-from ..comm.collectives import bcast_int
+from ..comm.collectives import allgather_rows, barrier, bcast_int
 
 
 class Checkpointer:
@@ -34,7 +34,8 @@ class Checkpointer:
     out : text stream for the one-line reports (worker 0).
     """
 
-    def __init__(self, cfg, client, comm, is_chief, n_workers, slot_names, out):
+    def __init__(self, cfg, client, comm, is_chief, n_workers, slot_names, out, async_cut=False,
+                 flush=None):
         self.cfg = cfg
         self.c = cfg.checkpoint
         self.client = client
@@ -49,6 +50,8 @@ class Checkpointer:
         self.bytes = 0
         self.count = 0
         self.steps_per_epoch = 0
+        self.async_cut = async_cut      # servers apply pushes on arrival: cut by push counts
+        self.flush = flush
 
     def after_step(self, clock, epoch, step_in_epoch, plan, history) -> None:
         """Called by every worker after each clock. Collective when ``every_seconds`` is set."""
@@ -65,14 +68,31 @@ class Checkpointer:
             self.write(clock, epoch, step_in_epoch, plan, history)
 
     def write(self, clock, epoch, step_in_epoch, plan, history) -> None:
-        """Worker 0 writes the checkpoint at ``clock``; the others only note it. Not collective."""
+        """Worker 0 writes the checkpoint at ``clock``; the others only note it.
+
+        Not collective under BSP/SSP. Under async (``async_cut``) it is collective over the
+        workers: each pushes what it holds locally, the push counts are gathered so that
+        every server waits for exactly the pushes sent before the cut, and all workers wait
+        (a barrier) until the checkpoint is written, so that no push crosses the cut.
+        """
         self.last_step = clock
         self.last_time = time.perf_counter()
-        if not self.is_chief:
-            return
+        pushes = None
+        if self.async_cut:
+            if self.flush is not None:
+                self.flush()
+            pushes = allgather_rows(self.comm, self.client.pushes_sent)
+        try:
+            if self.is_chief:
+                self._write(clock, epoch, step_in_epoch, plan, history, pushes)
+        finally:
+            if self.async_cut:
+                barrier(self.comm)
+
+    def _write(self, clock, epoch, step_in_epoch, plan, history, pushes) -> None:
         t0 = time.perf_counter()
         d = ckpt.step_dir(self.cfg.output.dir, clock)
-        shards = self.client.checkpoint(clock)
+        shards = self.client.checkpoint(clock, pushes)
         partitions = {}
         for spec, part, slots in zip(self.client.specs, self.client.parts, self.slot_names):
             partitions[spec.name] = dict(
@@ -82,7 +102,8 @@ class Checkpointer:
         path = ckpt.write_manifest(
             d, cfg_text=self.cfg.text, job_name=self.cfg.name, step=clock, epoch=epoch,
             step_in_epoch=step_in_epoch, steps_per_epoch=self.steps_per_epoch, n_workers=self.n_workers,
-            worker_clocks=[clock] * self.n_workers, last_push_seq=[0] * self.n_workers,
+            worker_clocks=[clock] * self.n_workers,
+            last_push_seq=(pushes.sum(axis=1) if pushes is not None else [0] * self.n_workers),
             shards=shards, partitions=partitions, history=history,
             extra={"epoch_plan": json.dumps(plan)})
         ckpt.prune(self.cfg.output.dir, self.c.keep, warn=self._say)

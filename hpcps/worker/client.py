@@ -55,6 +55,7 @@ class PSClient:
         self.ids = {s.name: i for i, s in enumerate(self.specs)}
         self.parts = [KeyPartition(s.num_keys, n_servers, permute=s.sparse) for s in self.specs]
         self.n_servers = n_servers
+        self.pushes_sent = np.zeros(n_servers, dtype=np.int64)   # PUSH messages per server
         self.clock_value = 0
         self.seq = 0
         self.policy = policy or BSP()
@@ -208,6 +209,7 @@ class PSClient:
             self.ep.send(s, tp.make_header(tp.PUSH, tid, self.clock_value, b - a, n_examples,
                                            seq=self.seq, dim=spec.dim, aux=int(versions[s])),
                          k[a:b], g[a:b])
+            self.pushes_sent[s] += 1
         self.ep.complete(tp.PUSH)
         self.seq += 1
 
@@ -240,12 +242,20 @@ class PSClient:
             out[part.shard_keys(s)] = buf
         return out
 
-    def checkpoint(self, step: int) -> list:
+    def checkpoint(self, step: int, pushes=None) -> list:
         """Ask every server to write its shard for the checkpoint at ``step``.
 
         Each server writes once it has applied every step ``< step`` (a consistent cut:
-        it cannot have applied more, as this worker has not clocked ``step`` yet).
-        Point-to-point; called by worker 0 only.
+        it cannot have applied more, as this worker has not clocked ``step`` yet) and, when
+        ``pushes`` is given, once it has applied ``pushes[w, s]`` push messages from each
+        worker ``w`` (the asynchronous cut: pushes are applied on arrival, so the server
+        waits for exactly the ones sent before the cut). Point-to-point; worker 0 only.
+
+        Parameters
+        ----------
+        step : int
+        pushes : int64 ndarray (n_workers, n_servers) or None
+            Push messages each worker has sent to each server (``pushes_sent``).
 
         Returns
         -------
@@ -254,7 +264,11 @@ class PSClient:
         replies = [np.empty(40, dtype=np.uint8) for _ in range(self.n_servers)]
         for s in range(self.n_servers):
             self.ep.expect(s, replies[s], tp.CHECKPOINT)
-            self.ep.send(s, tp.make_header(tp.CHECKPOINT, 0, step))
+            if pushes is None:
+                self.ep.send(s, tp.make_header(tp.CHECKPOINT, 0, step))
+            else:
+                col = np.ascontiguousarray(pushes[:, s], dtype=np.int64)
+                self.ep.send(s, tp.make_header(tp.CHECKPOINT, 0, step, col.size), col)
         self.ep.complete(tp.CHECKPOINT)
         return [(int(np.frombuffer(r[:8].tobytes(), dtype="<i8")[0]), r[8:].tobytes().hex())
                 for r in replies]

@@ -63,6 +63,9 @@ class SyncSteps:
     def report(self) -> dict:
         return {"filter_sent": 0, "filter_offered": 0}
 
+    def flush(self) -> None:
+        """Nothing is held locally between steps under BSP/SSP."""
+
 
 class PushFilter:
     """The "significantly modified" filter of Li et al. (OSDI 2014, §3.3 and §5.1), with
@@ -193,6 +196,12 @@ class DownpourSteps:
             if self.acc_n:
                 self.client.push(BIAS, [0], [self.acc_gb / n], n_examples=1, versions=vb)
         self._reset()
+
+    def flush(self) -> None:
+        """Push everything held locally — accumulated gradients and push-filter residuals —
+        before a checkpoint cut, so that a restart loses nothing."""
+        if self.acc_n or (self.filter is not None and hasattr(self, "cache_versions")):
+            self._push(final=True)
 
     def report(self) -> dict:
         f = self.filter
