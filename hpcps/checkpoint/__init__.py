@@ -26,14 +26,17 @@ One directory per checkpoint, named by the step (worker clock) it was taken at::
     ``epoch`` and ``step_in_epoch`` (where the data readers resume), ``steps_per_epoch``,
     ``n_servers``, ``n_workers``, ``created`` (ISO 8601 UTC), ``rng`` (how the readers'
     random streams are derived: numpy PCG64 seeded with ``[seed, worker, epoch]``, so the
-    position fully restores them);
+    position fully restores them), ``epoch_plan`` (JSON ``[[n_workers, steps], ...]``: the
+    segments of an epoch resumed on other numbers of workers); ``epoch`` is 0-based;
 
     * ``shards``: attrs ``files``, ``sha256``, ``bytes`` — every shard file with its checksum;
     * ``partition/<table>``: attrs ``num_keys``, ``dim``, ``dtype``, ``multiplier``,
       ``range_size``, ``sparse``; dataset ``ranges`` (n_servers, 2) int64, the permuted key
       range ``[lo, hi)`` of each server;
     * ``workers``: datasets ``clock`` (n_workers,) int64 and ``last_push_seq``
-      (n_workers,) int64 (the last push each worker had applied);
+      (n_workers,) int64: under async, the number of push messages each worker had sent
+      before the cut — every one applied by the servers before they wrote (0 under BSP/SSP,
+      whose cut is the clock);
     * ``metrics``: attr ``history`` (JSON text, the per-epoch metrics so far);
     * ``tables/<name>`` and ``tables/<name>_keys``: HDF5 *virtual datasets* stitching the
       shards, so ``h5py.File(manifest)["tables/weights"]`` reads the whole table
