@@ -154,13 +154,11 @@ def cmd_info(args) -> int:
         print(f"mpirun: {mpirun} ({kind} {major or '?'})")
     except FileNotFoundError as e:
         print(e)
-    import mpi4py
+    from .comm.info import mpi_versions
 
-    mpi4py.rc.initialize = False          # MPI_Get_library_version needs no MPI_Init
-    print(f"mpi4py {mpi4py.__version__}")
-    from mpi4py import MPI
-
-    print(MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0])
+    mpi4py_version, library = mpi_versions()
+    print(f"mpi4py {mpi4py_version}")
+    print(library)
     print(f"cores: {os.cpu_count()}")
     return 0
 

@@ -49,3 +49,23 @@ def hpcps(args, cwd=None, timeout=600, env=None):
 def write_job(path: Path, body: str) -> Path:
     path.write_text(body.replace("@DATA@", str(DATA)))
     return path
+
+
+def rank_pids(job_file: Path) -> dict:
+    """{world rank: pid} of the MPI ranks running ``job_file``."""
+    found = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+            if b"train" not in cmd or str(job_file).encode() not in cmd:
+                continue
+            env = dict(kv.split(b"=", 1) for kv in (p / "environ").read_bytes().split(b"\0") if b"=" in kv)
+            for var in (b"OMPI_COMM_WORLD_RANK", b"PMIX_RANK", b"PMI_RANK", b"SLURM_PROCID"):
+                if var in env:
+                    found[int(env[var])] = int(p.name)
+                    break
+        except (OSError, ValueError):
+            continue
+    return found

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from hpcps import checkpoint as ck
-from tests.helpers import hpcps, launch, mpi_env, write_job
+from tests.helpers import hpcps, launch, mpi_env, rank_pids, write_job
 
 JOB = """
 name = "restart"
@@ -61,23 +61,6 @@ def weights(run_dir):
 def assert_identical(a, b):
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), \
         f"max |diff| {np.abs(a[0] - b[0]).max()}"
-
-
-def rank_pids(job_path):
-    """{world rank: pid} of the ranks running ``job_path``."""
-    found = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().split(b"\0")
-            if b"train" not in cmd or str(job_path).encode() not in cmd:
-                continue
-            env = dict(kv.split(b"=", 1) for kv in (p / "environ").read_bytes().split(b"\0") if b"=" in kv)
-            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(p.name)
-        except (OSError, KeyError, ValueError):
-            continue
-    return found
 
 
 @pytest.mark.parametrize("victim", ["worker", "server"])

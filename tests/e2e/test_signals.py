@@ -11,8 +11,7 @@ import time
 import pytest
 
 from hpcps import checkpoint as ck
-from tests.e2e.test_restart import rank_pids
-from tests.helpers import mpi_env, write_job
+from tests.helpers import mpi_env, rank_pids, write_job
 
 JOB = """
 name = "sig"

@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.helpers import DATA, ROOT
+from tests.helpers import DATA, ROOT, rank_pids
 
 TRAIN = ROOT / "slurm" / "train.sbatch"
 MULTI = ROOT / "slurm" / "multinode.sbatch"
@@ -115,26 +115,6 @@ def submit(slurm, workdir: Path, script=TRAIN, *extra) -> Submitted:
                        text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     return Submitted(slurm, workdir, p.stdout.strip().split(";")[0])
-
-
-def rank_pids(job_file: Path) -> dict:
-    """{world rank: pid} of the MPI ranks running ``job_file``."""
-    found = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().split(b"\0")
-            if b"train" not in cmd or str(job_file).encode() not in cmd:
-                continue
-            env = dict(kv.split(b"=", 1) for kv in (p / "environ").read_bytes().split(b"\0") if b"=" in kv)
-            for var in (b"OMPI_COMM_WORLD_RANK", b"PMIX_RANK", b"PMI_RANK", b"SLURM_PROCID"):
-                if var in env:
-                    found[int(env[var])] = int(p.name)
-                    break
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def model(run_dir: Path):

@@ -1,0 +1,17 @@
+"""What MPI is in use, without starting MPI (``hpcps info``)."""
+
+from __future__ import annotations
+
+
+def mpi_versions() -> tuple[str, str]:
+    """``(mpi4py version, first line of the MPI library version)``.
+
+    Does not initialise MPI (``MPI_Get_library_version`` may be called before ``MPI_Init``),
+    so no shared-memory segment is left behind. Local; any process may call it.
+    """
+    import mpi4py
+
+    mpi4py.rc.initialize = False          # only effective if mpi4py.MPI is not imported yet
+    from mpi4py import MPI
+
+    return mpi4py.__version__, MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
