@@ -189,6 +189,8 @@ def read_svmlight_part(
     bad = ~np.isin(y, (-1.0, 0.0, 1.0))
     if bad.any():
         raise _locate_error(path, p, q, n_features, index_base, dtype, fallback=None)
+    if not np.isfinite(X.data).all():
+        raise _locate_error(path, p, q, n_features, index_base, dtype, fallback="non-finite value")
     X = sp.csr_matrix(X)
     if not X.has_sorted_indices:
         X.sort_indices()
@@ -276,6 +278,9 @@ def _locate_error(path, p, q, n_features, index_base, dtype, fallback) -> DataEr
                 )
             if y[0] not in (-1.0, 0.0, 1.0):
                 return DataError(f"{where}: label {float(y[0])!r} is not -1, 0 or +1")
+            if not np.isfinite(X.data).all():
+                return DataError(f"{where}: non-finite feature value "
+                                 f"{float(X.data[~np.isfinite(X.data)][0])!r}")
     detail = f": {fallback}" if fallback is not None else ""
     return DataError(f"{path}: bad data in bytes [{p}, {q}){detail}")
 

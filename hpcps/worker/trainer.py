@@ -126,6 +126,10 @@ class Trainer:
         X, y = load_split(cfg.data, "train", self.index, self.n_workers)
         Xt, yt = load_split(cfg.data, "test", self.index, self.n_workers)
         n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([X.shape[0], Xt.shape[0]], dtype=np.int64)))
+        if n_train == 0:
+            from ..data import DataError
+            raise DataError(f"{cfg.data.path}: no training rows (empty file, or only comments "
+                            "and blank lines)")
         steps_full = self._max_steps(X.shape[0])
         if t.max_steps:
             steps_full = min(steps_full, t.max_steps)

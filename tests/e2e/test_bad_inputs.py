@@ -1,0 +1,60 @@
+"""The corpus of bad inputs in tests/data/bad/, each run end to end under mpirun: a clear
+message naming the file and line, a non-zero exit, within seconds — never a hang."""
+
+import shutil
+
+import pytest
+
+from tests.helpers import ROOT, launch, write_job
+
+BAD = ROOT / "tests" / "data" / "bad"
+GOOD = "1 1:1 3:0.5\n0 2:1\n1 1:0.5 4:1\n0 3:1\n"
+
+JOB = """
+name = "bad"
+[data]
+format = "svmlight"
+path = "{train}"
+test_path = "{test}"
+index_base = 1
+n_features = 8
+[train]
+epochs = 1
+batch_size = 2
+[output]
+dir = "out"
+"""
+
+CASES = {
+    "bad_value.svm": "bad_value.svm:2: could not convert string to float",
+    "bad_label.svm": "bad_label.svm:2: could not convert string to float",
+    "index_beyond_table.svm": "index_beyond_table.svm:2: feature index 9 (index_base=1) is out of range for n_features=8",
+    "label_out_of_range.svm": "label_out_of_range.svm:1: label 2.0 is not -1, 0 or +1",
+    "nan_value.svm": "nan_value.svm:1: non-finite feature value nan",
+    "unsorted_indices.svm": "unsorted_indices.svm:2: Feature indices in SVMlight/LibSVM data file should be sorted",
+    "empty.svm": "empty.svm: no training rows",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_training_file_fails_fast_with_file_and_line(tmp_path, name):
+    train = tmp_path / name
+    shutil.copy(BAD / name, train)
+    (tmp_path / "test.svm").write_text(GOOD)
+    job = write_job(tmp_path / "job.toml", JOB.format(train=train, test=tmp_path / "test.svm"))
+    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert CASES[name] in proc.stderr, proc.stderr[-2000:]
+    assert secs < 60
+
+
+def test_quirky_valid_file_smaller_than_the_worker_count_trains(tmp_path):
+    """Comments, CRLF, qid:, a blank and a label-only line, no final newline; 4 rows for 5
+    workers: some workers get no rows and the job still works."""
+    train = tmp_path / "q.svm"
+    shutil.copy(BAD / "quirky_but_valid.svm", train)
+    (tmp_path / "test.svm").write_text(GOOD)
+    job = write_job(tmp_path / "job.toml", JOB.format(train=train, test=tmp_path / "test.svm"))
+    proc, _ = launch(6, ["train", job], cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "4 train / 4 test rows" in proc.stdout
