@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels.keys import choose_multiplier, permute_keys
+from .kernels.keys import choose_multiplier, inverse_multiplier, permute_keys
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class KeyPartition:
         self.num_keys = int(num_keys)
         self.n_servers = int(n_servers)
         self.multiplier = choose_multiplier(self.num_keys) if permute else 1
-        self.inverse = pow(self.multiplier, -1, self.num_keys) if self.num_keys > 1 else 0
+        self.inverse = inverse_multiplier(self.num_keys, self.multiplier)
         self.range_size = -(-self.num_keys // self.n_servers)
 
     def positions(self, keys: np.ndarray) -> np.ndarray:
