@@ -53,6 +53,7 @@ __all__ = [
     "CheckpointConfig",
     "DATA_FORMATS",
     "MODEL_TYPES",
+    "CLUSTER_MODES",
     "DTYPES",
     "OPTIMIZERS",
     "CONSISTENCY_MODELS",
@@ -65,9 +66,11 @@ __all__ = [
 ]
 
 #: Supported ``data.format`` values.
-DATA_FORMATS = ("adult_csv", "svmlight")
-#: Supported ``model.type`` values.
-MODEL_TYPES = ("logistic",)
+DATA_FORMATS = ("adult_csv", "svmlight", "prepared")
+#: Built-in ``model.type`` values (a user model is named ``"package.module:ClassName"``).
+MODEL_TYPES = ("logistic", "mf", "mlp")
+#: Supported ``cluster.mode`` values.
+CLUSTER_MODES = ("ps", "allreduce", "sandblaster")
 #: Supported ``model.dtype`` values.
 DTYPES = ("float32", "float64")
 #: Supported ``optimizer.name`` values.
@@ -131,10 +134,16 @@ class ClusterConfig:
 
     Attributes
     ----------
+    mode : str
+        ``"ps"`` (parameter servers and workers), ``"allreduce"`` (no servers: every rank
+        holds the whole model and gradients are summed with ``MPI.Allreduce`` each step) or
+        ``"sandblaster"`` (batch L-BFGS with a coordinator, Dean et al. NIPS 2012 §4.2).
     servers : int
         Number of server ranks K (the last K world ranks); the other ranks are workers.
+        Not used with ``mode = "allreduce"``.
     """
 
+    mode: str = "ps"
     servers: int = 1
 
 
@@ -145,7 +154,9 @@ class DataConfig:
     Attributes
     ----------
     format : str
-        ``"adult_csv"`` (UCI Adult CSV, featurized by hashing) or ``"svmlight"``.
+        ``"adult_csv"`` (UCI Adult CSV, featurized by hashing), ``"svmlight"`` or
+        ``"prepared"`` (an HDF5 file written by ``hpcps data prepare``,
+        :mod:`hpcps.data.prepared`).
     path : pathlib.Path
         Absolute path of the training data (for ``adult_csv``: the whole data set, the
         test set is split off with `test_fraction`).
@@ -188,6 +199,10 @@ class DataConfig:
         """int : Number of model features (``n_features`` or ``2**hash_bits``)."""
         if self.format == "svmlight":
             return int(self.n_features)
+        if self.format == "prepared":
+            from .data.prepared import file_attrs
+
+            return int(file_attrs(self.path).get("n_features", 0))
         return 2**self.hash_bits
 
 
@@ -198,16 +213,30 @@ class ModelConfig:
     Attributes
     ----------
     type : str
-        Model type; only ``"logistic"`` for now.
+        ``"logistic"`` (sparse logistic regression), ``"mf"`` (biased matrix factorization),
+        ``"mlp"`` (multi-layer perceptron) or a user model ``"package.module:ClassName"``
+        (:mod:`hpcps.models.base`).
     l2 : float
         L2 regularisation strength (>= 0).
     dtype : str
         Parameter dtype, ``"float32"`` or ``"float64"``.
+    factors : int
+        ``mf``: number of latent factors per user and item.
+    hidden : tuple of int
+        ``mlp``: hidden layer widths, input to output.
+    init_scale : float
+        Standard deviation of the random initial values of factor / weight tables.
+    options : dict
+        Free-form ``[model.options]`` table handed to a user model.
     """
 
     type: str = "logistic"
     l2: float = 0.0
     dtype: str = "float32"
+    factors: int = 32
+    hidden: tuple = (256, 128)
+    init_scale: float = 0.1
+    options: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -418,7 +447,7 @@ _TOP = {
 }
 
 _SECTIONS: dict[str, dict[str, _Rule]] = {
-    "cluster": {"servers": _Rule(int, 1, lo=1)},
+    "cluster": {"mode": _Rule(str, "ps", choices=CLUSTER_MODES), "servers": _Rule(int, 1, lo=1)},
     "data": {
         "format": _Rule(str, choices=DATA_FORMATS),
         "path": _Rule(str),
@@ -433,9 +462,13 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "crosses": _Rule(bool, True),
     },
     "model": {
-        "type": _Rule(str, "logistic", choices=MODEL_TYPES),
+        "type": _Rule(str, "logistic"),
         "l2": _Rule(float, 0.0, lo=0.0),
         "dtype": _Rule(str, "float32", choices=DTYPES),
+        "factors": _Rule(int, 32, lo=1, hi=65536),
+        "hidden": _Rule(list, [256, 128]),
+        "init_scale": _Rule(float, 0.1, lo=0.0),
+        "options": _Rule(dict, {}),
     },
     "optimizer": {
         "name": _Rule(str, "adagrad", choices=OPTIMIZERS),
@@ -477,8 +510,10 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
 _FORMAT_ONLY = {
     "adult_csv": ("test_fraction", "split_seed", "hash_bits", "numeric_bins", "crosses"),
     "svmlight": ("test_path", "index_base", "n_features"),
+    "prepared": (),
 }
-_FORMAT_REQUIRED = {"adult_csv": (), "svmlight": ("test_path", "index_base", "n_features")}
+_FORMAT_REQUIRED = {"adult_csv": (), "svmlight": ("test_path", "index_base", "n_features"),
+                    "prepared": ()}
 
 _TOML_TYPE_NAMES = {
     str: "string",
@@ -661,6 +696,13 @@ def _data(ck: _Checker, doc: dict) -> DataConfig:
     path = ck.input_file(vals.pop("path"), "data.path")
     test_path = vals.pop("test_path", "")
     test_path = ck.input_file(test_path, "data.test_path") if fmt == "svmlight" else None
+    if fmt == "prepared":
+        from .data.prepared import PreparedError, file_attrs
+
+        try:
+            file_attrs(path)
+        except PreparedError as e:
+            raise ck.error("data.path", str(e)) from None
     return DataConfig(format=fmt, path=path, test_path=test_path, **vals)
 
 
@@ -685,6 +727,28 @@ def _consistency(ck: _Checker, doc: dict) -> ConsistencyConfig:
     return ConsistencyConfig(**vals)
 
 
+_MODEL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _model(ck: _Checker, doc: dict) -> ModelConfig:
+    vals = _simple(ck, doc, "model")
+    t = vals["type"]
+    if t not in MODEL_TYPES and not _MODEL_RE.fullmatch(t):
+        msg = (f"must be one of {', '.join(repr(m) for m in MODEL_TYPES)} or a user model "
+               f"'package.module:ClassName', got {_show(t)}")
+        close = difflib.get_close_matches(t, MODEL_TYPES, n=1)
+        if close:
+            msg += f" (did you mean '{close[0]}'?)"
+        raise ck.error("model.type", msg)
+    hidden = vals["hidden"]
+    if not hidden or not all(isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= 1 << 20
+                             for h in hidden):
+        raise ck.error("model.hidden", f"must be a non-empty array of layer widths in "
+                                       f"[1, 1048576], got {hidden!r}")
+    vals["hidden"] = tuple(hidden)
+    return ModelConfig(**vals)
+
+
 def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     ck = _Checker(path)
     ck.unknown_keys(doc, {**_TOP, **_SECTIONS}, "")
@@ -696,7 +760,7 @@ def _parse(doc: dict, text: str, path: Path) -> JobConfig:
 
     cluster = ClusterConfig(**_simple(ck, doc, "cluster"))
     data = _data(ck, doc)
-    model = ModelConfig(**_simple(ck, doc, "model"))
+    model = _model(ck, doc)
     optimizer = OptimizerConfig(**_simple(ck, doc, "optimizer"))
     train = TrainConfig(**_simple(ck, doc, "train"))
     consistency = _consistency(ck, doc)
@@ -808,6 +872,8 @@ def check_world(cfg: JobConfig, world_size: int) -> None:
         raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
     k = cfg.cluster.servers
     where = _display_path(cfg.path)
+    if cfg.cluster.mode == "allreduce":
+        return  # every rank is a worker; one rank is a valid (serial) run
     if world_size < 2:
         raise ConfigError(where, "cluster.servers",
                           f"world size {world_size} is too small: need at least "
@@ -855,6 +921,8 @@ def _plain(value: Any) -> Any:
         return str(value)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
     return value
 
 

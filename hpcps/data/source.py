@@ -38,4 +38,8 @@ def load_split(data_cfg, split: str, part: int, n_parts: int):
         path = data_cfg.path if split == "train" else data_cfg.test_path
         return read_svmlight_part(path, part, n_parts, n_features=data_cfg.num_features,
                                   index_base=data_cfg.index_base)
+    if data_cfg.format == "prepared":
+        from .prepared import read_part
+
+        return read_part(data_cfg.path, split, part, n_parts, max_rows=data_cfg.max_rows)
     raise ValueError(f"unknown data format {data_cfg.format!r}")
