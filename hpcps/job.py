@@ -18,9 +18,8 @@ from .comm.collectives import barrier, bcast_int, gather_rows
 from .comm.core import any_rank_failed
 from .comm.rma import allocate_windows, free_windows
 from .comm.transport import ServerEndpoint, WorkerEndpoint
-from .config import check_world, to_dict
+from .config import ConfigError, check_world, to_dict
 from .consistency import policy_from_config
-from .model import BIAS, WEIGHTS, logistic_tables
 from .output import write_metrics, write_model
 from .server.server import ParameterServer, window_sizes
 from .signals import EXIT_REQUEUE
@@ -135,6 +134,17 @@ def check_memory(cfg, tables, world) -> None:
                             f"{cfg.cluster.servers} now), fewer keys, or float32.")
 
 
+def load_model(cfg):
+    """The job's model (:func:`hpcps.models.make_model`); a model that cannot be loaded is a
+    :class:`~hpcps.config.ConfigError` on key ``model.type``. Local; every rank calls it."""
+    from .models import ModelLoadError, make_model
+
+    try:
+        return make_model(cfg)
+    except ModelLoadError as e:
+        raise ConfigError(cfg.path, "model.type", str(e).removeprefix("model.type: ")) from None
+
+
 def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
@@ -154,7 +164,8 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     core.check_launch(world)
     check_world(cfg, world.Get_size())
     policy = policy_from_config(cfg.consistency)
-    tables = logistic_tables(cfg)
+    model = load_model(cfg)
+    tables = model.tables()
     specs = [t[0] for t in tables]
     restore = find_restore(cfg, world, resume, out)
     if restore is not None:
@@ -202,7 +213,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
 
             trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
                               roles.is_chief, on_epoch=on_epoch, out=out, policy=policy,
-                              step_hook=step_hook, stop=stop)
+                              step_hook=step_hook, stop=stop, model=model)
             checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
                                         roles.n_workers, [t[1].slot_names for t in tables], out,
                                         async_cut=not policy.aggregate, flush=trainer.steps.flush)
@@ -212,17 +223,17 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
                                      "seconds": checkpointer.seconds if checkpointer else 0.0,
                                      "bytes": checkpointer.bytes if checkpointer else 0}
             stats[0] = -1 if result["stopped_by_signal"] else 0
-            model = None
+            final = None
             if roles.is_chief and not result["stopped_by_signal"]:
-                model = {WEIGHTS: client.pull_table(WEIGHTS), BIAS: client.pull_table(BIAS)}
+                final = {s.name: client.pull_table(s.name) for s in specs}
             client.stop()
             s = ep.stats
             stats[4:9] = [s.keys.get("pull", 0), s.keys.get("push", 0), s.total("bytes_in"),
                           s.total("bytes_out"), s.total("messages")]
             stats[9:12] = [s.seconds.get("pull", 0.0), s.seconds.get("push", 0.0),
                            s.seconds.get("clock", 0.0)]
-            if roles.is_chief and model is not None:
-                path = write_model(cfg.output.dir / "model.h5", model, cfg,
+            if roles.is_chief and final is not None:
+                path = write_model(cfg.output.dir / "model.h5", final, cfg,
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
         rows = gather_rows(world, stats)
@@ -243,7 +254,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
     summary["consistency"] = consistency_report.summarize(
         crows, policy, cfg.consistency.pull, 8 + np.dtype(cfg.model.dtype).itemsize)
-    if cfg.evaluate.sklearn_baseline:
+    if cfg.evaluate.sklearn_baseline and cfg.model.type == "logistic":
         summary["baseline"] = sklearn_baseline(cfg)
         if history:
             summary["baseline"]["auc_gap"] = summary["baseline"]["test_auc"] - history[-1]["test_auc"]
@@ -295,10 +306,13 @@ def _print_summary(s, history, out) -> None:
     tot_pull = sum(d["pull_seconds"] for d in s["workers"])
     tot_push = sum(d["push_seconds"] for d in s["workers"])
     w(f"  workers: pull wait {tot_pull:.2f} s, push {tot_push:.2f} s (summed over workers)\n")
-    if history:
+    if history and "test_auc" in history[-1]:
         h = history[-1]
         w(f"  hpcps                              test AUC {h['test_auc']:.4f}  log-loss "
           f"{h['test_logloss']:.4f}  accuracy {h['test_accuracy']:.4f}\n")
+    elif history:
+        w("  hpcps  " + "  ".join(f"{k} {v:.4f}" for k, v in history[-1].items()
+                                 if k.startswith("test_") and k != "test_rows") + "\n")
     if "baseline" in s:
         b = s["baseline"]
         w(f"  scikit-learn LogisticRegression    test AUC {b['test_auc']:.4f}  log-loss "

@@ -41,12 +41,15 @@ class Model:
     loss_name : str
         Name of the training loss, e.g. ``"logloss"`` or ``"mse"`` (metrics records use
         ``train_<loss_name>``).
+    loss_label : str
+        How the loss is named in progress lines, e.g. ``"log-loss"``.
     primary_metric : str
         Key of :meth:`metrics` that summarises quality (``"auc"``, ``"rmse"``, ``"accuracy"``).
     """
 
     name = "model"
     loss_name = "loss"
+    loss_label = "loss"
     primary_metric = "loss"
 
     def __init__(self, cfg):
@@ -114,3 +117,7 @@ class Model:
         """Quality of ``pred`` against ``y`` over a whole split: ``{name: float}``, with at
         least ``"n"`` (the row count), :attr:`loss_name` and :attr:`primary_metric`."""
         raise NotImplementedError
+
+    def describe(self, m: dict) -> str:
+        """One line of test metrics ``m`` (from :meth:`metrics`) for the epoch report."""
+        return "test " + "  ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "n")

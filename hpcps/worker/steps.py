@@ -1,5 +1,8 @@
 """What a worker does in one step, per consistency policy (no MPI of its own).
 
+The model (:class:`hpcps.models.base.Model`) says which keys of which tables a minibatch
+needs and computes the loss and gradient sums; these runners move the rows.
+
 :class:`SyncSteps` (BSP, SSP)
     pull the minibatch's rows, compute the gradient, push it — every step. The server side
     decides how fresh the pull is (the policy's read floor) and aggregates per clock.
@@ -17,8 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import BIAS, WEIGHTS, batch_keys, loss_and_gradient
+from ..kernels.optim import merge_duplicates
 from ..optim import check_finite
+
+
+def _as_rows(grad, n: int) -> np.ndarray:
+    return np.asarray(grad).reshape(n, -1)
 
 
 class SyncSteps:
@@ -27,16 +34,17 @@ class SyncSteps:
     Parameters
     ----------
     client : hpcps.worker.client.PSClient
+    model : hpcps.models.base.Model
     index : int
         Worker index (for error messages).
-
     step_hook : callable(worker_index, clock) or None
         Called after each step's gradient is computed, before it is pushed (tests use it
         to make one worker's computation slow).
     """
 
-    def __init__(self, client, index: int, step_hook=None):
+    def __init__(self, client, model, index: int, step_hook=None):
         self.client = client
+        self.model = model
         self.index = index
         self.step_hook = step_hook
 
@@ -48,16 +56,15 @@ class SyncSteps:
         if not rows.size:
             return 0.0
         Xb, yb = self.X[rows], self.y[rows]
-        keys, local = batch_keys(Xb)
-        w = self.client.pull(WEIGHTS, keys)[:, 0]
-        b = self.client.pull(BIAS, [0])[0, 0]
-        loss, g, gb = loss_and_gradient(Xb, yb, local, w, b)
+        keys = self.model.batch_keys(Xb)
+        params = {t: self.client.pull(t, k) for t, k in keys.items()}
+        loss, grads = self.model.loss_grad(Xb, yb, keys, params)
         check_finite(f"worker {self.index} at clock {self.client.clock_value}: loss/gradient",
-                     loss, g, gb)
+                     loss, *grads.values())
         if self.step_hook is not None:
             self.step_hook(self.index, self.client.clock_value)
-        self.client.push(WEIGHTS, keys, g)
-        self.client.push(BIAS, [0], [gb])
+        for t, k in keys.items():
+            self.client.push(t, k, _as_rows(grads[t], k.size))
         return loss
 
     def report(self) -> dict:
@@ -69,8 +76,9 @@ class SyncSteps:
 
 class PushFilter:
     """The "significantly modified" filter of Li et al. (OSDI 2014, §3.3 and §5.1), with
-    error feedback: a key's gradient is sent only once its accumulated magnitude exceeds
-    ``threshold``; until then it stays in a local residual, so no gradient is dropped.
+    error feedback: a key's gradient is sent only once its accumulated magnitude (largest
+    absolute value over the row) exceeds ``threshold``; until then it stays in a local
+    residual, so no gradient is dropped.
 
     Values are the per-example means (the worker divides by the examples it accumulated
     before filtering), so pushes through the filter carry ``n_examples = 1``.
@@ -78,28 +86,33 @@ class PushFilter:
     Parameters
     ----------
     num_keys : int
-        Key space of the filtered table (a dense float64 residual of this size is kept).
+        Key space of the filtered table (a dense float64 residual of ``num_keys × dim``).
     threshold : float
         > 0.
+    dim : int
+        Values per row.
     """
 
-    def __init__(self, num_keys: int, threshold: float):
+    def __init__(self, num_keys: int, threshold: float, dim: int = 1):
         if not threshold > 0:
             raise ValueError(f"push filter threshold must be > 0, got {threshold}")
-        self.residual = np.zeros(int(num_keys), dtype=np.float64)
+        self.residual = np.zeros((int(num_keys), int(dim)), dtype=np.float64)
         self.threshold = float(threshold)
         self.sent = 0       # entries sent
         self.offered = 0    # entries an unfiltered push would have sent
 
     def filter(self, keys: np.ndarray, values: np.ndarray, flush: bool = False):
-        """Add ``values`` at ``keys`` (unique, int64) to the residual; return the keys and
-        values to send now (all non-zero residuals when ``flush``), clearing them locally."""
+        """Add ``values`` (m, dim) at ``keys`` (unique, int64) to the residual; return the
+        keys and (k, dim) values to send now (all non-zero residual rows when ``flush``),
+        clearing them locally."""
+        values = np.asarray(values).reshape(keys.size, -1)
         self.residual[keys] += values
         self.offered += int(keys.size)
         if flush:
-            keys = np.flatnonzero(self.residual).astype(np.int64)
+            keys = np.flatnonzero(np.any(self.residual != 0, axis=1)).astype(np.int64)
         r = self.residual[keys]
-        send = np.abs(r) > self.threshold if not flush else np.ones(keys.size, dtype=bool)
+        send = (np.abs(r).max(axis=1, initial=0.0) > self.threshold if not flush
+                else np.ones(keys.size, dtype=bool))
         k = keys[send]
         v = r[send]
         self.residual[k] = 0.0
@@ -113,26 +126,31 @@ class DownpourSteps:
     Parameters
     ----------
     client : hpcps.worker.client.PSClient
+    model : hpcps.models.base.Model
     index : int
     policy : hpcps.consistency.Async
-    num_features : int
-        Size of the weights table (for the push filter's residual).
     step_hook : callable(worker_index, clock) or None
         See :class:`SyncSteps`.
+
+    With ``push_threshold > 0`` every sparse table's pushes go through a :class:`PushFilter`;
+    dense tables are pushed unfiltered.
     """
 
-    def __init__(self, client, index: int, policy, num_features: int, step_hook=None):
+    def __init__(self, client, model, index: int, policy, step_hook=None):
         self.client = client
+        self.model = model
         self.index = index
         self.policy = policy
         self.step_hook = step_hook
-        self.filter = PushFilter(num_features, policy.push_threshold) if policy.push_threshold > 0 else None
+        self.filters = {}
+        if policy.push_threshold > 0:
+            self.filters = {s.name: PushFilter(s.num_keys, policy.push_threshold, s.dim)
+                            for s in client.specs if s.sparse}
         self._reset()
 
     def _reset(self):
-        self.acc_keys: list = []
-        self.acc_grads: list = []
-        self.acc_gb = 0.0
+        self.acc_keys: dict = {}
+        self.acc_grads: dict = {}
         self.acc_n = 0
         self.acc_versions = None
 
@@ -142,12 +160,10 @@ class DownpourSteps:
 
     def _fetch(self, i: int) -> None:
         span = self.order[i * self.B:min(i + self.policy.n_fetch, self.steps) * self.B]
-        keys = np.unique(self.X[span].indices).astype(np.int64) if span.size else np.empty(0, np.int64)
+        keys = self.model.batch_keys(self.X[span]) if span.size else {}
         self.cache_keys = keys
-        self.cache_w = self.client.pull(WEIGHTS, keys)[:, 0]
-        self.cache_b = self.client.pull(BIAS, [0])[0, 0]
-        self.cache_versions = (self.client.read_version[self.client.ids[WEIGHTS]].copy(),
-                               self.client.read_version[self.client.ids[BIAS]].copy())
+        self.cache = {t: self.client.pull(t, k) for t, k in keys.items()}
+        self.cache_versions = {t: self.client.read_version[self.client.ids[t]].copy() for t in keys}
 
     def step(self, i: int, rows, final: bool = False) -> float:
         """Step ``i`` on ``rows``; pushes when due, at the last step of an epoch, and (with the
@@ -157,59 +173,62 @@ class DownpourSteps:
         loss = 0.0
         if rows.size:
             Xb, yb = self.X[rows], self.y[rows]
-            keys, local = batch_keys(Xb)
-            w = self.cache_w[np.searchsorted(self.cache_keys, keys)]
-            loss, g, gb = loss_and_gradient(Xb, yb, local, w, self.cache_b)
+            keys = self.model.batch_keys(Xb)
+            params = {t: self.cache[t][np.searchsorted(self.cache_keys[t], k)]
+                      for t, k in keys.items()}
+            loss, grads = self.model.loss_grad(Xb, yb, keys, params)
             check_finite(f"worker {self.index} at clock {self.client.clock_value}: loss/gradient",
-                         loss, g, gb)
+                         loss, *grads.values())
             if self.step_hook is not None:
                 self.step_hook(self.index, self.client.clock_value)
             if self.acc_versions is None:
                 self.acc_versions = self.cache_versions
-            self.acc_keys.append(keys)
-            self.acc_grads.append(g)
-            self.acc_gb += gb
+            for t, k in keys.items():
+                self.acc_keys.setdefault(t, []).append(k)
+                self.acc_grads.setdefault(t, []).append(_as_rows(grads[t], k.size))
             self.acc_n += rows.size
         if self.policy.push_due(i) or i == self.steps - 1 or final:
             self._push(final)
         return loss
 
     def _push(self, final: bool) -> None:
-        if self.acc_n == 0 and not (final and self.filter is not None):
+        if self.acc_n == 0 and not (final and self.filters):
             return
-        dtype = self.client.specs[self.client.ids[WEIGHTS]].dtype
-        if self.acc_n:
-            k = np.concatenate(self.acc_keys)
-            g = np.concatenate(self.acc_grads).astype(np.float64)
-            keys, inv = np.unique(k, return_inverse=True)
-            sums = np.bincount(inv.reshape(-1), weights=g, minlength=keys.size)
-        else:
-            keys, sums = np.empty(0, np.int64), np.empty(0)
-        vw, vb = self.acc_versions if self.acc_versions is not None else self.cache_versions
-        if self.filter is None:
-            self.client.push(WEIGHTS, keys, sums.astype(dtype), n_examples=self.acc_n, versions=vw)
-            self.client.push(BIAS, [0], [self.acc_gb], n_examples=self.acc_n, versions=vb)
-        else:
-            n = max(1, self.acc_n)
-            k, v = self.filter.filter(keys.astype(np.int64), sums / n, flush=final)
-            self.client.push(WEIGHTS, k, v.astype(dtype), n_examples=1, versions=vw)
-            if self.acc_n:
-                self.client.push(BIAS, [0], [self.acc_gb / n], n_examples=1, versions=vb)
+        versions = self.acc_versions if self.acc_versions is not None else \
+            getattr(self, "cache_versions", {})
+        n = max(1, self.acc_n)
+        tables = list(self.acc_keys) + [t for t in self.filters if t not in self.acc_keys]
+        for t in tables:
+            spec = self.client.specs[self.client.ids[t]]
+            if t in self.acc_keys:
+                keys, sums = merge_duplicates(np.concatenate(self.acc_keys[t]),
+                                              np.concatenate(self.acc_grads[t]).astype(np.float64))
+            else:
+                keys, sums = np.empty(0, np.int64), np.empty((0, spec.dim))
+            v = versions.get(t)
+            f = self.filters.get(t)
+            if f is None:
+                if keys.size:
+                    self.client.push(t, keys, sums.astype(spec.dtype), n_examples=self.acc_n,
+                                     versions=v)
+            else:
+                k, vals = f.filter(keys, sums / n, flush=final)
+                self.client.push(t, k, vals.astype(spec.dtype), n_examples=1, versions=v)
         self._reset()
 
     def flush(self) -> None:
         """Push everything held locally — accumulated gradients and push-filter residuals —
         before a checkpoint cut, so that a restart loses nothing."""
-        if self.acc_n or (self.filter is not None and hasattr(self, "cache_versions")):
+        if self.acc_n or (self.filters and hasattr(self, "cache_versions")):
             self._push(final=True)
 
     def report(self) -> dict:
-        f = self.filter
-        return {"filter_sent": f.sent if f else 0, "filter_offered": f.offered if f else 0}
+        fs = self.filters.values()
+        return {"filter_sent": sum(f.sent for f in fs), "filter_offered": sum(f.offered for f in fs)}
 
 
-def make_steps(policy, client, index: int, num_features: int, step_hook=None):
+def make_steps(policy, client, model, index: int, step_hook=None):
     """The step runner for ``policy`` (Downpour for aggregate-free policies)."""
     if policy.aggregate:
-        return SyncSteps(client, index, step_hook)
-    return DownpourSteps(client, index, policy, num_features, step_hook)
+        return SyncSteps(client, model, index, step_hook)
+    return DownpourSteps(client, model, index, policy, step_hook)

@@ -16,10 +16,11 @@ import numpy as np
 
 from ..comm.collectives import StopVote, allreduce_max, allreduce_sum, gatherv
 from ..comm.core import any_rank_failed
-from ..data.source import load_split
 from ..consistency import BSP
-from ..model import BIAS, WEIGHTS, batch_keys, binary_metrics, predict
 from .steps import make_steps
+
+#: Test rows evaluated per pull when the model is evaluated at the end of an epoch.
+EVAL_CHUNK = 8192
 
 
 def epoch_order(n_rows: int, seed: int, worker: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -90,10 +91,17 @@ class Trainer:
     step_hook : callable(worker_index, clock) or None
         Called in every step after the gradient is computed and before it is pushed (tests
         use it to slow one worker's computation down).
+    model : hpcps.models.base.Model
+        The model (default: the one ``cfg.model.type`` names).
     """
 
     def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None,
-                 stop=None, policy=None, step_hook=None):
+                 stop=None, policy=None, step_hook=None, model=None):
+        if model is None:
+            from ..models import make_model
+
+            model = make_model(cfg)
+        self.model = model
         self.cfg = cfg
         self.index = index
         self.n_workers = n_workers
@@ -107,7 +115,7 @@ class Trainer:
         self.stopped_by_signal = False
         self.policy = policy or BSP()
         self.step_hook = step_hook
-        self.steps = make_steps(self.policy, client, index, cfg.data.num_features, step_hook)
+        self.steps = make_steps(self.policy, client, model, index, step_hook)
 
     def run(self, restore=None, checkpointer=None) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
@@ -123,8 +131,8 @@ class Trainer:
             Consulted after every step (collective when ``every_seconds`` is set).
         """
         cfg, t = self.cfg, self.cfg.train
-        X, y = load_split(cfg.data, "train", self.index, self.n_workers)
-        Xt, yt = load_split(cfg.data, "test", self.index, self.n_workers)
+        X, y = self.model.load("train", self.index, self.n_workers)
+        Xt, yt = self.model.load("test", self.index, self.n_workers)
         n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([X.shape[0], Xt.shape[0]], dtype=np.int64)))
         if n_train == 0:
             from ..data import DataError
@@ -144,7 +152,8 @@ class Trainer:
             self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
         if self.is_chief:
             self._say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
-                      f"{n_train} train / {n_test} test rows, {cfg.data.num_features} features; "
+                      f"{n_train} train / {n_test} test rows; model {self.model.name} "
+                      f"({self._n_params():,} parameters); "
                       f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
                       f"{self.policy.describe()} ({self.client.pull_mode} pulls), "
                       f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
@@ -173,8 +182,8 @@ class Trainer:
         for epoch in range(start_epoch, t.epochs):
             if epoch == start_epoch and plan:
                 # resumed mid-epoch on another number of workers: the epoch's remaining rows
-                X_all, y_all = load_split(cfg.data, "train", 0, 1)
-                sizes = [load_split(cfg.data, "train", p, plan[0][0])[0].shape[0]
+                X_all, y_all = self.model.load("train", 0, 1)
+                sizes = [self.model.load("train", p, plan[0][0])[0].shape[0]
                          for p in range(plan[0][0])]
                 order = epoch_rows(sizes, plan, self.n_workers, cfg.seed, epoch, t.shuffle,
                                    t.batch_size)[self.index]
@@ -253,28 +262,34 @@ class Trainer:
         return int(allreduce_max(self.comm, np.array([math.ceil(n_rows / b)], dtype=np.int64))[0])
 
     def _evaluate(self, epoch, Xt, yt, loss_sum, n_ex, elapsed):
-        """Epoch metrics: progressive train log-loss, test log-loss/AUC/accuracy. Collective."""
+        """Epoch metrics: progressive training loss and the model's test metrics. Collective
+        over the workers' communicator; the rows are pulled fresh (not from a stale cache)."""
         tr = allreduce_sum(self.comm, np.array([loss_sum, n_ex], dtype=np.float64))
-        if Xt.shape[0]:
-            keys, local = batch_keys(Xt)
-            w = self.client.pull(WEIGHTS, keys, fresh=True)[:, 0]
-            b = self.client.pull(BIAS, [0], fresh=True)[0, 0]
-            p = predict(Xt, local, w, b)
-        else:
-            p = np.empty(0)
+        preds = []
+        for a in range(0, Xt.shape[0], EVAL_CHUNK):
+            Xc = Xt[a:a + EVAL_CHUNK]
+            keys = self.model.batch_keys(Xc)
+            params = {t: self.client.pull(t, k, fresh=True) for t, k in keys.items()}
+            preds.append(np.asarray(self.model.predict(Xc, keys, params), dtype=np.float64).reshape(-1))
+        p = np.concatenate(preds) if preds else np.empty(0)
         all_p = gatherv(self.comm, p)
-        all_y = gatherv(self.comm, np.asarray(yt, dtype=np.float64))
+        all_y = gatherv(self.comm, np.asarray(yt, dtype=np.float64).reshape(-1))
         if not self.is_chief:
             return None
-        m = binary_metrics(all_y, all_p)
+        if all_y.size and all_p.size != all_y.size:
+            all_p = all_p.reshape(all_y.size, -1)       # (n, k) predictions, e.g. class probabilities
+        m = self.model.metrics(all_y, all_p)
+        ln = self.model.loss_name
         rec = {"epoch": epoch + 1, "clock": self.client.clock_value, "seconds": round(elapsed, 3),
-               "train_logloss": float(tr[0] / tr[1]) if tr[1] else float("nan"),
-               "test_logloss": m.get("logloss", float("nan")), "test_auc": m.get("auc", float("nan")),
-               "test_accuracy": m.get("accuracy", float("nan")), "test_rows": m["n"]}
-        self._say(f"epoch {epoch + 1}: train log-loss {rec['train_logloss']:.4f}  "
-                  f"test log-loss {rec['test_logloss']:.4f}  AUC {rec['test_auc']:.4f}  "
-                  f"accuracy {rec['test_accuracy']:.4f}  ({elapsed:.1f} s)")
+               f"train_{ln}": float(tr[0] / tr[1]) if tr[1] else float("nan")}
+        rec.update({f"test_{k}": float(v) for k, v in m.items() if k != "n"})
+        rec["test_rows"] = int(m.get("n", all_y.size))
+        self._say(f"epoch {epoch + 1}: train {self.model.loss_label} {rec[f'train_{ln}']:.4f}  "
+                  f"{self.model.describe(m)}  ({elapsed:.1f} s)")
         return rec
+
+    def _n_params(self) -> int:
+        return sum(s.num_keys * s.dim for s in self.client.specs)
 
     def _say(self, text: str) -> None:
         self.out.write(text + "\n")

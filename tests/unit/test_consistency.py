@@ -66,11 +66,11 @@ def test_histogram_merge_exact_mean_and_overflow():
 def test_push_filter_keeps_small_entries_until_they_add_up():
     f = PushFilter(10, threshold=1.0)
     k, v = f.filter(np.array([1, 2, 3]), np.array([0.6, 2.0, -0.5]))
-    assert k.tolist() == [2] and v.tolist() == [2.0]
+    assert k.tolist() == [2] and v.tolist() == [[2.0]]
     k, v = f.filter(np.array([1, 3]), np.array([0.6, -0.4]))
-    assert k.tolist() == [1] and v == pytest.approx([1.2])
+    assert k.tolist() == [1] and v.ravel() == pytest.approx([1.2])
     k, v = f.filter(np.array([4]), np.array([0.1]), flush=True)   # everything left goes
-    assert sorted(k.tolist()) == [3, 4] and v == pytest.approx([-0.9, 0.1])
+    assert sorted(k.tolist()) == [3, 4] and v.ravel() == pytest.approx([-0.9, 0.1])
     assert not f.residual.any()
     assert (f.sent, f.offered) == (4, 6)
     with pytest.raises(ValueError):
@@ -88,6 +88,16 @@ def test_push_filter_sends_total_of_gradients():
         vals = rng.standard_normal(keys.size) * 0.1
         total[keys] += vals
         k, v = f.filter(keys, vals, flush=i == 49)
-        np.add.at(sent, k, v)
+        np.add.at(sent, k, v[:, 0])
     np.testing.assert_allclose(sent, total, atol=1e-12)
     assert f.sent < f.offered
+
+
+def test_push_filter_rows_of_several_values():
+    """A row is sent when any of its values crosses the threshold; the whole row goes."""
+    f = PushFilter(5, threshold=1.0, dim=3)
+    k, v = f.filter(np.array([0, 4]), np.array([[0.1, -1.5, 0.0], [0.2, 0.3, 0.4]]))
+    assert k.tolist() == [0] and v.tolist() == [[0.1, -1.5, 0.0]]
+    k, v = f.filter(np.array([2]), np.zeros((1, 3)), flush=True)
+    assert k.tolist() == [4] and v.tolist() == [[0.2, 0.3, 0.4]]
+    assert not f.residual.any()

@@ -1,0 +1,56 @@
+"""Sparse logistic regression as an hpcps model (no MPI).
+
+Tables ``weights`` (sparse, one float per feature) and ``bias`` (dense, one row); loss and
+gradient by the Cython kernels of :mod:`hpcps.kernels.logistic` via :mod:`hpcps.model`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import model as lr
+from ..data.source import load_split
+from .base import Model
+
+
+class LogisticRegression(Model):
+    """Binary logistic regression on sparse features (``[model] type = "logistic"``).
+
+    Data: any ``[data]`` format giving a CSR matrix and labels in {0, 1} (``adult_csv``,
+    ``svmlight``). The L2 penalty ``[model] l2`` is applied by the servers to the rows a step
+    touches.
+    """
+
+    name = "logistic"
+    loss_name = "logloss"
+    loss_label = "log-loss"
+    primary_metric = "auc"
+
+    def tables(self) -> list:
+        return lr.logistic_tables(self.cfg)
+
+    def load(self, split, part, n_parts):
+        return load_split(self.cfg.data, split, part, n_parts)
+
+    def batch_keys(self, X) -> dict:
+        return {lr.WEIGHTS: np.unique(X.indices).astype(np.int64, copy=False),
+                lr.BIAS: np.zeros(1, dtype=np.int64)}
+
+    def _local(self, X, keys):
+        return np.searchsorted(keys[lr.WEIGHTS], X.indices).astype(np.int64, copy=False)
+
+    def loss_grad(self, X, y, keys, params):
+        w = params[lr.WEIGHTS][:, 0]
+        loss, g, gb = lr.loss_and_gradient(X, y, self._local(X, keys), w, params[lr.BIAS][0, 0])
+        return loss, {lr.WEIGHTS: g.reshape(-1, 1),
+                      lr.BIAS: np.array([[gb]], dtype=params[lr.BIAS].dtype)}
+
+    def predict(self, X, keys, params):
+        return lr.predict(X, self._local(X, keys), params[lr.WEIGHTS][:, 0], params[lr.BIAS][0, 0])
+
+    def metrics(self, y, pred) -> dict:
+        return lr.binary_metrics(y, pred)
+
+    def describe(self, m: dict) -> str:
+        return (f"test log-loss {m.get('logloss', float('nan')):.4f}  AUC "
+                f"{m.get('auc', float('nan')):.4f}  accuracy {m.get('accuracy', float('nan')):.4f}")
