@@ -44,6 +44,25 @@ def gatherv(comm: MPI.Intracomm, values: np.ndarray, root: int = 0):
     return None
 
 
+def allgatherv(comm: MPI.Intracomm, values: np.ndarray) -> np.ndarray:
+    """Concatenate 1-D arrays of varying lengths on every rank, in rank order. Collective.
+
+    Parameters
+    ----------
+    values : ndarray (n_r,), any fixed-size dtype; the same dtype on every rank
+
+    Returns
+    -------
+    ndarray (sum of n_r,), same dtype
+    """
+    a = native_contiguous(values).reshape(-1)
+    counts = np.zeros(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([a.size], dtype=np.int64), counts)
+    out = np.empty(int(counts.sum()), dtype=a.dtype)
+    comm.Allgatherv(a, [out, counts.tolist()])
+    return out
+
+
 def gather_rows(comm: MPI.Intracomm, row: np.ndarray, root: int = 0):
     """Stack one fixed-length float64 row per rank on ``root`` → ``(size, n)``. Collective."""
     a = native_contiguous(np.asarray(row, dtype=np.float64)).reshape(-1)

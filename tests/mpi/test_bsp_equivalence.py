@@ -94,3 +94,29 @@ def test_bsp_equals_minibatch_sgd_on_concatenation(mpi_tmp_path, l2):
         assert np.abs(w_ref).max() > 1e-3                    # the model did move
         np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=1e-14)
         assert b == pytest.approx(b_ref, rel=1e-12)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("l2", [0.0, 0.01])
+def test_allreduce_mode_equals_minibatch_sgd_on_concatenation(mpi_tmp_path, l2):
+    """``[cluster] mode = "allreduce"`` on N ranks = N BSP workers = the same reference, so the
+    two architectures train the same model from the same job file."""
+    from pathlib import Path
+
+    comm = MPI.COMM_WORLD
+    data = Path(__file__).resolve().parents[2] / "data" / "adult.csv.gz"
+    text = JOB.format(servers=1, data=data, rows=ROWS, l2=l2, out=mpi_tmp_path / "ar")
+    text = text.replace("servers = 1", 'mode = "allreduce"')
+    cfg = parse_job(text, mpi_tmp_path / "job.toml")
+    summary = run_job(cfg, comm, out=open("/dev/null", "w"))
+    comm.Barrier()
+    if comm.rank == 0:
+        assert summary["mode"] == "allreduce" and summary["servers"] == []
+        assert all(w["bytes_in"] > 0 for w in summary["workers"])
+        model = read_model(cfg.output.dir / "model.h5")
+        w_ref, b_ref = reference(cfg, comm.size)
+        w = model["tables"]["weights"][:, 0]
+        b = model["tables"]["bias"][0, 0]
+        assert np.abs(w_ref).max() > 1e-3
+        np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=1e-14)
+        assert b == pytest.approx(b_ref, rel=1e-12)
