@@ -186,9 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="relaunch mpirun up to N times after a failure (e.g. a rank was "
                             "killed); the job resumes from its newest valid checkpoint")
-        r.add_argument("mpirun_args", nargs=argparse.REMAINDER,
-                       help="after --: extra mpirun arguments")
-        r.set_defaults(func=func)
+        r.set_defaults(func=func, mpirun_args=[])
+        r.epilog = "Extra mpirun arguments go after --, e.g. `hpcps run -n 8 job.toml -- --host a,b`."
     i = sub.add_parser("info", help="versions and the MPI in use")
     i.set_defaults(func=cmd_info)
     from .cli_analysis import register as register_analysis
@@ -197,9 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list = []
+    if argv and argv[0] in ("run", "check") and "--" in argv:
+        # everything after the first -- goes to mpirun; hpcps options may come anywhere before
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
     args = build_parser().parse_args(argv)
-    if getattr(args, "mpirun_args", None) and args.mpirun_args[0] == "--":
-        args.mpirun_args = args.mpirun_args[1:]
+    if hasattr(args, "mpirun_args"):
+        args.mpirun_args = extra
     return args.func(args)
 
 

@@ -399,13 +399,13 @@ def _print_summary(s, history, out) -> None:
         tot_pull = sum(d["pull_seconds"] for d in s["workers"])
         tot_push = sum(d["push_seconds"] for d in s["workers"])
         w(f"  workers: pull wait {tot_pull:.2f} s, push {tot_push:.2f} s (summed over workers)\n")
-    if history and "test_auc" in history[-1]:
+    if history and all(k in history[-1] for k in ("test_auc", "test_logloss", "test_accuracy")):
         h = history[-1]
         w(f"  hpcps                              test AUC {h['test_auc']:.4f}  log-loss "
           f"{h['test_logloss']:.4f}  accuracy {h['test_accuracy']:.4f}\n")
     elif history:
-        w("  hpcps  " + "  ".join(f"{k} {v:.4f}" for k, v in history[-1].items()
-                                 if k.startswith("test_") and k != "test_rows") + "\n")
+        w("  hpcps  test " + "  ".join(f"{k[5:]} {v:.4f}" for k, v in history[-1].items()
+                                      if k.startswith("test_") and k != "test_rows") + "\n")
     if "baseline" in s:
         b = s["baseline"]
         w(f"  scikit-learn LogisticRegression    test AUC {b['test_auc']:.4f}  log-loss "

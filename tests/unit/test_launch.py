@@ -53,3 +53,14 @@ def test_default_job_is_the_quickstart_with_three_workers(capsys):
     assert args.func(args) == 0
     line = capsys.readouterr().out
     assert " -n 4 " in line and str(QUICKSTART) in line
+
+
+def test_run_options_after_the_job_go_to_train_and_mpirun_args_after_dashes(capsys):
+    """Bug: `hpcps run JOB --resume never` passed --resume to mpirun, which refused it."""
+    from hpcps.cli import main
+
+    assert main(["run", "--dry-run", str(QUICKSTART), "--resume", "never", "--", "--host", "a,b"]) == 0
+    cmd = capsys.readouterr().out.strip().splitlines()[-1].split()
+    train = cmd.index("train")
+    assert cmd[train + 1:] == [str(QUICKSTART), "--resume", "never"]
+    assert cmd.index("--host") < cmd.index("-m") and cmd[cmd.index("--host") + 1] == "a,b"
