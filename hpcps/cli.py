@@ -96,7 +96,8 @@ def cmd_run(args) -> int:
     except FileNotFoundError as e:
         return _fail(str(e))
     cmd, env = launch.build_command(n, job, mpirun=mpirun, flavour=launch.mpi_flavour(mpirun),
-                                    extra=args.mpirun_args)
+                                    extra=args.mpirun_args,
+                                    ulfm=cfg.fault_tolerance.mode == "continue")
     resume = args.resume or ("never" if args.func is cmd_check else "auto")
     if resume != "auto":
         cmd += ["--resume", resume]

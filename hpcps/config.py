@@ -51,6 +51,7 @@ __all__ = [
     "OutputConfig",
     "EvaluateConfig",
     "CheckpointConfig",
+    "FaultToleranceConfig",
     "DATA_FORMATS",
     "MODEL_TYPES",
     "CLUSTER_MODES",
@@ -390,6 +391,22 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FaultToleranceConfig:
+    """``[fault_tolerance]``: what happens when a rank dies.
+
+    Attributes
+    ----------
+    mode : str
+        ``"restart"`` (default): the job stops and is relaunched from its last checkpoint
+        (``hpcps run --max-restarts``, or the Slurm script's requeue). ``"continue"``: with an
+        MPI that has ULFM, the survivors shrink the job and keep training through the loss of
+        workers (:mod:`hpcps.comm.ft`); the loss of a server still stops the job for a restart.
+    """
+
+    mode: str = "restart"
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """A validated job file.
 
@@ -419,6 +436,7 @@ class JobConfig:
     output: OutputConfig
     evaluate: EvaluateConfig
     checkpoint: CheckpointConfig
+    fault_tolerance: FaultToleranceConfig = dataclasses.field(default_factory=FaultToleranceConfig)
     path: Path
     text: str
 
@@ -500,6 +518,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "keep": _Rule(int, 3, lo=1),
         "at_end": _Rule(bool, True),
     },
+    "fault_tolerance": {"mode": _Rule(str, "restart", choices=("restart", "continue"))},
     "evaluate": {
         "sklearn_baseline": _Rule(bool, False),
         "max_auc_gap": _Rule(float, 0.005, lo=0.0),
@@ -771,10 +790,23 @@ def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     output = OutputConfig(dir=(Path.cwd() / Path(out_dir).expanduser()).resolve())
     evaluate = EvaluateConfig(**_simple(ck, doc, "evaluate"))
     checkpoint = CheckpointConfig(**_simple(ck, doc, "checkpoint"))
+    ft = FaultToleranceConfig(**_simple(ck, doc, "fault_tolerance"))
+    if ft.mode == "continue":
+        if cluster.mode != "ps":
+            raise ck.error("fault_tolerance.mode", f"'continue' needs [cluster] mode = 'ps', got "
+                                                   f"{cluster.mode!r}")
+        if consistency.pull != "p2p":
+            raise ck.error("fault_tolerance.mode", "'continue' needs [consistency] pull = 'p2p' "
+                                                   "(RMA windows cannot be used after a rank "
+                                                   "dies)")
+        if consistency.model == "async" and (consistency.n_push != 1 or consistency.push_threshold):
+            raise ck.error("fault_tolerance.mode", "'continue' with async needs n_push = 1 and "
+                                                   "no push_threshold (a worker must hold no "
+                                                   "unpushed gradients when it dies)")
     return JobConfig(name=name, seed=seed, cluster=cluster, data=data, model=model,
                      optimizer=optimizer, train=train, consistency=consistency, comm=comm,
                      output=output, evaluate=evaluate, checkpoint=checkpoint,
-                     path=path.resolve(), text=text)
+                     fault_tolerance=ft, path=path.resolve(), text=text)
 
 
 # ------------------------------------------------------------------------ public API

@@ -29,7 +29,8 @@ from .worker.trainer import Trainer
 
 # per-rank statistics row gathered at the end (float64); meaning depends on the role
 STAT_FIELDS = ("is_server", "index", "rows", "memory_bytes", "keys_pulled", "keys_pushed",
-               "bytes_in", "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds")
+               "bytes_in", "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds",
+               "examples")
 
 
 def find_restore(cfg, world, resume="auto", out=None):
@@ -174,6 +175,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
         ckpt.check_compatible(restore[0], restore[1], specs)   # every rank, before any traffic
     check_memory(cfg, tables, world)
     roles = core.split_roles(world, cfg.cluster.servers)
+    ft_state = _fault_tolerance(cfg, roles, world, out)
     t_start = time.perf_counter()
     stats = np.zeros(len(STAT_FIELDS))
     stats[1] = roles.index
@@ -190,12 +192,15 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
             ep = ServerEndpoint(roles.ps, cfg.comm.max_message_bytes)
             server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
                                      tables, policy, seed=cfg.seed, windows=windows,
-                                     run_dir=cfg.output.dir, restore=restore)
+                                     run_dir=cfg.output.dir, restore=restore, ft_state=ft_state)
             if windows:
                 barrier(roles.ps)                    # windows initialised before any read
             server.serve()
+            if ft_state is not None:
+                roles = ft_state.roles
             load = server.load()
             stats[0] = 1
+            stats[12] = load["examples"]
             stats[2:9] = [load[k] for k in ("rows", "memory_bytes", "keys_pulled", "keys_pushed",
                                             "bytes_in", "bytes_out", "requests")]
         else:
@@ -215,11 +220,13 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
 
             trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
                               roles.is_chief, on_epoch=on_epoch, out=out, policy=policy,
-                              step_hook=step_hook, stop=stop, model=model)
+                              step_hook=step_hook, stop=stop, model=model, ft_state=ft_state)
             checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
                                         roles.n_workers, [t[1].slot_names for t in tables], out,
                                         async_cut=not policy.aggregate, flush=trainer.steps.flush)
             result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer)
+            if ft_state is not None:
+                roles = ft_state.roles
             history[:] = trainer.history
             result["checkpoints"] = {"count": checkpointer.count if checkpointer else 0,
                                      "seconds": checkpointer.seconds if checkpointer else 0.0,
@@ -229,7 +236,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
             if roles.is_chief and not result["stopped_by_signal"]:
                 final = {s.name: client.pull_table(s.name) for s in specs}
             client.stop()
-            s = ep.stats
+            s = client.ep.stats
             stats[4:9] = [s.keys.get("pull", 0), s.keys.get("push", 0), s.total("bytes_in"),
                           s.total("bytes_out"), s.total("messages")]
             stats[9:12] = [s.seconds.get("pull", 0.0), s.seconds.get("push", 0.0),
@@ -238,6 +245,9 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
                 path = write_model(cfg.output.dir / "model.h5", final, cfg,
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
+        if ft_state is not None:             # after a failure: the survivors' communicator
+            world = roles.ps
+            stats[1] = roles.index
         rows = gather_rows(world, stats)
         stopped = bool(any_rank_failed(world, stats[0] == -1))
         crows = gather_rows(world, consistency_report.local_row(
@@ -254,6 +264,8 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
         out.flush()
         return {"stopped_by_signal": True}
     summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
+    if ft_state is not None:
+        summary["failures"] = list(ft_state.events)
     summary["consistency"] = consistency_report.summarize(
         crows, policy, cfg.consistency.pull, 8 + np.dtype(cfg.model.dtype).itemsize)
     if cfg.evaluate.sklearn_baseline and cfg.model.type == "logistic":
@@ -265,6 +277,27 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
                    "epochs": history, "summary": summary})
     _print_summary(summary, history, out)
     return summary
+
+
+def _fault_tolerance(cfg, roles, world, out):
+    """The :class:`hpcps.recovery.FTState` of a continue-mode job, or ``None`` (restart mode,
+    or an MPI without ULFM: then rank 0 says so and a failure stops the job as usual). Local
+    decision, identical on every rank (same environment and library)."""
+    if cfg.fault_tolerance.mode != "continue":
+        return None
+    from .comm import ft
+    from .recovery import FTState
+
+    ok, why = ft.ulfm_available()
+    if not ok:
+        if world.Get_rank() == 0:
+            out.write(f"hpcps: warning: [fault_tolerance] mode = 'continue' is not available: "
+                      f"{why}; a lost rank stops the job for a restart from its last checkpoint\n")
+            out.flush()
+        return None
+    ft.errors_return(roles.ps, roles.role_comm)
+    n = world.Get_size()
+    return FTState(roles=roles, hosts=[], world_ranks=list(range(n)))
 
 
 def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
@@ -374,7 +407,8 @@ def _summary(cfg, result, rows, wall) -> dict:
         "checkpoints": dict(result["checkpoints"],
                             share_of_run=result["checkpoints"]["seconds"] / wall if wall else 0.0),
         "servers": [{k: int(d[k]) for k in ("index", "rows", "memory_bytes", "keys_pulled",
-                                             "keys_pushed", "bytes_in", "bytes_out", "requests")}
+                                             "keys_pushed", "bytes_in", "bytes_out", "requests",
+                                             "examples")}
                     for d in servers],
         "workers": [{"index": int(d["index"]), "bytes_pulled": int(d["bytes_in"]),
                      "bytes_pushed": int(d["bytes_out"]), "pull_seconds": d["pull_seconds"],

@@ -64,8 +64,11 @@ def mpi_flavour(mpirun: str) -> tuple[str, int]:
 
 
 def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), cores=None,
-                  is_root=None, extra=(), python=None) -> tuple[list[str], dict]:
+                  is_root=None, extra=(), python=None, ulfm=False) -> tuple[list[str], dict]:
     """The mpirun command line and the extra environment for ``n`` ranks running ``job``.
+
+    ``ulfm``: the job survives lost ranks (``[fault_tolerance] mode = "continue"``): Open MPI 5
+    gets ``--with-ft ulfm``, MPICH ``MPIR_CVAR_ENABLE_FT=1``.
 
     Returns
     -------
@@ -88,6 +91,10 @@ def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), core
             # the UCX one-sided component fails its query on machines without UCX networks and
             # prints an error per rank; Open MPI then uses its shared-memory one anyway
             env["OMPI_MCA_osc"] = "^ucx"
+    if ulfm and kind == "openmpi" and major >= 5:
+        cmd += ["--with-ft", "ulfm"]
+    elif ulfm and kind == "mpich":
+        env["MPIR_CVAR_ENABLE_FT"] = "1"
     cmd += list(extra)
     cmd += [python or sys.executable, "-m", "hpcps", "train", str(job)]
     return cmd, env

@@ -213,7 +213,7 @@ def abort_on_error(comm: MPI.Comm, stream=None):
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         if isinstance(e, (LaunchError,)) or type(e).__name__ in (
                 "ConfigError", "DataError", "CheckpointError", "ResumeError", "NonFiniteError",
-                "ResourceError"):
+                "ResourceError", "ServerLost"):
             text = f"{type(e).__name__}: {e}\n"
         _report_and_abort(comm, stream, text.rstrip(), code=1)
 
@@ -283,7 +283,7 @@ def send_array(comm: MPI.Comm, a: np.ndarray, dest: int, tag: int, max_bytes: in
     """Blocking chunked send of ``a`` (see :func:`isend_array`). Point-to-point."""
     reqs: list = []
     keep = isend_array(comm, a, dest, tag, max_bytes, reqs)
-    MPI.Request.Waitall(reqs)
+    _waitall(reqs)
     del keep
 
 
@@ -291,11 +291,42 @@ def recv_array(comm: MPI.Comm, out: np.ndarray, source: int, tag: int, max_bytes
     """Blocking chunked receive into ``out`` (see :func:`irecv_array`). Point-to-point."""
     reqs: list = []
     irecv_array(comm, out, source, tag, max_bytes, reqs)
-    MPI.Request.Waitall(reqs)
+    _waitall(reqs)
 
 
 def waitall(requests: list) -> None:
-    """Complete a list of requests made by :func:`isend_array`/:func:`irecv_array`."""
+    """Complete a list of requests made by :func:`isend_array`/:func:`irecv_array`.
+
+    Raises
+    ------
+    MPI.Exception
+        With the error class of the first failed request (not ``ERR_IN_STATUS``), so that a
+        failed peer is recognised (:func:`hpcps.comm.ft.is_peer_failure`).
+    """
     if requests:
-        MPI.Request.Waitall(requests)
+        _waitall(requests)
         requests.clear()
+
+
+#: Requests left incomplete by a failed wait; :func:`hpcps.comm.ft.shrink` completes them once
+#: the communicator is revoked (then they finish at once), so none stays pending at
+#: MPI_Finalize and none is freed while MPI still uses its buffer.
+ORPHANS: list = []
+
+
+def _abandon(reqs) -> None:
+    ORPHANS.extend(r for r in reqs if r != MPI.REQUEST_NULL)
+
+
+def _waitall(reqs) -> None:
+    statuses = [MPI.Status() for _ in reqs]
+    try:
+        MPI.Request.Waitall(reqs, statuses)
+    except MPI.Exception as e:
+        _abandon(reqs)       # a peer failed: nothing may stay pending until MPI_Finalize
+        if e.Get_error_class() == MPI.ERR_IN_STATUS:
+            for st in statuses:
+                err = st.Get_error()
+                if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                    raise MPI.Exception(err) from None
+        raise

@@ -83,11 +83,17 @@ class ParameterServer:
         Checkpoint to start from (:func:`hpcps.checkpoint.latest_valid`); this server reads
         the rows of its key range from whichever old shards hold them, so the number of
         servers may differ from the checkpointed job's.
+    ft_state : hpcps.recovery.FTState or None
+        With ``[fault_tolerance] mode = "continue"``: the loop survives the loss of workers
+        (:meth:`recover`); asynchronous pushes are then held until the worker's CLOCK of the
+        same step arrives, so that a dead worker's last step is applied entirely or not at all.
     """
 
     def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0,
-                 windows=None, run_dir=None, restore=None):
+                 windows=None, run_dir=None, restore=None, ft_state=None):
         self.ep = endpoint
+        self.ft = ft_state
+        self.order_key = list(range(len(worker_ranks)))   # original worker index (sum order)
         self.index = index
         self.worker_of_rank = {r: i for i, r in enumerate(worker_ranks)}
         self.n_workers = len(worker_ranks)
@@ -133,6 +139,9 @@ class ParameterServer:
         self.pending = {}                    # clock -> {table: [(worker, rows, grads)]}
         self.waiting_pulls = []              # (source, header, rows) deferred by the policy
         self.pushes_applied = [0] * self.n_workers    # PUSH messages per worker
+        self.last_examples = [0] * self.n_workers      # examples of each worker's last CLOCK
+        self.examples_total = 0                        # examples of every CLOCK received
+        self.held = {}                                 # worker -> async pushes awaiting CLOCK
         self.stopped = set()
         self.staleness = StalenessHistogram()  # of every applied push
 
@@ -141,13 +150,20 @@ class ParameterServer:
         """Answer requests until every worker has sent STOP. Not collective."""
         sleep = IDLE_SLEEP_MIN
         while len(self.stopped) < self.n_workers:
-            msg = self.ep.poll()
-            if msg is None:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, IDLE_SLEEP_MAX)
-                continue
-            sleep = IDLE_SLEEP_MIN
-            self.handle(*msg)
+            try:
+                msg = self.ep.poll()
+                if msg is None:
+                    time.sleep(sleep)
+                    sleep = min(sleep * 2, IDLE_SLEEP_MAX)
+                    continue
+                sleep = IDLE_SLEEP_MIN
+                self.handle(*msg)
+            except Exception as e:           # noqa: BLE001 - only a peer failure is recovered
+                from ..comm.ft import is_peer_failure
+
+                if self.ft is None or not is_peer_failure(e):
+                    raise
+                self.recover()
         if self.waiting_pulls:
             raise RuntimeError(f"server {self.index}: {len(self.waiting_pulls)} pull(s) still "
                                "waiting at shutdown")
@@ -172,6 +188,9 @@ class ParameterServer:
             check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
                          f"{self.worker_of_rank[source]} at clock {c}", grads)
             self.pushes_applied[self.worker_of_rank[source]] += 1
+            if not self.policy.aggregate and self.ft is not None:
+                self.held.setdefault(self.worker_of_rank[source], []).append((shard, rows, grads, h))
+                return
             if not self.policy.aggregate:
                 self._apply_now(shard, rows, grads, h)
                 if self.waiting_pulls:
@@ -181,7 +200,7 @@ class ParameterServer:
                 raise RuntimeError(f"server {self.index}: push for clock {c} from worker "
                                    f"{self.worker_of_rank[source]} after clock {self.clock} was applied")
             self.pending.setdefault(c, {}).setdefault(int(h[tp.H_TABLE]), []).append(
-                (self.worker_of_rank[source], rows, grads, int(h[tp.H_AUX])))
+                (self.order_key[self.worker_of_rank[source]], rows, grads, int(h[tp.H_AUX])))
         elif op == tp.CLOCK:
             w = self.worker_of_rank[source]
             c = int(h[tp.H_CLOCK])
@@ -189,6 +208,10 @@ class ParameterServer:
                 raise RuntimeError(f"server {self.index}: worker {w} clocked {c}, expected "
                                    f"{self.worker_clock[w]}")
             self.worker_clock[w] = c + 1
+            self.last_examples[w] = int(h[tp.H_NEX])
+            self.examples_total += int(h[tp.H_NEX])
+            for shard, rows, grads, hp in self.held.pop(w, ()):
+                self._apply_now(shard, rows, grads, hp)   # held async pushes of this step
             for shard in self.shards:
                 shard.hdr[H_WORKER0 + w] = c + 1     # advisory (progress line), no lock
             if self.policy.aggregate:
@@ -260,6 +283,62 @@ class ParameterServer:
         shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
         shard.hdr[H_VERSION] = version + 1
         shard.hdr[H_BUSY] = 0
+
+    # ------------------------------------------------------------------ failures
+    def recover(self) -> None:
+        """Survive the loss of workers (see :mod:`hpcps.recovery`). Collective over every
+        surviving rank; called when the loop catches a peer failure.
+
+        Every old worker's last step is settled with the agreed step counts: pushes of a step
+        whose CLOCK this server missed are applied with the examples another server received,
+        pushes of unfinished steps are dropped; the survivors are re-indexed and the loop goes
+        on with the new communicator. Raises :class:`hpcps.comm.ft.ServerLost` if a server died.
+        """
+        from ..comm.transport import ServerEndpoint
+        from ..recovery import recover
+
+        n_old = self.n_workers
+        rec = recover(self.ft, np.array(self.worker_clock, dtype=np.int64),
+                      np.array(self.last_examples, dtype=np.int64))
+        agreed = [int(c) for c in rec.clocks]
+        for w in range(n_old):
+            if self.worker_clock[w] < agreed[w]:          # its CLOCK reached another server only
+                c, nex = agreed[w] - 1, int(rec.examples[w])
+                self.examples_total += nex
+                if self.policy.aggregate:
+                    self.examples[c] = self.examples.get(c, 0) + nex
+                else:
+                    for shard, rows, grads, hp in self.held.get(w, ()):
+                        self._apply_now(shard, rows, grads, hp)
+                self.worker_clock[w] = agreed[w]
+        self.held = {}
+        old_of_key = {k: w for w, k in enumerate(self.order_key)}
+        for c, tables in self.pending.items():          # drop pushes of unfinished steps
+            for tid in tables:
+                tables[tid] = [p for p in tables[tid] if c < agreed[old_of_key[p[0]]]]
+        n_new = len(rec.roles.worker_ranks)
+        old = [rec.old_index[i] for i in range(n_new)]
+        self.order_key = [self.order_key[o] for o in old]
+        self.worker_clock = [agreed[o] for o in old]
+        self.last_examples = [self.last_examples[o] for o in old]
+        self.pushes_applied = [0] * n_new               # the workers reset their counts too
+        self.n_workers = n_new
+        self.worker_of_rank = {r: i for i, r in enumerate(rec.roles.worker_ranks)}
+        self.stopped = set()
+        self.waiting_pulls = []                          # the survivors repeat their requests
+        stats = self.ep.stats
+        self.ep = ServerEndpoint(rec.roles.ps, self.ep.max_bytes)
+        self.ep.stats = stats
+        for shard in self.shards:
+            shard.hdr[H_NWORKERS] = n_new
+            shard.hdr[H_WORKER0:H_WORKER0 + n_old] = 0
+            shard.hdr[H_WORKER0:H_WORKER0 + n_new] = self.worker_clock
+        if self.policy.aggregate:
+            self._advance()
+        else:
+            self.clock = min(self.worker_clock)
+            for shard in self.shards:
+                shard.hdr[H_CLOCK] = self.clock
 
     def _pull_ready(self, h) -> bool:
         c = int(h[tp.H_CLOCK])
@@ -335,6 +414,7 @@ class ParameterServer:
             "bytes_out": int(s.total("bytes_out")),
             "requests": int(s.total("messages")),
             "clock": self.clock,
+            "examples": self.examples_total,
             "staleness": self.staleness,
         }
 

@@ -44,7 +44,9 @@ def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size) ->
         Row counts of the partitions of the epoch's first segment (``plan[0][0]`` workers);
         the split is their concatenation in worker order.
     plan : list of [n_workers, steps_done]
-        The epoch's earlier segments, oldest first.
+        The epoch's earlier segments, oldest first; ``steps_done`` is one count for all the
+        segment's workers or a list of one count per worker (a segment ended by the loss of a
+        worker, :mod:`hpcps.recovery`).
     n_workers : int
         Workers of the segment about to run.
 
@@ -60,10 +62,24 @@ def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size) ->
     for k, (n_k, done) in enumerate(plan):
         if len(lists) != n_k:
             raise ValueError(f"epoch plan segment {k} has {n_k} workers but {len(lists)} row lists")
-        rest = np.concatenate([r[done * batch_size:] for r in lists]) if lists else np.empty(0, np.int64)
+        per = list(done) if isinstance(done, (list, tuple)) else [done] * n_k
+        if len(per) != n_k:
+            raise ValueError(f"epoch plan segment {k} has {n_k} workers but {len(per)} step counts")
+        rest = (np.concatenate([r[int(d) * batch_size:] for r, d in zip(lists, per)]) if lists
+                else np.empty(0, np.int64))
         nxt = plan[k + 1][0] if k + 1 < len(plan) else n_workers
         lists = np.array_split(rest, nxt)
     return lists
+
+
+def _done_max(done) -> int:
+    return max(done) if isinstance(done, (list, tuple)) else int(done)
+
+
+def _peer_failure(e: BaseException) -> bool:
+    from ..comm.ft import is_peer_failure
+
+    return is_peer_failure(e)
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -93,10 +109,13 @@ class Trainer:
         use it to slow one worker's computation down).
     model : hpcps.models.base.Model
         The model (default: the one ``cfg.model.type`` names).
+    ft_state : hpcps.recovery.FTState or None
+        Continue mode: survive the loss of workers (collective recovery with the servers).
     """
 
     def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None,
-                 stop=None, policy=None, step_hook=None, model=None):
+                 stop=None, policy=None, step_hook=None, model=None, ft_state=None):
+        self.ft = ft_state
         if model is None:
             from ..models import make_model
 
@@ -177,7 +196,10 @@ class Trainer:
         steps = steps_full
         # stop signals: under BSP the workers are in step anyway and agree with one Allreduce
         # per step; under SSP/async that would tie them together, so they vote without waiting
-        vote = StopVote(self.comm) if self.stop is not None and self.policy.staleness != 0 else None
+        # (continue mode: Open MPI's non-blocking collectives do not survive a lost rank, so
+        # the workers agree with a blocking Allreduce per step under every policy)
+        vote = (StopVote(self.comm) if self.stop is not None and self.policy.staleness != 0
+                and self.ft is None else None)
         self._stop_target = None
         for epoch in range(start_epoch, t.epochs):
             if epoch == start_epoch and plan:
@@ -190,49 +212,69 @@ class Trainer:
                 Xe, ye = X_all, y_all
                 steps = self._max_steps(order.size)
                 if t.max_steps:
-                    steps = min(steps, max(0, t.max_steps - sum(n for _, n in plan)))
+                    steps = min(steps, max(0, t.max_steps - sum(_done_max(n) for _, n in plan)))
             else:
                 plan = []
                 order = epoch_order(X.shape[0], cfg.seed, self.index, epoch, t.shuffle)
                 Xe, ye, steps = X, y, steps_full
-            if checkpointer is not None:
-                checkpointer.steps_per_epoch = steps
             loss_sum, n_ex = 0.0, 0
-            self.steps.begin_epoch(Xe, ye, order, steps, t.batch_size)
             first = start_step if epoch == start_epoch else 0
-            for step in range(first, steps):
-                rows = order[step * t.batch_size:(step + 1) * t.batch_size]
-                loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
-                n_ex += rows.size
-                self.client.clock(int(rows.size))
-                if checkpointer is not None:
-                    checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
-                if self.stop is not None and self._stop_now(vote):
-                    # a stop signal reached some worker: all checkpoint here and leave
-                    if self.is_chief:
-                        self._say(f"stop requested by signal at clock {self.client.clock_value}: "
-                                  "checkpointing, then exiting for a requeue")
+            seg_clock0 = self.client.clock_value - first      # clock at this segment's start
+            while True:
+                try:
                     if checkpointer is not None:
-                        checkpointer.write(self.client.clock_value, epoch, step + 1, plan, self.history)
-                    self.stopped_by_signal = True
+                        checkpointer.steps_per_epoch = steps
+                    self.steps.begin_epoch(Xe, ye, order, steps, t.batch_size)
+                    for step in range(first, steps):
+                        rows = order[step * t.batch_size:(step + 1) * t.batch_size]
+                        loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
+                        self.client.clock(int(rows.size))
+                        n_ex += rows.size
+                        if checkpointer is not None:
+                            checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
+                        if self.stop is not None and self._stop_now(vote):
+                            # a stop signal reached some worker: all checkpoint here and leave
+                            if self.is_chief:
+                                self._say(f"stop requested by signal at clock {self.client.clock_value}: "
+                                          "checkpointing, then exiting for a requeue")
+                            if checkpointer is not None:
+                                checkpointer.write(self.client.clock_value, epoch, step + 1, plan, self.history)
+                            self.stopped_by_signal = True
+                            break
+                        if self.is_chief and time.perf_counter() - last >= t.progress_seconds:
+                            last = time.perf_counter()
+                            done = max(1, self.client.clock_value - clock0)
+                            rate = done * examples_per_step / (last - t0)
+                            eta = (last - t0) / done * max(0, total_steps - self.client.clock_value)
+                            self._say(f"epoch {epoch + 1}/{t.epochs}  step {step + 1}/{steps}  "
+                                      f"clock {self.client.clock_value} (workers "
+                                      f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
+                                      f"loss(w0) {loss_sum / max(1, n_ex):.4f}  ETA {_fmt_eta(eta)}")
+                    if not self.stopped_by_signal:
+                        rec = self._evaluate(epoch, Xt, yt, loss_sum, n_ex, time.perf_counter() - t0)
+                        if self.ft is not None:
+                            self._agree_epoch_done()
+                        if rec is not None:
+                            self.history.append(rec)
+                            if self.on_epoch:
+                                self.on_epoch(rec)
                     break
-                if self.is_chief and time.perf_counter() - last >= t.progress_seconds:
-                    last = time.perf_counter()
-                    done = self.client.clock_value - clock0
-                    rate = done * examples_per_step / (last - t0)
-                    eta = (last - t0) / done * max(0, total_steps - self.client.clock_value)
-                    self._say(f"epoch {epoch + 1}/{t.epochs}  step {step + 1}/{steps}  "
-                              f"clock {self.client.clock_value} (workers "
-                              f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
-                              f"loss(w0) {loss_sum / max(1, n_ex):.4f}  ETA {_fmt_eta(eta)}")
+                except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
+                    if self.ft is None or not _peer_failure(e):
+                        raise
+                    Xe, ye, order, steps, plan = self._recover(epoch, seg_clock0, steps, order, plan,
+                                                               checkpointer)
+                    X, y = self.model.load("train", self.index, self.n_workers)
+                    Xt, yt = self.model.load("test", self.index, self.n_workers)
+                    steps_full = self._max_steps(X.shape[0])
+                    if t.max_steps:
+                        steps_full = min(steps_full, t.max_steps)
+                    if vote is not None:
+                        vote = StopVote(self.comm)
+                    first, seg_clock0 = 0, self.client.clock_value
             local_examples += n_ex
             if self.stopped_by_signal:
                 break
-            rec = self._evaluate(epoch, Xt, yt, loss_sum, n_ex, time.perf_counter() - t0)
-            if rec is not None:
-                self.history.append(rec)
-                if self.on_epoch:
-                    self.on_epoch(rec)
         if vote is not None:
             vote.finish()
         if checkpointer is not None and not self.stopped_by_signal:
@@ -243,6 +285,71 @@ class Trainer:
                 "steps": self.client.clock_value - clock0, "epochs": t.epochs,
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
+
+    def _agree_epoch_done(self) -> None:
+        """Fault-tolerant agreement that every worker finished the epoch (continue mode): it
+        fails the same way on every survivor if a worker died, so no survivor goes on to the
+        next epoch while another recovers in this one. Collective over the workers."""
+        from ..comm.ft import agree
+
+        agree(self.comm, 1)
+
+    def _recover(self, epoch, seg_clock0, steps, order, plan, checkpointer):
+        """Recover from the loss of workers in the middle of ``epoch`` (see
+        :mod:`hpcps.recovery`); returns the new ``(X, y, order, steps, plan)`` of the rest of
+        the epoch. Collective over every survivor (servers included)."""
+        from ..comm.transport import WorkerEndpoint
+        from ..recovery import recover
+
+        t_fail = time.time()
+        n_old, old_me = self.n_workers, self.index
+        rec = recover(self.ft)
+        r = rec.roles
+        ep_stats = self.client.ep.stats
+        self.client.ep = WorkerEndpoint(r.ps, r.server_ranks, self.client.ep.max_bytes)
+        self.client.ep.stats = ep_stats
+        self.client.clock_value = int(rec.clocks[old_me])
+        self.client.pushes_sent[:] = 0
+        self.comm, self.index, self.n_workers = r.role_comm, r.index, len(r.worker_ranks)
+        self.is_chief = self.index == 0
+        self.steps.begin_epoch(None, None, None, 0, 1)           # drop what was held
+        if hasattr(self.steps, "_reset"):
+            self.steps._reset()
+        if checkpointer is not None:
+            checkpointer.comm, checkpointer.n_workers = self.comm, self.n_workers
+            checkpointer.is_chief = self.is_chief
+        # what each old worker finished of this segment, and the rows nobody reached
+        done = [int(min(max(0, c - seg_clock0), steps)) for c in rec.clocks]
+        plan = plan + [[n_old, done]]
+        t = self.cfg.train
+        X_all, y_all = self.model.load("train", 0, 1)
+        sizes = [self.model.load("train", p, plan[0][0])[0].shape[0] for p in range(plan[0][0])]
+        lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
+                           t.batch_size)
+        order = lists[self.index]
+        reassigned = 0
+        if rec.dead_workers:
+            prev = epoch_rows(sizes, plan[:-1], n_old, self.cfg.seed, epoch, t.shuffle, t.batch_size)
+            reassigned = int(sum(max(0, prev[w].size - done[w] * t.batch_size)
+                                 for w in rec.dead_workers))
+        # survivors behind the furthest one catch up with empty steps (their rows were re-split)
+        target = int(allreduce_max(self.comm, np.array([self.client.clock_value], dtype=np.int64))[0])
+        while self.client.clock_value < target:
+            self.client.clock(0)
+        new_steps = self._max_steps(order.size)
+        event = {"time": t_fail, "epoch": epoch + 1,
+                 "failed_ranks": rec.failed_world_ranks, "failed_hosts": rec.failed_hosts,
+                 "dead_workers": rec.dead_workers, "worker_steps_done": done,
+                 "examples_reassigned": reassigned, "survivors": self.n_workers,
+                 "recovery_seconds": round(time.time() - t_fail, 3), "clock": target}
+        self.ft.events.append(event)
+        if self.is_chief:
+            self._say(f"hpcps: worker(s) {', '.join(map(str, rec.dead_workers))} (rank(s) "
+                      f"{', '.join(map(str, rec.failed_world_ranks))}) lost at clock "
+                      f"~{target} (epoch {epoch + 1}); {self.n_workers} worker(s) continue, "
+                      f"{reassigned} example(s) of the epoch reassigned; recovered in "
+                      f"{event['recovery_seconds']:.2f} s")
+        return X_all, y_all, order, new_steps, plan
 
     def _stop_now(self, vote) -> bool:
         """Whether every worker stops after this step (see :mod:`hpcps.signals`). Collective
