@@ -60,7 +60,8 @@ def test_prepare_then_train_the_shipped_job_reaches_rmse_093(tmp_path):
 
 def test_one_worker_on_two_servers_equals_the_single_process_reference(tmp_path):
     """1 worker + 2 servers under BSP, float64: the trained tables are bit-identical to
-    hpcps.models.local.train_local (same initial rows on any server count, same kernels)."""
+    hpcps.models.local.train_local (same initial rows on any server count, same kernels);
+    allreduce mode on one rank trains the same tables too."""
     import numpy as np
 
     from hpcps.data.movielens import prepare_movielens_100k
@@ -88,3 +89,12 @@ def test_one_worker_on_two_servers_equals_the_single_process_reference(tmp_path)
             assert f[name].dtype == np.float64
     m = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert m["epochs"][-1]["test_rmse"] == pytest.approx(hist[-1]["test_rmse"], rel=1e-12)
+    # [cluster] mode = "allreduce" on 1 rank starts from the same rows and trains the same
+    ar = tmp_path / "ar.toml"
+    ar.write_text(job.read_text().replace("servers = 2", 'mode = "allreduce"')
+                  .replace('dir = "out"', 'dir = "out_ar"'))
+    proc, _ = hpcps(["run", "-n", "1", ar], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with h5py.File(tmp_path / "out_ar" / "model.h5", "r") as f:
+        for name, w in tables.w.items():
+            np.testing.assert_allclose(f[name][()], w, rtol=1e-12, atol=1e-15, err_msg=name)
