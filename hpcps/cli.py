@@ -4,6 +4,7 @@
 ``hpcps run [-n N] [JOB]``  start mpirun for JOB (default: the shipped quick-start job)
 ``hpcps check [JOB]``       run JOB and compare its test AUC with scikit-learn's
 ``hpcps info``              versions of hpcps, MPI, mpi4py, h5py
+``hpcps data prepare NAME`` write a prepared data set (:mod:`hpcps.cli_data`)
 """
 
 from __future__ import annotations
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_info)
     from .cli_analysis import register as register_analysis
     register_analysis(sub)  # inspect, eval, export, plot, diff (no MPI)
+    from .cli_data import register as register_data
+    register_data(sub)  # data prepare (no MPI)
     return p
 
 

@@ -137,13 +137,17 @@ def check_memory(cfg, tables, world) -> None:
 
 def load_model(cfg):
     """The job's model (:func:`hpcps.models.make_model`); a model that cannot be loaded is a
-    :class:`~hpcps.config.ConfigError` on key ``model.type``. Local; every rank calls it."""
+    :class:`~hpcps.config.ConfigError` on key ``model.type``, a data file the model cannot
+    use (e.g. a prepared file of another kind) one on ``data.path``. Local; every rank calls it."""
+    from .data import DataError
     from .models import ModelLoadError, make_model
 
     try:
         return make_model(cfg)
     except ModelLoadError as e:
         raise ConfigError(cfg.path, "model.type", str(e).removeprefix("model.type: ")) from None
+    except DataError as e:
+        raise ConfigError(cfg.path, "data.path", str(e)) from None
 
 
 def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> dict | None:

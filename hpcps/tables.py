@@ -17,6 +17,7 @@ order so that each server holds one contiguous block of rows.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +43,8 @@ class TableSpec:
         Sparse tables are pulled/pushed by keys and use a permuted key space; dense tables
         keep key order.
     init_std : float
-        Rows start as N(0, init_std²) (``0`` = zeros), drawn per server from the job seed.
+        Rows start as N(0, init_std²) (``0`` = zeros), drawn per key by
+        :meth:`initial_rows` — the same values on any number of servers.
     """
 
     name: str
@@ -58,6 +60,58 @@ class TableSpec:
                              f"got {self.num_keys} and {self.dim}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"table {self.name!r}: dtype must be float32 or float64, got {self.dtype!r}")
+        if not (self.init_std >= 0 and np.isfinite(self.init_std)):
+            raise ValueError(f"table {self.name!r}: init_std must be finite and >= 0, got "
+                             f"{self.init_std}")
+
+    def initial_rows(self, keys, seed: int) -> np.ndarray:
+        """Initial values of the rows ``keys``: zeros, or N(0, init_std²) drawn per key.
+
+        Row ``k`` depends only on ``(seed, name, k)`` — not on which server holds it, how many
+        servers there are, or which other keys are asked for — so a job starts from the same
+        weights on any number of servers. Each key seeds its own SplitMix64 stream (Steele,
+        Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014) from
+        ``seed``, the CRC-32 of the table name and ``k``; its first ``2*dim`` outputs give
+        ``dim`` normals by the Box–Muller transform (Box & Muller, Ann. Math. Stat. 1958).
+
+        Parameters
+        ----------
+        keys : int array-like (n,)
+            Keys in ``[0, num_keys)``, any order, duplicates allowed.
+        seed : int
+            The job seed (taken modulo 2**64).
+
+        Returns
+        -------
+        ndarray (n, dim) of the table's dtype
+        """
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        out = np.zeros((keys.size, self.dim), dtype=self.dtype)
+        if self.init_std == 0 or keys.size == 0:
+            return out
+        base = _splitmix_mix(np.array([int(seed) % (1 << 64)], dtype=np.uint64) * _GOLDEN
+                             + np.uint64(zlib.crc32(self.name.encode())))
+        chunk = max(1, (1 << 18) // self.dim)
+        steps = np.arange(1, 2 * self.dim + 1, dtype=np.uint64) * _GOLDEN    # (2*dim,)
+        for lo in range(0, keys.size, chunk):
+            k = keys[lo:lo + chunk].astype(np.uint64)
+            state = _splitmix_mix(base ^ _splitmix_mix(k + _GOLDEN))          # one stream per key
+            bits = _splitmix_mix(state[:, None] + steps[None, :]) >> np.uint64(11)   # 53 bits
+            u1 = (bits[:, 0::2] + np.uint64(1)) * 2.0**-53                   # (0, 1]
+            u2 = bits[:, 1::2] * 2.0**-53                                    # [0, 1)
+            z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+            out[lo:lo + chunk] = z * self.init_std
+        return out
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix_mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's output function on a uint64 array (wrapping arithmetic, new array)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 class KeyPartition:

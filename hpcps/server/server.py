@@ -110,11 +110,8 @@ class ParameterServer:
                                            multiplier=part.multiplier, slots=opt.slot_names)
                 if saved:
                     slots = opt.slots_from_dict(saved)
-            elif spec.init_std > 0:
-                rng = np.random.default_rng([seed, tid, index])
-                w = (rng.standard_normal(shape) * spec.init_std).astype(spec.dtype)
-            else:
-                w = np.zeros(shape, dtype=spec.dtype)
+            else:                       # zeros, or per-key draws (same on any server count)
+                w = spec.initial_rows(part.shard_keys(index), seed)
             start = int(restore[1]["step"]) if restore is not None else 0
             nh = header_len(self.n_workers)
             win = windows[tid] if windows else None

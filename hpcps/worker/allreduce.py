@@ -38,7 +38,8 @@ class AllReduceClient:
         All ranks of the job (each is a worker).
     tables : list of (hpcps.tables.TableSpec, hpcps.optim.Optimizer)
     seed : int
-        Job seed, for tables with ``init_std > 0`` (drawn identically on every rank).
+        Job seed, for tables with ``init_std > 0`` (drawn per key, identically on every rank
+        and as the servers draw them).
 
     Collective: :meth:`clock` must be called by every rank of ``comm`` the same number of
     times; the other methods are local.
@@ -54,13 +55,10 @@ class AllReduceClient:
         self.opts = [o for _, o in tables]
         self.ids = {s.name: i for i, s in enumerate(self.specs)}
         self.w, self.slots = [], []
-        for tid, (spec, opt) in enumerate(tables):
+        for spec, opt in tables:
             shape = (spec.num_keys, spec.dim)
-            if spec.init_std > 0:
-                w = (np.random.default_rng([seed, tid]).standard_normal(shape)
-                     * spec.init_std).astype(spec.dtype)
-            else:
-                w = np.zeros(shape, dtype=spec.dtype)
+            # the rows the servers would start from (TableSpec.initial_rows: per key)
+            w = spec.initial_rows(np.arange(spec.num_keys, dtype=np.int64), seed)
             self.w.append(w)
             self.slots.append(opt.init_slots(shape, spec.dtype))
         self.pending = [[] for _ in self.specs]

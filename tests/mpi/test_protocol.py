@@ -122,3 +122,24 @@ def test_key_outside_key_space_is_an_error_on_the_worker():
         return True
 
     _ps(comm, 1, tables, work)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_servers_start_tables_from_the_per_key_initial_rows():
+    """Tables with init_std start as TableSpec.initial_rows(key, seed) on 1 server (3 ranks)
+    and on 2 servers (4 ranks) alike; tables without it start at zero."""
+    comm = MPI.COMM_WORLD
+    sparse = TableSpec("emb", 1001, 3, "float64", sparse=True, init_std=0.2)
+    dense = TableSpec("layer", 40, 5, "float32", sparse=False, init_std=1.5)
+    zero = TableSpec("bias", 7, 1, "float32", sparse=True)
+    tables = [(s, Optimizer("sgd", 1.0)) for s in (sparse, dense, zero)]
+
+    def work(client, roles):
+        return {s.name: client.pull(s.name, np.arange(s.num_keys)) for s in (sparse, dense, zero)}
+
+    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    if roles.role == core.WORKER:
+        for s in (sparse, dense):
+            np.testing.assert_array_equal(got[s.name], s.initial_rows(np.arange(s.num_keys), 0))
+            assert np.abs(got[s.name]).max() > 0
+        assert not got["bias"].any()

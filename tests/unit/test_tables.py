@@ -87,3 +87,59 @@ def test_table_spec_validation():
         TableSpec("w", 0)
     with pytest.raises(ValueError, match="dtype"):
         TableSpec("w", 10, dtype="int8")
+    with pytest.raises(ValueError, match="init_std"):
+        TableSpec("w", 10, init_std=-0.1)
+    with pytest.raises(ValueError, match="init_std"):
+        TableSpec("w", 10, init_std=float("nan"))
+
+
+def test_initial_rows_zero_without_init_std():
+    rows = TableSpec("w", 100, 3, "float64").initial_rows([0, 5, 99], seed=1)
+    assert rows.shape == (3, 3) and rows.dtype == np.float64 and not rows.any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_keys=st.integers(1, 500), dim=st.integers(1, 5), sparse=st.booleans(),
+       n_servers=st.integers(1, 7), seed=st.integers(0, 2**40))
+def test_initial_rows_do_not_depend_on_the_number_of_servers(num_keys, dim, sparse, n_servers, seed):
+    """Shards built the way the server builds them (its shard's keys) assemble into the same
+    table for any server count: each row depends only on (seed, table, key)."""
+    spec = TableSpec("emb", num_keys, dim, "float32", sparse=sparse, init_std=0.5)
+    whole = spec.initial_rows(np.arange(num_keys), seed)
+    part = KeyPartition(num_keys, n_servers, permute=sparse)
+    got = np.full((num_keys, dim), np.nan, dtype=np.float32)
+    for s in range(n_servers):
+        keys = part.shard_keys(s)
+        got[keys] = spec.initial_rows(keys, seed)
+    np.testing.assert_array_equal(got, whole)
+    # and any subset, order or duplication of keys gives the same rows
+    pick = np.array([num_keys - 1, 0, num_keys - 1, num_keys // 2])
+    np.testing.assert_array_equal(spec.initial_rows(pick, seed), whole[pick])
+
+
+def test_initial_rows_are_normal_with_init_std():
+    from scipy import stats
+
+    spec = TableSpec("user_factors", 20_000, 8, "float64", init_std=0.1)
+    x = spec.initial_rows(np.arange(20_000), seed=0)
+    assert x.dtype == np.float64 and x.shape == (20_000, 8)
+    assert abs(x.mean()) < 0.1 * 4 / np.sqrt(x.size)            # 4 standard errors
+    assert abs(x.std() - 0.1) < 0.002
+    assert stats.kstest(x.ravel() / 0.1, "norm").pvalue > 1e-3
+    # neighbouring keys and the columns of a row are uncorrelated
+    assert abs(np.corrcoef(x[:-1, 0], x[1:, 0])[0, 1]) < 0.04
+    assert np.abs(np.corrcoef(x.T) - np.eye(8)).max() < 0.04
+
+
+def test_initial_rows_differ_by_seed_and_table_and_follow_dtype():
+    keys = np.arange(50)
+    a = TableSpec("user_factors", 50, 4, "float32", init_std=1.0)
+    b = TableSpec("item_factors", 50, 4, "float32", init_std=1.0)
+    ra = a.initial_rows(keys, 0)
+    assert ra.dtype == np.float32 and np.isfinite(ra).all()
+    assert not np.allclose(ra, a.initial_rows(keys, 1))
+    assert not np.allclose(ra, b.initial_rows(keys, 0))
+    np.testing.assert_array_equal(ra, a.initial_rows(keys, 0))
+    # float64 holds the same draws at full precision
+    r64 = TableSpec("user_factors", 50, 4, "float64", init_std=1.0).initial_rows(keys, 0)
+    np.testing.assert_allclose(r64, ra, rtol=1e-6)

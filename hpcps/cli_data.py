@@ -1,0 +1,81 @@
+"""``hpcps data prepare NAME [--from PATH] [--out PATH]``: write a prepared data set (no MPI).
+
+Each name in :data:`PREPARERS` turns a data set's original files into one HDF5 file in the
+layout of :mod:`hpcps.data.prepared`, which jobs read with ``[data] format = "prepared"``.
+The default output is ``data/NAME.h5`` under the current directory. Expected failures
+(missing or malformed input) print one line ``hpcps data: error: ...`` and exit with status 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cli_analysis import _guard
+
+
+def _movielens_100k(src, out) -> dict:
+    from .data.movielens import prepare_movielens_100k
+
+    return prepare_movielens_100k(src, out)
+
+
+#: name → ``prepare(src, out) -> dict`` (the file attributes written, plus ``path``);
+#: ``src`` is the ``--from`` path or ``None`` (the preparer's default source).
+PREPARERS = {
+    "movielens-100k": _movielens_100k,
+}
+
+#: One line per data set for ``--help``: where its input comes from.
+SOURCES = {
+    "movielens-100k": "ml-100k.inter (RecBole) or u.data (GroupLens); default: the copy in the "
+                      "installed recbole package (pip install --no-deps recbole==1.2.1)",
+}
+
+
+def default_out(name: str) -> Path:
+    """``data/NAME.h5`` (relative to the current directory)."""
+    return Path("data") / f"{name}.h5"
+
+
+@_guard
+def cmd_prepare(args) -> int:
+    """``hpcps data prepare``: run the preparer and print what was written.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``dataset``, ``src`` (or None), ``out`` (or None).
+
+    Returns
+    -------
+    int
+        Exit status (0).
+    """
+    out = Path(args.out) if args.out else default_out(args.dataset)
+    info = PREPARERS[args.dataset](args.src, out)
+    path = info.pop("path")
+    print(f"hpcps data: wrote {path} ({args.dataset}, from {info.get('source', '?')})")
+    for k, v in info.items():
+        if k not in ("dataset", "source", "source_sha256"):
+            print(f"  {k} = {v}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``data prepare`` to the ``hpcps`` parser.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers`` returned.
+    """
+    d = subparsers.add_parser("data", help="prepare data sets for jobs (no MPI)")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    sources = "; ".join(f"{n}: {s}" for n, s in SOURCES.items())
+    p = dsub.add_parser("prepare", help="write a prepared HDF5 data set",
+                        description=f"Read a data set's original files and write data/NAME.h5 "
+                                    f"(or --out). Inputs: {sources}.")
+    p.add_argument("dataset", choices=sorted(PREPARERS), help="data set name")
+    p.add_argument("--from", dest="src", metavar="PATH", help="input file or directory")
+    p.add_argument("--out", metavar="PATH", help="output file (default: data/NAME.h5)")
+    p.set_defaults(func=cmd_prepare)
