@@ -712,6 +712,13 @@ def _data(ck: _Checker, doc: dict) -> DataConfig:
             continue
         if k in _FORMAT_ONLY[fmt] or not any(k in ks for ks in _FORMAT_ONLY.values()):
             vals[k] = ck.value(table, k, rule, f"data.{k}")
+    if fmt == "prepared":
+        raw = str(table.get("path", ""))
+        p = Path(raw).expanduser()
+        p = (p if p.is_absolute() else ck.job_dir / p).resolve()
+        if raw and not p.exists():
+            raise ck.error("data.path", f"prepared data file not found: {p}; write it with "
+                                        f"`hpcps data prepare {p.stem} --out {p}`")
     path = ck.input_file(vals.pop("path"), "data.path")
     test_path = vals.pop("test_path", "")
     test_path = ck.input_file(test_path, "data.test_path") if fmt == "svmlight" else None

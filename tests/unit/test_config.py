@@ -108,7 +108,10 @@ def test_shipped_jobs_all_load():
     jobs = sorted((REPO / "jobs").glob("*.toml"))
     assert jobs
     for p in jobs:
-        load_job(p)
+        try:
+            load_job(p)
+        except C.ConfigError as e:     # prepared data sets are written by `hpcps data prepare`
+            assert e.key == "data.path" and "hpcps data prepare" in e.message, e
 
 
 # ---------------------------------------------------------------------------- defaults
