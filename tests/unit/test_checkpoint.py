@@ -166,3 +166,23 @@ def test_every_row_read_exactly_once_across_worker_count_changes(sizes, plan_tai
     seen += lists                                         # the last segment reads the rest
     allrows = np.concatenate(seen) if seen else np.empty(0)
     assert sorted(allrows.tolist()) == list(range(sum(sizes)))
+
+
+@settings(max_examples=120, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=5),
+       data=st.data(), batch=st.integers(1, 7), shuffle=st.booleans())
+def test_every_row_read_once_when_workers_die_at_different_steps(sizes, data, batch, shuffle):
+    """A segment ended by a lost worker: each old worker finished its own number of steps
+    (``done`` per worker, as agreed in hpcps.recovery); the survivors read the rest, once."""
+    n = len(sizes)
+    done = data.draw(st.lists(st.integers(0, 8), min_size=n, max_size=n))
+    n_next = data.draw(st.integers(1, max(1, n)))
+    plan = [[n, done]]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    lists = [offsets[w] + epoch_order(m, 7, w, 2, shuffle) for w, m in enumerate(sizes)]
+    seen = [r[: d * batch] for r, d in zip(lists, done)]
+    seen += epoch_rows(sizes, plan, n_next, 7, 2, shuffle, batch)
+    allrows = np.concatenate(seen)
+    assert sorted(allrows.tolist()) == list(range(sum(sizes)))
+    with pytest.raises(ValueError, match="step counts"):
+        epoch_rows(sizes, [[n, done + [0]]], 1, 7, 2, shuffle, batch)

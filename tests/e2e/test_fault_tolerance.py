@@ -1,0 +1,131 @@
+"""Continuous fault tolerance (``[fault_tolerance] mode = "continue"``, ULFM): real ranks,
+real ``kill -9``, launched with ``hpcps run`` (which adds ``--with-ft ulfm``).
+
+* a worker killed mid-epoch under BSP and under async: the job finishes without a restart,
+  the servers applied every example of every epoch exactly once (their count), test AUC
+  within 0.005 of the same job without a failure;
+* a worker then a server: the worker is survived in place; the server's loss stops the job,
+  which ``--max-restarts`` relaunches from the last checkpoint to the end.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import DATA, hpcps, mpi_env, rank_pids
+
+JOB = """
+name = "{name}"
+[cluster]
+servers = 1
+[data]
+format = "adult_csv"
+path = "{data}"
+max_rows = {rows}
+[model]
+l2 = 1e-5
+[train]
+epochs = 2
+batch_size = 32
+progress_seconds = 0.000001
+[consistency]
+model = "{model}"
+[checkpoint]
+every_steps = {every}
+[fault_tolerance]
+mode = "continue"
+[output]
+dir = "{name}"
+"""
+ROWS = 12000
+
+
+def write(tmp_path, name, model="bsp", every=0):
+    p = tmp_path / f"{name}.toml"
+    p.write_text(JOB.format(name=name, data=DATA, rows=ROWS, model=model, every=every))
+    return p
+
+
+def metrics(tmp_path, name):
+    return json.loads((tmp_path / name / "metrics.json").read_text())
+
+
+def start(tmp_path, job, *extra):
+    return subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", *extra, str(job)],
+                            cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+
+
+def read_until(p, text, lines, timeout=180):
+    """Read ``p``'s output into ``lines`` until a line contains ``text``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"{text!r} not seen:\n{''.join(lines)[-3000:]}")
+
+
+def kill_rank(job, rank):
+    pids = rank_pids(job)
+    assert rank in pids, f"rank {rank} not running ({pids})"
+    os.kill(pids[rank], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("model", ["bsp", "async"])
+def test_worker_killed_mid_epoch_job_finishes_every_example_once(tmp_path, model):
+    ref = write(tmp_path, "ref", model)
+    proc, _ = hpcps(["run", "-n", "4", ref], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--with-ft ulfm" in proc.stdout
+    m_ref = metrics(tmp_path, "ref")
+    n_train_epochs = m_ref["summary"]["servers"][0]["examples"]
+    assert n_train_epochs == m_ref["summary"]["examples"] > 0
+
+    job = write(tmp_path, "kill", model)
+    p = start(tmp_path, job)
+    lines: list = []
+    read_until(p, "epoch 1/2  step 20/", lines)
+    kill_rank(job, 2)                                  # worker 2, mid-epoch 1
+    out, _ = p.communicate(timeout=300)
+    out = "".join(lines) + out
+    assert p.returncode == 0, out[-3000:]
+    assert "worker(s) 2 (rank(s) 2) lost" in out and "2 worker(s) continue" in out, out[-3000:]
+    assert "restart" not in out
+    m = metrics(tmp_path, "kill")
+    s = m["summary"]
+    # the servers applied every example of both epochs exactly once (nothing lost, nothing twice)
+    assert s["servers"][0]["examples"] == n_train_epochs
+    (event,) = s["failures"]
+    assert event["dead_workers"] == [2] and event["failed_ranks"] == [2]
+    assert event["examples_reassigned"] > 0 and event["survivors"] == 2
+    assert [r["epoch"] for r in m["epochs"]] == [1, 2]
+    assert abs(m["epochs"][-1]["test_auc"] - m_ref["epochs"][-1]["test_auc"]) <= 0.005
+
+
+def test_worker_then_server_lost_server_loss_restarts_from_checkpoint(tmp_path):
+    job = write(tmp_path, "two", every=40)
+    p = start(tmp_path, job, "--max-restarts", "1")
+    lines: list = []
+    read_until(p, "epoch 1/2  step 20/", lines)
+    kill_rank(job, 1)                                  # a worker: survived in place
+    read_until(p, "worker(s) continue", lines)
+    read_until(p, "epoch 2/2  step", lines)
+    t_kill = time.time()
+    kill_rank(job, 3)                                  # the server: stop, relaunch, resume
+    read_until(p, "ServerLost", lines)
+    assert time.time() - t_kill < 60                   # no hang after the server's loss
+    out, _ = p.communicate(timeout=300)
+    out = "".join(lines) + out
+    assert p.returncode == 0, out[-3000:]
+    assert "restart 1/1" in out and "resumed from checkpoint step" in out, out[-3000:]
+    m = metrics(tmp_path, "two")
+    assert [r["epoch"] for r in m["epochs"]][-1] == 2 and m["epochs"][-1]["test_auc"] > 0.88
