@@ -43,3 +43,10 @@ def load_split(data_cfg, split: str, part: int, n_parts: int):
 
         return read_part(data_cfg.path, split, part, n_parts, max_rows=data_cfg.max_rows)
     raise ValueError(f"unknown data format {data_cfg.format!r}")
+
+
+def block_partitioned(data_cfg) -> bool:
+    """True when worker ``p`` of ``P`` reads block ``p`` of ``numpy.array_split`` of the split's
+    rows (adult_csv, prepared), so partition sizes follow from the row count alone
+    (:func:`hpcps.data.partition_rows.block_bounds`); svmlight parts are byte ranges."""
+    return data_cfg.format in ("adult_csv", "prepared")

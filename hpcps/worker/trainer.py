@@ -205,8 +205,7 @@ class Trainer:
             if epoch == start_epoch and plan:
                 # resumed mid-epoch on another number of workers: the epoch's remaining rows
                 X_all, y_all = self.model.load("train", 0, 1)
-                sizes = [self.model.load("train", p, plan[0][0])[0].shape[0]
-                         for p in range(plan[0][0])]
+                sizes = self._part_sizes(X_all.shape[0], plan[0][0])
                 order = epoch_rows(sizes, plan, self.n_workers, cfg.seed, epoch, t.shuffle,
                                    t.batch_size)[self.index]
                 Xe, ye = X_all, y_all
@@ -286,6 +285,15 @@ class Trainer:
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
 
+    def _part_sizes(self, n_rows: int, n_parts: int) -> list:
+        """Rows of each of ``n_parts`` training partitions (their concatenation is the split)."""
+        from ..data.partition_rows import block_bounds
+        from ..data.source import block_partitioned
+
+        if block_partitioned(self.cfg.data) and getattr(self.model, "block_partitioned", True):
+            return [b - a for a, b in (block_bounds(n_rows, p, n_parts) for p in range(n_parts))]
+        return [self.model.load("train", p, n_parts)[0].shape[0] for p in range(n_parts)]
+
     def _agree_epoch_done(self) -> None:
         """Fault-tolerant agreement that every worker finished the epoch (continue mode): it
         fails the same way on every survivor if a worker died, so no survivor goes on to the
@@ -323,7 +331,7 @@ class Trainer:
         plan = plan + [[n_old, done]]
         t = self.cfg.train
         X_all, y_all = self.model.load("train", 0, 1)
-        sizes = [self.model.load("train", p, plan[0][0])[0].shape[0] for p in range(plan[0][0])]
+        sizes = self._part_sizes(X_all.shape[0], plan[0][0])
         lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
                            t.batch_size)
         order = lists[self.index]
