@@ -135,6 +135,8 @@ class Trainer:
         self.policy = policy or BSP()
         self.step_hook = step_hook
         self.steps = make_steps(self.policy, client, model, index, step_hook)
+        self._t_clock = time.time()       # when this worker last finished a step
+        self._gap_event = None            # failure record waiting for the next step's time
 
     def run(self, restore=None, checkpointer=None) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
@@ -229,6 +231,10 @@ class Trainer:
                         loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
                         self.client.clock(int(rows.size))
                         n_ex += rows.size
+                        self._t_clock = time.time()
+                        if self._gap_event is not None:      # first step after a recovery
+                            ev, self._gap_event = self._gap_event, None
+                            ev["gap_seconds"] = round(self._t_clock - ev["last_step_time"], 3)
                         if checkpointer is not None:
                             checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
                         if self.stop is not None and self._stop_now(vote):
@@ -349,7 +355,9 @@ class Trainer:
                  "failed_ranks": rec.failed_world_ranks, "failed_hosts": rec.failed_hosts,
                  "dead_workers": rec.dead_workers, "worker_steps_done": done,
                  "examples_reassigned": reassigned, "survivors": self.n_workers,
-                 "recovery_seconds": round(time.time() - t_fail, 3), "clock": target}
+                 "recovery_seconds": round(time.time() - t_fail, 3), "clock": target,
+                 "last_step_time": self._t_clock}
+        self._gap_event = event       # gap_seconds: last step before → first step after
         self.ft.events.append(event)
         if self.is_chief:
             self._say(f"hpcps: worker(s) {', '.join(map(str, rec.dead_workers))} (rank(s) "

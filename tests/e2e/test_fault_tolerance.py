@@ -107,6 +107,8 @@ def test_worker_killed_mid_epoch_job_finishes_every_example_once(tmp_path, model
     (event,) = s["failures"]
     assert event["dead_workers"] == [2] and event["failed_ranks"] == [2]
     assert event["examples_reassigned"] > 0 and event["survivors"] == 2
+    # last step before the failure -> first step after the recovery (on the chief)
+    assert 0 < event["recovery_seconds"] <= event["gap_seconds"] < 120
     assert [r["epoch"] for r in m["epochs"]] == [1, 2]
     assert abs(m["epochs"][-1]["test_auc"] - m_ref["epochs"][-1]["test_auc"]) <= 0.005
 
