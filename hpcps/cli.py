@@ -64,8 +64,16 @@ def cmd_train(args) -> int:
     with core.abort_on_error(world):
         try:
             res = run_job(cfg, world, resume=args.resume, stop=stop)
-            if res and res.get("stopped_by_signal"):
-                return EXIT_REQUEUE
+            code = EXIT_REQUEUE if res and res.get("stopped_by_signal") else 0
+            if res and res.get("skip_finalize"):
+                # after surviving a lost rank, Open MPI's MPI_Finalize can wait forever for the
+                # dead process (open-mpi/ompi#11404); the survivors have met in a barrier and
+                # every output is written, so they leave without it
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+            if code:
+                return code
         except (ConfigError, core.LaunchError, ResumeError, ResourceError) as e:
             # raised identically on every rank before any parameter-server traffic
             _fail(str(e))

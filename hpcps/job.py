@@ -258,10 +258,13 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
             server is not None, roles.index, server.staleness if server else None, client,
             trainer.steps if trainer else None, windows))
         free_windows(windows)                        # collective; normal exit path
+        survived = ft_state is not None and ft_state.recoveries > 0
+        if survived:
+            barrier(roles.ps)                        # every survivor is done with MPI
     finally:
         roles.free()
     if not roles.is_chief:
-        return {"stopped_by_signal": stopped}
+        return {"stopped_by_signal": stopped, "skip_finalize": survived}
     if stopped:
         out.write(f"stopped by signal after a checkpoint at clock {result['clock']}; exit status "
                   f"{EXIT_REQUEUE} asks the batch script to requeue the job\n")
@@ -280,6 +283,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
                   {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg),
                    "epochs": history, "summary": summary})
     _print_summary(summary, history, out)
+    summary["skip_finalize"] = survived
     return summary
 
 

@@ -79,12 +79,15 @@ class FTState:
     events : list of dict
         One record per failure: time, failed ranks and hosts, workers lost, examples
         reassigned, recovery seconds.
+    recoveries : int
+        Failures survived by this rank.
     """
 
     roles: core.Roles
     hosts: list = field(default_factory=list)
     world_ranks: list = field(default_factory=list)
     events: list = field(default_factory=list)
+    recoveries: int = 0
 
 
 def recover(state: FTState, server_clocks=None, server_examples=None, max_attempts: int = 5) -> Recovery:
@@ -156,6 +159,7 @@ def _recover_once(state, server_clocks, server_examples, t0) -> Recovery:
     failed_hosts = [state.hosts[w] for w in failed_world] if state.hosts else []
     state.roles = roles
     state.world_ranks = world_ranks
+    state.recoveries += 1
     old_index = {new: int(layout[rank, 1]) for new, rank in enumerate(workers)}
     return Recovery(roles=roles, dead_workers=dead_workers, clocks=agreed[:n_old].copy(),
                     examples=agreed[n_old:].copy(), old_index=old_index, failed_ranks=failed,
