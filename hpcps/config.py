@@ -52,6 +52,7 @@ __all__ = [
     "EvaluateConfig",
     "CheckpointConfig",
     "FaultToleranceConfig",
+    "LbfgsConfig",
     "DATA_FORMATS",
     "MODEL_TYPES",
     "CLUSTER_MODES",
@@ -407,6 +408,47 @@ class FaultToleranceConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LbfgsConfig:
+    """``[lbfgs]``: batch L-BFGS of ``[cluster] mode = "sandblaster"`` (:mod:`hpcps.sandblaster`).
+
+    Only allowed with ``mode = "sandblaster"``. The objective is
+    ``F(w, b) = mean log-loss + (l2 / 2) * ||w||²`` (``[model] l2``; the bias is not penalised).
+
+    Attributes
+    ----------
+    history : int
+        Number ``m`` of correction pairs ``(s_k, y_k)`` kept (Nocedal & Wright, *Numerical
+        Optimization*, 2nd ed., §7.2), in ``[1, 1000]``.
+    max_iterations : int
+        Largest number of L-BFGS iterations (>= 1).
+    tolerance : float
+        Stop once ``max_i |∂F/∂x_i| <= tolerance`` (the gradient's infinity norm, as
+        scikit-learn's ``tol`` for ``solver="lbfgs"``), >= 0.
+    f_tolerance : float
+        Also stop once an iteration lowers ``F`` by at most ``f_tolerance * max(|F|, 1)``
+        (relative), >= 0; 0 = off.
+    work_units : int
+        Number of work units the training rows are cut into; the coordinator hands them out
+        to the workers on demand at every function evaluation (>= 1; capped at the number of
+        rows).
+    wolfe_c1, wolfe_c2 : float
+        Strong Wolfe constants of the line search, ``0 < c1 < c2 < 1`` (sufficient decrease
+        and curvature; N&W §3.1).
+    line_search_max_evals : int
+        Function evaluations allowed per line search (>= 1).
+    """
+
+    history: int = 10
+    max_iterations: int = 500
+    tolerance: float = 1e-6
+    f_tolerance: float = 1e-12
+    work_units: int = 64
+    wolfe_c1: float = 1e-4
+    wolfe_c2: float = 0.9
+    line_search_max_evals: int = 20
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """A validated job file.
 
@@ -416,7 +458,7 @@ class JobConfig:
         Job name (``[A-Za-z0-9_.-]+``).
     seed : int
         Global random seed (>= 0).
-    cluster, data, model, optimizer, train, consistency, comm, output, evaluate, checkpoint
+    cluster, data, model, optimizer, train, consistency, comm, output, evaluate, checkpoint, lbfgs
         The sections, see the respective ``*Config`` classes.
     path : pathlib.Path
         Absolute path of the job file.
@@ -437,6 +479,7 @@ class JobConfig:
     evaluate: EvaluateConfig
     checkpoint: CheckpointConfig
     fault_tolerance: FaultToleranceConfig = dataclasses.field(default_factory=FaultToleranceConfig)
+    lbfgs: LbfgsConfig = dataclasses.field(default_factory=LbfgsConfig)
     path: Path
     text: str
 
@@ -522,6 +565,16 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
     "evaluate": {
         "sklearn_baseline": _Rule(bool, False),
         "max_auc_gap": _Rule(float, 0.005, lo=0.0),
+    },
+    "lbfgs": {
+        "history": _Rule(int, 10, lo=1, hi=1000),
+        "max_iterations": _Rule(int, 500, lo=1),
+        "tolerance": _Rule(float, 1e-6, lo=0.0),
+        "f_tolerance": _Rule(float, 1e-12, lo=0.0),
+        "work_units": _Rule(int, 64, lo=1, hi=1 << 40),
+        "wolfe_c1": _Rule(float, 1e-4, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
+        "wolfe_c2": _Rule(float, 0.9, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
+        "line_search_max_evals": _Rule(int, 20, lo=1, hi=1000),
     },
 }
 
@@ -775,6 +828,26 @@ def _model(ck: _Checker, doc: dict) -> ModelConfig:
     return ModelConfig(**vals)
 
 
+def _lbfgs(ck: _Checker, doc: dict, cluster: ClusterConfig, model: ModelConfig) -> LbfgsConfig:
+    """``[lbfgs]``, and what ``mode = "sandblaster"`` requires of the other sections."""
+    vals = _simple(ck, doc, "lbfgs")
+    if cluster.mode != "sandblaster":
+        for k in doc.get("lbfgs", {}):
+            raise ck.error(f"lbfgs.{k}", f"only used with cluster.mode = 'sandblaster', not "
+                                         f"{cluster.mode!r}; remove the [lbfgs] section")
+        return LbfgsConfig()
+    if not vals["wolfe_c1"] < vals["wolfe_c2"]:
+        raise ck.error("lbfgs.wolfe_c2", f"must be > lbfgs.wolfe_c1 = {_show(vals['wolfe_c1'])} "
+                                         f"(0 < c1 < c2 < 1), got {_show(vals['wolfe_c2'])}")
+    if model.type != "logistic":
+        raise ck.error("model.type", f"cluster.mode = 'sandblaster' trains the logistic model "
+                                     f"only, got {_show(model.type)}")
+    if doc.get("model", {}).get("dtype") == "float32":
+        raise ck.error("model.dtype", "cluster.mode = 'sandblaster' keeps its vectors in "
+                                      "float64 (L-BFGS); remove the key or set \"float64\"")
+    return LbfgsConfig(**vals)
+
+
 def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     ck = _Checker(path)
     ck.unknown_keys(doc, {**_TOP, **_SECTIONS}, "")
@@ -810,10 +883,12 @@ def _parse(doc: dict, text: str, path: Path) -> JobConfig:
             raise ck.error("fault_tolerance.mode", "'continue' with async needs n_push = 1 and "
                                                    "no push_threshold (a worker must hold no "
                                                    "unpushed gradients when it dies)")
+    lbfgs = _lbfgs(ck, doc, cluster, model)
     return JobConfig(name=name, seed=seed, cluster=cluster, data=data, model=model,
                      optimizer=optimizer, train=train, consistency=consistency, comm=comm,
                      output=output, evaluate=evaluate, checkpoint=checkpoint,
-                     fault_tolerance=ft, path=path.resolve(), text=text)
+                     fault_tolerance=ft, lbfgs=lbfgs, path=path.resolve(),
+                     text=text)
 
 
 # ------------------------------------------------------------------------ public API
@@ -903,7 +978,8 @@ def check_world(cfg: JobConfig, world_size: int) -> None:
     ------
     ConfigError
         With key ``"cluster.servers"`` unless ``1 <= servers <= world_size - 1`` (at least
-        one server and one worker).
+        one server and one worker); with ``mode = "sandblaster"`` unless
+        ``world_size >= servers + 2`` (also a coordinator).
     TypeError
         If `world_size` is not an int.
     """
@@ -913,6 +989,12 @@ def check_world(cfg: JobConfig, world_size: int) -> None:
     where = _display_path(cfg.path)
     if cfg.cluster.mode == "allreduce":
         return  # every rank is a worker; one rank is a valid (serial) run
+    if cfg.cluster.mode == "sandblaster":   # coordinator (rank 0) + workers + K servers
+        if not world_size >= k + 2:
+            raise ConfigError(where, "cluster.servers",
+                              f"mode 'sandblaster' needs a coordinator, at least one worker "
+                              f"and {k} server(s): at least {k + 2} MPI ranks, got {world_size}")
+        return
     if world_size < 2:
         raise ConfigError(where, "cluster.servers",
                           f"world size {world_size} is too small: need at least "

@@ -1,0 +1,577 @@
+"""MPI layer of Sandblaster L-BFGS (Dean et al., NIPS 2012, §4.2): roles and message protocol.
+
+The algorithm lives in :mod:`hpcps.sandblaster`; this module only moves buffers. Every call
+is a buffer call (``Bcast``, ``Reduce``, ``Gather``, ``Send``/``Recv`` and their non-blocking
+forms) on numpy arrays whose MPI datatype follows the numpy dtype; nothing is pickled.
+
+Roles
+-----
+World rank 0 is the **coordinator**; the last ``n_servers`` ranks are the **servers**; the
+ranks in between are the **workers** (at least one). This differs from the parameter-server
+mode (:func:`hpcps.comm.core.role_map`, where rank 0 is worker 0) because Sandblaster's
+coordinator is a process of its own: it holds the L-BFGS history as scalars, hands out work
+units and is the only rank that writes outputs. Server ``s`` (0-based, in rank order) holds
+the same key range of the weights as server ``s`` of the parameter-server mode
+(:class:`hpcps.tables.KeyPartition`).
+
+Communicators (:class:`SandblasterRoles`)
+    ``p2p``  a duplicate of the world for point-to-point traffic (work units, parameters,
+             gradients, the final model);
+    ``cs``   coordinator + servers (coordinator = rank 0): programs (``Bcast``) and their
+             results (``Reduce``);
+    ``cw``   coordinator + workers (coordinator = rank 0): commands (``Bcast``) and the
+             workers' statistics after each evaluation (``Gather``).
+
+Messages
+--------
+========================== ========================= ======================================
+what                       from → to                 how
+========================== ========================= ======================================
+program                    coordinator → servers     ``Bcast`` on ``cs``: int64
+                                                     ``[n, op₀, a₀, b₀, c₀, op₁, ...]``
+                                                     (``1 + 4 * MAX_OPS``) and float64
+                                                     scalars (``MAX_OPS``)
+program results            servers → coordinator     ``Reduce(SUM)`` of float64 partial sums,
+                                                     then ``Reduce(MAX)`` of float64 maxima
+                                                     (each only if the program has any)
+worker command             coordinator → workers     ``Bcast`` on ``cw``: int64 ``[cmd, id]``
+parameters                 every server → worker     ``Isend`` of the weight slice
+                                                     (``TAG_PARAMS``) and, from the bias
+                                                     server, the bias (``TAG_PARAMS_BIAS``)
+work-unit request          worker → coordinator      ``Send`` int64 ``[eval id, done unit]``
+                                                     (``TAG_UNIT_REQ``)
+work unit                  coordinator → worker      ``Send`` int64 ``[unit]``, -1 = none left
+                                                     (``TAG_UNIT``)
+gradient sums              worker → every server     ``Isend`` of the slice (``TAG_GRAD``) and
+                                                     the bias gradient (``TAG_GRAD_BIAS``)
+worker statistics          workers → coordinator     ``Gather`` on ``cw`` of a float64 row
+final shard                server → coordinator      ``Send`` (``TAG_SHARD``,
+                                                     ``TAG_SHARD_BIAS``)
+========================== ========================= ======================================
+
+Arrays over ``max_message_bytes`` are split (:func:`hpcps.comm.core.chunk_slices`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from .core import LaunchError, irecv_array, isend_array, native_contiguous, waitall
+
+COORDINATOR, WORKER, SERVER = "coordinator", "worker", "server"
+
+#: Largest number of operations in one program (:mod:`hpcps.sandblaster.program`).
+MAX_OPS = 16
+#: int64 entries per operation: op code and three slot indices.
+OP_WIDTH = 4
+
+#: Worker commands.
+CMD_EVAL, CMD_STOP = 1, 2
+
+TAG_UNIT_REQ, TAG_UNIT, TAG_PARAMS, TAG_PARAMS_BIAS = 41, 42, 43, 44
+TAG_GRAD, TAG_GRAD_BIAS, TAG_SHARD, TAG_SHARD_BIAS = 45, 46, 47, 48
+
+
+def sandblaster_role_map(world_size: int, n_servers: int) -> list[str]:
+    """Role of every world rank: coordinator (rank 0), workers, then ``n_servers`` servers.
+
+    Parameters
+    ----------
+    world_size : int
+        Number of MPI ranks.
+    n_servers : int
+        Number of server ranks (the last ranks).
+
+    Returns
+    -------
+    list of str
+        ``COORDINATOR``, ``WORKER`` or ``SERVER`` per world rank.
+
+    Raises
+    ------
+    LaunchError
+        Unless ``n_servers >= 1`` and ``world_size >= n_servers + 2`` (coordinator, at least
+        one worker, the servers).
+    """
+    if n_servers < 1 or world_size < n_servers + 2:
+        raise LaunchError(
+            f"{world_size} rank(s) cannot hold a coordinator, {n_servers} server(s) and at "
+            f"least one worker: need world size >= servers + 2 = {n_servers + 2}")
+    return [COORDINATOR] + [WORKER] * (world_size - n_servers - 1) + [SERVER] * n_servers
+
+
+@dataclass(frozen=True)
+class SandblasterRoles:
+    """This rank's place in a Sandblaster job after :func:`split_sandblaster`.
+
+    Attributes
+    ----------
+    world : MPI.Intracomm
+        The job's communicator, as passed in.
+    p2p : MPI.Intracomm
+        Duplicate of ``world`` for point-to-point traffic (same rank numbers).
+    cs : MPI.Intracomm
+        Coordinator + servers (coordinator = rank 0, then servers in index order);
+        ``MPI.COMM_NULL`` on workers.
+    cw : MPI.Intracomm
+        Coordinator + workers (coordinator = rank 0, then workers in index order);
+        ``MPI.COMM_NULL`` on servers.
+    role : str
+        ``COORDINATOR``, ``WORKER`` or ``SERVER``.
+    index : int
+        Worker index or server index (0-based); 0 on the coordinator.
+    worker_ranks, server_ranks : tuple of int
+        ``p2p``/world ranks of the workers and of the servers, in index order.
+    """
+
+    world: MPI.Intracomm
+    p2p: MPI.Intracomm
+    cs: MPI.Intracomm
+    cw: MPI.Intracomm
+    role: str
+    index: int
+    worker_ranks: tuple
+    server_ranks: tuple
+
+    @property
+    def n_workers(self) -> int:
+        """int : Number of workers."""
+        return len(self.worker_ranks)
+
+    @property
+    def n_servers(self) -> int:
+        """int : Number of servers."""
+        return len(self.server_ranks)
+
+    def free(self) -> None:
+        """Free the communicators made by :func:`split_sandblaster`. Collective over
+        ``world`` (every rank must call it)."""
+        for c in (self.cs, self.cw, self.p2p):
+            if c != MPI.COMM_NULL:
+                c.Free()
+
+
+def split_sandblaster(comm: MPI.Intracomm, n_servers: int) -> SandblasterRoles:
+    """Split ``comm`` into coordinator, workers and servers. Collective over ``comm``.
+
+    Every rank computes the role map locally first (so a bad ``n_servers`` raises
+    :class:`LaunchError` on every rank before any communication), then duplicates ``comm``
+    and splits it twice (``cs`` and ``cw``).
+
+    Parameters
+    ----------
+    comm : MPI.Intracomm
+        The job's communicator.
+    n_servers : int
+        Number of servers (the last ranks).
+
+    Returns
+    -------
+    SandblasterRoles
+    """
+    roles = sandblaster_role_map(comm.Get_size(), n_servers)
+    me = comm.Get_rank()
+    role = roles[me]
+    p2p = comm.Dup()
+    cs = comm.Split(0 if role in (COORDINATOR, SERVER) else MPI.UNDEFINED, me)
+    cw = comm.Split(0 if role in (COORDINATOR, WORKER) else MPI.UNDEFINED, me)
+    workers = tuple(r for r, x in enumerate(roles) if x == WORKER)
+    servers = tuple(r for r, x in enumerate(roles) if x == SERVER)
+    index = workers.index(me) if role == WORKER else servers.index(me) if role == SERVER else 0
+    return SandblasterRoles(world=comm, p2p=p2p, cs=cs, cw=cw, role=role, index=index,
+                            worker_ranks=workers, server_ranks=servers)
+
+
+@dataclass
+class LinkStats:
+    """Messages, payload bytes and seconds spent in MPI calls, per kind of traffic.
+
+    Kinds: ``"program"``, ``"results"``, ``"command"``, ``"params"``, ``"units"``,
+    ``"grads"``, ``"stats"``, ``"shard"``.
+    """
+
+    messages: dict = field(default_factory=dict)
+    bytes_out: dict = field(default_factory=dict)
+    bytes_in: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+
+    def add(self, kind: str, t0: float, *, messages: int = 1, out: int = 0, inn: int = 0) -> None:
+        """Count one exchange of ``kind`` that started at ``time.perf_counter() == t0``."""
+        for d, v in ((self.messages, messages), (self.bytes_out, out), (self.bytes_in, inn),
+                     (self.seconds, time.perf_counter() - t0)):
+            d[kind] = d.get(kind, 0) + v
+
+    def total(self, what: str) -> float:
+        """Sum of ``what`` (``"messages"``, ``"bytes_out"``, ...) over all kinds."""
+        return sum(getattr(self, what).values())
+
+
+def _f64(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=np.float64)
+
+
+class _Link:
+    def __init__(self, roles: SandblasterRoles, max_bytes: int):
+        self.roles = roles
+        self.max_bytes = int(max_bytes)
+        self.stats = LinkStats()
+        self._ops = np.zeros(1 + OP_WIDTH * MAX_OPS, dtype=np.int64)
+        self._scalars = np.zeros(MAX_OPS, dtype=np.float64)
+
+
+class CoordinatorLink(_Link):
+    """The coordinator's side of the protocol. Every method is called on the coordinator only;
+    the matching call on the other ranks is named in each docstring.
+
+    Parameters
+    ----------
+    roles : SandblasterRoles
+        With ``role == COORDINATOR``.
+    max_bytes : int
+        Largest single message in bytes (``[comm] max_message_bytes``).
+    """
+
+    def send_program(self, ops: np.ndarray, scalars: np.ndarray) -> None:
+        """Broadcast a program to every server (matches :meth:`ServerLink.recv_program`).
+
+        Parameters
+        ----------
+        ops : int64 (n, 4)
+            Op code and three slot indices per operation, ``n <= MAX_OPS``.
+        scalars : float64 (n,)
+            One scalar per operation.
+
+        Raises
+        ------
+        ValueError
+            For more than :data:`MAX_OPS` operations or mismatched shapes.
+        """
+        ops = np.asarray(ops, dtype=np.int64).reshape(-1, OP_WIDTH)
+        n = ops.shape[0]
+        if n > MAX_OPS or np.shape(scalars) != (n,):
+            raise ValueError(f"a program has at most {MAX_OPS} operations and one scalar each, "
+                             f"got ops {ops.shape} and scalars {np.shape(scalars)}")
+        t0 = time.perf_counter()
+        self._ops[0] = n
+        self._ops[1:1 + OP_WIDTH * n] = ops.reshape(-1)
+        self._scalars[:n] = scalars
+        self.roles.cs.Bcast(self._ops, root=0)
+        self.roles.cs.Bcast(self._scalars, root=0)
+        k = self.roles.n_servers
+        self.stats.add("program", t0, messages=2 * k,
+                       out=k * (self._ops.nbytes + self._scalars.nbytes))
+
+    def reduce_results(self, n_sums: int, n_maxes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Receive a program's results (matches :meth:`ServerLink.reduce_results`).
+
+        Parameters
+        ----------
+        n_sums, n_maxes : int
+            Lengths of the summed and of the maximised result vectors; a vector of length 0
+            is not exchanged.
+
+        Returns
+        -------
+        sums : float64 (n_sums,)
+            Sum over servers of their partial results.
+        maxes : float64 (n_maxes,)
+            Maximum over servers.
+        """
+        t0 = time.perf_counter()
+        sums, maxes = _f64(n_sums), _f64(n_maxes)
+        if n_sums:
+            self.roles.cs.Reduce(_f64(n_sums), sums, op=MPI.SUM, root=0)
+        if n_maxes:
+            self.roles.cs.Reduce(_f64(n_maxes), maxes, op=MPI.MAX, root=0)
+        self.stats.add("results", t0, messages=self.roles.n_servers * ((n_sums > 0) + (n_maxes > 0)),
+                       inn=self.roles.n_servers * 8 * (n_sums + n_maxes))
+        return sums, maxes
+
+    def command_workers(self, cmd: int, ident: int) -> None:
+        """Broadcast a command (``CMD_EVAL`` with the evaluation id, or ``CMD_STOP``) to every
+        worker (matches :meth:`WorkerLink.recv_command`)."""
+        t0 = time.perf_counter()
+        buf = np.array([cmd, ident], dtype=np.int64)
+        self.roles.cw.Bcast(buf, root=0)
+        self.stats.add("command", t0, messages=self.roles.n_workers,
+                       out=self.roles.n_workers * buf.nbytes)
+
+    def recv_unit_request(self) -> tuple[int, int, int]:
+        """Wait for the next work-unit request of any worker (sent by
+        :meth:`WorkerLink.request_unit`).
+
+        Returns
+        -------
+        worker : int
+            Index of the asking worker.
+        eval_id : int
+            The evaluation the worker is working on.
+        done : int
+            The unit it just finished, or -1 (first request of an evaluation).
+        """
+        t0 = time.perf_counter()
+        buf = np.zeros(2, dtype=np.int64)
+        status = MPI.Status()
+        self.roles.p2p.Recv(buf, source=MPI.ANY_SOURCE, tag=TAG_UNIT_REQ, status=status)
+        worker = self.roles.worker_ranks.index(status.Get_source())
+        self.stats.add("units", t0, inn=buf.nbytes)
+        return worker, int(buf[0]), int(buf[1])
+
+    def send_unit(self, worker: int, unit: int) -> None:
+        """Answer a request of worker ``worker`` with a unit id, or -1 for none left."""
+        t0 = time.perf_counter()
+        buf = np.array([unit], dtype=np.int64)
+        self.roles.p2p.Send(buf, dest=self.roles.worker_ranks[worker], tag=TAG_UNIT)
+        self.stats.add("units", t0, out=buf.nbytes)
+
+    def gather_worker_stats(self, width: int) -> np.ndarray:
+        """Collect one float64 row of ``width`` values per worker (matches
+        :meth:`WorkerLink.gather_stats`).
+
+        Returns
+        -------
+        float64 (n_workers, width)
+            Row ``i`` from worker ``i``.
+        """
+        t0 = time.perf_counter()
+        out = np.zeros((self.roles.n_workers + 1, width), dtype=np.float64)
+        self.roles.cw.Gather(_f64(width), out, root=0)
+        self.stats.add("stats", t0, messages=self.roles.n_workers,
+                       inn=self.roles.n_workers * width * 8)
+        return out[1:]
+
+    def recv_shard(self, server: int, w_out: np.ndarray, bias_out: np.ndarray | None) -> None:
+        """Receive server ``server``'s weights into ``w_out`` and, from the bias server, the
+        bias into ``bias_out`` (float64 (1,)); matches :meth:`ServerLink.send_shard`.
+
+        ``w_out`` must be a C-contiguous float64 view (e.g. a slice of the whole vector).
+        """
+        t0 = time.perf_counter()
+        src = self.roles.server_ranks[server]
+        reqs: list = []
+        irecv_array(self.roles.p2p, w_out, src, TAG_SHARD, self.max_bytes, reqs)
+        if bias_out is not None:
+            irecv_array(self.roles.p2p, bias_out, src, TAG_SHARD_BIAS, self.max_bytes, reqs)
+        waitall(reqs)
+        self.stats.add("shard", t0, messages=1 + (bias_out is not None),
+                       inn=w_out.nbytes + (bias_out.nbytes if bias_out is not None else 0))
+
+
+class ServerLink(_Link):
+    """A server's side of the protocol. Every method is called on a server only.
+
+    Parameters
+    ----------
+    roles : SandblasterRoles
+        With ``role == SERVER``.
+    max_bytes : int
+        Largest single message in bytes.
+    """
+
+    def recv_program(self) -> tuple[np.ndarray, np.ndarray]:
+        """Receive the next program (broadcast by :meth:`CoordinatorLink.send_program`).
+
+        Returns
+        -------
+        ops : int64 (n, 4)
+        scalars : float64 (n,)
+        """
+        t0 = time.perf_counter()
+        self.roles.cs.Bcast(self._ops, root=0)
+        self.roles.cs.Bcast(self._scalars, root=0)
+        n = int(self._ops[0])
+        if not 0 <= n <= MAX_OPS:
+            raise ValueError(f"corrupt program: {n} operations (at most {MAX_OPS})")
+        self.stats.add("program", t0, messages=2,
+                       inn=self._ops.nbytes + self._scalars.nbytes)
+        return (self._ops[1:1 + OP_WIDTH * n].reshape(n, OP_WIDTH).copy(),
+                self._scalars[:n].copy())
+
+    def reduce_results(self, sums: np.ndarray, maxes: np.ndarray) -> None:
+        """Contribute this shard's partial results (matches
+        :meth:`CoordinatorLink.reduce_results`); vectors of length 0 are not exchanged."""
+        t0 = time.perf_counter()
+        sums = native_contiguous(np.asarray(sums, dtype=np.float64))
+        maxes = native_contiguous(np.asarray(maxes, dtype=np.float64))
+        if sums.size:
+            self.roles.cs.Reduce(sums, None, op=MPI.SUM, root=0)
+        if maxes.size:
+            self.roles.cs.Reduce(maxes, None, op=MPI.MAX, root=0)
+        self.stats.add("results", t0, messages=(sums.size > 0) + (maxes.size > 0),
+                       out=sums.nbytes + maxes.nbytes)
+
+    def send_params(self, w: np.ndarray, bias: np.ndarray | None) -> None:
+        """Send this shard's weights ``w`` (float64 (n_w,)) and, on the bias server, ``bias``
+        (float64 (1,)) to every worker; returns when the sends completed. Matches
+        :meth:`WorkerLink.recv_params` on every worker."""
+        t0 = time.perf_counter()
+        reqs: list = []
+        keep = []
+        for dest in self.roles.worker_ranks:
+            keep.append(isend_array(self.roles.p2p, w, dest, TAG_PARAMS, self.max_bytes, reqs))
+            if bias is not None:
+                keep.append(isend_array(self.roles.p2p, bias, dest, TAG_PARAMS_BIAS,
+                                        self.max_bytes, reqs))
+        waitall(reqs)
+        n = self.roles.n_workers
+        self.stats.add("params", t0, messages=n * (1 + (bias is not None)),
+                       out=n * (w.nbytes + (bias.nbytes if bias is not None else 0)))
+
+    def recv_grad_sum(self, w_out: np.ndarray, bias_out: np.ndarray | None,
+                      scratch: np.ndarray) -> None:
+        """Receive every worker's gradient sums for this shard and add them up, in worker
+        order (matches :meth:`WorkerLink.send_grads` on every worker).
+
+        Parameters
+        ----------
+        w_out : float64 (n_w,)
+            Output: the sum over workers of their weight-gradient slices.
+        bias_out : float64 (1,) or None
+            Output on the bias server: the summed bias gradient.
+        scratch : float64 (n_w,)
+            Receive buffer.
+        """
+        t0 = time.perf_counter()
+        w_out[:] = 0.0
+        one = np.zeros(1, dtype=np.float64)
+        if bias_out is not None:
+            bias_out[:] = 0.0
+        for src in self.roles.worker_ranks:
+            reqs: list = []
+            irecv_array(self.roles.p2p, scratch, src, TAG_GRAD, self.max_bytes, reqs)
+            if bias_out is not None:
+                irecv_array(self.roles.p2p, one, src, TAG_GRAD_BIAS, self.max_bytes, reqs)
+            waitall(reqs)
+            w_out += scratch
+            if bias_out is not None:
+                bias_out += one
+        n = self.roles.n_workers
+        self.stats.add("grads", t0, messages=n * (1 + (bias_out is not None)),
+                       inn=n * (scratch.nbytes + (8 if bias_out is not None else 0)))
+
+    def send_shard(self, w: np.ndarray, bias: np.ndarray | None) -> None:
+        """Send this shard's weights (and bias) to the coordinator (matches
+        :meth:`CoordinatorLink.recv_shard`)."""
+        t0 = time.perf_counter()
+        reqs: list = []
+        keep = [isend_array(self.roles.p2p, w, 0, TAG_SHARD, self.max_bytes, reqs)]
+        if bias is not None:
+            keep.append(isend_array(self.roles.p2p, bias, 0, TAG_SHARD_BIAS, self.max_bytes, reqs))
+        waitall(reqs)
+        self.stats.add("shard", t0, messages=len(keep),
+                       out=w.nbytes + (bias.nbytes if bias is not None else 0))
+
+
+class WorkerLink(_Link):
+    """A worker's side of the protocol. Every method is called on a worker only.
+
+    Parameters
+    ----------
+    roles : SandblasterRoles
+        With ``role == WORKER``.
+    max_bytes : int
+        Largest single message in bytes.
+    """
+
+    def recv_command(self) -> tuple[int, int]:
+        """Receive the next command (broadcast by :meth:`CoordinatorLink.command_workers`).
+
+        Returns
+        -------
+        (cmd, ident) : (int, int)
+        """
+        t0 = time.perf_counter()
+        buf = np.zeros(2, dtype=np.int64)
+        self.roles.cw.Bcast(buf, root=0)
+        self.stats.add("command", t0, inn=buf.nbytes)
+        return int(buf[0]), int(buf[1])
+
+    def recv_params(self, w_parts: list, bias_out: np.ndarray, bias_server: int) -> None:
+        """Receive the evaluation point from every server (sent by
+        :meth:`ServerLink.send_params`).
+
+        Parameters
+        ----------
+        w_parts : list of float64 arrays
+            ``w_parts[s]`` receives server ``s``'s weights; C-contiguous views into the
+            worker's whole parameter vector (so nothing is copied).
+        bias_out : float64 (1,)
+            Receives the bias from server ``bias_server``.
+        bias_server : int
+            Index of the server that holds the bias.
+        """
+        t0 = time.perf_counter()
+        reqs: list = []
+        for s, src in enumerate(self.roles.server_ranks):
+            irecv_array(self.roles.p2p, w_parts[s], src, TAG_PARAMS, self.max_bytes, reqs)
+        irecv_array(self.roles.p2p, bias_out, self.roles.server_ranks[bias_server],
+                    TAG_PARAMS_BIAS, self.max_bytes, reqs)
+        waitall(reqs)
+        self.stats.add("params", t0, messages=len(w_parts) + 1,
+                       inn=sum(p.nbytes for p in w_parts) + bias_out.nbytes)
+
+    def request_unit(self, eval_id: int, done: int) -> int:
+        """Report the finished unit ``done`` (-1 = none) of evaluation ``eval_id`` and ask the
+        coordinator for the next one (answered via :meth:`CoordinatorLink.send_unit`).
+
+        Returns
+        -------
+        int
+            The next unit id, or -1 when the evaluation has no unit left for this worker.
+        """
+        t0 = time.perf_counter()
+        req = np.array([eval_id, done], dtype=np.int64)
+        rep = np.zeros(1, dtype=np.int64)
+        self.roles.p2p.Send(req, dest=0, tag=TAG_UNIT_REQ)
+        self.roles.p2p.Recv(rep, source=0, tag=TAG_UNIT)
+        self.stats.add("units", t0, messages=2, out=req.nbytes, inn=rep.nbytes)
+        return int(rep[0])
+
+    def send_grads(self, w_parts: list, gbias: np.ndarray, bias_server: int) -> None:
+        """Send the gradient sums to every server (received by
+        :meth:`ServerLink.recv_grad_sum`).
+
+        Parameters
+        ----------
+        w_parts : list of float64 arrays
+            ``w_parts[s]``: the slice of server ``s``.
+        gbias : float64 (1,)
+            The bias gradient sum, sent to server ``bias_server``.
+        bias_server : int
+            Index of the server that holds the bias.
+        """
+        t0 = time.perf_counter()
+        reqs: list = []
+        keep = []
+        for s, dest in enumerate(self.roles.server_ranks):
+            keep.append(isend_array(self.roles.p2p, w_parts[s], dest, TAG_GRAD, self.max_bytes,
+                                    reqs))
+        keep.append(isend_array(self.roles.p2p, gbias, self.roles.server_ranks[bias_server],
+                                TAG_GRAD_BIAS, self.max_bytes, reqs))
+        waitall(reqs)
+        self.stats.add("grads", t0, messages=len(keep),
+                       out=sum(p.nbytes for p in w_parts) + gbias.nbytes)
+
+    def gather_stats(self, row: np.ndarray) -> None:
+        """Contribute this worker's float64 statistics row (matches
+        :meth:`CoordinatorLink.gather_worker_stats`)."""
+        t0 = time.perf_counter()
+        row = native_contiguous(np.asarray(row, dtype=np.float64))
+        self.roles.cw.Gather(row, None, root=0)
+        self.stats.add("stats", t0, out=row.nbytes)
+
+
+def node_count(comm: MPI.Intracomm, flag: bool) -> int:
+    """Number of ranks of ``comm`` on this rank's node with ``flag`` set. Collective over
+    ``comm`` (``Split_type(COMM_TYPE_SHARED)`` then one ``Allreduce``)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        out = np.zeros(1, dtype=np.int64)
+        node.Allreduce(np.array([1 if flag else 0], dtype=np.int64), out, op=MPI.SUM)
+        return int(out[0])
+    finally:
+        node.Free()
