@@ -165,6 +165,9 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     hpcps.config.ConfigError, hpcps.comm.core.LaunchError, hpcps.checkpoint.ResumeError
         Before any parameter-server traffic, identically on every rank.
     """
+    if cfg.cluster.mode == "sandblaster":        # batch L-BFGS (hpcps.sandblaster)
+        from .sandblaster.run import run_sandblaster
+        return run_sandblaster(cfg, world, out, resume=resume, stop=stop, step_hook=step_hook)
     out = out or sys.stdout
     core.check_launch(world)
     check_world(cfg, world.Get_size())

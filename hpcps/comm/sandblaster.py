@@ -47,6 +47,9 @@ gradient sums              worker → every server     ``Isend`` of the slice (`
 worker statistics          workers → coordinator     ``Gather`` on ``cw`` of a float64 row
 final shard                server → coordinator      ``Send`` (``TAG_SHARD``,
                                                      ``TAG_SHARD_BIAS``)
+active keys (setup)        worker 0 → coordinator    ``Send`` int64 size, then the sorted
+                                                     positions (``TAG_ACTIVE*``)
+shard bounds (setup)       coordinator → servers     ``Bcast`` on ``cs``: int64 (K + 1,)
 ========================== ========================= ======================================
 
 Arrays over ``max_message_bytes`` are split (:func:`hpcps.comm.core.chunk_slices`).
@@ -74,6 +77,7 @@ CMD_EVAL, CMD_STOP = 1, 2
 
 TAG_UNIT_REQ, TAG_UNIT, TAG_PARAMS, TAG_PARAMS_BIAS = 41, 42, 43, 44
 TAG_GRAD, TAG_GRAD_BIAS, TAG_SHARD, TAG_SHARD_BIAS = 45, 46, 47, 48
+TAG_ACTIVE_SIZE, TAG_ACTIVE = 49, 50
 
 
 def sandblaster_role_map(world_size: int, n_servers: int) -> list[str]:
@@ -190,8 +194,8 @@ def split_sandblaster(comm: MPI.Intracomm, n_servers: int) -> SandblasterRoles:
 class LinkStats:
     """Messages, payload bytes and seconds spent in MPI calls, per kind of traffic.
 
-    Kinds: ``"program"``, ``"results"``, ``"command"``, ``"params"``, ``"units"``,
-    ``"grads"``, ``"stats"``, ``"shard"``.
+    Kinds: ``"setup"``, ``"program"``, ``"results"``, ``"command"``, ``"params"``,
+    ``"units"``, ``"grads"``, ``"stats"``, ``"shard"``.
     """
 
     messages: dict = field(default_factory=dict)
@@ -344,6 +348,37 @@ class CoordinatorLink(_Link):
                        inn=self.roles.n_workers * width * 8)
         return out[1:]
 
+    def recv_active(self) -> np.ndarray:
+        """Receive worker 0's sorted active key positions (sent by
+        :meth:`WorkerLink.send_active`).
+
+        Returns
+        -------
+        int64 (n_active,)
+        """
+        t0 = time.perf_counter()
+        src = self.roles.worker_ranks[0]
+        size = np.zeros(1, dtype=np.int64)
+        self.roles.p2p.Recv(size, source=src, tag=TAG_ACTIVE_SIZE)
+        active = np.empty(int(size[0]), dtype=np.int64)
+        reqs: list = []
+        irecv_array(self.roles.p2p, active, src, TAG_ACTIVE, self.max_bytes, reqs)
+        waitall(reqs)
+        self.stats.add("setup", t0, messages=2, inn=8 + active.nbytes)
+        return active
+
+    def bcast_bounds(self, bounds: np.ndarray) -> None:
+        """Broadcast the servers' compact index bounds, int64 (n_servers + 1,), to every server
+        (matches :meth:`ServerLink.recv_bounds`)."""
+        t0 = time.perf_counter()
+        buf = native_contiguous(np.asarray(bounds, dtype=np.int64))
+        if buf.shape != (self.roles.n_servers + 1,):
+            raise ValueError(f"bounds must have shape ({self.roles.n_servers + 1},), "
+                             f"got {buf.shape}")
+        self.roles.cs.Bcast(buf, root=0)
+        self.stats.add("setup", t0, messages=self.roles.n_servers,
+                       out=self.roles.n_servers * buf.nbytes)
+
     def recv_shard(self, server: int, w_out: np.ndarray, bias_out: np.ndarray | None) -> None:
         """Receive server ``server``'s weights into ``w_out`` and, from the bias server, the
         bias into ``bias_out`` (float64 (1,)); matches :meth:`ServerLink.send_shard`.
@@ -390,6 +425,15 @@ class ServerLink(_Link):
                        inn=self._ops.nbytes + self._scalars.nbytes)
         return (self._ops[1:1 + OP_WIDTH * n].reshape(n, OP_WIDTH).copy(),
                 self._scalars[:n].copy())
+
+    def recv_bounds(self) -> np.ndarray:
+        """Receive the compact index bounds of every server, int64 (n_servers + 1,)
+        (broadcast by :meth:`CoordinatorLink.bcast_bounds`)."""
+        t0 = time.perf_counter()
+        buf = np.zeros(self.roles.n_servers + 1, dtype=np.int64)
+        self.roles.cs.Bcast(buf, root=0)
+        self.stats.add("setup", t0, inn=buf.nbytes)
+        return buf
 
     def reduce_results(self, sums: np.ndarray, maxes: np.ndarray) -> None:
         """Contribute this shard's partial results (matches
@@ -476,6 +520,18 @@ class WorkerLink(_Link):
     max_bytes : int
         Largest single message in bytes.
     """
+
+    def send_active(self, active: np.ndarray) -> None:
+        """Send the sorted active key positions, int64 (n_active,), to the coordinator (worker
+        0 only; matches :meth:`CoordinatorLink.recv_active`)."""
+        t0 = time.perf_counter()
+        active = native_contiguous(np.asarray(active, dtype=np.int64))
+        self.roles.p2p.Send(np.array([active.size], dtype=np.int64), dest=0, tag=TAG_ACTIVE_SIZE)
+        reqs: list = []
+        keep = isend_array(self.roles.p2p, active, 0, TAG_ACTIVE, self.max_bytes, reqs)
+        waitall(reqs)
+        del keep
+        self.stats.add("setup", t0, messages=2, out=8 + active.nbytes)
 
     def recv_command(self) -> tuple[int, int]:
         """Receive the next command (broadcast by :meth:`CoordinatorLink.command_workers`).
@@ -565,13 +621,13 @@ class WorkerLink(_Link):
         self.stats.add("stats", t0, out=row.nbytes)
 
 
-def node_count(comm: MPI.Intracomm, flag: bool) -> int:
-    """Number of ranks of ``comm`` on this rank's node with ``flag`` set. Collective over
-    ``comm`` (``Split_type(COMM_TYPE_SHARED)`` then one ``Allreduce``)."""
+def node_total(comm: MPI.Intracomm, value: int) -> int:
+    """Sum of ``value`` over the ranks of ``comm`` on this rank's node. Collective over
+    ``comm`` (``Split_type(COMM_TYPE_SHARED)``, one ``Allreduce``, ``Free``)."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         out = np.zeros(1, dtype=np.int64)
-        node.Allreduce(np.array([1 if flag else 0], dtype=np.int64), out, op=MPI.SUM)
+        node.Allreduce(np.array([int(value)], dtype=np.int64), out, op=MPI.SUM)
         return int(out[0])
     finally:
         node.Free()
