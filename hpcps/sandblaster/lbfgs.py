@@ -159,6 +159,7 @@ class LBFGS:
         self.gamma = 1.0
         self.round_trips = 0
         self.evaluations = 0
+        self.reevaluations = 0         # accepted steps evaluated again (not the last trial)
         self.stop_requested = False
         self.last: Evaluation | None = None
 
@@ -271,6 +272,7 @@ class LBFGS:
                 status = "line_search_failed"
                 break
             if not ls.last:                                 # trial slots hold another step
+                self.reevaluations += 1
                 self._trial(ls.t)
             self._update()
             f_old, f, gmax = f, ls.f, self.last.gmax
