@@ -410,6 +410,7 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
         "rows": state["n_rows"],
         "work_units": state["n_units"],
         "active_keys": int(state["active"].size),
+        "test": {k: test.get(k) for k in ("auc", "logloss", "accuracy", "n")},
         "workers": workers,
         "servers": servers,
         "coordinator": {"bytes_in": int(link.stats.total("bytes_in")),
