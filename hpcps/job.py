@@ -165,14 +165,14 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     hpcps.config.ConfigError, hpcps.comm.core.LaunchError, hpcps.checkpoint.ResumeError
         Before any parameter-server traffic, identically on every rank.
     """
-    if cfg.cluster.mode == "sandblaster":        # batch L-BFGS (hpcps.sandblaster)
-        from .sandblaster.run import run_sandblaster
-        return run_sandblaster(cfg, world, out, resume=resume, stop=stop, step_hook=step_hook)
     out = out or sys.stdout
     core.check_launch(world)
     check_world(cfg, world.Get_size())
     if cfg.cluster.mode == "allreduce":
         return run_allreduce(cfg, world, out, stop=stop, step_hook=step_hook)
+    if cfg.cluster.mode == "sandblaster":        # batch L-BFGS (hpcps.sandblaster)
+        from .sandblaster.run import run_sandblaster
+        return run_sandblaster(cfg, world, out, resume=resume, stop=stop, step_hook=step_hook)
     policy = policy_from_config(cfg.consistency)
     model = load_model(cfg)
     tables = model.tables()
