@@ -3,21 +3,23 @@
 Runs inside an MPI launch (every rank runs this script) on the job given (default
 ``jobs/adult_lbfgs.toml``: full UCI Adult, 2^20 hashed features, l2 = 1e-3). Variants:
 
-    balanced        [lbfgs] work_units as in the job, no worker slowed (also fits scikit-learn)
-    slowed          the same units, worker 1 made FACTOR times slower
-    one unit each   work_units = number of workers (≈ a static split of the rows), worker 1
-                    FACTOR times slower
+    converged       the job as it is, to convergence (with its scikit-learn comparison)
+    balanced        [lbfgs] work_units as in the job, ITERATIONS iterations, no worker slowed
+    slowed          the same, worker 1 made FACTOR times slower
+    one unit, fair  work_units = number of workers (≈ a static split of the rows), none slowed
+    one unit, slow  the same, worker 1 FACTOR times slower
 
 Worker 1 is slowed by sleeping ``(FACTOR - 1) x`` the compute time per row measured in the
-balanced run, times the rows of each unit, before each unit. Columns: iterations,
+converged run, times the rows of each unit, before each unit. Columns: iterations,
 evaluations, seconds of the L-BFGS loop, seconds per evaluation, objective, worker 1's share of
 the units and each worker's units. The last lines give the ratios of seconds per evaluation
-against the balanced run, and the objective gap to scikit-learn.
+(slowed / not slowed) with on-demand units and with one unit per worker, and the objective gap
+to scikit-learn.
 
 Usage::
 
     mpirun -n 5 python bench/bench_sandblaster.py                       # 3 workers + 1 server
-    mpirun -n 5 python bench/bench_sandblaster.py jobs/x.toml --factor 20
+    mpirun -n 5 python bench/bench_sandblaster.py jobs/x.toml --factor 10 --iterations 50
 """
 
 import argparse
@@ -45,8 +47,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("job", nargs="?", default=os.path.join(here, os.pardir, "jobs",
                                                           "adult_lbfgs.toml"))
-    ap.add_argument("--factor", type=float, default=10.0,
-                    help="how many times slower worker 1 is (default 10)")
+    ap.add_argument("--factor", type=float, default=30.0,
+                    help="how many times slower worker 1 is (default 30)")
+    ap.add_argument("--iterations", type=int, default=30,
+                    help="L-BFGS iterations of the timing variants (default 30)")
     args = ap.parse_args()
     comm = world()
     base = load_job(args.job)
@@ -54,9 +58,12 @@ def main() -> int:
     rows, summaries = [], {}
     per_row_ns = 0
 
-    def variant(name, units, slow_s_per_row, baseline):
+    def variant(name, units, slow_s_per_row, baseline, iterations=None):
+        lb = dataclasses.replace(base.lbfgs, work_units=units)
+        if iterations:
+            lb = dataclasses.replace(lb, max_iterations=iterations)
         cfg = dataclasses.replace(
-            base, lbfgs=dataclasses.replace(base.lbfgs, work_units=units),
+            base, lbfgs=lb,
             evaluate=dataclasses.replace(base.evaluate, sklearn_baseline=baseline),
             output=dataclasses.replace(base.output, dir=base.output.dir / name.replace(" ", "_")))
         n_rows = [0]
@@ -75,20 +82,23 @@ def main() -> int:
             print(f"  done: {name}", file=sys.stderr, flush=True)
         return s
 
-    s = variant("balanced", base.lbfgs.work_units, 0.0, base.evaluate.sklearn_baseline)
+    s = variant("converged", base.lbfgs.work_units, 0.0, base.evaluate.sklearn_baseline)
     if comm.Get_rank() == 0:
         busy = sum(w["busy_seconds"] for w in s["workers"])
         per_row_ns = int(1e9 * busy / (s["evaluations"] * s["rows"]))
     per_row = bcast_int(comm, per_row_ns) * 1e-9
     extra = (args.factor - 1.0) * per_row
-    variant("slowed", base.lbfgs.work_units, extra, False)
-    variant("one unit each", n_workers, extra, False)
+    it = args.iterations
+    variant("balanced", base.lbfgs.work_units, 0.0, False, it)
+    variant("slowed", base.lbfgs.work_units, extra, False, it)
+    variant("one unit, fair", n_workers, 0.0, False, it)
+    variant("one unit, slow", n_workers, extra, False, it)
     if comm.Get_rank() != 0:
         return 0
     print(f"{base.name}: 1 coordinator, {n_workers} workers, {base.cluster.servers} server(s); "
           f"{s['rows']:,} rows, {s['active_keys']:,} active keys, m = {base.lbfgs.history}; "
           f"worker {SLOW} slowed {args.factor:g}x (compute {per_row * 1e9:.0f} ns/row)")
-    print(f"{'variant':<14} {'units':>5} {'iters':>5} {'evals':>5} {'loop s':>7} {'s/eval':>7} "
+    print(f"{'variant':<15} {'units':>5} {'iters':>5} {'evals':>5} {'loop s':>7} {'s/eval':>7} "
           f"{'objective':>14} {'w1 share':>8}  units per worker")
     for name, r in summaries.items():
         us = [w["units"] for w in r["workers"]]
@@ -96,11 +106,12 @@ def main() -> int:
                      r["train_seconds"], r["evaluation_seconds"] / r["evaluations"],
                      r["objective"], us[SLOW] / sum(us), us))
     for r in rows:
-        print(f"{r[0]:<14} {r[1]:>5} {r[2]:>5} {r[3]:>5} {r[4]:>7.2f} {r[5]:>7.4f} "
+        print(f"{r[0]:<15} {r[1]:>5} {r[2]:>5} {r[3]:>5} {r[4]:>7.2f} {r[5]:>7.4f} "
               f"{r[6]:>14.10f} {100 * r[7]:>7.1f}%  {r[8]}")
-    ref = rows[0][5]
-    for r in rows[1:]:
-        print(f"seconds per evaluation, {r[0]} / balanced: {r[5] / ref:.2f}")
+    by = {r[0]: r for r in rows}
+    print(f"seconds per evaluation, slowed / not slowed: on-demand units "
+          f"{by['slowed'][5] / by['balanced'][5]:.2f}, one unit per worker "
+          f"{by['one unit, slow'][5] / by['one unit, fair'][5]:.2f}")
     if "baseline" in s:
         b = s["baseline"]
         print(f"objective gap to scikit-learn (lbfgs, tol {b['tol']:g}, {b['n_iter']} iterations, "

@@ -1,8 +1,8 @@
 """MPI layer of Sandblaster L-BFGS (Dean et al., NIPS 2012, §4.2): roles and message protocol.
 
 The algorithm lives in :mod:`hpcps.sandblaster`; this module only moves buffers. Every call
-is a buffer call (``Bcast``, ``Reduce``, ``Gather``, ``Send``/``Recv`` and their non-blocking
-forms) on numpy arrays whose MPI datatype follows the numpy dtype; nothing is pickled.
+is a buffer call (``Ibcast``, ``Ireduce``, ``Igather``, ``Isend``/``Irecv``) on numpy arrays
+whose MPI datatype follows the numpy dtype; nothing is pickled.
 
 Roles
 -----
@@ -17,42 +17,51 @@ the same key range of the weights as server ``s`` of the parameter-server mode
 Communicators (:class:`SandblasterRoles`)
     ``p2p``  a duplicate of the world for point-to-point traffic (work units, parameters,
              gradients, the final model);
-    ``cs``   coordinator + servers (coordinator = rank 0): programs (``Bcast``) and their
-             results (``Reduce``);
-    ``cw``   coordinator + workers (coordinator = rank 0): commands (``Bcast``) and the
-             workers' statistics after each evaluation (``Gather``).
+    ``cs``   coordinator + servers (coordinator = rank 0): programs (``Ibcast``) and their
+             results (``Ireduce``);
+    ``cw``   coordinator + workers (coordinator = rank 0): commands (``Ibcast``) and the
+             workers' statistics after each evaluation (``Igather``).
 
 Messages
 --------
 ========================== ========================= ======================================
 what                       from → to                 how
 ========================== ========================= ======================================
-program                    coordinator → servers     ``Bcast`` on ``cs``: int64
+program                    coordinator → servers     ``Ibcast`` on ``cs``: int64
                                                      ``[n, op₀, a₀, b₀, c₀, op₁, ...]``
                                                      (``1 + 4 * MAX_OPS``) and float64
                                                      scalars (``MAX_OPS``)
-program results            servers → coordinator     ``Reduce(SUM)`` of float64 partial sums,
-                                                     then ``Reduce(MAX)`` of float64 maxima
+program results            servers → coordinator     ``Ireduce(SUM)`` of float64 partial sums,
+                                                     then ``Ireduce(MAX)`` of float64 maxima
                                                      (each only if the program has any)
-worker command             coordinator → workers     ``Bcast`` on ``cw``: int64 ``[cmd, id]``
+worker command             coordinator → workers     ``Ibcast`` on ``cw``: int64 ``[cmd, id]``
 parameters                 every server → worker     ``Isend`` of the weight slice
                                                      (``TAG_PARAMS``) and, from the bias
                                                      server, the bias (``TAG_PARAMS_BIAS``)
-work-unit request          worker → coordinator      ``Send`` int64 ``[eval id, done unit]``
+work-unit request          worker → coordinator      ``Isend`` int64 ``[eval id, done unit]``
                                                      (``TAG_UNIT_REQ``)
-work unit                  coordinator → worker      ``Send`` int64 ``[unit]``, -1 = none left
+work unit                  coordinator → worker      ``Isend`` int64 ``[unit]``, -1 = none left
                                                      (``TAG_UNIT``)
 gradient sums              worker → every server     ``Isend`` of the slice (``TAG_GRAD``) and
                                                      the bias gradient (``TAG_GRAD_BIAS``)
-worker statistics          workers → coordinator     ``Gather`` on ``cw`` of a float64 row
-final shard                server → coordinator      ``Send`` (``TAG_SHARD``,
+worker statistics          workers → coordinator     ``Igather`` on ``cw`` of a float64 row
+final shard                server → coordinator      ``Isend`` (``TAG_SHARD``,
                                                      ``TAG_SHARD_BIAS``)
-active keys (setup)        worker 0 → coordinator    ``Send`` int64 size, then the sorted
+active keys (setup)        worker 0 → coordinator    ``Isend`` int64 size, then the sorted
                                                      positions (``TAG_ACTIVE*``)
-shard bounds (setup)       coordinator → servers     ``Bcast`` on ``cs``: int64 (K + 1,)
+shard bounds (setup)       coordinator → servers     ``Ibcast`` on ``cs``: int64 (K + 1,)
 ========================== ========================= ======================================
 
 Arrays over ``max_message_bytes`` are split (:func:`hpcps.comm.core.chunk_slices`).
+
+Waiting
+-------
+Every exchange is made of non-blocking calls completed by :func:`wait_all`: ``Test`` in a loop with short
+sleeps growing from 2 µs to 200 µs (as the parameter server's loop does), because most ranks
+are idle most of the time (workers while the coordinator and the servers run the two-loop
+recursion, servers while the workers compute) and an MPI's blocking wait spins, which on an
+oversubscribed node takes the CPU from the ranks that have work. The collectives are therefore
+the non-blocking ones (``Ibcast``, ``Ireduce``, ``Igather``) on every rank.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from .core import LaunchError, irecv_array, isend_array, native_contiguous, waitall
+from .core import LaunchError, irecv_array, isend_array, native_contiguous
 
 COORDINATOR, WORKER, SERVER = "coordinator", "worker", "server"
 
@@ -214,6 +223,34 @@ class LinkStats:
         return sum(getattr(self, what).values())
 
 
+#: Sleeps between ``Test`` calls while waiting: from IDLE_SLEEP_MIN, doubling to IDLE_SLEEP_MAX.
+IDLE_SLEEP_MIN, IDLE_SLEEP_MAX = 2e-6, 2e-4
+
+
+def wait_all(requests: list, status=None) -> None:
+    """Complete ``requests`` (MPI requests), polling with ``Test`` and sleeping between polls
+    (2 µs doubling to 200 µs), so that a waiting rank leaves the CPU to busy ones. Local.
+
+    Parameters
+    ----------
+    requests : list of MPI.Request
+        Emptied when done.
+    status : MPI.Status or None
+        Filled from the request when there is exactly one.
+    """
+    sleep = IDLE_SLEEP_MIN
+    if len(requests) == 1:
+        req = requests[0]
+        while not req.Test(status):
+            time.sleep(sleep)
+            sleep = min(2 * sleep, IDLE_SLEEP_MAX)
+    else:
+        while not MPI.Request.Testall(requests):
+            time.sleep(sleep)
+            sleep = min(2 * sleep, IDLE_SLEEP_MAX)
+    requests.clear()
+
+
 def _f64(n: int) -> np.ndarray:
     return np.zeros(n, dtype=np.float64)
 
@@ -263,8 +300,8 @@ class CoordinatorLink(_Link):
         self._ops[0] = n
         self._ops[1:1 + OP_WIDTH * n] = ops.reshape(-1)
         self._scalars[:n] = scalars
-        self.roles.cs.Bcast(self._ops, root=0)
-        self.roles.cs.Bcast(self._scalars, root=0)
+        wait_all([self.roles.cs.Ibcast(self._ops, root=0),
+                  self.roles.cs.Ibcast(self._scalars, root=0)])
         k = self.roles.n_servers
         self.stats.add("program", t0, messages=2 * k,
                        out=k * (self._ops.nbytes + self._scalars.nbytes))
@@ -287,10 +324,13 @@ class CoordinatorLink(_Link):
         """
         t0 = time.perf_counter()
         sums, maxes = _f64(n_sums), _f64(n_maxes)
+        reqs: list = []
+        zeros = (_f64(n_sums), _f64(n_maxes))
         if n_sums:
-            self.roles.cs.Reduce(_f64(n_sums), sums, op=MPI.SUM, root=0)
+            reqs.append(self.roles.cs.Ireduce(zeros[0], sums, op=MPI.SUM, root=0))
         if n_maxes:
-            self.roles.cs.Reduce(_f64(n_maxes), maxes, op=MPI.MAX, root=0)
+            reqs.append(self.roles.cs.Ireduce(zeros[1], maxes, op=MPI.MAX, root=0))
+        wait_all(reqs)
         self.stats.add("results", t0, messages=self.roles.n_servers * ((n_sums > 0) + (n_maxes > 0)),
                        inn=self.roles.n_servers * 8 * (n_sums + n_maxes))
         return sums, maxes
@@ -300,7 +340,7 @@ class CoordinatorLink(_Link):
         worker (matches :meth:`WorkerLink.recv_command`)."""
         t0 = time.perf_counter()
         buf = np.array([cmd, ident], dtype=np.int64)
-        self.roles.cw.Bcast(buf, root=0)
+        wait_all([self.roles.cw.Ibcast(buf, root=0)])
         self.stats.add("command", t0, messages=self.roles.n_workers,
                        out=self.roles.n_workers * buf.nbytes)
 
@@ -320,7 +360,7 @@ class CoordinatorLink(_Link):
         t0 = time.perf_counter()
         buf = np.zeros(2, dtype=np.int64)
         status = MPI.Status()
-        self.roles.p2p.Recv(buf, source=MPI.ANY_SOURCE, tag=TAG_UNIT_REQ, status=status)
+        wait_all([self.roles.p2p.Irecv(buf, source=MPI.ANY_SOURCE, tag=TAG_UNIT_REQ)], status)
         worker = self.roles.worker_ranks.index(status.Get_source())
         self.stats.add("units", t0, inn=buf.nbytes)
         return worker, int(buf[0]), int(buf[1])
@@ -329,7 +369,7 @@ class CoordinatorLink(_Link):
         """Answer a request of worker ``worker`` with a unit id, or -1 for none left."""
         t0 = time.perf_counter()
         buf = np.array([unit], dtype=np.int64)
-        self.roles.p2p.Send(buf, dest=self.roles.worker_ranks[worker], tag=TAG_UNIT)
+        wait_all([self.roles.p2p.Isend(buf, dest=self.roles.worker_ranks[worker], tag=TAG_UNIT)])
         self.stats.add("units", t0, out=buf.nbytes)
 
     def gather_worker_stats(self, width: int) -> np.ndarray:
@@ -343,7 +383,8 @@ class CoordinatorLink(_Link):
         """
         t0 = time.perf_counter()
         out = np.zeros((self.roles.n_workers + 1, width), dtype=np.float64)
-        self.roles.cw.Gather(_f64(width), out, root=0)
+        mine = _f64(width)
+        wait_all([self.roles.cw.Igather(mine, out, root=0)])
         self.stats.add("stats", t0, messages=self.roles.n_workers,
                        inn=self.roles.n_workers * width * 8)
         return out[1:]
@@ -359,11 +400,11 @@ class CoordinatorLink(_Link):
         t0 = time.perf_counter()
         src = self.roles.worker_ranks[0]
         size = np.zeros(1, dtype=np.int64)
-        self.roles.p2p.Recv(size, source=src, tag=TAG_ACTIVE_SIZE)
+        wait_all([self.roles.p2p.Irecv(size, source=src, tag=TAG_ACTIVE_SIZE)])
         active = np.empty(int(size[0]), dtype=np.int64)
         reqs: list = []
         irecv_array(self.roles.p2p, active, src, TAG_ACTIVE, self.max_bytes, reqs)
-        waitall(reqs)
+        wait_all(reqs)
         self.stats.add("setup", t0, messages=2, inn=8 + active.nbytes)
         return active
 
@@ -375,7 +416,7 @@ class CoordinatorLink(_Link):
         if buf.shape != (self.roles.n_servers + 1,):
             raise ValueError(f"bounds must have shape ({self.roles.n_servers + 1},), "
                              f"got {buf.shape}")
-        self.roles.cs.Bcast(buf, root=0)
+        wait_all([self.roles.cs.Ibcast(buf, root=0)])
         self.stats.add("setup", t0, messages=self.roles.n_servers,
                        out=self.roles.n_servers * buf.nbytes)
 
@@ -391,7 +432,7 @@ class CoordinatorLink(_Link):
         irecv_array(self.roles.p2p, w_out, src, TAG_SHARD, self.max_bytes, reqs)
         if bias_out is not None:
             irecv_array(self.roles.p2p, bias_out, src, TAG_SHARD_BIAS, self.max_bytes, reqs)
-        waitall(reqs)
+        wait_all(reqs)
         self.stats.add("shard", t0, messages=1 + (bias_out is not None),
                        inn=w_out.nbytes + (bias_out.nbytes if bias_out is not None else 0))
 
@@ -416,8 +457,8 @@ class ServerLink(_Link):
         scalars : float64 (n,)
         """
         t0 = time.perf_counter()
-        self.roles.cs.Bcast(self._ops, root=0)
-        self.roles.cs.Bcast(self._scalars, root=0)
+        wait_all([self.roles.cs.Ibcast(self._ops, root=0),
+                  self.roles.cs.Ibcast(self._scalars, root=0)])
         n = int(self._ops[0])
         if not 0 <= n <= MAX_OPS:
             raise ValueError(f"corrupt program: {n} operations (at most {MAX_OPS})")
@@ -431,7 +472,7 @@ class ServerLink(_Link):
         (broadcast by :meth:`CoordinatorLink.bcast_bounds`)."""
         t0 = time.perf_counter()
         buf = np.zeros(self.roles.n_servers + 1, dtype=np.int64)
-        self.roles.cs.Bcast(buf, root=0)
+        wait_all([self.roles.cs.Ibcast(buf, root=0)])
         self.stats.add("setup", t0, inn=buf.nbytes)
         return buf
 
@@ -441,10 +482,12 @@ class ServerLink(_Link):
         t0 = time.perf_counter()
         sums = native_contiguous(np.asarray(sums, dtype=np.float64))
         maxes = native_contiguous(np.asarray(maxes, dtype=np.float64))
+        reqs: list = []
         if sums.size:
-            self.roles.cs.Reduce(sums, None, op=MPI.SUM, root=0)
+            reqs.append(self.roles.cs.Ireduce(sums, None, op=MPI.SUM, root=0))
         if maxes.size:
-            self.roles.cs.Reduce(maxes, None, op=MPI.MAX, root=0)
+            reqs.append(self.roles.cs.Ireduce(maxes, None, op=MPI.MAX, root=0))
+        wait_all(reqs)
         self.stats.add("results", t0, messages=(sums.size > 0) + (maxes.size > 0),
                        out=sums.nbytes + maxes.nbytes)
 
@@ -460,7 +503,7 @@ class ServerLink(_Link):
             if bias is not None:
                 keep.append(isend_array(self.roles.p2p, bias, dest, TAG_PARAMS_BIAS,
                                         self.max_bytes, reqs))
-        waitall(reqs)
+        wait_all(reqs)
         n = self.roles.n_workers
         self.stats.add("params", t0, messages=n * (1 + (bias is not None)),
                        out=n * (w.nbytes + (bias.nbytes if bias is not None else 0)))
@@ -489,7 +532,7 @@ class ServerLink(_Link):
             irecv_array(self.roles.p2p, scratch, src, TAG_GRAD, self.max_bytes, reqs)
             if bias_out is not None:
                 irecv_array(self.roles.p2p, one, src, TAG_GRAD_BIAS, self.max_bytes, reqs)
-            waitall(reqs)
+            wait_all(reqs)
             w_out += scratch
             if bias_out is not None:
                 bias_out += one
@@ -505,7 +548,7 @@ class ServerLink(_Link):
         keep = [isend_array(self.roles.p2p, w, 0, TAG_SHARD, self.max_bytes, reqs)]
         if bias is not None:
             keep.append(isend_array(self.roles.p2p, bias, 0, TAG_SHARD_BIAS, self.max_bytes, reqs))
-        waitall(reqs)
+        wait_all(reqs)
         self.stats.add("shard", t0, messages=len(keep),
                        out=w.nbytes + (bias.nbytes if bias is not None else 0))
 
@@ -526,10 +569,10 @@ class WorkerLink(_Link):
         0 only; matches :meth:`CoordinatorLink.recv_active`)."""
         t0 = time.perf_counter()
         active = native_contiguous(np.asarray(active, dtype=np.int64))
-        self.roles.p2p.Send(np.array([active.size], dtype=np.int64), dest=0, tag=TAG_ACTIVE_SIZE)
-        reqs: list = []
+        size = np.array([active.size], dtype=np.int64)
+        reqs: list = [self.roles.p2p.Isend(size, dest=0, tag=TAG_ACTIVE_SIZE)]
         keep = isend_array(self.roles.p2p, active, 0, TAG_ACTIVE, self.max_bytes, reqs)
-        waitall(reqs)
+        wait_all(reqs)
         del keep
         self.stats.add("setup", t0, messages=2, out=8 + active.nbytes)
 
@@ -542,7 +585,7 @@ class WorkerLink(_Link):
         """
         t0 = time.perf_counter()
         buf = np.zeros(2, dtype=np.int64)
-        self.roles.cw.Bcast(buf, root=0)
+        wait_all([self.roles.cw.Ibcast(buf, root=0)])
         self.stats.add("command", t0, inn=buf.nbytes)
         return int(buf[0]), int(buf[1])
 
@@ -566,7 +609,7 @@ class WorkerLink(_Link):
             irecv_array(self.roles.p2p, w_parts[s], src, TAG_PARAMS, self.max_bytes, reqs)
         irecv_array(self.roles.p2p, bias_out, self.roles.server_ranks[bias_server],
                     TAG_PARAMS_BIAS, self.max_bytes, reqs)
-        waitall(reqs)
+        wait_all(reqs)
         self.stats.add("params", t0, messages=len(w_parts) + 1,
                        inn=sum(p.nbytes for p in w_parts) + bias_out.nbytes)
 
@@ -582,8 +625,8 @@ class WorkerLink(_Link):
         t0 = time.perf_counter()
         req = np.array([eval_id, done], dtype=np.int64)
         rep = np.zeros(1, dtype=np.int64)
-        self.roles.p2p.Send(req, dest=0, tag=TAG_UNIT_REQ)
-        self.roles.p2p.Recv(rep, source=0, tag=TAG_UNIT)
+        wait_all([self.roles.p2p.Isend(req, dest=0, tag=TAG_UNIT_REQ),
+                  self.roles.p2p.Irecv(rep, source=0, tag=TAG_UNIT)])
         self.stats.add("units", t0, messages=2, out=req.nbytes, inn=rep.nbytes)
         return int(rep[0])
 
@@ -608,7 +651,7 @@ class WorkerLink(_Link):
                                     reqs))
         keep.append(isend_array(self.roles.p2p, gbias, self.roles.server_ranks[bias_server],
                                 TAG_GRAD_BIAS, self.max_bytes, reqs))
-        waitall(reqs)
+        wait_all(reqs)
         self.stats.add("grads", t0, messages=len(keep),
                        out=sum(p.nbytes for p in w_parts) + gbias.nbytes)
 
@@ -617,7 +660,7 @@ class WorkerLink(_Link):
         :meth:`CoordinatorLink.gather_worker_stats`)."""
         t0 = time.perf_counter()
         row = native_contiguous(np.asarray(row, dtype=np.float64))
-        self.roles.cw.Gather(row, None, root=0)
+        wait_all([self.roles.cw.Igather(row, None, root=0)])
         self.stats.add("stats", t0, out=row.nbytes)
 
 
