@@ -283,7 +283,9 @@ class LBFGS:
             history.append(rec)
             if self.on_iteration is not None:
                 self.on_iteration(rec)
-            if f_old - f <= self.f_tolerance * max(abs(f_old), abs(f), 1.0):
+            if gmax <= self.tolerance:
+                status = "gradient"
+            elif f_old - f <= self.f_tolerance * max(abs(f_old), abs(f), 1.0):
                 status = "f_tolerance"
         return LbfgsResult(status, f, gmax, k, self.evaluations, self.round_trips, history,
                            time.perf_counter() - t_start)

@@ -235,6 +235,8 @@ class MPIMachine:
 
 
 def _coordinator(cfg, roles, link, out, stop) -> dict:
+    """The coordinator's part (world rank 0 only): setup, L-BFGS, gather the model, stop the
+    others. Returns what :func:`_finish` needs."""
     nf, k = cfg.data.num_features, roles.n_servers
     fp = link.gather_worker_stats(STATS_WIDTH)
     if not (fp == fp[0]).all():
@@ -283,6 +285,8 @@ def _coordinator(cfg, roles, link, out, stop) -> dict:
 
 
 def _server(cfg, roles, link, stop) -> tuple[int, int]:
+    """A server's loop (server ranks only): run programs on this shard until ``STOP``.
+    Returns (bytes held, weights held)."""
     bounds = link.recv_bounds()
     lay = shard_layouts(cfg.data.num_features, roles.n_servers, bounds)[roles.index]
     slots = n_slots(cfg.lbfgs.history)
@@ -314,6 +318,8 @@ def _server(cfg, roles, link, stop) -> tuple[int, int]:
 
 
 def _worker(cfg, roles, link, stop, step_hook) -> tuple[int, int]:
+    """A worker's loop (worker ranks only): read the data, then compute work units at every
+    evaluation until ``CMD_STOP``. Returns (bytes of its vectors, active keys)."""
     from ..data.source import load_split
 
     nf, k = cfg.data.num_features, roles.n_servers
@@ -369,7 +375,8 @@ def _worker(cfg, roles, link, stop, step_hook) -> tuple[int, int]:
 
 
 def _finish(cfg, state, rows, link, out, wall) -> dict:
-    """Coordinator: test metrics, baseline, model and metrics files, printed summary."""
+    """Coordinator only, after the other ranks are done: test metrics, baseline, model and
+    metrics files, printed summary."""
     from ..data.source import load_split
     from ..model import binary_metrics, predict
 
@@ -435,6 +442,7 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
 
 
 def _baseline(cfg, wts, bias, f_ours, Xt, yt) -> dict:
+    """scikit-learn's solution (tol 1e-8 and its default 1e-4) and the objective gaps. Local."""
     from ..data.source import load_split
     from ..model import binary_metrics
 
@@ -479,12 +487,15 @@ def _print_summary(s, rec, out) -> None:
         w(f"  server {d['index']}: {d['active_keys']:,} active keys of range "
           f"{d['key_range']}, {_mb(d['memory_bytes'])}; in {_mb(d['bytes_in'])}, out "
           f"{_mb(d['bytes_out'])}, {d['messages']:,} messages\n")
-    w(f"  hpcps                              test AUC {rec['test_auc']:.4f}  log-loss "
-      f"{rec['test_logloss']:.4f}  accuracy {rec['test_accuracy']:.4f}\n")
+    def num(v):
+        return "n/a" if v is None else f"{v:.4f}"
+
+    w(f"  hpcps                              test AUC {num(rec['test_auc'])}  log-loss "
+      f"{num(rec['test_logloss'])}  accuracy {num(rec['test_accuracy'])}\n")
     if "baseline" in s:
         b = s["baseline"]
-        w(f"  scikit-learn LogisticRegression    test AUC {b['test_auc']:.4f}  log-loss "
-          f"{b['test_logloss']:.4f}  accuracy {b['test_accuracy']:.4f}\n")
+        w(f"  scikit-learn LogisticRegression    test AUC {num(b['test_auc'])}  log-loss "
+          f"{num(b['test_logloss'])}  accuracy {num(b['test_accuracy'])}\n")
         w(f"  objective: hpcps {b['objective_hpcps']:.12g}, scikit-learn (lbfgs, tol "
           f"{b['tol']:g}, {b['n_iter']} iterations, {b['seconds']:.1f} s) {b['objective']:.12g}: "
           f"relative gap {b['relative_gap']:+.2e}; scikit-learn with its default tol 1e-4: "

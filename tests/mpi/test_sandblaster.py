@@ -114,6 +114,19 @@ def test_objective_matches_sklearn(mpi_tmp_path):
         assert local.objective == pytest.approx(s["objective"], rel=1e-7)
 
 
+@pytest.mark.mpi(min_size=5)
+def test_servers_without_keys_and_one_worker(mpi_tmp_path):
+    """2 hashed features over 3 servers: server 2's key range is empty (its messages are empty
+    and its partial results zero) — the run still reaches scikit-learn's objective."""
+    comm = MPI.COMM_WORLD
+    servers = comm.size - 2                     # one worker
+    cfg, _, s = _run(mpi_tmp_path, "tiny", servers=servers, rows=500, bits=1, units=5,
+                     baseline=True)
+    assert [d["active_keys"] for d in s["servers"]][-1] == 0
+    assert s["status"] == "gradient" and len(s["workers"]) == 1
+    assert abs(s["baseline"]["relative_gap"]) <= 1e-6, s["baseline"]
+
+
 SLOW = 1
 
 

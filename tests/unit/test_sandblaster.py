@@ -437,3 +437,14 @@ def test_steps_accepted_on_sufficient_decrease_only_are_evaluated_again(small, r
     w, b = mach.weights()
     assert r.objective == pytest.approx(objective(X, y, w, b, 1e-3), rel=1e-13)
     assert abs(r.objective - reference["objective"]) <= 1e-6 * reference["objective"]
+
+
+def test_gradient_test_comes_before_f_tolerance():
+    """On 2 hashed features the last iteration both lowers F by less than f_tolerance and
+    brings max|g| under the tolerance: the run reports the gradient criterion (it once
+    reported f_tolerance)."""
+    X, y = adult(500, 1)
+    wu = WorkUnits(X, y, KeyPartition(2, 3).positions, 5)
+    r = LBFGS(LocalMachine(wu, 3, 1e-3, n_slots(10)), tolerance=1e-6, f_tolerance=1e-12).run()
+    assert r.status == "gradient" and r.grad_max <= 1e-6
+    assert r.history[-2]["objective"] - r.objective <= 1e-12 * r.objective
