@@ -8,4 +8,8 @@ core
 transport
     The parameter-server wire protocol (request headers, tags, ops) over point-to-point
     buffer calls, with per-op counters of messages, bytes and seconds.
+sandblaster
+    Sandblaster L-BFGS (``[cluster] mode = "sandblaster"``): the coordinator/worker/server
+    split and the messages between them (programs, results, work units, parameters,
+    gradients), all non-blocking buffer calls completed by polling with short sleeps.
 """
