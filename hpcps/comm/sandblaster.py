@@ -56,12 +56,13 @@ Arrays over ``max_message_bytes`` are split (:func:`hpcps.comm.core.chunk_slices
 
 Waiting
 -------
-Every exchange is made of non-blocking calls completed by :func:`wait_all`: ``Test`` in a loop with short
-sleeps growing from 2 µs to 200 µs (as the parameter server's loop does), because most ranks
-are idle most of the time (workers while the coordinator and the servers run the two-loop
-recursion, servers while the workers compute) and an MPI's blocking wait spins, which on an
-oversubscribed node takes the CPU from the ranks that have work. The collectives are therefore
-the non-blocking ones (``Ibcast``, ``Ireduce``, ``Igather``) on every rank.
+Every exchange is made of non-blocking calls completed by :func:`wait_all`: ``Test`` in a
+loop with short sleeps growing from 2 µs to 200 µs (as the parameter server's loop does),
+because most ranks are idle most of the time (workers while the coordinator and the servers
+run the two-loop recursion, servers while the workers compute) and an MPI's blocking wait
+spins, which on an oversubscribed node takes the CPU from the ranks that have work. The
+collectives are therefore the non-blocking ones (``Ibcast``, ``Ireduce``, ``Igather``) on every
+rank.
 """
 
 from __future__ import annotations
@@ -331,8 +332,9 @@ class CoordinatorLink(_Link):
         if n_maxes:
             reqs.append(self.roles.cs.Ireduce(zeros[1], maxes, op=MPI.MAX, root=0))
         wait_all(reqs)
-        self.stats.add("results", t0, messages=self.roles.n_servers * ((n_sums > 0) + (n_maxes > 0)),
-                       inn=self.roles.n_servers * 8 * (n_sums + n_maxes))
+        k = self.roles.n_servers
+        self.stats.add("results", t0, messages=k * ((n_sums > 0) + (n_maxes > 0)),
+                       inn=k * 8 * (n_sums + n_maxes))
         return sums, maxes
 
     def command_workers(self, cmd: int, ident: int) -> None:

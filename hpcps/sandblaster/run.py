@@ -126,7 +126,8 @@ def run_sandblaster(cfg, world, out=None, resume="auto", stop=None, step_hook=No
         row[2:6] = [s.total("bytes_in"), s.total("bytes_out"), s.total("messages"),
                     s.total("seconds")]
         rows = gather_rows(world, row)
-        stopped = core.any_rank_failed(world, state is not None and state["result"].status == "stopped")
+        mine = state is not None and state["result"].status == "stopped"
+        stopped = core.any_rank_failed(world, mine)
     finally:
         roles.free()
     if roles.role != COORDINATOR:
@@ -389,7 +390,8 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
     units = sched.done_by
     workers = [{"index": i, "units": int(units[i]),
                 "unit_share": float(units[i] / max(1, units.sum())),
-                "busy_seconds": float(machine.busy[i]), "waiting_seconds": float(machine.waiting[i])}
+                "busy_seconds": float(machine.busy[i]),
+                "waiting_seconds": float(machine.waiting[i])}
                for i in range(sched.n_workers)]
     by_role = {c: [dict(zip(RANK_FIELDS, r.tolist())) for r in rows if int(r[0]) == c]
                for c in (0, 1, 2)}

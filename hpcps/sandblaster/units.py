@@ -109,7 +109,8 @@ class WorkUnits:
                 float(sum(u.X.nnz for u in self.units)), float(sum(u.y.sum() for u in self.units)),
                 float(self.active.sum())]
 
-    def accumulate(self, u: int, w: np.ndarray, bias: float, acc: np.ndarray) -> tuple[float, float]:
+    def accumulate(self, u: int, w: np.ndarray, bias: float,
+                   acc: np.ndarray) -> tuple[float, float]:
         """Add unit ``u``'s log-loss gradient sum at ``(w, bias)`` into ``acc``.
 
         Parameters

@@ -2,21 +2,19 @@
 two-loop recursion against the explicit BFGS matrix, work units and their dispatcher, and the
 whole L-BFGS on real data (UCI Adult) against scikit-learn, in one process."""
 
-import dataclasses
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.optimize
-import scipy.sparse as sp
 
 from hpcps.config import DataConfig
 from hpcps.data.source import load_split
 from hpcps.model import batch_keys, loss_and_gradient
 from hpcps.sandblaster import program as P
 from hpcps.sandblaster.baseline import objective, sklearn_solution
-from hpcps.sandblaster.lbfgs import D, G, LBFGS, X, XT, n_slots, s_slot, y_slot
+from hpcps.sandblaster.lbfgs import D, G, LBFGS, n_slots, s_slot, y_slot
 from hpcps.sandblaster.linesearch import cubic_min, strong_wolfe
 from hpcps.sandblaster.local import LocalMachine, to_original_order
 from hpcps.sandblaster.shard import (ShardVectors, bias_server, compact_bounds, shard_layouts,
