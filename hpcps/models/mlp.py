@@ -182,7 +182,7 @@ class MLP(Model):
         bad = np.flatnonzero((yi != y) | (yi < 0) | (yi >= self.n_classes))
         if bad.size:
             raise DataError(f"{path}: /{split}/y row {bad[0]} (of worker {part}'s block) is "
-                            f"{y[bad[0]]!r}, expected a class index in [0, {self.n_classes})")
+                            f"{np.asarray(y)[bad[0]].item()!r}, expected a class index in [0, {self.n_classes})")
         return X, yi
 
     def batch_keys(self, X) -> dict:
