@@ -19,16 +19,28 @@ def _movielens_100k(src, out) -> dict:
     return prepare_movielens_100k(src, out)
 
 
+def _fashion_mnist(src, out) -> dict:
+    from .data.fashion_mnist import DEFAULT_SOURCE, prepare_fashion_mnist
+    from .data.prepared import file_attrs, split_rows
+
+    path = prepare_fashion_mnist(src if src is not None else DEFAULT_SOURCE, out)
+    return {**file_attrs(path), "train_rows": split_rows(path, "train"),
+            "test_rows": split_rows(path, "test"), "path": path}
+
+
 #: name → ``prepare(src, out) -> dict`` (the file attributes written, plus ``path``);
 #: ``src`` is the ``--from`` path or ``None`` (the preparer's default source).
 PREPARERS = {
     "movielens-100k": _movielens_100k,
+    "fashion-mnist": _fashion_mnist,
 }
 
 #: One line per data set for ``--help``: where its input comes from.
 SOURCES = {
     "movielens-100k": "ml-100k.inter (RecBole) or u.data (GroupLens); default: the copy in the "
                       "installed recbole package (pip install --no-deps recbole==1.2.1)",
+    "fashion-mnist": "the four IDX files train-/t10k-{images-idx3,labels-idx1}-ubyte.gz; default: "
+                     "/usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)",
 }
 
 

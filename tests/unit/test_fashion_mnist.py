@@ -65,7 +65,7 @@ def test_cli_prepare_and_errors(tmp_path):
     p = subprocess.run([sys.executable, "-m", "hpcps", "data", "prepare", "fashion-mnist",
                         "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "60000 train rows, 10000 test rows" in p.stdout and out.is_file()
+    assert "train_rows = 60000" in p.stdout and "test_rows = 10000" in p.stdout and out.is_file()
     p = subprocess.run([sys.executable, "-m", "hpcps", "data", "prepare", "fashion-mnist",
                         "--from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.h5")],
                        capture_output=True, text=True, timeout=120)
