@@ -135,6 +135,22 @@ def check_memory(cfg, tables, world) -> None:
                             f"{cfg.cluster.servers} now), fewer keys, or float32.")
 
 
+def limit_threads(world) -> int | None:
+    """Give each rank its share of its node's cores for BLAS (:mod:`hpcps.threads`), unless
+    the user set ``OMP_NUM_THREADS`` or the like. Collective over ``world`` (one
+    ``Split_type``). Returns the thread count set, or ``None``."""
+    from .threads import blas_threads_for, limit_blas_threads
+
+    node = world.Split_type(core.SHARED, key=world.Get_rank())
+    try:
+        n = blas_threads_for(node.Get_size())
+    finally:
+        node.Free()
+    if n is not None:
+        limit_blas_threads(n)
+    return n
+
+
 def load_model(cfg):
     """The job's model (:func:`hpcps.models.make_model`); a model that cannot be loaded is a
     :class:`~hpcps.config.ConfigError` on key ``model.type``, a data file the model cannot
@@ -168,6 +184,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     out = out or sys.stdout
     core.check_launch(world)
     check_world(cfg, world.Get_size())
+    limit_threads(world)
     if cfg.cluster.mode == "allreduce":
         return run_allreduce(cfg, world, out, stop=stop, step_hook=step_hook)
     if cfg.cluster.mode == "sandblaster":        # batch L-BFGS (hpcps.sandblaster)

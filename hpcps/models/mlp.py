@@ -89,6 +89,7 @@ class MLP(Model):
 
     name = "mlp"
     loss_name = "logloss"
+    loss_label = "log-loss"
     primary_metric = "accuracy"
 
     def __init__(self, cfg, sizes=None):
@@ -289,3 +290,8 @@ class MLP(Model):
         res["logloss"] = float(-np.log(np.clip(p[np.arange(y.size), y], 1e-15, 1.0)).mean())
         res["accuracy"] = float((p.argmax(axis=1) == y).mean())
         return res
+
+    def describe(self, m: dict) -> str:
+        """``test log-loss … accuracy …`` for the epoch report."""
+        return (f"test log-loss {m.get('logloss', float('nan')):.4f}  "
+                f"accuracy {m.get('accuracy', float('nan')):.4f}")
