@@ -115,3 +115,16 @@ def test_one_bsp_worker_on_two_servers_equals_the_local_reference(tmp_path, data
         np.testing.assert_allclose(dist[t], w, rtol=1e-9, atol=1e-12, err_msg=t)
     m = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert m["epochs"][-1]["test_accuracy"] == pytest.approx(hist[-1]["test_accuracy"], abs=1e-12)
+
+
+def test_mlp_on_unprepared_data_is_a_job_error_on_every_rank(tmp_path):
+    from tests.helpers import DATA
+
+    job = tmp_path / "bad.toml"
+    job.write_text(f'name = "bad"\n[data]\nformat = "adult_csv"\npath = "{DATA}"\n'
+                   '[model]\ntype = "mlp"\n')
+    proc, _ = launch(3, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    for r in range(3):
+        assert f"rank {r}: error: " in proc.stderr
+    assert "bad.toml: data.format: model type 'mlp' needs a prepared data set" in proc.stderr
