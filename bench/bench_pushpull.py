@@ -1,0 +1,181 @@
+"""Push and pull through the hpcps client vs raw mpi4py ``Send``/``Recv`` of the same bytes.
+
+Run with exactly 2 ranks (1 worker, 1 server)::
+
+    mpirun -n 2 python bench/bench_pushpull.py
+
+For each case the worker times a block of operations with hpcps
+(:class:`hpcps.worker.client.PSClient` ``pull``/``push`` against a real
+:class:`~hpcps.server.server.ParameterServer` loop) and a block of the same messages with
+raw blocking ``Send``/``Recv`` between the same two ranks — the same bytes each way: the
+request header (64 B), the keys (int64) and, for pushes, the values; for pulls the rows and
+the shard's clock header back. The raw server receives into buffers allocated once and replies
+from its table's memory; hpcps's server computes local rows, gathers, validates and queues.
+
+Cases: dense blocks of consecutive 1 KiB rows (8 KiB ... 64 MiB) pulled and pushed; sparse
+pushes and pulls of 1 k ... 1 M random keys of a 4 M-key dim-1 float32 table. A block of push
+operations ends with one small round trip in both variants (so pushes are timed to their
+arrival, not just to the local send). Variants alternate, the case order rotates, median of
+``--reps``. Ratios: raw time / hpcps time (1 = as fast as raw MPI; goal >= 0.8 for large
+messages) and, for small messages, the per-message overhead hpcps adds (microseconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import benchlib
+from psbench import DENSE_DIM, Bench, fmt_bytes, inner_count
+
+HDR = 8
+
+
+def cases(quick: bool):
+    dense_rows = [8, 64] if quick else [8, 64, 512, 4096, 32768, 65536]     # x 1 KiB
+    sparse_n = [1000, 5000] if quick else [1000, 10_000, 100_000, 1_000_000]
+    out = []
+    for op in ("pull", "push"):
+        out += [("dense", op, k) for k in dense_rows]
+        out += [("sparse", op, k) for k in sparse_n]
+    return out, max(dense_rows), (1 << 16 if quick else 1 << 22)
+
+
+def payload_bytes(table, op, k, hl):
+    """Bytes each way for one operation: (worker -> server, server -> worker)."""
+    row = DENSE_DIM * 4 if table == "dense" else 4
+    up = HDR * 8 + 8 * k + (row * k if op == "push" else 0)
+    down = (row * k + hl * 8) if op == "pull" else 0
+    return up, down
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    benchlib.add_common_args(ap)
+    args = ap.parse_args(argv)
+    world = MPI.COMM_WORLD
+    if world.Get_size() != 2:
+        if world.Get_rank() == 0:
+            print("bench_pushpull.py needs exactly 2 ranks: mpirun -n 2 python bench/bench_pushpull.py")
+        return 2
+    reps = 2 if args.quick else args.reps
+    todo, dense_rows, sparse_keys = cases(args.quick)
+    b = Bench(world, dense_rows, sparse_keys)
+    raw = world.Dup()
+    peer = 1 - world.Get_rank()
+    rng = np.random.default_rng(0)
+    hl = b.header_len
+    # buffers (allocated once; the raw variant never allocates)
+    keys = {("dense", k): np.arange(k, dtype=np.int64) for t, _, k in todo if t == "dense"}
+    perm = rng.permutation(sparse_keys).astype(np.int64)
+    keys.update({("sparse", k): np.ascontiguousarray(perm[:k]) for t, _, k in todo if t == "sparse"})
+    maxk = max(k for _, _, k in todo)
+    hdr = np.zeros(HDR, dtype=np.int64)
+    shdr = np.zeros(hl, dtype=np.int64)
+    ack = np.zeros(1, dtype=np.int64)
+    kbuf = np.empty(maxk, dtype=np.int64)
+    vals = {"dense": np.ones((dense_rows, DENSE_DIM), dtype=np.float32),
+            "sparse": np.ones((maxk, 1), dtype=np.float32)}
+    vbuf = {t: np.empty_like(v) for t, v in vals.items()}
+    times = {c: {"hpcps": [], "raw": []} for c in todo}
+    for rep in range(reps):
+        for i, case in enumerate(benchlib.rotate(todo, rep)):
+            table, op, k = case
+            up, down = payload_bytes(table, op, k, hl)
+            inner = inner_count(up + down, args.quick)
+            kk = keys[(table, k)]
+            for variant in (("raw", "hpcps") if (rep + i) % 2 == 0 else ("hpcps", "raw")):
+                b.ctl.Barrier()
+                if b.is_server:
+                    if variant == "hpcps":
+                        b.serve_block()
+                        continue
+                    for _ in range(inner):
+                        raw.Recv(hdr, source=peer, tag=1)
+                        raw.Recv(kbuf[:k], source=peer, tag=2)
+                        if op == "push":
+                            raw.Recv(vbuf[table][:k], source=peer, tag=3)
+                        else:
+                            raw.Send(vals[table][:k], dest=peer, tag=4)
+                            raw.Send(shdr, dest=peer, tag=5)
+                    if op == "push":
+                        raw.Send(ack, dest=peer, tag=6)
+                    continue
+                # worker
+                c = b.client
+                v = vals[table][:k]
+                out = vbuf[table][:k]
+                t0 = MPI.Wtime()
+                if variant == "hpcps":
+                    for _ in range(inner):
+                        if op == "pull":
+                            c.pull(table, kk)
+                        else:
+                            c.push(table, kk, v)
+                    if op == "push":
+                        c.pull(table, kk[:1])
+                else:
+                    for _ in range(inner):
+                        raw.Send(hdr, dest=peer, tag=1)
+                        raw.Send(kk, dest=peer, tag=2)
+                        if op == "push":
+                            raw.Send(v, dest=peer, tag=3)
+                        else:
+                            raw.Recv(out, source=peer, tag=4)
+                            raw.Recv(shdr, source=peer, tag=5)
+                    if op == "push":
+                        raw.Recv(ack, source=peer, tag=6)
+                times[case][variant].append((MPI.Wtime() - t0) / inner)
+                if variant == "hpcps":
+                    b.end_block()
+    b.ctl.Barrier()
+    if not b.is_server:
+        report(todo, times, hl, args)
+    raw.Free()
+    b.close()
+    return 0
+
+
+def report(todo, times, hl, args):
+    rep = benchlib.Report("pushpull")
+    rows = []
+    print("hpcps client vs raw mpi4py Send/Recv of the same bytes, 1 worker + 1 server "
+          f"({MPI.Get_library_version().splitlines()[0].strip()})")
+    print(f"{'case':<28} {'bytes up':>10} {'bytes down':>10} {'raw us':>10} {'hpcps us':>10} "
+          f"{'raw/hpcps':>9} {'overhead us':>11} {'hpcps GB/s':>10}")
+    for case in todo:
+        table, op, k = case
+        up, down = payload_bytes(table, op, k, hl)
+        r = benchlib.median(times[case]["raw"])
+        h = benchlib.median(times[case]["hpcps"])
+        label = (f"dense {op} {fmt_bytes(k * DENSE_DIM * 4)}" if table == "dense"
+                 else f"sparse {op} {k:,} keys")
+        rec = {"table": table, "op": op, "n": k, "bytes_up": up, "bytes_down": down,
+               "raw_us": r * 1e6, "hpcps_us": h * 1e6, "ratio": r / h,
+               "overhead_us": (h - r) * 1e6, "hpcps_GBps": (up + down) / h / 1e9,
+               "raw_GBps": (up + down) / r / 1e9, "label": label}
+        rows.append(rec)
+        print(f"{label:<28} {up:>10,} {down:>10,} {r * 1e6:>10.1f} {h * 1e6:>10.1f} "
+              f"{r / h:>9.2f} {(h - r) * 1e6:>11.1f} {rec['hpcps_GBps']:>10.2f}")
+    rep.details["cases"] = rows
+    big = [x for x in rows if (x["table"] == "dense" and x["n"] == max(y["n"] for y in rows if y["table"] == "dense"))
+           or (x["table"] == "sparse" and x["n"] == max(y["n"] for y in rows if y["table"] == "sparse"))]
+    small = [x for x in rows if x["n"] == min(y["n"] for y in rows if y["table"] == x["table"])]
+    for x in big:
+        rep.ratio(f"{x['label']}: raw MPI time / hpcps time", x["ratio"], 0.8)
+    worst = min(big, key=lambda x: x["ratio"])
+    rep.ratio(f"push/pull, large messages (worst: {worst['label']}): raw / hpcps",
+              worst["ratio"], 0.8, headline=True)
+    for x in small:
+        rep.ratio(f"{x['label']}: per-message overhead of hpcps", x["overhead_us"], None,
+                  unit=" us")
+    rep.write(args.json)
+    print(rep.last_line())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
