@@ -76,6 +76,21 @@ def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), core
     env : dict of str -> str
         Variables to add to the environment (run-as-root ones only when root).
     """
+    return build_launch(n, [python or sys.executable, "-m", "hpcps", "train", str(job)],
+                        mpirun=mpirun, flavour=flavour, cores=cores, is_root=is_root, extra=extra)
+
+
+def build_launch(n: int, program, *, mpirun: str, flavour=("unknown", 0), cores=None,
+                 is_root=None, extra=()) -> tuple[list[str], dict]:
+    """The mpirun command line and extra environment for ``n`` ranks running ``program``
+    (a list: executable and arguments), with what this machine needs (see the module
+    docstring). Used by :func:`build_command` and by ``hpcps bench`` for its MPI scripts.
+
+    Returns
+    -------
+    cmd : list of str
+    env : dict of str -> str
+    """
     if cores is None:
         cores = os.cpu_count() or 1
     is_root = (os.geteuid() == 0) if is_root is None else is_root
@@ -96,7 +111,7 @@ def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), core
     elif ulfm and kind == "mpich":
         env["MPIR_CVAR_ENABLE_FT"] = "1"
     cmd += list(extra)
-    cmd += [python or sys.executable, "-m", "hpcps", "train", str(job)]
+    cmd += [str(a) for a in program]
     return cmd, env
 
 

@@ -104,9 +104,9 @@ class PSClient:
         out = np.empty((keys.size, spec.dim), dtype=spec.dtype)
         if keys.size == 0:
             return out
-        order, bounds = part.split(keys)
-        sorted_keys = keys[order]
-        buf = np.empty_like(out)
+        order, bounds = _group(part, keys)
+        sorted_keys = keys if order is None else keys[order]
+        buf = out if order is None else np.empty_like(out)   # in order already: no reordering
         hdrs = np.zeros((self.n_servers, self.header_len), dtype=np.int64)
         if self.windows:
             self._pull_rma(tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh)
@@ -123,7 +123,8 @@ class PSClient:
         for s in range(self.n_servers):
             if bounds[s] < bounds[s + 1]:
                 self._saw(tid, s, hdrs[s])
-        out[order] = buf
+        if order is not None:
+            out[order] = buf
         self.seq += 1
         return out
 
@@ -198,9 +199,8 @@ class PSClient:
                              f"({keys.size}, {spec.dim})")
         if keys.size == 0:
             return
-        order, bounds = part.split(keys)
-        k = keys[order]
-        g = grads[order]
+        order, bounds = _group(part, keys)
+        k, g = (keys, grads) if order is None else (keys[order], grads[order])
         versions = self.read_version[tid] if versions is None else versions
         for s in range(self.n_servers):
             a, b = bounds[s], bounds[s + 1]
@@ -278,3 +278,17 @@ class PSClient:
         for s in range(self.n_servers):
             self.ep.send(s, tp.make_header(tp.STOP))
         self.ep.complete(tp.STOP)
+
+
+def _group(part: KeyPartition, keys: np.ndarray):
+    """Group ``keys`` by server: ``(order, bounds)`` as :meth:`KeyPartition.split`, except that
+    ``order`` is None when the keys are grouped already (always with one server, and for
+    ascending key blocks of a dense table), which spares the caller a reordering copy of the
+    keys and of the rows. Raises ``ValueError`` for a key outside the key space."""
+    srv = part.server_of(keys)
+    if srv.size < 2 or bool(np.all(srv[1:] >= srv[:-1])):
+        bounds = np.zeros(part.n_servers + 1, dtype=np.int64)
+        np.cumsum(np.bincount(srv, minlength=part.n_servers), out=bounds[1:])
+        return None, bounds
+    return part.split(keys)
+
