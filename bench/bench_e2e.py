@@ -202,6 +202,7 @@ def main(argv=None) -> int:
 
     if args.quick:
         args.epochs, args.reps, args.workers = 1, 1, 2
+        args.no_torch = True         # starting torch processes alone takes ~30 s here
     rep = benchlib.Report("e2e")
     ar = allreduce_supported()
     with tempfile.TemporaryDirectory(prefix="hpcps-bench-e2e-") as d:
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
         skipped = args.no_torch
         if not skipped and _has_torch():
             # featurize once for the torch processes (hpcps featurizes once per rank)
-            from bench_torch_ps import save_npz
+            from adultdata import save_npz
 
             save_npz(job, d / "data.npz")
             torch_cmd += ["--data-npz", str(d / "data.npz")]
@@ -277,7 +278,8 @@ def main(argv=None) -> int:
         else:
             rep.ratio(f"e2e {name} / torch rpc PS, examples/s", None, 5, headline=name == "hpcps async")
     if not tp:
-        rep.note("torch not installed: the torch rpc PS comparison was skipped")
+        rep.note("the torch rpc PS comparison was skipped (" + ("--quick" if args.quick else
+                 "--no-torch" if args.no_torch else "torch is not installed") + ")")
     if "AllReduce" in rows:
         for name in ("hpcps BSP", "hpcps async"):
             rep.ratio(f"e2e {name} / AllReduce, examples/s",

@@ -63,19 +63,14 @@ SKIP_MESSAGE = ("bench_torch_ps.py: skipped: torch is not installed (it is not a
 def load(job, split, part, n_parts, npz=None):
     """CSR features of the job (hpcps's featurizer) as torch tensors for EmbeddingBag:
     ``(indptr, indices, data, y, num_features)``. With ``npz`` (written by
-    :func:`save_npz`) the featurized split is read from it and its rows cut into
+    :func:`adultdata.save_npz`) the featurized split is read from it, its rows cut into
     ``n_parts`` contiguous blocks; otherwise ``hpcps.data.source.load_split`` featurizes."""
     import numpy as np
 
     if npz:
-        z = np.load(npz)
-        indptr, indices, data, y = (z[f"{split}_{k}"] for k in ("indptr", "indices", "data", "y"))
-        bounds = np.array_split(np.arange(y.size), n_parts)[part]
-        lo, hi = (int(bounds[0]), int(bounds[-1]) + 1) if bounds.size else (0, 0)
-        a, b = int(indptr[lo]), int(indptr[hi])
-        indptr = indptr[lo:hi + 1] - a
-        indices, data, y = indices[a:b], data[a:b], y[lo:hi]
-        nf = int(z["num_features"])
+        from adultdata import load_part
+
+        indptr, indices, data, y, nf = load_part(npz, split, part, n_parts)
     else:
         from hpcps.config import load_job
         from hpcps.data.source import load_split
@@ -88,23 +83,6 @@ def load(job, split, part, n_parts, npz=None):
             torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)),
             torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)),
             torch.from_numpy(np.ascontiguousarray(y, dtype=np.float32)), nf)
-
-
-def save_npz(job, path) -> None:
-    """Featurize the job's train and test splits once and save them for :func:`load`."""
-    import numpy as np
-
-    from hpcps.config import load_job
-    from hpcps.data.source import load_split
-
-    cfg = load_job(job)
-    arrays = {"num_features": np.array(cfg.data.num_features)}
-    for split in ("train", "test"):
-        X, y = load_split(cfg.data, split, 0, 1)
-        X = X.tocsr()
-        arrays.update({f"{split}_indptr": X.indptr, f"{split}_indices": X.indices,
-                       f"{split}_data": X.data, f"{split}_y": y})
-    np.savez(path, **arrays)
 
 
 # ------------------------------------------------------------------ the server's side
@@ -236,7 +214,7 @@ def main(argv=None) -> int:
                     help="hpcps job file: data, features, batch size, AdaGrad settings")
     ap.add_argument("--workers", type=int, default=3, help="trainer processes (plus 1 server)")
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--data-npz", help="featurized data written by save_npz (default: featurize "
+    ap.add_argument("--data-npz", help="featurized data written by adultdata.save_npz (default: featurize "
                                        "in every process)")
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)

@@ -5,6 +5,7 @@
 ``hpcps check [JOB]``       run JOB and compare its test AUC with scikit-learn's
 ``hpcps info``              versions of hpcps, MPI, mpi4py, h5py
 ``hpcps data prepare NAME`` write a prepared data set (:mod:`hpcps.cli_data`)
+``hpcps bench [--quick]``   run the benchmark suite in bench/ (hpcps.bench)
 """
 
 from __future__ import annotations
@@ -204,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_analysis(sub)  # inspect, eval, export, plot, diff (no MPI)
     from .cli_data import register as register_data
     register_data(sub)  # data prepare (no MPI)
+    from .bench import register as register_bench
+    register_bench(sub)     # the benchmark suite (bench/)
     return p
 
 

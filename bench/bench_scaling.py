@@ -1,0 +1,232 @@
+"""Scaling with workers 1...8 and servers 1...4, and the data for the cost model.
+
+Run with plain ``python`` (it launches one ``mpirun`` per layout)::
+
+    python bench/bench_scaling.py [--pushpull-json bench_pushpull.json]
+
+Each layout (W workers, S servers; W + S ranks) runs BSP steps of the Adult job's real
+communication pattern with the real parts (:class:`hpcps.worker.client.PSClient`,
+:class:`hpcps.server.server.ParameterServer`): every worker walks its block of the featurized
+training rows in batches of 256, and per step pulls the batch's distinct feature keys from the
+2^20-row float32 weight table, pushes one gradient row per key (values are stand-ins; no
+model compute is timed) and clocks; servers apply SGD at every clock. Measured per layout:
+steps/s, examples/s, and per step and server the requests and bytes in/out (the servers'
+own counters) — the inputs of ``docs/cost_model.md``.
+
+**On this machine the layouts are oversubscribed**: 2 cores run up to 12 ranks, so time per
+step grows with the total work of all ranks; the curve shows the per-rank costs and the load
+each server carries, not how a cluster of many nodes scales. The cost model turns the
+measured per-message and per-byte costs into a prediction for many nodes.
+
+The model: one BSP step costs each server ``W x 3`` requests (pull, push, clock) plus
+``W x K / S`` keys each way (K distinct keys per worker batch, 12 B per key: 8 B key + 4 B
+value), so ``T_server = 3 W a + (W K / S) c``; a worker sends ``3 S`` requests of
+``K / S`` keys, ``T_worker = 3 S a + K c``; a step takes about ``max(T_server, T_worker)``
+with dedicated cores. ``a`` (seconds per request) and ``c`` (seconds per key) are fitted to
+the push/pull benchmark's sparse cases when ``--pushpull-json`` is given, else to this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import benchlib
+
+benchlib.ensure_importable()
+
+HERE = Path(__file__).resolve().parent
+LAYOUTS = [(1, 1), (2, 1), (4, 1), (8, 1), (4, 2), (4, 4), (8, 2), (8, 4)]
+QUICK_LAYOUTS = [(1, 1), (2, 1), (2, 2)]
+BATCH = 256
+KEY_BYTES = 12        # 8 B key + 4 B float32 value, each direction of a pull/push
+
+
+# ------------------------------------------------------------------------- MPI part
+
+def mpi_part(args) -> int:
+    from mpi4py import MPI
+
+    from adultdata import load_part
+    from psbench import Bench
+
+    world = MPI.COMM_WORLD
+    S = args.servers
+    b = Bench(world, 8, 1 << 20, n_servers=S)
+    W = b.roles.n_workers
+    keysets = []
+    if not b.is_server:
+        indptr, indices, _, _, nf = load_part(args.npz, "train", b.roles.index, W)
+        n = indptr.size - 1
+        for s in range(args.steps):
+            lo = (s * BATCH) % max(1, n)
+            hi = min(n, lo + BATCH)
+            keysets.append(np.unique(indices[indptr[lo]:indptr[hi]]).astype(np.int64))
+        grads = {k.size: None for k in keysets}
+        grads = {n_: np.full((n_, 1), 1e-3, dtype=np.float32) for n_ in grads}
+    b.ctl.Barrier()
+    el = np.zeros(1)
+    if b.is_server:
+        s0 = dict(b.server.ep.stats.messages), dict(b.server.ep.stats.bytes_in), dict(b.server.ep.stats.bytes_out)
+        b.serve_block()
+        st = b.server.ep.stats
+        row = [sum(st.messages.values()) - sum(s0[0].values()),
+               sum(st.bytes_in.values()) - sum(s0[1].values()),
+               sum(st.bytes_out.values()) - sum(s0[2].values()),
+               sum(st.keys.values())]
+    else:
+        c = b.client
+        t0 = MPI.Wtime()
+        for ks in keysets:
+            c.pull("sparse", ks)
+            c.push("sparse", ks, grads[ks.size])
+            c.clock(BATCH)
+        el[0] = MPI.Wtime() - t0
+        b.end_block()
+        row = [0, 0, 0, int(sum(k.size for k in keysets))]
+    slowest = np.zeros(1)
+    b.ctl.Allreduce(el, slowest, op=MPI.MAX)
+    rows = b.ctl.gather((b.is_server, row), root=0)
+    if world.Get_rank() == 0:
+        servers = [r for srv, r in rows if srv]
+        workers = [r for srv, r in rows if not srv]
+        steps = args.steps
+        out = {"workers": W, "servers": S, "steps": steps, "seconds": float(slowest[0]),
+               "step_ms": 1e3 * slowest[0] / steps,
+               "examples_per_second": W * BATCH * steps / slowest[0],
+               "keys_per_worker_step": sum(w[3] for w in workers) / (W * steps),
+               "server_requests_per_step": [s[0] / steps for s in servers],
+               "server_bytes_in_per_step": [s[1] / steps for s in servers],
+               "server_bytes_out_per_step": [s[2] / steps for s in servers]}
+        Path(args.out).write_text(json.dumps(out))
+    b.close()
+    return 0
+
+
+# ------------------------------------------------------------------------- model
+
+def fit_costs(pushpull: dict | None, runs: list) -> dict:
+    """Per-request cost ``a`` (s) and per-key cost ``c`` (s) by least squares.
+
+    From the push/pull benchmark's sparse cases (hpcps time of one request with n keys:
+    ``a + n c``) when available, else from the 1-server layouts of this run (server time per
+    step ``3 W a + W K c``, taking the step time as the server's).
+    """
+    if pushpull:
+        cases = [x for x in pushpull["details"]["cases"] if x["table"] == "sparse"]
+        A = np.array([[1.0, x["n"]] for x in cases])
+        t = np.array([x["hpcps_us"] * 1e-6 for x in cases])
+        src = "push/pull benchmark, sparse pulls and pushes of 1 k ... 1 M keys"
+    else:
+        one = [r for r in runs if r["servers"] == 1]
+        A = np.array([[3.0 * r["workers"], r["workers"] * r["keys_per_worker_step"]] for r in one])
+        t = np.array([r["step_ms"] * 1e-3 for r in one])
+        src = "this run's 1-server layouts"
+    (a, c), *_ = np.linalg.lstsq(A, t, rcond=None)
+    return {"a_us": float(max(a, 0.0)) * 1e6, "c_ns": float(max(c, 0.0)) * 1e9, "source": src}
+
+
+def predict(W, S, K, a_us, c_ns) -> dict:
+    """Step time (ms) bound by the server and by a worker, with dedicated cores."""
+    t_srv = 3 * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
+    t_wrk = 3 * S * a_us * 1e-6 + K * c_ns * 1e-9
+    return {"server_ms": 1e3 * t_srv, "worker_ms": 1e3 * t_wrk, "step_ms": 1e3 * max(t_srv, t_wrk),
+            "bytes_per_server_step": W * K / S * KEY_BYTES * 2 + 3 * W * 64}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40, help="BSP steps per layout")
+    ap.add_argument("--pushpull-json", help="results of bench_pushpull.py --json (for a, c)")
+    ap.add_argument("--npz", help="featurized data (adultdata.save_npz); default: featurize now")
+    ap.add_argument("--mpi-part", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--servers", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    benchlib.add_common_args(ap)
+    args = ap.parse_args(argv)
+    if args.mpi_part:
+        return mpi_part(args)
+    from hpcps import launch
+
+    layouts = QUICK_LAYOUTS if args.quick else LAYOUTS
+    steps = 5 if args.quick else args.steps
+    mpirun = launch.find_mpirun()
+    flavour = launch.mpi_flavour(mpirun)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="hpcps-bench-scaling-") as d:
+        d = Path(d)
+        npz = args.npz
+        if not npz:
+            from adultdata import DEFAULT_JOB, save_npz
+
+            npz = str(d / "adult.npz")
+            save_npz(DEFAULT_JOB, npz, max_rows=3000 if args.quick else 0)
+        for W, S in layouts:
+            out = d / f"{W}-{S}.json"
+            cmd, env = launch.build_launch(W + S, [
+                sys.executable, str(HERE / "bench_scaling.py"), "--mpi-part", "--servers", S,
+                "--steps", steps, "--npz", npz, "--out", out], mpirun=mpirun, flavour=flavour)
+            p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+                raise SystemExit(f"bench_scaling.py: layout {W} workers + {S} servers failed")
+            r = json.loads(out.read_text())
+            runs.append(r)
+            print(f"  {W} worker(s) + {S} server(s): {r['step_ms']:.2f} ms/step", flush=True)
+    pp = None
+    if args.pushpull_json and Path(args.pushpull_json).exists():
+        pp = json.loads(Path(args.pushpull_json).read_text())
+    costs = fit_costs(pp, runs)
+    cores = benchlib.cpu_count()
+    print(f"\nBSP steps of the Adult job's pull/push/clock pattern (batch {BATCH}, 2^20-row float32 "
+          f"table), {cores} cores: layouts with more ranks than cores are OVERSUBSCRIBED")
+    print(f"{'W':>3} {'S':>3} {'ranks':>5} {'ms/step':>8} {'ex/s':>9} {'keys/wkr':>8} "
+          f"{'req/srv':>7} {'KB in/srv':>9} {'KB out/srv':>10} {'model ms':>8}")
+    for r in runs:
+        W, S = r["workers"], r["servers"]
+        m = predict(W, S, r["keys_per_worker_step"], costs["a_us"], costs["c_ns"])
+        r["model"] = m
+        r["oversubscribed"] = W + S > cores
+        print(f"{W:>3} {S:>3} {W + S:>5}{'*' if W + S > cores else ' '} {r['step_ms']:>7.2f} "
+              f"{r['examples_per_second']:>9,.0f} {r['keys_per_worker_step']:>8,.0f} "
+              f"{np.mean(r['server_requests_per_step']):>7.1f} "
+              f"{np.mean(r['server_bytes_in_per_step']) / 1e3:>9.1f} "
+              f"{np.mean(r['server_bytes_out_per_step']) / 1e3:>10.1f} {m['step_ms']:>8.2f}")
+    print(f"(* oversubscribed: more ranks than the {cores} cores)")
+    print(f"cost model: a = {costs['a_us']:.1f} us per request, c = {costs['c_ns']:.1f} ns per key "
+          f"(fitted to the {costs['source']})")
+    K = float(np.mean([r["keys_per_worker_step"] for r in runs]))
+    extrap = []
+    for W, S in ((64, 8), (256, 32), (512, 64), (1024, 128), (1024, 32)):
+        m = predict(W, S, K, costs["a_us"], costs["c_ns"])
+        extrap.append({"workers": W, "servers": S, **m, "examples_per_second": W * BATCH / (m["step_ms"] * 1e-3)})
+        print(f"  extrapolated {W:>5} workers, {S:>4} servers: {m['step_ms']:7.2f} ms/step "
+              f"(server {m['server_ms']:.2f}, worker {m['worker_ms']:.2f}), "
+              f"{m['bytes_per_server_step'] / 1e6:.2f} MB per server per step, "
+              f"{W * BATCH / (m['step_ms'] * 1e-3):,.0f} ex/s")
+    rep = benchlib.Report("scaling")
+    rep.details.update({"runs": runs, "costs": costs, "keys_per_worker_step": K,
+                        "extrapolation": extrap, "cores": cores, "batch": BATCH})
+    one = {r["workers"]: r for r in runs if r["servers"] == 1}
+    wmax = max(one)
+    rep.ratio(f"scaling: examples/s with {wmax} workers / with 1 (1 server, oversubscribed)",
+              one[wmax]["examples_per_second"] / one[1]["examples_per_second"], None, headline=True)
+    fit = [abs(r["model"]["step_ms"] - r["step_ms"]) / r["step_ms"] for r in runs
+           if not r["oversubscribed"]]
+    if fit:
+        rep.ratio("cost model error on layouts that fit the cores (|model - measured| / measured)",
+                  float(np.mean(fit)), None)
+    rep.write(args.json)
+    print(rep.last_line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
