@@ -104,7 +104,7 @@ class Bench:
         self.ctl.Free()
 
 
-def inner_count(nbytes: int, quick: bool, target: float = 24e6, lo: int = 3, hi: int = 300) -> int:
+def inner_count(nbytes: int, quick: bool, target: float = 16e6, lo: int = 3, hi: int = 200) -> int:
     """Operations per timed block: enough to move about ``target`` bytes (at least ``lo``)."""
     if quick:
         return 2

@@ -59,6 +59,32 @@ def launcher_world_size(environ=None) -> int | None:
     return None
 
 
+def launcher_local_size(environ=None) -> int | None:
+    """Ranks the launcher started on this node, from its environment, or ``None`` if unknown.
+
+    Open MPI sets ``OMPI_COMM_WORLD_LOCAL_SIZE``, MPICH/Hydra ``MPI_LOCALNRANKS``, Slurm's
+    ``srun`` ``SLURM_STEP_TASKS_PER_NODE`` (e.g. ``"4"`` or ``"4(x2)"``, inside a step).
+    Local; reads the environment only.
+    """
+    env = os.environ if environ is None else environ
+    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if env.get(var, "").isdigit():
+            return int(env[var])
+    if env.get("SLURM_STEP_ID"):
+        first = env.get("SLURM_STEP_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
+        if first.isdigit():
+            return int(first)
+    return None
+
+
+def cores_dedicated(environ=None, cores=None) -> bool:
+    """True when the launcher put at most one rank per core on this node (so a rank may poll
+    without sleeping); False when it oversubscribed the cores or did not say. Local."""
+    n = launcher_local_size(environ)
+    cores = os.cpu_count() if cores is None else cores
+    return n is not None and cores is not None and n <= cores
+
+
 def check_launch(comm: MPI.Intracomm, environ=None) -> None:
     """Refuse a world of size 1 when the launcher started more processes.
 

@@ -31,8 +31,12 @@ from ..tables import KeyPartition, TableSpec
 #: Idle back-off of the server loop, seconds (doubles from MIN to MAX while no request waits).
 IDLE_SLEEP_MIN = 2e-6
 IDLE_SLEEP_MAX = 2e-4
-#: Seconds the idle loop keeps polling without sleeping after a request.
+#: Seconds the idle loop keeps polling without sleeping after a request, when the node's
+#: cores are oversubscribed (or the launcher did not say) ...
 IDLE_SPIN = 5e-5
+#: ... and when each rank has a core of its own: poll like a blocking MPI receive does (a
+#: sleeping server is woken late, ~60 us at best and milliseconds on a loaded node).
+IDLE_SPIN_DEDICATED = 1.0
 
 
 def rows_of(w: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -98,14 +102,21 @@ class ParameterServer:
         With ``[fault_tolerance] mode = "continue"``: the loop survives the loss of workers
         (:meth:`recover`); asynchronous pushes are then held until the worker's CLOCK of the
         same step arrives, so that a dead worker's last step is applied entirely or not at all.
+    idle_spin : float or None
+        Seconds the loop polls without sleeping after a request (see :meth:`serve`);
+        default from :func:`hpcps.comm.core.cores_dedicated`.
     """
 
     def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0,
-                 windows=None, run_dir=None, restore=None, ft_state=None):
+                 windows=None, run_dir=None, restore=None, ft_state=None, idle_spin=None):
         self.ep = endpoint
         self.ft = ft_state
         self.order_key = list(range(len(worker_ranks)))   # original worker index (sum order)
         self.index = index
+        if idle_spin is None:
+            from ..comm.core import cores_dedicated
+            idle_spin = IDLE_SPIN_DEDICATED if cores_dedicated() else IDLE_SPIN
+        self.idle_spin = float(idle_spin)
         self.worker_of_rank = {r: i for i, r in enumerate(worker_ranks)}
         self.n_workers = len(worker_ranks)
         self.policy = policy
@@ -157,9 +168,12 @@ class ParameterServer:
     def serve(self) -> None:
         """Answer requests until every worker has sent STOP. Not collective.
 
-        When no request waits, the loop keeps polling for ``IDLE_SPIN`` seconds after the
+        When no request waits, the loop keeps polling for ``idle_spin`` seconds after the
         last one (a worker's next request usually follows within microseconds, and the
         shortest ``time.sleep`` lasts ~60 us on Linux), then sleeps with a doubling back-off.
+        ``idle_spin`` defaults to ``IDLE_SPIN_DEDICATED`` (1 s) when the launcher placed at
+        most one rank per core on this node, else ``IDLE_SPIN`` (50 us), so that an
+        oversubscribed server leaves the cores to the workers.
         """
         sleep = IDLE_SLEEP_MIN
         last = time.perf_counter()
@@ -167,7 +181,7 @@ class ParameterServer:
             try:
                 msg = self.ep.poll()
                 if msg is None:
-                    if time.perf_counter() - last < IDLE_SPIN:
+                    if time.perf_counter() - last < self.idle_spin:
                         continue
                     time.sleep(sleep)
                     sleep = min(sleep * 2, IDLE_SLEEP_MAX)

@@ -143,3 +143,39 @@ def test_servers_start_tables_from_the_per_key_initial_rows():
             np.testing.assert_array_equal(got[s.name], s.initial_rows(np.arange(s.num_keys), 0))
             assert np.abs(got[s.name]).max() > 0
         assert not got["bias"].any()
+
+
+def test_block_pulls_into_a_buffer_and_grouped_or_scattered_keys_agree():
+    """A dense block (served from a view of the shard), the same rows pulled into a caller's
+    buffer, and keys in and out of server order: all the same rows; a bad buffer is refused."""
+    comm = MPI.COMM_WORLD
+    dense = TableSpec("d", 64, 3, "float64", sparse=False)
+    sparse = TableSpec("s", 1000, 2, "float64", sparse=True)
+    tables = [(dense, Optimizer("sgd", 1.0)), (sparse, Optimizer("sgd", 1.0))]
+
+    def work(client, roles):
+        k = np.arange(64, dtype=np.int64)
+        client.push("d", k, np.tile(k[:, None], (1, 3)).astype(np.float64))
+        ks = np.arange(0, 1000, 7, dtype=np.int64)
+        client.push("s", ks, np.tile(ks[:, None], (1, 2)).astype(np.float64))
+        client.clock(1)
+        block = client.pull("d", np.arange(10, 50))                 # consecutive rows
+        buf = np.full((40, 3), np.nan)
+        same = client.pull("d", np.arange(10, 50), out=buf)
+        scattered = client.pull("s", ks[::-1])                      # not in server order
+        in_order = client.pull("s", np.sort(ks))
+        with pytest.raises(ValueError, match="out must be"):
+            client.pull("d", np.arange(4), out=np.zeros((4, 3), dtype=np.float32))
+        return block, same, buf, scattered, in_order
+
+    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    if roles.role == core.WORKER:
+        block, same, buf, scattered, in_order = got
+        nw = roles.n_workers
+        want = -np.tile(np.arange(10, 50, dtype=np.float64)[:, None], (1, 3))   # mean over workers
+        np.testing.assert_allclose(block, want)
+        assert same is buf and np.array_equal(buf, block)
+        ks = np.arange(0, 1000, 7)
+        np.testing.assert_allclose(in_order, -np.tile(ks[:, None], (1, 2)).astype(np.float64))
+        np.testing.assert_array_equal(scattered, in_order[::-1])
+        assert nw >= 2

@@ -64,3 +64,16 @@ def test_run_options_after_the_job_go_to_train_and_mpirun_args_after_dashes(caps
     train = cmd.index("train")
     assert cmd[train + 1:] == [str(QUICKSTART), "--resume", "never"]
     assert cmd.index("--host") < cmd.index("-m") and cmd[cmd.index("--host") + 1] == "a,b"
+
+
+def test_local_rank_count_from_each_launcher_and_dedicated_cores():
+    from hpcps.comm.core import cores_dedicated, launcher_local_size
+
+    assert launcher_local_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}) == 3
+    assert launcher_local_size({"MPI_LOCALNRANKS": "5"}) == 5
+    assert launcher_local_size({"SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}) == 4
+    assert launcher_local_size({"SLURM_STEP_TASKS_PER_NODE": "4"}) is None   # not inside a step
+    assert launcher_local_size({}) is None
+    assert cores_dedicated({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, cores=2)
+    assert not cores_dedicated({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, cores=2)
+    assert not cores_dedicated({}, cores=64)            # unknown: behave as oversubscribed
