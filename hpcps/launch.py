@@ -77,14 +77,16 @@ def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), core
         Variables to add to the environment (run-as-root ones only when root).
     """
     return build_launch(n, [python or sys.executable, "-m", "hpcps", "train", str(job)],
-                        mpirun=mpirun, flavour=flavour, cores=cores, is_root=is_root, extra=extra)
+                        mpirun=mpirun, flavour=flavour, cores=cores, is_root=is_root, extra=extra,
+                        ulfm=ulfm)
 
 
 def build_launch(n: int, program, *, mpirun: str, flavour=("unknown", 0), cores=None,
-                 is_root=None, extra=()) -> tuple[list[str], dict]:
+                 is_root=None, extra=(), ulfm=False) -> tuple[list[str], dict]:
     """The mpirun command line and extra environment for ``n`` ranks running ``program``
     (a list: executable and arguments), with what this machine needs (see the module
-    docstring). Used by :func:`build_command` and by ``hpcps bench`` for its MPI scripts.
+    docstring; ``ulfm`` as in :func:`build_command`). Used by :func:`build_command` and by
+    ``hpcps bench`` for its MPI scripts.
 
     Returns
     -------
