@@ -224,7 +224,7 @@ def main(argv=None) -> int:
            if not r["oversubscribed"]]
     if fit:
         rep.ratio("cost model error on layouts that fit the cores (|model - measured| / measured)",
-                  float(np.mean(fit)), None)
+                  float(np.mean(fit)), None, unit="")
     rep.write(args.json)
     print(rep.last_line())
     return 0

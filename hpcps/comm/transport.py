@@ -132,6 +132,7 @@ class ServerEndpoint:
         self.stats = TrafficStats()
         self._status = MPI.Status()
         self._header = np.empty(HEADER_LEN, dtype=np.int64)
+        self._scratch = np.empty(0, dtype=np.int64)      # reused by recv_keys(scratch=True)
 
     def poll(self):
         """Return ``(source_rank, header_copy)`` of the next request, or ``None`` if none waits."""
@@ -143,9 +144,20 @@ class ServerEndpoint:
         self.stats.add(int(h[H_OP]), messages=1, inn=h.nbytes, keys=int(h[H_NKEYS]))
         return src, h
 
-    def recv_keys(self, source: int, n: int, op: int) -> np.ndarray:
-        """Receive the int64 keys of the request just polled from ``source``."""
-        keys = np.empty(n, dtype=np.int64)
+    def recv_keys(self, source: int, n: int, op: int, scratch: bool = False) -> np.ndarray:
+        """Receive the int64 keys of the request just polled from ``source``.
+
+        With ``scratch`` the keys land in a buffer this endpoint reuses (grown as needed), so
+        a large request does not pay first-touch page faults on a new array; the result is
+        then valid only until the next ``recv_keys(..., scratch=True)`` — the caller must not
+        keep it (the server turns keys into local rows at once).
+        """
+        if scratch:
+            if self._scratch.size < n:
+                self._scratch = np.empty(max(n, 2 * self._scratch.size), dtype=np.int64)
+            keys = self._scratch[:n]
+        else:
+            keys = np.empty(n, dtype=np.int64)
         recv_array(self.comm, keys, source, TAG_KEYS, self.max_bytes)
         self.stats.add(op, inn=keys.nbytes)
         return keys

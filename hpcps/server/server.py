@@ -203,7 +203,7 @@ class ParameterServer:
         op = int(h[tp.H_OP])
         if op == tp.PULL:
             shard = self._shard(h)
-            keys = self.ep.recv_keys(source, int(h[tp.H_NKEYS]), op)
+            keys = self.ep.recv_keys(source, int(h[tp.H_NKEYS]), op, scratch=True)   # not kept
             rows = shard.part.local_rows(keys, self.index)
             if self._pull_ready(h):
                 self.ep.reply(source, rows_of(shard.w, rows), op, shard.hdr)
@@ -212,7 +212,7 @@ class ParameterServer:
         elif op == tp.PUSH:
             shard = self._shard(h)
             n = int(h[tp.H_NKEYS])
-            keys = self.ep.recv_keys(source, n, op)
+            keys = self.ep.recv_keys(source, n, op, scratch=True)     # not kept: rows are
             grads = self.ep.recv_values(source, (n, shard.spec.dim), shard.spec.dtype, op)
             rows = shard.part.local_rows(keys, self.index)
             c = int(h[tp.H_CLOCK])
