@@ -3,7 +3,7 @@ server (``bench_torch_ps.py``) and vs the AllReduce baseline, with the same rank
 
 Run it with plain ``python`` (it launches what it needs)::
 
-    python bench/bench_e2e.py                 # 3 workers + 1 server, 3 epochs
+    python bench/bench_e2e.py                 # 3 workers + 1 server, 2 epochs
 
 * **hpcps**: one ``mpirun`` of ``workers + 1`` ranks runs this script's MPI part, which trains
   the job under each variant in turn (``hpcps.job.run_job``, the code ``hpcps train`` runs),
@@ -42,7 +42,7 @@ import benchlib
 
 benchlib.ensure_importable()
 
-TARGET_LOGLOSS = 0.34      # reached by every system within 2 epochs here (see docs/benchmarks)
+TARGET_LOGLOSS = 0.34      # reached by every system within 2 epochs here (README "Benchmarks")
 HERE = Path(__file__).resolve().parent
 
 
@@ -185,7 +185,7 @@ def summarize(runs, target):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2, help="hpcps repetitions per variant")
     ap.add_argument("--torch-reps", type=int, default=1)
     ap.add_argument("--target", type=float, default=TARGET_LOGLOSS, help="test log-loss to reach")

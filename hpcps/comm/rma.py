@@ -178,7 +178,7 @@ class ShardWindow:
             dim = rows_out.shape[1] if rows_out.ndim > 1 else 1
             offs = np.ascontiguousarray(row_offsets, dtype=np.int64)
             for s in chunk_slices(offs.size, rows_out.itemsize * dim, max_bytes):
-                t = base.Create_hindexed_block(dim, offs[s].tolist()).Commit()
+                t = target_rows_type(base, offs[s], dim, rows_out.itemsize).Commit()
                 ttypes.append((t, rows_out[s]))
         hdr_t = MPI.INT64_T
         t_start = time.perf_counter()
@@ -226,6 +226,27 @@ class ShardWindow:
     @property
     def freed(self) -> bool:
         return self._win is None
+
+
+def target_rows_type(base: MPI.Datatype, offsets: np.ndarray, dim: int, itemsize: int):
+    """The target datatype of a read of rows at byte ``offsets`` (``dim`` elements of
+    ``base`` each, ``itemsize`` bytes per element), in the order given. Local; not committed.
+
+    Rows that follow each other in the window (a block of consecutive keys of a dense table)
+    are merged into one block: ``MPI_Type_create_hindexed`` with one block per run, instead of
+    one block per row (``hindexed_block``), which Open MPI's one-sided engine walks block by
+    block (a 64 MiB dense pull read at half the speed of one contiguous ``Get``).
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    row = dim * itemsize
+    if offsets.size < 2:
+        return base.Create_hindexed_block(dim, offsets.tolist())
+    starts = np.flatnonzero(np.diff(offsets) != row) + 1
+    if starts.size + 1 == offsets.size:            # no two rows adjacent: one block per row
+        return base.Create_hindexed_block(dim, offsets.tolist())
+    bounds = np.concatenate([[0], starts, [offsets.size]])
+    lengths = (np.diff(bounds) * dim).tolist()
+    return base.Create_hindexed(lengths, offsets[bounds[:-1]].tolist())
 
 
 def allocate_windows(comm: MPI.Intracomm, sizes) -> list:

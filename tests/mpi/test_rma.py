@@ -93,6 +93,11 @@ def test_rma_pull_equals_p2p_pull(dtype, policy):
             b, vb = pull(client, "d", np.arange(20, 30), True, rma=True)
             np.testing.assert_array_equal(va, vb)
             np.testing.assert_array_equal(a, b)
+            # runs of adjacent rows are read as one block each: whole table, reversed, repeats
+            for k in (np.arange(50), np.arange(49, -1, -1), np.array([3, 4, 5, 5, 6, 30, 31, 2])):
+                a2, _ = pull(client, "d", k, True, rma=False)
+                b2, _ = pull(client, "d", k, True, rma=True)
+                np.testing.assert_array_equal(a2, b2)
             seen.append(float(np.abs(b).sum()))
         assert compared[0] >= 4 * 4
         return seen
