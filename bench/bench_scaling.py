@@ -21,8 +21,8 @@ measured per-message and per-byte costs into a prediction for many nodes.
 The model: one BSP step costs each server ``W x 3`` requests (pull, push, clock) plus
 ``W x K / S`` keys each way (K distinct keys per worker batch, 12 B per key: 8 B key + 4 B
 value), so ``T_server = 3 W a + (W K / S) c``; a worker sends ``3 S`` requests of
-``K / S`` keys, ``T_worker = 3 S a + K c``; a step takes about ``max(T_server, T_worker)``
-with dedicated cores. ``a`` (seconds per request) and ``c`` (seconds per key) are fitted to
+``K / S`` keys, ``T_worker = 3 S a + K c``; a BSP step takes about ``T_server + T_worker``
+with dedicated cores (the worker's next pull waits for the server's last answer). ``a`` (seconds per request) and ``c`` (seconds per key) are fitted to
 the push/pull benchmark's sparse cases when ``--pushpull-json`` is given, else to this run.
 """
 
@@ -113,7 +113,8 @@ def mpi_part(args) -> int:
 # ------------------------------------------------------------------------- model
 
 def fit_costs(pushpull: dict | None, runs: list) -> dict:
-    """Per-request cost ``a`` (s) and per-key cost ``c`` (s) by least squares.
+    """Per-request cost ``a`` (s) and per-key cost ``c`` (s) by least squares on the relative
+    error.
 
     From the push/pull benchmark's sparse cases (hpcps time of one request with n keys:
     ``a + n c``; the fastest repetition of each, i.e. the cost when no other process took the
@@ -131,15 +132,19 @@ def fit_costs(pushpull: dict | None, runs: list) -> dict:
         A = np.array([[3.0 * r["workers"], r["workers"] * r["keys_per_worker_step"]] for r in one])
         t = np.array([r["step_ms"] * 1e-3 for r in one])
         src = "this run's 1-server layouts"
-    (a, c), *_ = np.linalg.lstsq(A, t, rcond=None)
+    # relative error (rows scaled by 1/t): the 1 M-key cases must not drown the small ones,
+    # which are what determines the per-request cost
+    (a, c), *_ = np.linalg.lstsq(A / t[:, None], np.ones_like(t), rcond=None)
     return {"a_us": float(max(a, 0.0)) * 1e6, "c_ns": float(max(c, 0.0)) * 1e9, "source": src}
 
 
 def predict(W, S, K, a_us, c_ns) -> dict:
-    """Step time (ms) bound by the server and by a worker, with dedicated cores."""
+    """Step time (ms) with dedicated cores: a server's share (its 3 W requests and W K / S
+    keys, one after the other) plus a worker's own (3 S requests sent together, K keys);
+    BSP serialises them: a worker's next pull waits for the server's last answer."""
     t_srv = 3 * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
     t_wrk = 3 * S * a_us * 1e-6 + K * c_ns * 1e-9
-    return {"server_ms": 1e3 * t_srv, "worker_ms": 1e3 * t_wrk, "step_ms": 1e3 * max(t_srv, t_wrk),
+    return {"server_ms": 1e3 * t_srv, "worker_ms": 1e3 * t_wrk, "step_ms": 1e3 * (t_srv + t_wrk),
             "bytes_per_server_step": W * K / S * KEY_BYTES * 2 + 3 * W * 64}
 
 
