@@ -76,7 +76,7 @@ CLUSTER_MODES = ("ps", "allreduce", "sandblaster")
 #: Supported ``model.dtype`` values.
 DTYPES = ("float32", "float64")
 #: Supported ``optimizer.name`` values.
-OPTIMIZERS = ("sgd", "adagrad")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 #: Supported ``consistency.model`` values.
 CONSISTENCY_MODELS = ("bsp", "ssp", "async")
 #: Supported ``consistency.pull`` values.
@@ -248,19 +248,32 @@ class OptimizerConfig:
     Attributes
     ----------
     name : str
-        ``"sgd"`` or ``"adagrad"``.
+        ``"sgd"``, ``"adagrad"``, ``"adam"`` or ``"ftrl"``.
     learning_rate : float
-        Step size (> 0).
+        Step size (> 0); FTRL's alpha.
     initial_accumulator : float
-        AdaGrad initial squared-gradient accumulator (>= 0).
+        AdaGrad initial squared-gradient accumulator (>= 0). AdaGrad only.
     eps : float
-        AdaGrad denominator epsilon (>= 0).
+        AdaGrad's and Adam's denominator epsilon (> 0). AdaGrad and Adam only.
+    beta1, beta2 : float
+        Adam's moment decay rates, in [0, 1). Adam only.
+    beta : float
+        FTRL's learning-rate offset (>= 0). FTRL only.
+    l1, l2 : float
+        FTRL's L1 and L2 strengths (>= 0), applied in its closed form to the sum of the
+        steps' losses (McMahan et al. 2013, Algorithm 1); ``l1`` gives exact zeros. FTRL
+        only; ``[model] l2`` is the model's penalty, added to the gradient by every rule.
     """
 
     name: str = "adagrad"
     learning_rate: float = 0.1
     initial_accumulator: float = 0.1
     eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+    beta: float = 1.0
+    l1: float = 0.0
+    l2: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -535,7 +548,12 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "name": _Rule(str, "adagrad", choices=OPTIMIZERS),
         "learning_rate": _Rule(float, 0.1, lo=0.0, lo_open=True),
         "initial_accumulator": _Rule(float, 0.1, lo=0.0),
-        "eps": _Rule(float, 1e-8, lo=0.0),
+        "eps": _Rule(float, 1e-8, lo=0.0, lo_open=True),
+        "beta1": _Rule(float, 0.9, lo=0.0, hi=1.0, hi_open=True),
+        "beta2": _Rule(float, 0.999, lo=0.0, hi=1.0, hi_open=True),
+        "beta": _Rule(float, 1.0, lo=0.0),
+        "l1": _Rule(float, 0.0, lo=0.0),
+        "l2": _Rule(float, 0.0, lo=0.0),
     },
     "train": {
         "epochs": _Rule(int, 5, lo=1),
@@ -806,6 +824,30 @@ def _consistency(ck: _Checker, doc: dict) -> ConsistencyConfig:
     return ConsistencyConfig(**vals)
 
 
+# [optimizer] keys that only apply to some rules; setting them for another is an error.
+_RULE_ONLY = {
+    "initial_accumulator": ("adagrad",),
+    "eps": ("adagrad", "adam"),
+    "beta1": ("adam",),
+    "beta2": ("adam",),
+    "beta": ("ftrl",),
+    "l1": ("ftrl",),
+    "l2": ("ftrl",),
+}
+
+
+def _optimizer(ck: _Checker, doc: dict) -> OptimizerConfig:
+    table = _section(ck, doc, "optimizer")
+    vals = _simple(ck, doc, "optimizer")
+    for k, rules in _RULE_ONLY.items():
+        if k in table and vals["name"] not in rules:
+            which = " or ".join(repr(r) for r in rules)
+            hint = " (the model's L2 penalty is [model] l2)" if k == "l2" else ""
+            raise ck.error(f"optimizer.{k}", f"only used with name = {which}, not "
+                                             f"{vals['name']!r}; remove it{hint}")
+    return OptimizerConfig(**vals)
+
+
 _MODEL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -860,7 +902,7 @@ def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     cluster = ClusterConfig(**_simple(ck, doc, "cluster"))
     data = _data(ck, doc)
     model = _model(ck, doc)
-    optimizer = OptimizerConfig(**_simple(ck, doc, "optimizer"))
+    optimizer = _optimizer(ck, doc)
     train = TrainConfig(**_simple(ck, doc, "train"))
     consistency = _consistency(ck, doc)
     comm = CommConfig(**_simple(ck, doc, "comm"))

@@ -96,12 +96,12 @@ def server_bytes(tables, n_servers: int) -> tuple[int, list[str]]:
     total, parts = 0, []
     for spec, opt in tables:
         rows = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).range_size
-        copies = 1 + len(opt.slot_names)
         item = np.dtype(spec.dtype).itemsize
-        b = rows * spec.dim * item * copies
+        state = opt.slot_bytes_per_row(spec.dim, spec.dtype)
+        b = rows * (spec.dim * item + state)
         total += b
-        parts.append(f"{spec.name}: {rows:,} rows x {spec.dim} x {item} B x {copies} "
-                     f"(weights{' + ' + ', '.join(opt.slot_names) if opt.slot_names else ''}) "
+        slots = f" + {state} B {', '.join(opt.slot_names)}" if opt.slot_names else ""
+        parts.append(f"{spec.name}: {rows:,} rows x ({spec.dim} x {item} B weights{slots}) "
                      f"= {b / 2**30:,.2f} GiB")
     return total, parts
 
@@ -196,7 +196,8 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     specs = [t[0] for t in tables]
     restore = find_restore(cfg, world, resume, out)
     if restore is not None:
-        ckpt.check_compatible(restore[0], restore[1], specs)   # every rank, before any traffic
+        ckpt.check_compatible(restore[0], restore[1], specs,  # every rank, before any traffic
+                              slots={spec.name: opt.slot_names for spec, opt in tables})
     check_memory(cfg, tables, world)
     roles = core.split_roles(world, cfg.cluster.servers)
     ft_state = _fault_tolerance(cfg, roles, world, out)
@@ -246,7 +247,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
                               roles.is_chief, on_epoch=on_epoch, out=out, policy=policy,
                               step_hook=step_hook, stop=stop, model=model, ft_state=ft_state)
             checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
-                                        roles.n_workers, [t[1].slot_names for t in tables], out,
+                                        roles.n_workers, [o.slot_specs(t.dim, t.dtype) for t, o in tables], out,
                                         async_cut=not policy.aggregate, flush=trainer.steps.flush)
             result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer)
             if ft_state is not None:

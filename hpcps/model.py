@@ -18,17 +18,18 @@ WEIGHTS, BIAS = "weights", "bias"
 
 
 def logistic_tables(cfg) -> list:
-    """``[(TableSpec, Optimizer)]`` of the logistic model of job ``cfg``, in table-id order."""
+    """``[(TableSpec, Optimizer)]`` of the logistic model of job ``cfg``, in table-id order.
+
+    The weights get ``[model] l2`` (and, with FTRL, its ``l1``/``l2``); the bias gets no
+    regularisation, so FTRL's L1 never zeroes the intercept.
+    """
     o = cfg.optimizer
     dtype = cfg.model.dtype
-
-    def opt(l2):
-        return Optimizer(o.name, o.learning_rate, l2=l2,
-                         initial_accumulator=o.initial_accumulator, eps=o.eps)
-
     return [
-        (TableSpec(WEIGHTS, cfg.data.num_features, 1, dtype, sparse=True), opt(cfg.model.l2)),
-        (TableSpec(BIAS, 1, 1, dtype, sparse=False), opt(0.0)),
+        (TableSpec(WEIGHTS, cfg.data.num_features, 1, dtype, sparse=True),
+         Optimizer.from_config(o, l2=cfg.model.l2)),
+        (TableSpec(BIAS, 1, 1, dtype, sparse=False),
+         Optimizer.from_config(o, l2=0.0, regularize=False)),
     ]
 
 

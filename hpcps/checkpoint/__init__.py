@@ -16,7 +16,9 @@ One directory per checkpoint, named by the step (worker clock) it was taken at::
     * ``rows``  (hi - lo, dim), the table dtype: the server's rows, in *permuted* key order
       (row i holds permuted position lo + i, see :mod:`hpcps.tables`);
     * ``keys``  (hi - lo,) int64: the original key of each row;
-    * ``slots/<slot>`` like ``rows``: optimizer state (``accumulator`` for AdaGrad);
+    * ``slots/<slot>`` (hi - lo, ...): optimizer state, one entry per row in the order of
+      ``rows`` — ``accumulator`` (AdaGrad), ``m``, ``v`` and ``step`` (Adam; ``step`` is
+      (hi - lo,) int64), ``z`` and ``n`` (FTRL); the others are shaped like ``rows``;
     * attrs ``lo``, ``hi``, ``num_keys``, ``dim``, ``dtype``, ``multiplier``, ``sparse``,
       ``optimizer``.
 
@@ -41,7 +43,7 @@ One directory per checkpoint, named by the step (worker clock) it was taken at::
     * ``tables/<name>`` and ``tables/<name>_keys``: HDF5 *virtual datasets* stitching the
       shards, so ``h5py.File(manifest)["tables/weights"]`` reads the whole table
       ``(num_keys, dim)`` in permuted order and ``["tables/weights_keys"]`` the key of each
-      of its rows; ``slots/<name>/<slot>`` likewise.
+      of its rows; ``slots/<name>/<slot>`` likewise (each slot with its own shape and dtype).
 
 Atomic commit
 -------------
@@ -84,17 +86,20 @@ class ResumeError(CheckpointError):
     rank before any parameter-server traffic."""
 
 
-def check_compatible(directory, manifest: dict, tables) -> None:
+def check_compatible(directory, manifest: dict, tables, slots=None) -> None:
     """Refuse to resume a job whose tables differ from the checkpoint's. Local.
 
     Parameters
     ----------
     tables : sequence of hpcps.tables.TableSpec
+    slots : dict of table name -> sequence of str, optional
+        The optimizer slots this job needs per table (:attr:`hpcps.optim.Optimizer.slot_names`);
+        each must be in the checkpoint.
 
     Raises
     ------
     ResumeError
-        Naming the table and both shapes (or dtypes).
+        Naming the table and both shapes (or dtypes), or the missing optimizer slots.
     """
     have = manifest["partition"]
     for spec in tables:
@@ -109,6 +114,13 @@ def check_compatible(directory, manifest: dict, tables) -> None:
         if p["dtype"] != spec.dtype:
             raise ResumeError(f"{directory}: table {spec.name!r} is {p['dtype']} in the checkpoint "
                               f"but {spec.dtype} in this job")
+        need = list((slots or {}).get(spec.name, ()))
+        missing = [s for s in need if s not in p.get("slots", [])]
+        if missing:
+            raise ResumeError(f"{directory}: table {spec.name!r} has optimizer slots "
+                              f"{p.get('slots', [])} in the checkpoint but this job's optimizer "
+                              f"needs {need}; was another optimizer used? (--resume never "
+                              "trains afresh)")
 
 
 # ---------------------------------------------------------------------------- paths
@@ -301,8 +313,9 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
     server, n_servers, clock : int
     tables : list of dict
         Per table: ``name``, ``rows`` (n, dim) ndarray, ``keys`` (n,) int64, ``slots``
-        (dict of name -> ndarray like rows), ``lo``, ``hi``, ``num_keys``, ``multiplier``,
-        ``sparse``, ``optimizer``.
+        (dict of name -> ndarray with n rows: (n, dim) or (n,), any numeric dtype; views
+        such as the fields of a record array are fine), ``lo``, ``hi``, ``num_keys``,
+        ``multiplier``, ``sparse``, ``optimizer``.
 
     Returns
     -------
@@ -355,7 +368,10 @@ def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch:
     ----------
     shards : list of (nbytes, sha256) in server order, as returned by :func:`write_shard`.
     partitions : dict of table name -> dict(num_keys, dim, dtype, multiplier, range_size,
-        sparse, ranges=(n_servers, 2) int64, slots=[slot names])
+        sparse, ranges=(n_servers, 2) int64, slots)
+        ``slots``: the optimizer slots, either a list of names (each shaped like the rows)
+        or a dict ``{name: (shape after the row axis, dtype name)}``
+        (:meth:`hpcps.optim.Optimizer.slot_specs`).
     history : list of dict
         Per-epoch metrics so far (stored as JSON text).
     extra : dict of str -> str or int, optional
@@ -403,13 +419,24 @@ def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch:
             _virtual(f, f"tables/{name}_keys", "keys", name, p, n_servers, (), "int64")
             f[f"tables/{name}"].attrs["meaning"] = (
                 f"rows of table {name!r} in permuted key order; key of row i: tables/{name}_keys[i]")
-            for slot in p.get("slots", []):
+            for slot, (tail, dt) in slot_specs(p).items():
                 _virtual(f, f"slots/{name}/{slot}", f"slots/{slot}", name, p, n_servers,
-                         (p["dim"],), p["dtype"])
+                         tail, dt)
 
     final = directory / MANIFEST
     _atomic_h5(final, fill)
     return final
+
+
+def slot_specs(p: dict) -> dict:
+    """``{slot: (shape after the row axis, dtype name)}`` of a partition dict: its
+    ``slot_specs``, else its ``slots`` (a dict of specs, or names shaped like the rows)."""
+    if p.get("slot_specs"):
+        return {k: (tuple(t), str(d)) for k, (t, d) in p["slot_specs"].items()}
+    slots = p.get("slots") or []
+    if isinstance(slots, dict):
+        return {k: (tuple(t), str(d)) for k, (t, d) in slots.items()}
+    return {k: ((int(p["dim"]),), str(p["dtype"])) for k in slots}
 
 
 def _virtual(f, target, dataset, table, p, n_servers, tail, dtype):
@@ -445,7 +472,10 @@ def read_manifest(directory) -> dict:
             for name, g in f["partition"].items():
                 d = {k: attr_value(v) for k, v in g.attrs.items()}
                 d["ranges"] = g["ranges"][()]
-                d["slots"] = sorted(f["slots"][name].keys()) if "slots" in f and name in f["slots"] else []
+                g_slots = f["slots"][name] if "slots" in f and name in f["slots"] else {}
+                d["slots"] = sorted(g_slots.keys())
+                d["slot_specs"] = {k: (tuple(g_slots[k].shape[1:]), g_slots[k].dtype.name)
+                                   for k in d["slots"]}
                 m["partition"][name] = d
     except (OSError, KeyError, ValueError) as e:
         raise CheckpointError(f"{path}: unreadable manifest ({e})") from e
@@ -541,7 +571,8 @@ def read_range(directory, manifest: dict, table: str, lo: int, hi: int, *, num_k
     Returns
     -------
     rows : ndarray (hi - lo, dim)
-    slot_rows : dict slot name -> ndarray (hi - lo, dim)
+    slot_rows : dict slot name -> ndarray (hi - lo, ...)
+        Each slot with the shape and dtype it has in the checkpoint.
 
     Raises
     ------
@@ -565,11 +596,12 @@ def read_range(directory, manifest: dict, table: str, lo: int, hi: int, *, num_k
         raise CheckpointError(f"{directory}: table {table!r} key permutation differs "
                               f"({part['multiplier']} vs {multiplier})")
     rows = np.empty((hi - lo, dim), dtype=dtype)
-    slot_rows = {s: np.empty((hi - lo, dim), dtype=dtype) for s in slots}
     missing = [s for s in slots if s not in part["slots"]]
     if missing:
         raise CheckpointError(f"{directory}: table {table!r} has no optimizer slot(s) {missing} "
                               f"(checkpoint has {part['slots']}); was another optimizer used?")
+    specs = slot_specs(part)
+    slot_rows = {s: np.empty((hi - lo, *specs[s][0]), dtype=specs[s][1]) for s in slots}
     for s, (a, b) in enumerate(np.asarray(part["ranges"])):
         x, y = max(lo, int(a)), min(hi, int(b))
         if x >= y:

@@ -7,28 +7,44 @@ then run without the GIL over typed memoryviews, specialised for float32 and flo
 (Cython's fused type ``floating``). Hyper-parameters are cast to the table's dtype, so a
 float32 table is updated in float32 arithmetic, like numpy does for ``w -= lr * g``.
 
-Update rules (per element, ``g`` the scaled, L2-regularised gradient of one row)::
+Update rules (per element, ``g = scale * grad + l2 * w`` the scaled, L2-regularised
+gradient of one row)::
 
-    sgd      g = scale * grad + l2 * w;  w -= lr * g
-    adagrad  g = scale * grad + l2 * w;  acc += g * g;  w -= lr * g / (sqrt(acc) + eps)
+    sgd      w -= lr * g
+    adagrad  acc += g * g;  w -= lr * g / (sqrt(acc) + eps)
+    adam     t += 1 (per row);  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g * g;
+             w -= lr * (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + eps)
+    ftrl     sigma = (sqrt(n + g * g) - sqrt(n)) / alpha;  z += g - sigma * w;  n += g * g;
+             w = 0 if |z| <= l1 else -(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2')
 
 SGD: Robbins & Monro, "A stochastic approximation method", Ann. Math. Statist. 1951;
 AdaGrad: Duchi, Hazan & Singer, "Adaptive subgradient methods for online learning and
 stochastic optimization", JMLR 12, 2011 (diagonal version, §1.1); used by Downpour
-SGD, Dean et al., "Large scale distributed deep networks", NIPS 2012, §4.1.
+SGD, Dean et al., "Large scale distributed deep networks", NIPS 2012, §4.1;
+Adam: Kingma & Ba, "Adam: a method for stochastic optimization", ICLR 2015, Algorithm 1
+(lazy: touched rows only, bias correction by the row's own update count);
+FTRL-Proximal: McMahan et al., "Ad click prediction: a view from the trenches", KDD 2013,
+Algorithm 1 (per coordinate, L1 ``l1`` giving exact zeros and L2 ``l2'``).
+
+State layout: AdaGrad's accumulator is an array shaped like the table. Adam and FTRL keep
+a row's whole state in one packed record (:func:`state_dtype`: ``m, v, step`` or ``z, n``),
+so updating a random row of a large table touches two cache lines (its weights and its
+record) instead of one per slot; the weights stay a separate (R, dim) array because
+workers read them (pulls, RMA windows).
 
 The sparse rules assume unique rows: a row that appeared twice would receive the L2 term
-twice and, for AdaGrad, two accumulator updates instead of one for the summed gradient.
-:func:`apply_sparse` therefore sums duplicate keys with :func:`merge_duplicates` first —
-unlike ``w[idx] -= g``, which silently applies only one of several duplicates.
+twice and, for the adaptive rules, two state updates instead of one for the summed
+gradient. :func:`apply_sparse` therefore sums duplicate keys with :func:`merge_duplicates`
+first — unlike ``w[idx] -= g``, which silently applies only one of several duplicates.
 """
 
 import math
+import operator
 
 import numpy as np
 
 from cython cimport floating
-from libc.math cimport sqrt
+from libc.math cimport copysign, copysignf, fabs, fabsf, pow, sqrt
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
 cdef extern from *:
@@ -50,13 +66,19 @@ __all__ = [
     "merge_duplicates",
     "sparse_sgd",
     "sparse_adagrad",
+    "sparse_adam",
+    "sparse_ftrl",
     "dense_sgd",
     "dense_adagrad",
+    "dense_adam",
+    "dense_ftrl",
     "apply_sparse",
+    "state_dtype",
+    "new_state",
 ]
 
 #: Names accepted by :func:`apply_sparse`.
-OPTIMIZERS = ("sgd", "adagrad")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 
 # merge_duplicates: use the counting path (an int64 array over the key span) when the span
 # is at most _DENSE_SPAN_FACTOR * n + _DENSE_SPAN_SLACK keys; otherwise sort.
@@ -154,15 +176,6 @@ def _check_sparse_args(w, rows, grads):
     if grads.shape[1] != w.shape[1]:
         raise ValueError(f"grads has {grads.shape[1]} columns but w has dim {w.shape[1]}")
     return w, rows, grads
-
-
-def _check_acc(acc, w, name="acc"):
-    acc = _inplace_array(acc, name, w.ndim)
-    if acc.dtype != w.dtype:
-        raise TypeError(f"{name} has dtype {acc.dtype} but w has dtype {w.dtype}")
-    if acc.shape != w.shape:
-        raise ValueError(f"{name} has shape {acc.shape} but w has shape {w.shape}")
-    return acc
 
 
 # --------------------------------------------------------------------------------------
@@ -347,8 +360,40 @@ def merge_duplicates(keys, values):
 
 
 # --------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Update rules
 # --------------------------------------------------------------------------------------
+
+# Rule codes of the generic row loops.
+cdef enum:
+    _R_SGD = 0
+    _R_ADAGRAD = 1
+    _R_ADAM = 2
+    _R_FTRL = 3
+
+_RULE_CODES = {"sgd": _R_SGD, "adagrad": _R_ADAGRAD, "adam": _R_ADAM, "ftrl": _R_FTRL}
+
+# How many rows ahead the row loops prefetch a row's weights and state.
+cdef enum:
+    _ROW_PREFETCH = 8
+
+
+ctypedef struct _Hyper:
+    int rule
+    double lr           # sgd/adagrad/adam: learning rate; ftrl: alpha
+    double l2           # lazy L2 ("magnitude") term added to the gradient, every rule
+    double scale        # multiplies the (summed) gradient
+    double eps          # adagrad, adam: denominator guard
+    double beta1        # adam: decay of the first moment
+    double beta2        # adam: decay of the second moment
+    int64_t sat1        # adam: 1 - beta1**t == 1.0 (double) for every t >= sat1
+    int64_t sat2        # adam: likewise for beta2
+    const double* bc_table  # adam: (1 - beta1**t, 1 - beta2**t) for t = 1 .. bc_len
+    int64_t bc_len
+    double beta         # ftrl: beta of the per-coordinate learning rate
+    double lambda1      # ftrl: L1 strength (closed form, exact zeros)
+    double lambda2      # ftrl: L2 strength (closed form)
+
 
 cdef inline void _sgd_row(floating* w, const floating* grad, Py_ssize_t dim, floating lr,
                           floating l2, floating scale) noexcept nogil:
@@ -373,22 +418,143 @@ cdef inline void _adagrad_row(floating* w, floating* acc, const floating* grad, 
         w[j] = w[j] - lr * g / (<floating>sqrt(a) + eps)
 
 
-cdef _rows_step(floating[:, ::1] w, floating[:, ::1] acc, bint adagrad,
-                const int64_t[::1] rows, const floating[:, ::1] grads,
-                double lr_, double l2_, double scale_, double eps_):
-    """Update rows ``rows[i]`` of ``w`` (and ``acc``) with ``grads[i]``; rows validated."""
-    cdef Py_ssize_t i, r, m = rows.shape[0], dim = w.shape[1]
-    cdef floating lr = <floating>lr_, l2 = <floating>l2_, scale = <floating>scale_
-    cdef floating eps = <floating>eps_
+cdef inline void _adam_row(floating* w, floating* m, floating* v, const floating* grad,
+                           Py_ssize_t dim, floating lr, floating l2, floating scale,
+                           floating b1, floating b2, floating eps, floating bc1,
+                           floating bc2) noexcept nogil:
+    """Adam (Kingma & Ba, Algorithm 1) on ``dim`` contiguous elements; ``bc1 = 1 - b1**t``
+    and ``bc2 = 1 - b2**t`` are the bias corrections of this step ``t``."""
+    cdef Py_ssize_t j
+    cdef floating g, mj, vj
+    cdef floating c1 = 1 - b1, c2 = 1 - b2
+    for j in range(dim):
+        g = scale * grad[j] + l2 * w[j]
+        mj = b1 * m[j] + c1 * g
+        vj = b2 * v[j] + c2 * (g * g)
+        m[j] = mj
+        v[j] = vj
+        w[j] = w[j] - lr * (mj / bc1) / (<floating>sqrt(vj / bc2) + eps)
+
+
+cdef inline double _bias_correction(double beta, int64_t t, int64_t sat) noexcept nogil:
+    """``1 - beta**t`` in double; exactly 1.0 (what the formula rounds to) once t >= sat."""
+    if t >= sat:
+        return 1.0
+    return 1.0 - pow(beta, <double>t)
+
+
+cdef inline void _ftrl_row(floating* w, floating* z, floating* n, const floating* grad,
+                           Py_ssize_t dim, floating alpha, floating beta, floating l1,
+                           floating l2p, floating l2, floating scale) noexcept nogil:
+    """FTRL-Proximal (McMahan et al. 2013, Algorithm 1) on ``dim`` contiguous coordinates:
+    ``w`` holds the closed-form weights of the current ``(z, n)`` before the update.
+
+    The closed form is branch-free in the sign of z (random signs would mispredict):
+    ``a = max(|z| - l1, 0)``, ``w = copysign(a, -z) / d + 0`` (the ``+ 0`` turns the -0.0
+    of a zeroed coordinate into +0.0; it changes no other value)."""
+    cdef Py_ssize_t j
+    cdef floating g, nj, nn, sn, sigma, zj, d, a
+    for j in range(dim):
+        g = scale * grad[j] + l2 * w[j]
+        nj = n[j]
+        nn = nj + g * g
+        sn = <floating>sqrt(nn)
+        sigma = (sn - <floating>sqrt(nj)) / alpha
+        zj = z[j] + g - sigma * w[j]
+        z[j] = zj
+        n[j] = nn
+        if floating is float:
+            a = fabsf(zj) - l1
+        else:
+            a = fabs(zj) - l1
+        a = a if a > 0 else 0                          # exact zero when |z| <= lambda1
+        d = (beta + sn) / alpha + l2p
+        if d > 0:
+            if floating is float:
+                w[j] = copysignf(a, -zj) / d + <floating>0
+            else:
+                w[j] = copysign(a, -zj) / d + <floating>0
+        else:                                          # beta = lambda2 = 0 and n = 0:
+            w[j] = 0                                   # no curvature yet, stay at 0
+
+
+cdef void _rows_loop(floating* w, Py_ssize_t dim, char* st, Py_ssize_t stride,
+                     const int64_t* rows, Py_ssize_t m, const floating* grads, bint by_row,
+                     const _Hyper* hp) noexcept nogil:
+    """Update rows ``rows[i]`` (validated, unique) of ``w`` and of the state at ``st``
+    (``stride`` bytes per row) with gradient row ``grads[rows[i] if by_row else i]``.
+
+    One loop per rule, hyper-parameters cast to the table's dtype once. Rows are sorted
+    but sparse in a large table, which the hardware prefetcher does not foresee: each loop
+    prefetches the weights and state of the row ``_ROW_PREFETCH`` entries ahead (written
+    out in the loops — GCC 12 dropped the prefetches of a helper function)."""
+    cdef Py_ssize_t i, r, q, gi
+    cdef floating lr = <floating>hp.lr, l2 = <floating>hp.l2, scale = <floating>hp.scale
+    cdef floating eps = <floating>hp.eps, b1 = <floating>hp.beta1, b2 = <floating>hp.beta2
+    cdef floating beta = <floating>hp.beta, l1 = <floating>hp.lambda1
+    cdef floating l2p = <floating>hp.lambda2
+    cdef floating* s
+    cdef int64_t* step
+    cdef int64_t t
+    cdef double bc1, bc2
+    if hp.rule == _R_SGD:             # (no prefetch: measured slower for SGD's one array)
+        if by_row:
+            for i in range(m):
+                r = rows[i]
+                _sgd_row(w + r * dim, grads + r * dim, dim, lr, l2, scale)
+        else:
+            for i in range(m):
+                _sgd_row(w + rows[i] * dim, grads + i * dim, dim, lr, l2, scale)
+    elif hp.rule == _R_ADAGRAD:
+        for i in range(m):
+            if i + _ROW_PREFETCH < m:
+                q = rows[i + _ROW_PREFETCH]
+                hpcps_prefetch(w + q * dim)
+                hpcps_prefetch(st + q * stride)
+            r = rows[i]
+            gi = r if by_row else i
+            _adagrad_row(w + r * dim, <floating*>(st + r * stride), grads + gi * dim, dim,
+                         lr, l2, scale, eps)
+    elif hp.rule == _R_ADAM:
+        for i in range(m):
+            if i + _ROW_PREFETCH < m:
+                q = rows[i + _ROW_PREFETCH]
+                hpcps_prefetch(w + q * dim)
+                hpcps_prefetch(st + q * stride)
+            r = rows[i]
+            gi = r if by_row else i
+            s = <floating*>(st + r * stride)
+            step = <int64_t*>(s + 2 * dim)          # record (m[dim], v[dim], step): 8-aligned
+            t = step[0] + 1
+            step[0] = t
+            if t <= hp.bc_len:                      # 1 - beta**t from the table (no pow)
+                bc1 = hp.bc_table[2 * (t - 1)]
+                bc2 = hp.bc_table[2 * (t - 1) + 1]
+            else:
+                bc1 = _bias_correction(hp.beta1, t, hp.sat1)
+                bc2 = _bias_correction(hp.beta2, t, hp.sat2)
+            _adam_row(w + r * dim, s, s + dim, grads + gi * dim, dim, lr, l2, scale, b1, b2,
+                      eps, <floating>bc1, <floating>bc2)
+    else:
+        for i in range(m):
+            if i + _ROW_PREFETCH < m:
+                q = rows[i + _ROW_PREFETCH]
+                hpcps_prefetch(w + q * dim)
+                hpcps_prefetch(st + q * stride)
+            r = rows[i]
+            gi = r if by_row else i
+            s = <floating*>(st + r * stride)
+            _ftrl_row(w + r * dim, s, s + dim, grads + gi * dim, dim, lr, beta, l1, l2p, l2,
+                      scale)
+
+
+cdef _rows_step(floating[:, ::1] w, char* st, Py_ssize_t stride, const int64_t[::1] rows,
+                const floating[:, ::1] grads, bint by_row, const _Hyper* hp):
+    cdef Py_ssize_t m = rows.shape[0], dim = w.shape[1]
     if m == 0 or dim == 0:
         return
     with nogil:
-        for i in range(m):
-            r = rows[i]
-            if adagrad:
-                _adagrad_row(&w[r, 0], &acc[r, 0], &grads[i, 0], dim, lr, l2, scale, eps)
-            else:
-                _sgd_row(&w[r, 0], &grads[i, 0], dim, lr, l2, scale)
+        _rows_loop(&w[0, 0], dim, st, stride, &rows[0], m, &grads[0, 0], by_row, hp)
 
 
 cdef Py_ssize_t _scatter_add(const int64_t[::1] keys, const floating[:, ::1] grads,
@@ -411,42 +577,261 @@ cdef Py_ssize_t _scatter_add(const int64_t[::1] keys, const floating[:, ::1] gra
     return bad
 
 
-cdef _touched_step(floating[:, ::1] w, floating[:, ::1] acc, bint adagrad,
-                   const uint8_t[::1] touched, const floating[:, ::1] G,
-                   double lr_, double l2_, double scale_, double eps_):
-    """Update every touched row ``r`` of ``w`` (and ``acc``) with ``G[r]``."""
-    cdef Py_ssize_t r, R = w.shape[0], dim = w.shape[1]
-    cdef floating lr = <floating>lr_, l2 = <floating>l2_, scale = <floating>scale_
-    cdef floating eps = <floating>eps_
+# --------------------------------------------------------------------------------------
+# Hyper-parameters and state validation
+# --------------------------------------------------------------------------------------
+
+def _saturation(beta):
+    """Smallest t >= 1 from which ``1.0 - beta**t`` is exactly 1.0 in double (C ``pow``).
+
+    ``math.pow`` calls the same C library ``pow`` as the kernel, so the shortcut taken for
+    t >= this value returns exactly what the formula would (``beta**t <= 2**-54``).
+    """
+    if beta == 0.0:
+        return 1
+    t = max(1, int(math.ceil(54.0 * math.log(2.0) / -math.log(beta))))
+    while t > 1 and 1.0 - math.pow(beta, t - 1) == 1.0:
+        t -= 1
+    while 1.0 - math.pow(beta, t) != 1.0:
+        t += 1
+    return t
+
+
+def _unit_interval(x, name):
+    x = _finite(x, name)
+    if not 0.0 <= x < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {x}")
+    return x
+
+
+def _nonnegative(x, name):
+    x = _finite(x, name)
+    if not x >= 0.0:
+        raise ValueError(f"{name} must be >= 0, got {x}")
+    return x
+
+
+# Adam: bias-correction tables, (1 - beta1**t, 1 - beta2**t) for t = 1 .. len, per (beta1, beta2)
+_BC_TABLE_MAX = 1 << 15
+_bc_tables = {}
+
+
+def _bc_table(double beta1, double beta2, int64_t sat1, int64_t sat2):
+    """float64 (T, 2): row t - 1 holds ``_bias_correction`` of beta1 and beta2 at step t, for
+    t = 1 .. T = min(max(sat1, sat2), _BC_TABLE_MAX) (later steps: computed, or exactly 1).
+    Built with the same C ``pow`` as the kernel, so table and formula agree bitwise."""
+    key = (beta1, beta2)
+    tab = _bc_tables.get(key)
+    if tab is not None:
+        return tab
+    cdef int64_t t, T = min(max(sat1, sat2), _BC_TABLE_MAX)
+    tab = np.empty((T, 2), dtype=np.float64)
+    cdef double[:, ::1] tv = tab
     with nogil:
-        for r in range(R):
-            if touched[r]:
-                if adagrad:
-                    _adagrad_row(&w[r, 0], &acc[r, 0], &G[r, 0], dim, lr, l2, scale, eps)
-                else:
-                    _sgd_row(&w[r, 0], &G[r, 0], dim, lr, l2, scale)
+        for t in range(1, T + 1):
+            tv[t - 1, 0] = _bias_correction(beta1, t, sat1)
+            tv[t - 1, 1] = _bias_correction(beta2, t, sat2)
+    if len(_bc_tables) >= 16:       # a few hyper-parameter sets at a time; callers hold refs
+        _bc_tables.clear()
+    _bc_tables[key] = tab
+    return tab
 
 
-cdef _flat_step(floating[::1] w, floating[::1] acc, bint adagrad, const floating[::1] grads,
-                double lr_, double l2_, double scale_, double eps_):
-    cdef Py_ssize_t n = w.shape[0]
-    cdef floating lr = <floating>lr_, l2 = <floating>l2_, scale = <floating>scale_
-    cdef floating eps = <floating>eps_
-    if n == 0:
+cdef class _Params:
+    """Validated hyper-parameters (``hp``) and the objects their pointers refer to."""
+    cdef _Hyper hp
+    cdef object table
+
+
+cdef _Params _hyper(str name, lr, l2, scale, eps, beta1, beta2, beta, lambda1, lambda2):
+    """Validated hyper-parameters of rule ``name`` (only the ones it uses are checked)."""
+    cdef _Params p = _Params()
+    cdef double[:, ::1] tv
+    p.hp.rule = _RULE_CODES[name]
+    p.hp.lr = _positive(lr, "alpha (learning rate)") if name == "ftrl" else _finite(lr, "lr")
+    p.hp.l2 = _finite(l2, "l2")
+    p.hp.scale = _finite(scale, "scale")
+    p.hp.eps = _positive(eps, "eps") if name in ("adagrad", "adam") else 1.0
+    p.hp.beta1 = p.hp.beta2 = 0.0
+    p.hp.sat1 = p.hp.sat2 = 1
+    p.hp.bc_table = NULL
+    p.hp.bc_len = 0
+    p.hp.beta = p.hp.lambda1 = p.hp.lambda2 = 0.0
+    if name == "adam":
+        p.hp.beta1 = _unit_interval(beta1, "beta1")
+        p.hp.beta2 = _unit_interval(beta2, "beta2")
+        p.hp.sat1 = _saturation(p.hp.beta1)
+        p.hp.sat2 = _saturation(p.hp.beta2)
+        p.table = _bc_table(p.hp.beta1, p.hp.beta2, p.hp.sat1, p.hp.sat2)
+        tv = p.table
+        p.hp.bc_table = &tv[0, 0]
+        p.hp.bc_len = tv.shape[0]
+    elif name == "ftrl":
+        p.hp.beta = _nonnegative(beta, "beta")
+        p.hp.lambda1 = _nonnegative(lambda1, "lambda1")
+        p.hp.lambda2 = _nonnegative(lambda2, "lambda2")
+    return p
+
+
+def state_dtype(name, dim, dtype):
+    """The numpy record dtype of one row of the packed optimizer state of ``name``.
+
+    Adam and FTRL keep all per-row state in one record next to each other, so that updating
+    a row touches the weights' cache line and one state line, not one line per slot.
+
+    Parameters
+    ----------
+    name : {"adam", "ftrl"}
+        The update rule.
+    dim : int
+        Values per row of the table (>= 1).
+    dtype : float32 or float64
+        The table's dtype.
+
+    Returns
+    -------
+    numpy.dtype
+        ``adam``: fields ``m`` (dtype, (dim,)), ``v`` (dtype, (dim,)), ``step`` (int64) —
+        first and second moment estimates and the number of updates the row has received;
+        ``ftrl``: fields ``z`` (dtype, (dim,)), ``n`` (dtype, (dim,)) — McMahan et al.'s
+        ``z_i`` and ``n_i``. No padding; ``step`` is at byte ``2 * dim * itemsize``, a
+        multiple of 8, so it is aligned in every record.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` has no packed state or ``dim`` < 1.
+    TypeError
+        If ``dtype`` is not float32/float64.
+
+    Notes
+    -----
+    A state array is ``np.zeros(num_rows, dtype=state_dtype(name, dim, dtype))``
+    (:func:`new_state`); ``state["m"]`` etc. are (num_rows, dim) views of one slot.
+    """
+    dt = np.dtype(dtype)
+    if dt != np.float32 and dt != np.float64:
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    dt = dt.newbyteorder("=")
+    dim = int(dim)
+    if dim < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    if name == "adam":
+        return np.dtype([("m", dt, (dim,)), ("v", dt, (dim,)), ("step", np.int64)])
+    if name == "ftrl":
+        return np.dtype([("z", dt, (dim,)), ("n", dt, (dim,))])
+    raise ValueError(f"optimizer {name!r} has no packed state (only 'adam' and 'ftrl')")
+
+
+def new_state(name, num_rows, dim, dtype):
+    """A zero-filled packed state (:func:`state_dtype`) for ``num_rows`` rows.
+
+    Parameters
+    ----------
+    name : {"adam", "ftrl"}
+    num_rows : int
+    dim : int
+    dtype : float32 or float64
+
+    Returns
+    -------
+    ndarray, shape (num_rows,), dtype ``state_dtype(name, dim, dtype)``
+        All moments, step counts, ``z`` and ``n`` zero (the rules' initial state).
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`state_dtype`; ValueError if ``num_rows`` < 0.
+
+    Notes
+    -----
+    Kingma & Ba (ICLR 2015) Algorithm 1 and McMahan et al. (KDD 2013) Algorithm 1 both
+    start from zero state.
+    """
+    num_rows = int(num_rows)
+    if num_rows < 0:
+        raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    return np.zeros(num_rows, dtype=state_dtype(name, dim, dtype))
+
+
+def _check_state(state, w, name):
+    """The packed state of rule ``name`` for table ``w``: checked, not copied."""
+    if isinstance(state, (list, tuple)):
+        if len(state) != 1:
+            raise ValueError(f"{name} needs exactly one state array, got {len(state)}")
+        state = state[0]
+    if state is None:
+        raise ValueError(f"{name} needs its state: an array made by new_state({name!r}, "
+                         f"{w.shape[0]}, {w.shape[1]}, {w.dtype})")
+    if not isinstance(state, np.ndarray):
+        raise TypeError(f"state is updated in place and must be a numpy.ndarray, "
+                        f"got {type(state).__name__}")
+    want = state_dtype(name, max(w.shape[1], 1), w.dtype)
+    if state.dtype != want:
+        raise TypeError(f"state has dtype {state.dtype} but {name} on a {w.dtype} table of dim "
+                        f"{w.shape[1]} needs {want} (see state_dtype)")
+    if state.shape != (w.shape[0],):
+        raise ValueError(f"state has shape {state.shape} but w has {w.shape[0]} rows")
+    if not state.flags.c_contiguous:
+        raise ValueError("state must be C-contiguous (it is updated in place)")
+    if not state.flags.writeable:
+        raise ValueError("state is read-only but is updated in place")
+    if state.size and state.ctypes.data % 8:
+        raise ValueError("state must be 8-byte aligned")
+    return state
+
+
+def _check_acc(acc, w, name="acc"):
+    if isinstance(acc, (list, tuple)):
+        if len(acc) != 1:
+            raise ValueError(f"adagrad needs exactly one slot array (acc), got {len(acc)}")
+        acc = acc[0]
+    if acc is None:
+        raise ValueError("adagrad needs its accumulator: slots must be an array shaped like w")
+    acc = _inplace_array(acc, name, w.ndim)
+    if acc.dtype != w.dtype:
+        raise TypeError(f"{name} has dtype {acc.dtype} but w has dtype {w.dtype}")
+    if acc.shape != w.shape:
+        raise ValueError(f"{name} has shape {acc.shape} but w has shape {w.shape}")
+    return acc
+
+
+def _slot_state(name, w, slots):
+    """The (validated) state object of rule ``name``: None, acc or the packed records."""
+    if name == "sgd":
+        return None
+    if name == "adagrad":
+        return _check_acc(slots, w, "slots (adagrad accumulator)")
+    return _check_state(slots, w, name)
+
+
+cdef char* _base(object arr, Py_ssize_t* stride) except NULL:
+    """Byte address of row 0 of a non-empty state array and its row stride in bytes. The
+    caller keeps ``arr`` alive."""
+    cdef uint8_t[::1] b = arr.reshape(-1).view(np.uint8)
+    stride[0] = arr.strides[0]
+    return <char*>&b[0]
+
+
+cdef _run_rows(w, state, rows, grads, bint by_row, _Params p):
+    """Run rule ``p`` on validated, unique ``rows``; ``grads[rows[i] if by_row else i]``."""
+    cdef Py_ssize_t stride = 0
+    cdef char* st
+    if rows.shape[0] == 0 or w.size == 0:
         return
-    with nogil:
-        if adagrad:
-            _adagrad_row(&w[0], &acc[0], &grads[0], n, lr, l2, scale, eps)
-        else:
-            _sgd_row(&w[0], &grads[0], n, lr, l2, scale)
-
-
-def _run_rows_step(w, acc, adagrad, rows, grads, lr, l2, scale, eps):
+    # SGD has no state: pass w's address (never dereferenced through st, stride 0)
+    st = _base(w if state is None else state, &stride)
+    if state is None:
+        stride = 0
     if w.dtype == np.float32:
-        _rows_step[float](w, acc, adagrad, rows, grads, lr, l2, scale, eps)
+        _rows_step[float](w, st, stride, rows, grads, by_row, &p.hp)
     else:
-        _rows_step[double](w, acc, adagrad, rows, grads, lr, l2, scale, eps)
+        _rows_step[double](w, st, stride, rows, grads, by_row, &p.hp)
 
+
+# --------------------------------------------------------------------------------------
+# Public kernels
+# --------------------------------------------------------------------------------------
 
 def sparse_sgd(w, rows, grads, lr, l2=0.0, scale=1.0):
     """Plain SGD step on selected rows of a table, in place.
@@ -486,9 +871,9 @@ def sparse_sgd(w, rows, grads, lr, l2=0.0, scale=1.0):
     L2 term is "lazy": it only decays the rows the update touches.
     """
     w, rows, grads = _check_sparse_args(w, rows, grads)
-    lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
+    cdef _Params p = _hyper("sgd", lr, l2, scale, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     _check_rows(rows, w.shape[0])
-    _run_rows_step(w, None, False, rows, grads, lr, l2, scale, 1.0)
+    _run_rows(w, None, rows, grads, False, p)
 
 
 def sparse_adagrad(w, acc, rows, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
@@ -538,10 +923,138 @@ def sparse_adagrad(w, acc, rows, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
     """
     w, rows, grads = _check_sparse_args(w, rows, grads)
     acc = _check_acc(acc, w)
-    lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
-    eps = _positive(eps, "eps")
+    cdef _Params p = _hyper("adagrad", lr, l2, scale, eps, 0.0, 0.0, 0.0, 0.0, 0.0)
     _check_rows(rows, w.shape[0])
-    _run_rows_step(w, acc, True, rows, grads, lr, l2, scale, eps)
+    _run_rows(w, acc, rows, grads, False, p)
+
+
+def sparse_adam(w, state, rows, grads, lr, l2=0.0, scale=1.0, beta1=0.9, beta2=0.999,
+                eps=1e-8):
+    """Lazy Adam step on selected rows of a table, in place, with a step count per row.
+
+    For each ``i``, with ``r = rows[i]`` and ``s = state[r]`` (elementwise over ``dim``)::
+
+        s.step += 1;  t = s.step
+        g = scale * grads[i] + l2 * w[r]
+        s.m = beta1 * s.m + (1 - beta1) * g
+        s.v = beta2 * s.v + (1 - beta2) * g * g
+        w[r] -= lr * (s.m / (1 - beta1**t)) / (sqrt(s.v / (1 - beta2**t)) + eps)
+
+    Parameters
+    ----------
+    w : ndarray of float32 or float64, shape (R, dim), C-contiguous, writeable
+        The table, updated in place.
+    state : ndarray, shape (R,), dtype ``state_dtype("adam", dim, w.dtype)``, writeable
+        Per-row moments ``m``, ``v`` (like ``w``) and update count ``step`` (int64),
+        updated in place (:func:`new_state` makes one).
+    rows : ndarray of int64, shape (m,)
+        Unique local row indices in ``[0, R)`` (duplicates would count two steps).
+    grads : ndarray, shape (m, dim), same dtype as ``w``
+        Gradient rows.
+    lr : float
+        Step size (Kingma & Ba's alpha).
+    l2 : float, default 0.0
+        L2 penalty coefficient added to the gradient (lazy: touched rows only).
+    scale : float, default 1.0
+        Multiplies ``grads``.
+    beta1, beta2 : float, default 0.9, 0.999
+        Exponential decay rates of the moment estimates, in [0, 1).
+    eps : float, default 1e-8
+        Denominator guard, > 0.
+
+    Raises
+    ------
+    TypeError
+        For non-float32/float64 arrays, mismatched dtypes, or a state of another record
+        dtype (message shows the one needed).
+    ValueError
+        For mismatched shapes, non-contiguous/read-only arrays, non-finite hyper-parameters,
+        ``beta1``/``beta2`` outside [0, 1), ``eps <= 0``, or a row outside ``[0, R)``.
+        All checks happen before anything is modified.
+
+    Notes
+    -----
+    Kingma & Ba, "Adam: a method for stochastic optimization", ICLR 2015, Algorithm 1,
+    applied "lazily": only the rows a step touches have their moments decayed and updated,
+    and the bias corrections use the row's own update count ``t`` rather than the global
+    step. A row's updates are then exactly Adam run on the sequence of gradients that row
+    received: a row first touched late gets ``m / (1 - beta1) = g`` and
+    ``v / (1 - beta2) = g**2``, a first step of size ``lr`` as in Adam's first step. With
+    a global count ``T`` instead, the first update of a rarely touched row would divide
+    ``(1 - beta1) g`` and ``(1 - beta2) g**2`` by factors close to 1 and take a step of
+    ``lr (1 - beta1) / sqrt(1 - beta2)`` — 3.2 ``lr`` with the default betas.
+    ``1 - beta**t`` is computed in double with C ``pow`` (exactly 1.0 once it rounds to
+    1.0; then ``pow`` is skipped), cast to the table's dtype, and every other operation is
+    in the table's dtype.
+    """
+    w, rows, grads = _check_sparse_args(w, rows, grads)
+    state = _check_state(state, w, "adam")
+    cdef _Params p = _hyper("adam", lr, l2, scale, eps, beta1, beta2, 0.0, 0.0, 0.0)
+    _check_rows(rows, w.shape[0])
+    _run_rows(w, state, rows, grads, False, p)
+
+
+def sparse_ftrl(w, state, rows, grads, alpha, beta=1.0, lambda1=0.0, lambda2=0.0, l2=0.0,
+                scale=1.0):
+    """FTRL-Proximal step on selected rows of a table, in place (per coordinate).
+
+    For each ``i``, with ``r = rows[i]`` and ``s = state[r]``, elementwise over ``dim``::
+
+        g = scale * grads[i] + l2 * w[r]
+        sigma = (sqrt(s.n + g * g) - sqrt(s.n)) / alpha
+        s.z += g - sigma * w[r]
+        s.n += g * g
+        w[r] = 0                                                     if |s.z| <= lambda1
+               -(s.z - sign(s.z) lambda1) / ((beta + sqrt(s.n)) / alpha + lambda2)  else
+
+    Parameters
+    ----------
+    w : ndarray of float32 or float64, shape (R, dim), C-contiguous, writeable
+        The table, updated in place. Before a row's first update it must equal the closed
+        form of its ``(z, n)`` (zero for zero state; ``hpcps.optim.Optimizer.init_slots``
+        builds ``z`` for non-zero initial weights).
+    state : ndarray, shape (R,), dtype ``state_dtype("ftrl", dim, w.dtype)``, writeable
+        Per-coordinate ``z`` and ``n`` (like ``w``), updated in place.
+    rows : ndarray of int64, shape (m,)
+        Unique local row indices in ``[0, R)``.
+    grads : ndarray, shape (m, dim), same dtype as ``w``
+        Gradient rows.
+    alpha : float
+        Learning rate alpha (> 0): per-coordinate rate ``alpha / (beta + sqrt(n))``.
+    beta : float, default 1.0
+        Learning-rate offset beta (>= 0).
+    lambda1 : float, default 0.0
+        L1 strength (>= 0); a coordinate with ``|z| <= lambda1`` is exactly 0.
+    lambda2 : float, default 0.0
+        L2 strength of the closed form (>= 0).
+    l2 : float, default 0.0
+        L2 penalty added to the gradient, as for the other rules (lazy, touched rows only).
+    scale : float, default 1.0
+        Multiplies ``grads``.
+
+    Raises
+    ------
+    TypeError
+        For non-float32/float64 arrays, mismatched dtypes, or a state of another record dtype.
+    ValueError
+        For mismatched shapes, non-contiguous/read-only arrays, non-finite hyper-parameters,
+        ``alpha <= 0``, negative ``beta``/``lambda1``/``lambda2``, or a row outside ``[0, R)``.
+        All checks happen before anything is modified.
+
+    Notes
+    -----
+    McMahan et al., "Ad click prediction: a view from the trenches", KDD 2013, Algorithm 1
+    (per-coordinate FTRL-Proximal with L1 and L2). ``lambda1`` and ``lambda2`` regularise
+    the sum of all the steps' losses (the paper's objective), whereas ``l2`` is part of
+    each step's gradient — a penalty on the mean loss like the other rules' ``l2`` (what
+    some libraries call an "L2 shrinkage" term). If ``beta = lambda2 = 0`` and ``n = 0``
+    the denominator is 0; the weight is then set to 0.
+    """
+    w, rows, grads = _check_sparse_args(w, rows, grads)
+    state = _check_state(state, w, "ftrl")
+    cdef _Params p = _hyper("ftrl", alpha, l2, scale, 1.0, 0.0, 0.0, beta, lambda1, lambda2)
+    _check_rows(rows, w.shape[0])
+    _run_rows(w, state, rows, grads, False, p)
 
 
 def _check_dense_args(w, grads):
@@ -550,6 +1063,37 @@ def _check_dense_args(w, grads):
     if grads.shape[0] != w.shape[0]:
         raise ValueError(f"grads has length {grads.shape[0]} but w has length {w.shape[0]}")
     return w, grads
+
+
+cdef _flat_step(floating[::1] w, floating[::1] s1, floating[::1] s2,
+                const floating[::1] grads, const _Hyper* hp, int64_t t):
+    """One rule on a whole flat block: ``s1``/``s2`` are acc (adagrad), m/v (adam), z/n (ftrl);
+    ``t`` the 1-based step number (adam)."""
+    cdef Py_ssize_t n = w.shape[0]
+    if n == 0:
+        return
+    with nogil:
+        if hp.rule == _R_SGD:
+            _sgd_row(&w[0], &grads[0], n, <floating>hp.lr, <floating>hp.l2, <floating>hp.scale)
+        elif hp.rule == _R_ADAGRAD:
+            _adagrad_row(&w[0], &s1[0], &grads[0], n, <floating>hp.lr, <floating>hp.l2,
+                         <floating>hp.scale, <floating>hp.eps)
+        elif hp.rule == _R_ADAM:
+            _adam_row(&w[0], &s1[0], &s2[0], &grads[0], n, <floating>hp.lr, <floating>hp.l2,
+                      <floating>hp.scale, <floating>hp.beta1, <floating>hp.beta2,
+                      <floating>hp.eps, <floating>_bias_correction(hp.beta1, t, hp.sat1),
+                      <floating>_bias_correction(hp.beta2, t, hp.sat2))
+        else:
+            _ftrl_row(&w[0], &s1[0], &s2[0], &grads[0], n, <floating>hp.lr, <floating>hp.beta,
+                      <floating>hp.lambda1, <floating>hp.lambda2, <floating>hp.l2,
+                      <floating>hp.scale)
+
+
+cdef _run_flat(w, s1, s2, grads, const _Hyper* hp, int64_t t=0):
+    if w.dtype == np.float32:
+        _flat_step[float](w, s1, s2, grads, hp, t)
+    else:
+        _flat_step[double](w, s1, s2, grads, hp, t)
 
 
 def dense_sgd(w, grads, lr, l2=0.0, scale=1.0):
@@ -581,11 +1125,8 @@ def dense_sgd(w, grads, lr, l2=0.0, scale=1.0):
     Robbins & Monro, Ann. Math. Statist. 22(3), 1951.
     """
     w, grads = _check_dense_args(w, grads)
-    lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
-    if w.dtype == np.float32:
-        _flat_step[float](w, None, False, grads, lr, l2, scale, 1.0)
-    else:
-        _flat_step[double](w, None, False, grads, lr, l2, scale, 1.0)
+    cdef _Params p = _hyper("sgd", lr, l2, scale, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    _run_flat(w, None, None, grads, &p.hp)
 
 
 def dense_adagrad(w, acc, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
@@ -624,85 +1165,179 @@ def dense_adagrad(w, acc, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
     """
     w, grads = _check_dense_args(w, grads)
     acc = _check_acc(acc, w)
-    lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
-    eps = _positive(eps, "eps")
-    if w.dtype == np.float32:
-        _flat_step[float](w, acc, True, grads, lr, l2, scale, eps)
-    else:
-        _flat_step[double](w, acc, True, grads, lr, l2, scale, eps)
+    cdef _Params p = _hyper("adagrad", lr, l2, scale, eps, 0.0, 0.0, 0.0, 0.0, 0.0)
+    _run_flat(w, acc, None, grads, &p.hp)
 
 
-def _single_slot(slots):
-    """AdaGrad's accumulator from ``slots``: an ndarray, or a 1-element list/tuple of one."""
-    if isinstance(slots, (list, tuple)):
-        if len(slots) != 1:
-            raise ValueError(f"adagrad needs exactly one slot array (acc), got {len(slots)}")
-        slots = slots[0]
-    if slots is None:
-        raise ValueError("adagrad needs its accumulator: slots must be an array shaped like w")
-    return slots
+def _step_number(step):
+    try:
+        t = operator.index(step)
+    except TypeError:
+        raise TypeError(f"step must be an integer, got {type(step).__name__}") from None
+    if not 1 <= t <= np.iinfo(np.int64).max:
+        raise ValueError(f"step must be >= 1 (the 1-based number of this update), got {t}")
+    return t
 
 
-def apply_sparse(name, w, slots, keys, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
+def dense_adam(w, m, v, grads, step, lr, l2=0.0, scale=1.0, beta1=0.9, beta2=0.999, eps=1e-8):
+    """Adam step on a whole flat block, in place (every coordinate updated every step).
+
+    Elementwise, with ``t = step``::
+
+        g = scale * grads + l2 * w
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        w -= lr * (m / (1 - beta1**t)) / (sqrt(v / (1 - beta2**t)) + eps)
+
+    Parameters
+    ----------
+    w : ndarray of float32 or float64, shape (n,), C-contiguous, writeable
+        The block, updated in place.
+    m, v : ndarray, shape (n,), dtype of ``w``, C-contiguous, writeable
+        First and second moment estimates (zero before the first step), updated in place.
+    grads : ndarray, shape (n,), dtype of ``w``
+        Gradient.
+    step : int
+        The 1-based number of this update of the block (the caller counts: 1, 2, ...).
+    lr : float
+        Step size (alpha).
+    l2 : float, default 0.0
+        L2 penalty coefficient added to the gradient.
+    scale : float, default 1.0
+        Multiplies ``grads``.
+    beta1, beta2 : float, default 0.9, 0.999
+        Moment decay rates, in [0, 1).
+    eps : float, default 1e-8
+        Denominator guard, > 0.
+
+    Raises
+    ------
+    TypeError
+        For non-float32/float64 arrays, mismatched dtypes, or a non-integer ``step``.
+    ValueError
+        For mismatched lengths, non-contiguous/read-only arrays, ``step < 1``, non-finite
+        hyper-parameters, betas outside [0, 1) or ``eps <= 0``.
+
+    Notes
+    -----
+    Kingma & Ba, "Adam: a method for stochastic optimization", ICLR 2015, Algorithm 1.
+    Same arithmetic as :func:`sparse_adam` (bias corrections in double, the rest in the
+    block's dtype), so a dense block equals a sparse table whose rows are all touched.
+    """
+    w, grads = _check_dense_args(w, grads)
+    m = _check_acc(m, w, "m")
+    v = _check_acc(v, w, "v")
+    t = _step_number(step)
+    cdef _Params p = _hyper("adam", lr, l2, scale, eps, beta1, beta2, 0.0, 0.0, 0.0)
+    _run_flat(w, m, v, grads, &p.hp, t)
+
+
+def dense_ftrl(w, z, n, grads, alpha, beta=1.0, lambda1=0.0, lambda2=0.0, l2=0.0, scale=1.0):
+    """FTRL-Proximal step on a whole flat block, in place (per coordinate).
+
+    Elementwise: the rule of :func:`sparse_ftrl` on every coordinate.
+
+    Parameters
+    ----------
+    w : ndarray of float32 or float64, shape (n,), C-contiguous, writeable
+        The block (the closed form of ``z``, ``n`` before the step), updated in place.
+    z, n : ndarray, shape (n,), dtype of ``w``, C-contiguous, writeable
+        McMahan et al.'s per-coordinate ``z`` and ``n`` (zero initially), updated in place.
+    grads : ndarray, shape (n,), dtype of ``w``
+        Gradient.
+    alpha : float
+        Learning rate alpha, > 0.
+    beta : float, default 1.0
+        Learning-rate offset, >= 0.
+    lambda1, lambda2 : float, default 0.0
+        L1 and L2 strengths of the closed form, >= 0.
+    l2 : float, default 0.0
+        L2 penalty added to the gradient.
+    scale : float, default 1.0
+        Multiplies ``grads``.
+
+    Raises
+    ------
+    TypeError
+        For non-float32/float64 arrays or mismatched dtypes.
+    ValueError
+        For mismatched lengths, non-contiguous/read-only arrays, non-finite
+        hyper-parameters, ``alpha <= 0`` or negative ``beta``/``lambda1``/``lambda2``.
+
+    Notes
+    -----
+    McMahan et al., "Ad click prediction: a view from the trenches", KDD 2013, Algorithm 1.
+    """
+    w, grads = _check_dense_args(w, grads)
+    z = _check_acc(z, w, "z")
+    n = _check_acc(n, w, "n")
+    cdef _Params p = _hyper("ftrl", alpha, l2, scale, 1.0, 0.0, 0.0, beta, lambda1, lambda2)
+    _run_flat(w, z, n, grads, &p.hp)
+
+
+def apply_sparse(name, w, slots, keys, grads, lr, l2=0.0, scale=1.0, eps=1e-8, *, beta1=0.9,
+                 beta2=0.999, beta=1.0, lambda1=0.0, lambda2=0.0):
     """Apply one optimizer step for a push with possibly duplicate keys, in place.
 
-    Sums the gradient rows of equal keys (:func:`merge_duplicates`), then runs
-    :func:`sparse_sgd` or :func:`sparse_adagrad` once per distinct row. This is the
+    Sums the gradient rows of equal keys (:func:`merge_duplicates`), then runs the rule
+    once per distinct row, in one pass over the row's weights and state. This is the
     correct semantics for a minibatch step — contrary to ``w[keys] -= lr * grads``, which
     for a repeated key keeps only one of its updates.
 
     Parameters
     ----------
-    name : {"sgd", "adagrad"}
-        Update rule.
+    name : {"sgd", "adagrad", "adam", "ftrl"}
+        Update rule (:func:`sparse_sgd`, :func:`sparse_adagrad`, :func:`sparse_adam`,
+        :func:`sparse_ftrl`).
     w : ndarray of float32 or float64, shape (R, dim), C-contiguous, writeable
         The table shard, updated in place.
     slots : None or ndarray or sequence of one ndarray
-        Optimizer state. Ignored for ``"sgd"``; for ``"adagrad"`` the accumulator ``acc``
-        (same shape and dtype as ``w``; a 1-element list/tuple holding it is accepted).
+        Optimizer state: ignored for ``"sgd"``; for ``"adagrad"`` the accumulator ``acc``
+        (same shape and dtype as ``w``); for ``"adam"``/``"ftrl"`` the packed per-row state
+        (:func:`new_state`). A 1-element list/tuple holding it is accepted.
     keys : ndarray of int64, shape (n,)
         Local row indices in ``[0, R)``, duplicates allowed.
     grads : ndarray, shape (n, dim), same dtype as ``w``
         Gradient rows, one per key.
     lr : float
-        Learning rate.
+        Learning rate (FTRL's alpha, > 0 for ``"ftrl"``).
     l2 : float, default 0.0
-        L2 penalty coefficient (applied once per distinct touched row).
+        L2 penalty coefficient added to the gradient (once per distinct touched row).
     scale : float, default 1.0
         Multiplies the summed gradient rows (e.g. ``1 / n_examples``).
     eps : float, default 1e-8
-        AdaGrad denominator guard (> 0); ignored for ``"sgd"``.
+        AdaGrad/Adam denominator guard (> 0); ignored otherwise.
+    beta1, beta2 : float, default 0.9, 0.999
+        Adam's moment decay rates, in [0, 1); ignored otherwise.
+    beta, lambda1, lambda2 : float, default 1.0, 0.0, 0.0
+        FTRL's learning-rate offset and L1/L2 strengths (>= 0); ignored otherwise.
 
     Raises
     ------
     ValueError
         For an unknown ``name`` (the message lists the valid ones), mismatched shapes, a
-        key outside ``[0, R)`` (message gives the value and the bound), missing AdaGrad
-        state, non-finite hyper-parameters. Nothing is modified when an error is raised.
+        key outside ``[0, R)`` (message gives the value and the bound), missing optimizer
+        state, hyper-parameters out of range. Nothing is modified when an error is raised.
     TypeError
-        For non-float32/float64 arrays or mismatched dtypes.
+        For non-float32/float64 arrays, mismatched dtypes or a state of another dtype.
 
     Notes
     -----
-    Update rules: see :func:`sparse_sgd` (Robbins & Monro 1951) and :func:`sparse_adagrad`
-    (Duchi, Hazan & Singer, JMLR 2011; Dean et al., NIPS 2012, §4.1). Summation: when the
-    table has at most about ``4 n`` rows the gradient rows are added, in input order, into
-    a zeroed ``(R, dim)`` buffer and every touched row is stepped (O(n + R)); otherwise via
+    Update rules: see :func:`sparse_sgd` (Robbins & Monro 1951), :func:`sparse_adagrad`
+    (Duchi, Hazan & Singer, JMLR 2011; Dean et al., NIPS 2012, §4.1), :func:`sparse_adam`
+    (Kingma & Ba, ICLR 2015, Algorithm 1, lazy, per-row step counts) and
+    :func:`sparse_ftrl` (McMahan et al., KDD 2013, Algorithm 1). Summation: when the table
+    has at most about ``4 n`` rows the gradient rows are added, in input order, into a
+    zeroed ``(R, dim)`` buffer and every touched row is stepped (O(n + R)); otherwise via
     :func:`merge_duplicates` (O(n log n)). Both give bitwise the same result as
-    ``merge_duplicates`` followed by ``sparse_sgd`` / ``sparse_adagrad``.
+    ``merge_duplicates`` followed by the rule on the unique rows.
     """
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; valid: {', '.join(map(repr, OPTIMIZERS))}")
     w, keys, grads = _check_sparse_args(w, keys, grads)
-    lr, l2, scale = _finite(lr, "lr"), _finite(l2, "l2"), _finite(scale, "scale")
-    acc = None
-    if name == "adagrad":
-        acc = _check_acc(_single_slot(slots), w, "slots (adagrad accumulator)")
-        eps = _positive(eps, "eps")
-    else:
-        eps = 1.0  # unused by SGD
+    state = _slot_state(name, w, slots)
+    cdef _Params p = _hyper(name, lr, l2, scale, eps, beta1, beta2, beta, lambda1, lambda2)
     R, n = w.shape[0], keys.shape[0]
-    adagrad = name == "adagrad"
     if n == 0 or w.shape[1] == 0:
         _check_rows(keys, R, "keys")
         return
@@ -717,11 +1352,8 @@ def apply_sparse(name, w, slots, keys, grads, lr, l2=0.0, scale=1.0, eps=1e-8):
             bad = _scatter_add[double](keys, grads, G, touched)
         if bad >= 0:
             raise _row_error("keys", bad, keys[bad], R)  # w is untouched so far
-        if w.dtype == np.float32:
-            _touched_step[float](w, acc, adagrad, touched, G, lr, l2, scale, eps)
-        else:
-            _touched_step[double](w, acc, adagrad, touched, G, lr, l2, scale, eps)
+        _run_rows(w, state, np.flatnonzero(touched).astype(np.int64, copy=False), G, True, p)
         return
     _check_rows(keys, R, "keys")
     rows, summed = _merge(keys, grads)
-    _run_rows_step(w, acc, adagrad, rows, summed, lr, l2, scale, eps)
+    _run_rows(w, state, rows, summed, False, p)

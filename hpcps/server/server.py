@@ -125,8 +125,9 @@ class ParameterServer:
             part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
             lo, hi = part.shard_range(index)
             shape = (hi - lo, spec.dim)
-            slots = opt.init_slots(shape, spec.dtype)
+            slots = None
             if restore is not None:
+                # every slot the optimizer has, by name, from whichever old shards hold it
                 w, saved = ckpt.read_range(restore[0], restore[1], spec.name, lo, hi,
                                            num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype,
                                            multiplier=part.multiplier, slots=opt.slot_names)
@@ -134,6 +135,8 @@ class ParameterServer:
                     slots = opt.slots_from_dict(saved)
             else:                       # zeros, or per-key draws (same on any server count)
                 w = spec.initial_rows(part.shard_keys(index), seed)
+            if slots is None:
+                slots = opt.init_slots(shape, spec.dtype, w=w)
             start = int(restore[1]["step"]) if restore is not None else 0
             nh = header_len(self.n_workers)
             win = windows[tid] if windows else None

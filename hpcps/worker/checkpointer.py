@@ -29,8 +29,10 @@ class Checkpointer:
         Workers' communicator (used for the time-based decision).
     is_chief : bool
     n_workers : int
-    slot_names : list of tuple
-        Optimizer slot names per table (table-id order).
+    slot_names : list of dict or of sequence of str
+        Optimizer slots per table (table-id order): ``{name: (shape after the row axis,
+        dtype)}`` (:meth:`hpcps.optim.Optimizer.slot_specs`), or names of slots shaped like
+        the rows.
     out : text stream for the one-line reports (worker 0).
     """
 
@@ -97,7 +99,8 @@ class Checkpointer:
         for spec, part, slots in zip(self.client.specs, self.client.parts, self.slot_names):
             partitions[spec.name] = dict(
                 num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype, multiplier=part.multiplier,
-                range_size=part.range_size, sparse=spec.sparse, slots=list(slots),
+                range_size=part.range_size, sparse=spec.sparse,
+                slots=dict(slots) if isinstance(slots, dict) else list(slots),
                 ranges=np.array([part.shard_range(s) for s in range(part.n_servers)], dtype=np.int64))
         path = ckpt.write_manifest(
             d, cfg_text=self.cfg.text, job_name=self.cfg.name, step=clock, epoch=epoch,

@@ -137,6 +137,6 @@ def test_tables_too_big_for_memory_are_refused_with_the_arithmetic(tmp_path):
     proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.count("the tables do not fit the servers' memory") == 3
-    assert "68,719,476,736 rows x 1 x 4 B x 2 (weights + accumulator) = 512.00 GiB" in proc.stderr
+    assert "68,719,476,736 rows x (1 x 4 B weights + 4 B accumulator) = 512.00 GiB" in proc.stderr
     assert "GiB is available" in proc.stderr
     assert secs < 60

@@ -362,13 +362,15 @@ def test_bool_index_base_rejected(jobdir):
     ("model.l2", "-0.001", "must be >= 0, got -0.001"),
     ("model.l2", "inf", "must be a finite number, got inf"),
     ("model.dtype", '"float16"', "must be one of 'float32', 'float64', got 'float16'"),
-    ("optimizer.name", '"adam"', "must be one of 'sgd', 'adagrad', got 'adam'"),
+    ("optimizer.name", '"rmsprop"', "must be one of 'sgd', 'adagrad', 'adam', 'ftrl', got 'rmsprop'"),
+    ("optimizer.name", '"ftlr"', "(did you mean 'ftrl'?)"),
     ("optimizer.name", '"adagard"', "(did you mean 'adagrad'?)"),
     ("optimizer.learning_rate", "0", "must be > 0, got 0.0"),
     ("optimizer.learning_rate", "-0.1", "must be > 0, got -0.1"),
     ("optimizer.learning_rate", "nan", "must be a finite number, got nan"),
     ("optimizer.initial_accumulator", "-1", "must be >= 0, got -1.0"),
-    ("optimizer.eps", "-1e-8", "must be >= 0, got -1e-08"),
+    ("optimizer.eps", "-1e-8", "must be > 0, got -1e-08"),
+    ("optimizer.eps", "0", "must be > 0, got 0.0"),
     ("train.epochs", "0", "must be >= 1, got 0"),
     ("train.batch_size", "0", "must be >= 1, got 0"),
     ("train.batch_size", "-256", "must be >= 1, got -256"),
@@ -393,7 +395,6 @@ def test_boundary_values_accepted(jobdir):
     for dotted, value in [("seed", str(2**63 - 1)), ("cluster.servers", "1"),
                           ("data.hash_bits", "40"), ("data.numeric_bins", "2"),
                           ("data.test_fraction", "0.999"), ("model.l2", "0"),
-                          ("optimizer.initial_accumulator", "0"), ("optimizer.eps", "0"),
                           ("optimizer.name", '"sgd"'), ("model.dtype", '"float64"'),
                           ("train.epochs", "1"), ("train.batch_size", "1"),
                           ("train.max_steps", "1"), ("comm.max_message_bytes", "1024"),
@@ -736,3 +737,59 @@ def test_consistency_errors(jobdir, kv, key, message):
     e = error(jobdir, _cons(**kv))
     assert e.key == key
     assert message in e.message, e.message
+
+
+# ------------------------------------------------------------------------- [optimizer]
+
+
+def _opt(**kv):
+    return ADULT + "\n[optimizer]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items())
+
+
+def test_optimizer_rules_parse_with_their_keys(jobdir):
+    o = job(jobdir, _opt(name='"adam"', learning_rate="0.01", beta1="0", beta2="0.99",
+                         eps="1e-6")).optimizer
+    assert (o.name, o.learning_rate, o.beta1, o.beta2, o.eps) == ("adam", 0.01, 0.0, 0.99, 1e-6)
+    o = job(jobdir, _opt(name='"ftrl"', learning_rate="0.5", beta="0", l1="0.01", l2="0.1")).optimizer
+    assert (o.name, o.learning_rate, o.beta, o.l1, o.l2) == ("ftrl", 0.5, 0.0, 0.01, 0.1)
+    o = job(jobdir, _opt(name='"adagrad"', initial_accumulator="0", eps="1e-10")).optimizer
+    assert (o.initial_accumulator, o.eps) == (0.0, 1e-10)
+    o = job(jobdir, _opt(name='"adam"')).optimizer        # defaults
+    assert (o.beta1, o.beta2, o.eps, o.beta, o.l1, o.l2) == (0.9, 0.999, 1e-8, 1.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("kv,key,message", [
+    ({"name": '"sgd"', "initial_accumulator": "0.1"}, "optimizer.initial_accumulator",
+     "only used with name = 'adagrad', not 'sgd'; remove it"),
+    ({"name": '"ftrl"', "eps": "1e-8"}, "optimizer.eps",
+     "only used with name = 'adagrad' or 'adam', not 'ftrl'"),
+    ({"name": '"adagrad"', "beta1": "0.9"}, "optimizer.beta1", "only used with name = 'adam', not 'adagrad'"),
+    ({"name": '"ftrl"', "beta2": "0.9"}, "optimizer.beta2", "only used with name = 'adam', not 'ftrl'"),
+    ({"name": '"adam"', "beta": "1.0"}, "optimizer.beta", "only used with name = 'ftrl', not 'adam'"),
+    ({"name": '"adagrad"', "l1": "0.1"}, "optimizer.l1", "only used with name = 'ftrl', not 'adagrad'"),
+    ({"name": '"sgd"', "l2": "0.1"}, "optimizer.l2",
+     "only used with name = 'ftrl', not 'sgd'; remove it (the model's L2 penalty is [model] l2)"),
+    ({"name": '"adam"', "beta1": "1.0"}, "optimizer.beta1", "must be in [0, 1), got 1.0"),
+    ({"name": '"adam"', "beta2": "-0.1"}, "optimizer.beta2", "must be in [0, 1), got -0.1"),
+    ({"name": '"ftrl"', "beta": "-1"}, "optimizer.beta", "must be >= 0, got -1.0"),
+    ({"name": '"ftrl"', "l1": "-0.5"}, "optimizer.l1", "must be >= 0, got -0.5"),
+    ({"name": '"ftrl"', "l2": "nan"}, "optimizer.l2", "must be a finite number, got nan"),
+    ({"name": '"adam"', "beta_1": "0.9"}, "optimizer.beta_1", "did you mean 'beta1'?"),
+])
+def test_optimizer_errors_name_the_key(jobdir, kv, key, message):
+    e = error(jobdir, _opt(**kv))
+    assert e.key == key
+    assert message in e.message, e.message
+
+
+def test_optimizer_tables_get_the_rule_and_regularisation(jobdir):
+    from hpcps.model import logistic_tables
+
+    cfg = job(jobdir, with_key(_opt(name='"ftrl"', learning_rate="0.3", l1="0.01", l2="0.5"),
+                               "model.l2", "0.001"))
+    (_, ow), (_, ob) = logistic_tables(cfg)
+    assert (ow.name, ow.learning_rate, ow.l2, ow.lambda1, ow.lambda2) == ("ftrl", 0.3, 0.001, 0.01, 0.5)
+    assert (ob.l2, ob.lambda1, ob.lambda2) == (0.0, 0.0, 0.0)     # the bias is not regularised
+    cfg = job(jobdir, _opt(name='"adam"', beta1="0.8", beta2="0.99", eps="1e-7"))
+    (_, ow), _ = logistic_tables(cfg)
+    assert (ow.beta1, ow.beta2, ow.eps) == (0.8, 0.99, 1e-7)

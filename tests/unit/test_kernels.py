@@ -324,8 +324,8 @@ def test_update_rule_argument_errors():
     acc = np.zeros((4, 2), np.float32)
     g = np.ones((2, 2), np.float32)
     k = np.array([0, 1])
-    with pytest.raises(ValueError, match="unknown optimizer 'adam'; valid: 'sgd', 'adagrad'"):
-        apply_sparse("adam", w, None, k, g, 0.1, 0.0, 1.0, 1e-8)
+    with pytest.raises(ValueError, match="unknown optimizer 'rmsprop'; valid: 'sgd', 'adagrad', 'adam', 'ftrl'"):
+        apply_sparse("rmsprop", w, None, k, g, 0.1, 0.0, 1.0, 1e-8)
     with pytest.raises(TypeError, match="dtype float64 but must have dtype float32"):
         apply_sparse("sgd", w, None, k, g.astype(np.float64), 0.1, 0.0, 1.0, 1e-8)
     with pytest.raises(TypeError, match="float32 or float64"):
@@ -683,7 +683,8 @@ def test_logistic_argument_errors():
 
 def test_modules_export_documented_api():
     for mod, names in [(kopt, ["merge_duplicates", "sparse_sgd", "sparse_adagrad", "dense_sgd",
-                               "dense_adagrad", "apply_sparse"]),
+                               "dense_adagrad", "apply_sparse", "sparse_adam", "sparse_ftrl",
+                               "dense_adam", "dense_ftrl", "state_dtype", "new_state"]),
                        (klog, ["logistic_loss_grad", "logistic_predict"]),
                        (kkeys, ["permute_keys", "permute_keys_into", "choose_multiplier"])]:
         for name in names:
