@@ -38,11 +38,11 @@ class LinearSVM(Model):
 
     def tables(self):
         o, m = self.cfg.optimizer, self.cfg.model
-        def opt(l2):
-            return Optimizer(o.name, o.learning_rate, l2=l2,
-                             initial_accumulator=o.initial_accumulator, eps=o.eps)
-        return [(TableSpec("w", self.cfg.data.num_features, 1, m.dtype, sparse=True), opt(m.l2)),
-                (TableSpec("b", 1, 1, m.dtype, sparse=False), opt(0.0))]
+        # the job's [optimizer] (any rule and its keys); the bias is not regularised
+        return [(TableSpec("w", self.cfg.data.num_features, 1, m.dtype, sparse=True),
+                 Optimizer.from_config(o, l2=m.l2)),
+                (TableSpec("b", 1, 1, m.dtype, sparse=False),
+                 Optimizer.from_config(o, l2=0.0, regularize=False))]
 
     def load(self, split, part, n_parts):
         return load_split(self.cfg.data, split, part, n_parts)

@@ -38,7 +38,8 @@ class LocalTables:
         self.specs = {s.name: s for s, _ in tables}
         self.opts = {s.name: o for s, o in tables}
         self.w = {s.name: s.initial_rows(np.arange(s.num_keys), seed) for s, _ in tables}
-        self.slots = {s.name: o.init_slots((s.num_keys, s.dim), s.dtype) for s, o in tables}
+        self.slots = {s.name: o.init_slots((s.num_keys, s.dim), s.dtype, w=self.w[s.name])
+                      for s, o in tables}
 
     def pull(self, keys: dict) -> dict:
         """Copies of the rows ``keys[t]`` of each table ``t``: ``{t: (m, dim)}``."""

@@ -198,16 +198,16 @@ class MatrixFactorization(Model):
     def tables(self) -> list:
         c, o = self.cfg.model, self.cfg.optimizer
 
-        def opt():
-            # λ is in the pushed gradient (per rating), never the servers' per-step L2
-            return Optimizer(o.name, o.learning_rate, l2=0.0,
-                             initial_accumulator=o.initial_accumulator, eps=o.eps)
+        def opt(factors):
+            # λ is in the pushed gradient (per rating), never the servers' per-step L2;
+            # FTRL's own l1/l2 (if set) apply to the factors, not to the biases
+            return Optimizer.from_config(o, l2=0.0, regularize=factors)
 
         return [
-            (TableSpec(USER_FACTORS, self.n_users, c.factors, c.dtype, init_std=c.init_scale), opt()),
-            (TableSpec(ITEM_FACTORS, self.n_items, c.factors, c.dtype, init_std=c.init_scale), opt()),
-            (TableSpec(USER_BIAS, self.n_users, 1, c.dtype), opt()),
-            (TableSpec(ITEM_BIAS, self.n_items, 1, c.dtype), opt()),
+            (TableSpec(USER_FACTORS, self.n_users, c.factors, c.dtype, init_std=c.init_scale), opt(True)),
+            (TableSpec(ITEM_FACTORS, self.n_items, c.factors, c.dtype, init_std=c.init_scale), opt(True)),
+            (TableSpec(USER_BIAS, self.n_users, 1, c.dtype), opt(False)),
+            (TableSpec(ITEM_BIAS, self.n_items, 1, c.dtype), opt(False)),
         ]
 
     def load(self, split, part, n_parts):

@@ -60,7 +60,7 @@ class AllReduceClient:
             # the rows the servers would start from (TableSpec.initial_rows: per key)
             w = spec.initial_rows(np.arange(spec.num_keys, dtype=np.int64), seed)
             self.w.append(w)
-            self.slots.append(opt.init_slots(shape, spec.dtype))
+            self.slots.append(opt.init_slots(shape, spec.dtype, w=w))
         self.pending = [[] for _ in self.specs]
         self.clock_value = 0
         self.read_version = np.zeros((len(self.specs), 1), dtype=np.int64)
