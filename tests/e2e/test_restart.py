@@ -181,7 +181,7 @@ def test_checkpoint_of_another_model_shape_is_refused(tmp_path):
 def test_server_killed_while_writing_its_shard_restarts_from_previous_checkpoint(tmp_path):
     """A 2^22-row table makes each shard write take a while; SIGKILL the server as soon as
     its temporary shard file of the second checkpoint appears."""
-    j = write_job(tmp_path / "w.toml", JOB.format(servers=1, rows=4000, epochs=2, batch=64,
+    j = write_job(tmp_path / "w.toml", JOB.format(servers=1, opt="adagrad", rows=4000, epochs=2, batch=64,
                                                  every=10, keep=5, out=tmp_path / "w")
                   .replace("hash_bits = 14", "hash_bits = 22"))
     p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", "--max-restarts", "1", str(j)],
@@ -205,7 +205,7 @@ def test_server_killed_while_writing_its_shard_restarts_from_previous_checkpoint
 
 
 def test_checkpoint_every_seconds(tmp_path):
-    j = write_job(tmp_path / "t.toml", JOB.format(servers=1, rows=6000, epochs=2, batch=32,
+    j = write_job(tmp_path / "t.toml", JOB.format(servers=1, opt="adagrad", rows=6000, epochs=2, batch=32,
                                                  every=0, keep=100, out=tmp_path / "t")
                   .replace("keep = 100\n", "keep = 100\nevery_seconds = 0.05\nat_end = false\n"))
     proc, _ = launch(4, ["train", j], cwd=tmp_path)
