@@ -145,16 +145,17 @@ class MLP(Model):
         o = self.cfg.optimizer
         dt = self.cfg.model.dtype
 
-        def opt(l2):
-            return Optimizer(o.name, o.learning_rate, l2=l2,
-                             initial_accumulator=o.initial_accumulator, eps=o.eps)
+        def opt(l2, weights):
+            # the job's rule with every key of it; FTRL's l1/l2 on the weights, not the biases
+            return Optimizer.from_config(o, l2=l2, regularize=weights)
 
         out = []
         for i, ((a, b), std) in enumerate(zip(zip(self.sizes[:-1], self.sizes[1:]),
                                               init_stds(self.sizes))):
             wn, bn = _layer_names(i)
-            out.append((TableSpec(wn, a, b, dt, sparse=False, init_std=std), opt(self.cfg.model.l2)))
-            out.append((TableSpec(bn, 1, b, dt, sparse=False), opt(0.0)))
+            out.append((TableSpec(wn, a, b, dt, sparse=False, init_std=std),
+                        opt(self.cfg.model.l2, True)))
+            out.append((TableSpec(bn, 1, b, dt, sparse=False), opt(0.0, False)))
         return out
 
     def load(self, split: str, part: int, n_parts: int):
