@@ -637,7 +637,8 @@ def evaluate(source, data, job=None) -> dict:
     ------
     AnalysisError
         If the model is not logistic, its tables are missing or do not match the job's
-        feature count, or the data set is empty.
+        feature count, a model file's ``index_base`` differs from the job's, or the data
+        set is empty.
     hpcps.config.ConfigError, hpcps.data.DataError
         For an invalid configuration or malformed data.
     """
@@ -660,6 +661,12 @@ def evaluate(source, data, job=None) -> dict:
     if w.shape[0] != cfg.data.num_features:
         raise AnalysisError(f"{src.path}: weights has {w.shape[0]} rows but the job {cfg.path} has "
                             f"{cfg.data.num_features} features (wrong --job?)")
+    stored = src.meta.get("index_base", -1) if src.kind == "model" else -1
+    if cfg.data.format == "svmlight" and stored in (0, 1) and cfg.data.index_base != stored:
+        raise AnalysisError(f"{src.path}: the model was trained on {stored}-based svmlight "
+                            f"indices but the job {cfg.path} reads them {cfg.data.index_base}-"
+                            "based (data.index_base); the test file must be read as the "
+                            "training file was")
     X, y = load_split(cfg.data, "test", 0, 1)
     if X.shape[0] == 0:
         raise AnalysisError(f"{data}: no rows to evaluate")

@@ -60,6 +60,7 @@ __all__ = [
     "OPTIMIZERS",
     "CONSISTENCY_MODELS",
     "PULL_MODES",
+    "DUPLICATE_MODES",
     "load_job",
     "parse_job",
     "check_world",
@@ -81,6 +82,8 @@ OPTIMIZERS = ("sgd", "adagrad")
 CONSISTENCY_MODELS = ("bsp", "ssp", "async")
 #: Supported ``consistency.pull`` values.
 PULL_MODES = ("p2p", "rma")
+#: Supported ``data.duplicate_indices`` values (svmlight).
+DUPLICATE_MODES = ("error", "sum")
 
 _INT64_MAX = 2**63 - 1
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -168,8 +171,13 @@ class DataConfig:
         svmlight feature indices start at 0 or 1 (never guessed); ``None`` for
         ``adult_csv``.
     n_features : int or None
-        svmlight feature count (indices must be ``< n_features`` after removing the base);
-        ``None`` for ``adult_csv`` (use :attr:`num_features`).
+        svmlight feature count (indices must be ``< n_features`` after removing the base),
+        up to ``2**63 - 1`` (indices are int64); ``None`` for ``adult_csv`` (use
+        :attr:`num_features`).
+    duplicate_indices : str
+        svmlight: a feature index repeated within a row (``3:1 3:2``) is an error naming
+        the file and line (``"error"``, the default) or its values are added (``"sum"``).
+        Indices must not decrease along a row either way.
     test_fraction : float
         ``adult_csv``: fraction of rows held out as test set, in (0, 1).
     split_seed : int
@@ -189,6 +197,7 @@ class DataConfig:
     test_path: Path | None = None
     index_base: int | None = None
     n_features: int | None = None
+    duplicate_indices: str = "error"
     test_fraction: float = 0.2
     split_seed: int = 0
     max_rows: int = 0
@@ -515,6 +524,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "test_path": _Rule(str, ""),
         "index_base": _Rule(int, choices=(0, 1)),
         "n_features": _Rule(int, lo=1),
+        "duplicate_indices": _Rule(str, "error", choices=DUPLICATE_MODES),
         "test_fraction": _Rule(float, 0.2, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
         "split_seed": _Rule(int, 0, lo=0),
         "max_rows": _Rule(int, 0, lo=0),
@@ -581,7 +591,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
 # [data] keys that only make sense for one format; setting them for the other is an error.
 _FORMAT_ONLY = {
     "adult_csv": ("test_fraction", "split_seed", "hash_bits", "numeric_bins", "crosses"),
-    "svmlight": ("test_path", "index_base", "n_features"),
+    "svmlight": ("test_path", "index_base", "n_features", "duplicate_indices"),
     "prepared": (),
 }
 _FORMAT_REQUIRED = {"adult_csv": (), "svmlight": ("test_path", "index_base", "n_features"),

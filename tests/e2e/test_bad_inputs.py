@@ -26,12 +26,15 @@ dir = "out"
 """
 
 CASES = {
-    "bad_value.svm": "bad_value.svm:2: could not convert string to float",
-    "bad_label.svm": "bad_label.svm:2: could not convert string to float",
+    "bad_value.svm": "bad_value.svm:2: could not convert string to float: 'abc'",
+    "bad_label.svm": "bad_label.svm:2: could not convert string to float: 'yes' (the label)",
     "index_beyond_table.svm": "index_beyond_table.svm:2: feature index 9 (index_base=1) is out of range for n_features=8",
     "label_out_of_range.svm": "label_out_of_range.svm:1: label 2.0 is not -1, 0 or +1",
     "nan_value.svm": "nan_value.svm:1: non-finite feature value nan",
-    "unsorted_indices.svm": "unsorted_indices.svm:2: Feature indices in SVMlight/LibSVM data file should be sorted",
+    "unsorted_indices.svm": "unsorted_indices.svm:2: feature indices must increase along a row: 2 after 3",
+    "index_2pow31.svm": "index_2pow31.svm:2: feature index 2147483649 (index_base=1) is out of range for n_features=8",
+    "index_2pow32.svm": "index_2pow32.svm:4: feature index 4294967297 (index_base=1) is out of range for n_features=8",
+    "duplicate_index.svm": 'duplicate_index.svm:2: duplicate feature index 4 in a row (set [data] duplicate_indices = "sum"',
     "empty.svm": "empty.svm: no training rows",
 }
 
@@ -46,6 +49,24 @@ def test_bad_training_file_fails_fast_with_file_and_line(tmp_path, name):
     assert proc.returncode != 0
     assert CASES[name] in proc.stderr, proc.stderr[-2000:]
     assert secs < 60
+
+
+def test_duplicate_indices_summed_when_the_job_says_so(tmp_path):
+    """[data] duplicate_indices = "sum": the file that is refused by default trains, and the
+    model records the index base the data was read with."""
+    import h5py
+
+    train = tmp_path / "dup.svm"
+    shutil.copy(BAD / "duplicate_index.svm", train)
+    (tmp_path / "test.svm").write_text(GOOD + "1 2:1 2:1\n")
+    text = JOB.format(train=train, test=tmp_path / "test.svm").replace(
+        "n_features = 8", 'n_features = 8\nduplicate_indices = "sum"')
+    job = write_job(tmp_path / "job.toml", text)
+    proc, _ = launch(3, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "3 train / 5 test rows" in proc.stdout
+    with h5py.File(tmp_path / "out" / "model.h5", "r") as f:
+        assert int(f.attrs["index_base"]) == 1 and f["weights"].shape == (8, 1)
 
 
 def test_quirky_valid_file_smaller_than_the_worker_count_trains(tmp_path):

@@ -338,6 +338,16 @@ def test_bool_is_not_float(jobdir, dotted):
     assert e.key == dotted and e.message == "expected float, got boolean true"
 
 
+def test_duplicate_indices_key(jobdir):
+    assert job(jobdir, SVM).data.duplicate_indices == "error"
+    assert job(jobdir, SVM + 'duplicate_indices = "sum"\n').data.duplicate_indices == "sum"
+    e = error(jobdir, SVM + 'duplicate_indices = "add"\n')
+    assert e.key == "data.duplicate_indices"
+    assert e.message == "must be one of 'error', 'sum', got 'add'"
+    e = error(jobdir, ADULT + 'duplicate_indices = "sum"\n')
+    assert e.key == "data.duplicate_indices" and "only with 'svmlight'" in e.message
+
+
 def test_bool_index_base_rejected(jobdir):
     e = error(jobdir, SVM.replace("index_base = 1", "index_base = true"))
     assert e.key == "data.index_base" and "expected integer, got boolean" in e.message
