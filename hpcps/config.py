@@ -323,6 +323,12 @@ class ConsistencyConfig:
         Push filter (Li et al., OSDI 2014 §3.3 "significantly modified" filter): a worker
         sends only gradient entries whose accumulated magnitude exceeds this value and keeps
         the rest locally until it does (0 = off). Only with ``model = "async"``.
+    rma_fallback : bool
+        With ``pull = "rma"`` on an MPI known to give one-sided reads no passive progress
+        (MPICH without ``MPIR_CVAR_ASYNC_PROGRESS=1``, Open MPI 4 without
+        ``OMPI_MCA_osc=sm``; :mod:`hpcps.comm.progress`) pull by messages (``"p2p"``)
+        instead. Either way rank 0 warns once at start with what to set. Only with
+        ``pull = "rma"``.
     """
 
     model: str = "bsp"
@@ -332,6 +338,7 @@ class ConsistencyConfig:
     n_push: int = 1
     staleness_aware_lr: bool = False
     push_threshold: float = 0.0
+    rma_fallback: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -562,6 +569,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "n_push": _Rule(int, 1, lo=1, hi=1_000_000),
         "staleness_aware_lr": _Rule(bool, False),
         "push_threshold": _Rule(float, 0.0, lo=0.0),
+        "rma_fallback": _Rule(bool, False),
     },
     "comm": {"max_message_bytes": _Rule(int, 1073741824, lo=1024)},
     "output": {"dir": _Rule(str, "")},
@@ -813,6 +821,9 @@ def _consistency(ck: _Checker, doc: dict) -> ConsistencyConfig:
             which = " or ".join(repr(m) for m in models)
             raise ck.error(f"consistency.{k}", f"only used with model = {which}, not "
                                                f"{vals['model']!r}; remove it")
+    if "rma_fallback" in table and vals["pull"] != "rma":
+        raise ck.error("consistency.rma_fallback", f"only used with pull = 'rma', not "
+                                                   f"{vals['pull']!r}; remove it")
     return ConsistencyConfig(**vals)
 
 

@@ -348,6 +348,15 @@ def test_duplicate_indices_key(jobdir):
     assert e.key == "data.duplicate_indices" and "only with 'svmlight'" in e.message
 
 
+def test_rma_fallback_only_with_rma_pulls(jobdir):
+    assert job(jobdir, ADULT + '[consistency]\npull = "rma"\nrma_fallback = true\n'
+               ).consistency.rma_fallback is True
+    assert job(jobdir, ADULT).consistency.rma_fallback is False
+    e = error(jobdir, ADULT + "[consistency]\nrma_fallback = true\n")
+    assert e.key == "consistency.rma_fallback"
+    assert e.message == "only used with pull = 'rma', not 'p2p'; remove it"
+
+
 def test_bool_index_base_rejected(jobdir):
     e = error(jobdir, SVM.replace("index_base = 1", "index_base = true"))
     assert e.key == "data.index_base" and "expected integer, got boolean" in e.message
