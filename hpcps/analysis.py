@@ -39,7 +39,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import tomllib
 from pathlib import Path
 
@@ -47,6 +46,7 @@ import h5py
 import numpy as np
 
 from . import checkpoint as ckpt
+from .files import make_temp
 
 __all__ = [
     "AnalysisError",
@@ -749,9 +749,9 @@ def export_npz(source, out=None) -> Path:
         name = str(src.meta.get("job_name") or "model")
         out = Path.cwd() / f"{name}-step-{int(src.meta.get('step', 0)):08d}.npz"
     out = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    tmp = make_temp(out)                     # mode 0666 & ~umask
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             np.savez(f, **arrays)
         os.replace(tmp, out)
     finally:
@@ -928,9 +928,9 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
         ax.grid(True, alpha=0.3)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    tmp = make_temp(out)                     # mode 0666 & ~umask
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             fig.savefig(f, format=fmt, dpi=100)
         os.replace(tmp, out)
     finally:

@@ -65,6 +65,7 @@ __all__ = [
     "parse_job",
     "check_world",
     "check_output_writable",
+    "output_note",
     "to_dict",
 ]
 
@@ -1056,6 +1057,34 @@ def check_output_writable(cfg: JobConfig) -> None:
     except OSError as e:
         raise ConfigError(where, "output.dir",
                           f"directory is not writable: {d}: {e.strerror or e}") from None
+
+
+def output_note(cfg: JobConfig, cwd: str | os.PathLike | None = None) -> str | None:
+    """A note when the job writes outside the working directory, else None. Local.
+
+    The only path of a job file that hpcps writes to is ``[output] dir`` (checkpoints,
+    model, metrics all go below it). It is resolved (symbolic links followed) against the
+    working directory; when the result does not lie below that directory — an absolute
+    path, ``..``, or a link pointing elsewhere — the user should be told where the files
+    go before they are written.
+
+    Parameters
+    ----------
+    cfg : JobConfig
+    cwd : path-like, optional
+        The working directory (default: the process's).
+
+    Returns
+    -------
+    str or None
+        ``"<job>: output.dir: writing to <dir>, outside the working directory <cwd>"``.
+    """
+    here = Path(cwd if cwd is not None else Path.cwd()).resolve()
+    d = cfg.output.dir.resolve()
+    if d == here or here in d.parents:
+        return None
+    return (f"{_display_path(cfg.path)}: output.dir: writing to {d}, outside the working "
+            f"directory {here}")
 
 
 def _plain(value: Any) -> Any:

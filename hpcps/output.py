@@ -10,7 +10,8 @@ Metrics file ``<run dir>/metrics.json``
     test_logloss, test_auc, test_accuracy, test_rows}, ...], "summary": {...}}``.
 
 Both are written to a temporary name in the same directory and moved into place with
-``os.replace``, so a reader never sees half a file.
+``os.replace``, so a reader never sees half a file; their mode follows the umask
+(:mod:`hpcps.files`).
 """
 
 from __future__ import annotations
@@ -18,19 +19,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from . import __version__
+from .files import make_temp
 
 
 def _atomic_path(final: Path):
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    return Path(tmp)
+    return make_temp(final)
 
 
 def _commit(tmp: Path, final: Path) -> None:

@@ -46,9 +46,10 @@ One directory per checkpoint, named by the step (worker clock) it was taken at::
 Atomic commit
 -------------
 Every file is written under a temporary name in the same directory, flushed, fsync'ed,
-moved into place with ``os.replace`` and the directory fsync'ed. The manifest is written
-last and names the size and SHA-256 of every shard, so a checkpoint is *complete* only when
-its manifest exists and every shard matches it. :func:`latest_valid` skips (with a warning)
+moved into place with ``os.replace`` and the directory fsync'ed; files get mode
+``0666 & ~umask`` and directories ``0777 & ~umask`` (:mod:`hpcps.files`). The manifest is
+written last and names the size and SHA-256 of every shard, so a checkpoint is *complete*
+only when its manifest exists and every shard matches it. :func:`latest_valid` skips (with a warning)
 any newer checkpoint that is incomplete, truncated or corrupt; a process killed at any
 instant of a write therefore never makes the previous checkpoint unusable.
 """
@@ -56,19 +57,18 @@ instant of a write therefore never makes the previous checkpoint unusable.
 from __future__ import annotations
 
 import datetime as _dt
-import errno
 import hashlib
 import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from .. import __version__
+from ..files import make_temp
 
 FORMAT = "hpcps-checkpoint-1"
 MANIFEST = "manifest.h5"
@@ -171,11 +171,9 @@ def _atomic_h5(final: Path, fill, need: int = 0) -> None:
     if need and free is not None and free < need:
         raise CheckpointError(_write_failure(final, "not enough free space", need))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+        tmp = make_temp(final)            # mode 0666 & ~umask, like the directories
     except OSError as e:
         raise CheckpointError(_write_failure(final, e.strerror or str(e), need)) from e
-    os.close(fd)
-    tmp = Path(tmp)
     try:
         # file format of HDF5 1.8-1.10: several times faster to write than the default
         # "earliest", and still readable by HDF5 1.10 tools (h5dump/h5ls of Debian 12);
