@@ -289,6 +289,10 @@ class TrainConfig:
         Cap on steps per epoch (0 = no limit).
     progress_seconds : float
         Seconds between progress lines printed by the chief (> 0).
+    max_nonfinite_steps : int
+        Steps whose loss or gradient is NaN/inf that are rejected (not pushed; under BSP on
+        every worker, by a vote) before the job stops with ``NonFiniteError`` (>= 0; 0 = stop
+        at the first). See :mod:`hpcps.worker.steps`.
     """
 
     epochs: int = 5
@@ -296,6 +300,7 @@ class TrainConfig:
     shuffle: bool = True
     max_steps: int = 0
     progress_seconds: float = 5.0
+    max_nonfinite_steps: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -561,6 +566,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "shuffle": _Rule(bool, True),
         "max_steps": _Rule(int, 0, lo=0),
         "progress_seconds": _Rule(float, 5.0, lo=0.0, lo_open=True),
+        "max_nonfinite_steps": _Rule(int, 0, lo=0),
     },
     "consistency": {
         "model": _Rule(str, "bsp", choices=CONSISTENCY_MODELS),

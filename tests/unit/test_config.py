@@ -270,7 +270,7 @@ def test_unknown_key_suggests_closest(jobdir, monkeypatch):
     ("data.hashbits", "3", "did you mean 'hash_bits'?"),
     ("nmae", '"x"', "did you mean 'name'?"),
     ("trian.epochs", "3", None),  # unknown section → suggests 'train'
-    ("train.zzz", "3", "valid keys: batch_size, epochs, max_steps, progress_seconds, shuffle"),
+    ("train.zzz", "3", "valid keys: batch_size, epochs, max_nonfinite_steps, max_steps, progress_seconds, shuffle"),
     ("train.seed", "3", "'seed' is a top-level key"),
     ("epochs", "3", "'epochs' belongs in [train]"),
     ("optimizer.hash_bits", "3", "'hash_bits' belongs in [data]"),
