@@ -39,7 +39,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import tomllib
 from pathlib import Path
 
@@ -47,6 +46,7 @@ import h5py
 import numpy as np
 
 from . import checkpoint as ckpt
+from .files import make_temp
 
 __all__ = [
     "AnalysisError",
@@ -637,7 +637,8 @@ def evaluate(source, data, job=None) -> dict:
     ------
     AnalysisError
         If the model is not logistic, its tables are missing or do not match the job's
-        feature count, or the data set is empty.
+        feature count, a model file's ``index_base`` differs from the job's, or the data
+        set is empty.
     hpcps.config.ConfigError, hpcps.data.DataError
         For an invalid configuration or malformed data.
     """
@@ -660,6 +661,12 @@ def evaluate(source, data, job=None) -> dict:
     if w.shape[0] != cfg.data.num_features:
         raise AnalysisError(f"{src.path}: weights has {w.shape[0]} rows but the job {cfg.path} has "
                             f"{cfg.data.num_features} features (wrong --job?)")
+    stored = src.meta.get("index_base", -1) if src.kind == "model" else -1
+    if cfg.data.format == "svmlight" and stored in (0, 1) and cfg.data.index_base != stored:
+        raise AnalysisError(f"{src.path}: the model was trained on {stored}-based svmlight "
+                            f"indices but the job {cfg.path} reads them {cfg.data.index_base}-"
+                            "based (data.index_base); the test file must be read as the "
+                            "training file was")
     X, y = load_split(cfg.data, "test", 0, 1)
     if X.shape[0] == 0:
         raise AnalysisError(f"{data}: no rows to evaluate")
@@ -742,9 +749,9 @@ def export_npz(source, out=None) -> Path:
         name = str(src.meta.get("job_name") or "model")
         out = Path.cwd() / f"{name}-step-{int(src.meta.get('step', 0)):08d}.npz"
     out = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    tmp = make_temp(out)                     # mode 0666 & ~umask
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             np.savez(f, **arrays)
         os.replace(tmp, out)
     finally:
@@ -921,9 +928,9 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
         ax.grid(True, alpha=0.3)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    tmp = make_temp(out)                     # mode 0666 & ~umask
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             fig.savefig(f, format=fmt, dpi=100)
         os.replace(tmp, out)
     finally:

@@ -62,6 +62,11 @@ def cmd_train(args) -> int:
         _fail(error or "a job-file error was reported by another rank (see its message)")
         core.barrier_before_exit(world)
         return 2
+    from .config import output_note
+
+    note = output_note(cfg) if world.Get_rank() == 0 else None
+    if note:
+        print(f"hpcps: note: {note}", flush=True)
     with core.abort_on_error(world):
         try:
             res = run_job(cfg, world, resume=args.resume, stop=stop)

@@ -60,10 +60,12 @@ __all__ = [
     "OPTIMIZERS",
     "CONSISTENCY_MODELS",
     "PULL_MODES",
+    "DUPLICATE_MODES",
     "load_job",
     "parse_job",
     "check_world",
     "check_output_writable",
+    "output_note",
     "to_dict",
 ]
 
@@ -81,6 +83,8 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 CONSISTENCY_MODELS = ("bsp", "ssp", "async")
 #: Supported ``consistency.pull`` values.
 PULL_MODES = ("p2p", "rma")
+#: Supported ``data.duplicate_indices`` values (svmlight).
+DUPLICATE_MODES = ("error", "sum")
 
 _INT64_MAX = 2**63 - 1
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -168,8 +172,13 @@ class DataConfig:
         svmlight feature indices start at 0 or 1 (never guessed); ``None`` for
         ``adult_csv``.
     n_features : int or None
-        svmlight feature count (indices must be ``< n_features`` after removing the base);
-        ``None`` for ``adult_csv`` (use :attr:`num_features`).
+        svmlight feature count (indices must be ``< n_features`` after removing the base),
+        up to ``2**63 - 1`` (indices are int64); ``None`` for ``adult_csv`` (use
+        :attr:`num_features`).
+    duplicate_indices : str
+        svmlight: a feature index repeated within a row (``3:1 3:2``) is an error naming
+        the file and line (``"error"``, the default) or its values are added (``"sum"``).
+        Indices must not decrease along a row either way.
     test_fraction : float
         ``adult_csv``: fraction of rows held out as test set, in (0, 1).
     split_seed : int
@@ -189,6 +198,7 @@ class DataConfig:
     test_path: Path | None = None
     index_base: int | None = None
     n_features: int | None = None
+    duplicate_indices: str = "error"
     test_fraction: float = 0.2
     split_seed: int = 0
     max_rows: int = 0
@@ -292,6 +302,10 @@ class TrainConfig:
         Cap on steps per epoch (0 = no limit).
     progress_seconds : float
         Seconds between progress lines printed by the chief (> 0).
+    max_nonfinite_steps : int
+        Steps whose loss or gradient is NaN/inf that are rejected (not pushed; under BSP on
+        every worker, by a vote) before the job stops with ``NonFiniteError`` (>= 0; 0 = stop
+        at the first). See :mod:`hpcps.worker.steps`.
     """
 
     epochs: int = 5
@@ -299,6 +313,7 @@ class TrainConfig:
     shuffle: bool = True
     max_steps: int = 0
     progress_seconds: float = 5.0
+    max_nonfinite_steps: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -327,6 +342,12 @@ class ConsistencyConfig:
         Push filter (Li et al., OSDI 2014 §3.3 "significantly modified" filter): a worker
         sends only gradient entries whose accumulated magnitude exceeds this value and keeps
         the rest locally until it does (0 = off). Only with ``model = "async"``.
+    rma_fallback : bool
+        With ``pull = "rma"`` on an MPI known to give one-sided reads no passive progress
+        (MPICH without ``MPIR_CVAR_ASYNC_PROGRESS=1``, Open MPI 4 without
+        ``OMPI_MCA_osc=sm``; :mod:`hpcps.comm.progress`) pull by messages (``"p2p"``)
+        instead. Either way rank 0 warns once at start with what to set. Only with
+        ``pull = "rma"``.
     """
 
     model: str = "bsp"
@@ -336,6 +357,7 @@ class ConsistencyConfig:
     n_push: int = 1
     staleness_aware_lr: bool = False
     push_threshold: float = 0.0
+    rma_fallback: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -528,6 +550,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "test_path": _Rule(str, ""),
         "index_base": _Rule(int, choices=(0, 1)),
         "n_features": _Rule(int, lo=1),
+        "duplicate_indices": _Rule(str, "error", choices=DUPLICATE_MODES),
         "test_fraction": _Rule(float, 0.2, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
         "split_seed": _Rule(int, 0, lo=0),
         "max_rows": _Rule(int, 0, lo=0),
@@ -561,6 +584,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "shuffle": _Rule(bool, True),
         "max_steps": _Rule(int, 0, lo=0),
         "progress_seconds": _Rule(float, 5.0, lo=0.0, lo_open=True),
+        "max_nonfinite_steps": _Rule(int, 0, lo=0),
     },
     "consistency": {
         "model": _Rule(str, "bsp", choices=CONSISTENCY_MODELS),
@@ -570,6 +594,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "n_push": _Rule(int, 1, lo=1, hi=1_000_000),
         "staleness_aware_lr": _Rule(bool, False),
         "push_threshold": _Rule(float, 0.0, lo=0.0),
+        "rma_fallback": _Rule(bool, False),
     },
     "comm": {"max_message_bytes": _Rule(int, 1073741824, lo=1024)},
     "output": {"dir": _Rule(str, "")},
@@ -599,7 +624,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
 # [data] keys that only make sense for one format; setting them for the other is an error.
 _FORMAT_ONLY = {
     "adult_csv": ("test_fraction", "split_seed", "hash_bits", "numeric_bins", "crosses"),
-    "svmlight": ("test_path", "index_base", "n_features"),
+    "svmlight": ("test_path", "index_base", "n_features", "duplicate_indices"),
     "prepared": (),
 }
 _FORMAT_REQUIRED = {"adult_csv": (), "svmlight": ("test_path", "index_base", "n_features"),
@@ -821,6 +846,9 @@ def _consistency(ck: _Checker, doc: dict) -> ConsistencyConfig:
             which = " or ".join(repr(m) for m in models)
             raise ck.error(f"consistency.{k}", f"only used with model = {which}, not "
                                                f"{vals['model']!r}; remove it")
+    if "rma_fallback" in table and vals["pull"] != "rma":
+        raise ck.error("consistency.rma_fallback", f"only used with pull = 'rma', not "
+                                                   f"{vals['pull']!r}; remove it")
     return ConsistencyConfig(**vals)
 
 
@@ -1077,6 +1105,34 @@ def check_output_writable(cfg: JobConfig) -> None:
     except OSError as e:
         raise ConfigError(where, "output.dir",
                           f"directory is not writable: {d}: {e.strerror or e}") from None
+
+
+def output_note(cfg: JobConfig, cwd: str | os.PathLike | None = None) -> str | None:
+    """A note when the job writes outside the working directory, else None. Local.
+
+    The only path of a job file that hpcps writes to is ``[output] dir`` (checkpoints,
+    model, metrics all go below it). It is resolved (symbolic links followed) against the
+    working directory; when the result does not lie below that directory — an absolute
+    path, ``..``, or a link pointing elsewhere — the user should be told where the files
+    go before they are written.
+
+    Parameters
+    ----------
+    cfg : JobConfig
+    cwd : path-like, optional
+        The working directory (default: the process's).
+
+    Returns
+    -------
+    str or None
+        ``"<job>: output.dir: writing to <dir>, outside the working directory <cwd>"``.
+    """
+    here = Path(cwd if cwd is not None else Path.cwd()).resolve()
+    d = cfg.output.dir.resolve()
+    if d == here or here in d.parents:
+        return None
+    return (f"{_display_path(cfg.path)}: output.dir: writing to {d}, outside the working "
+            f"directory {here}")
 
 
 def _plain(value: Any) -> Any:

@@ -5,6 +5,8 @@ Called by ``hpcps train`` on every rank of the launch (collective over the world
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import time
 
@@ -15,6 +17,7 @@ from . import checkpoint as ckpt
 from . import consistency_report
 from .comm import core
 from .comm.collectives import barrier, bcast_int, gather_rows
+from .comm.progress import library_version, rma_progress_advice
 from .comm.core import any_rank_failed
 from .comm.rma import allocate_windows, free_windows
 from .comm.transport import ServerEndpoint, WorkerEndpoint
@@ -166,6 +169,48 @@ def load_model(cfg):
         raise ConfigError(cfg.path, "data.path", str(e)) from None
 
 
+def check_rma_progress(cfg, world, out=None, environ=None, library=None):
+    """With ``pull = "rma"``: warn once (rank 0) when this MPI is known to give one-sided
+    reads no passive progress, and with ``[consistency] rma_fallback = true`` switch the
+    job to p2p pulls. Collective over ``world`` (one broadcast) when ``pull = "rma"``.
+
+    Rank 0's view decides (library version and environment,
+    :func:`hpcps.comm.progress.rma_progress_advice`), so every rank takes the same path.
+
+    Parameters
+    ----------
+    cfg : hpcps.config.JobConfig
+    world : MPI.Intracomm
+    out : text stream, optional
+        Where rank 0 writes the warning (default ``sys.stdout``).
+    environ : mapping, optional
+        The environment to judge (default ``os.environ``).
+    library : str, optional
+        The MPI library version string (default: asked from MPI).
+
+    Returns
+    -------
+    hpcps.config.JobConfig
+        ``cfg`` itself, or a copy with ``consistency.pull = "p2p"`` after a fallback.
+    """
+    if cfg.consistency.pull != "rma":
+        return cfg
+    out = out or sys.stdout
+    advice = None
+    if world.Get_rank() == 0:
+        advice = rma_progress_advice(library if library is not None else library_version(),
+                                     os.environ if environ is None else environ)
+        if advice is not None:
+            what = ("falling back to p2p pulls ([consistency] rma_fallback = true)"
+                    if cfg.consistency.rma_fallback else "continuing with RMA pulls")
+            out.write(f"hpcps: warning: {advice.message()}; {what}\n")
+            out.flush()
+    if bcast_int(world, int(advice is not None)) and cfg.consistency.rma_fallback:
+        return dataclasses.replace(cfg, consistency=dataclasses.replace(cfg.consistency,
+                                                                        pull="p2p"))
+    return cfg
+
+
 def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
@@ -190,6 +235,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     if cfg.cluster.mode == "sandblaster":        # batch L-BFGS (hpcps.sandblaster)
         from .sandblaster.run import run_sandblaster
         return run_sandblaster(cfg, world, out, resume=resume, stop=stop, step_hook=step_hook)
+    cfg = check_rma_progress(cfg, world, out)
     policy = policy_from_config(cfg.consistency)
     model = load_model(cfg)
     tables = model.tables()

@@ -10,32 +10,43 @@ Metrics file ``<run dir>/metrics.json``
     test_logloss, test_auc, test_accuracy, test_rows}, ...], "summary": {...}}``.
 
 Both are written to a temporary name in the same directory and moved into place with
-``os.replace``, so a reader never sees half a file.
+``os.replace``, so a reader never sees half a file; their mode follows the umask
+(:mod:`hpcps.files`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import shutil
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from . import __version__
+from .files import make_temp
 
 
 def _atomic_path(final: Path):
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    return Path(tmp)
+    return make_temp(final)
 
 
 def _commit(tmp: Path, final: Path) -> None:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, final)
+
+
+def _failed(final: Path, e: OSError, need: int) -> OSError:
+    """An OSError (same errno) naming the file, the bytes it needs and the bytes free."""
+    try:
+        free = f"{shutil.disk_usage(final.parent).free / 1e6:,.2f} MB free"
+    except OSError:
+        free = "free space unknown"
+    reason = e.strerror or str(e)
+    return OSError(e.errno, f"cannot write {final}: {reason}; it needs about "
+                            f"{need / 1e6:,.2f} MB, {free} in {final.parent}")
 
 
 def write_model(path, tables: dict, cfg, step: int, epoch: int) -> Path:
@@ -48,10 +59,20 @@ def write_model(path, tables: dict, cfg, step: int, epoch: int) -> Path:
     tables : dict of str -> ndarray (num_keys, dim)
     cfg : hpcps.config.JobConfig
     step, epoch : int
+
+    Raises
+    ------
+    OSError
+        If the file cannot be written (disk full, read-only, ...): the message names the
+        file, the bytes it needs and the bytes free; no partial file is left.
     """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _atomic_path(final)
+    need = 64 * 1024 + sum(np.asarray(a).nbytes for a in tables.values())
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _atomic_path(final)
+    except OSError as e:
+        raise _failed(final, e, need) from e
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs["hpcps_version"] = __version__
@@ -67,6 +88,8 @@ def write_model(path, tables: dict, cfg, step: int, epoch: int) -> Path:
                 d.attrs["dim"] = arr.shape[1]
                 d.attrs["meaning"] = f"rows of table {name!r} in original key order"
         _commit(tmp, final)
+    except OSError as e:
+        raise _failed(final, e, need) from e
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -96,13 +119,25 @@ def _jsonable(x):
 
 
 def write_metrics(path, record: dict) -> Path:
-    """Write the metrics JSON atomically (non-finite floats become ``null``)."""
+    """Write the metrics JSON atomically (non-finite floats become ``null``).
+
+    Raises
+    ------
+    OSError
+        As :func:`write_model`: naming the file, the bytes needed and free.
+    """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _atomic_path(final)
+    text = json.dumps(_jsonable(record), indent=1, allow_nan=False) + "\n"
     try:
-        tmp.write_text(json.dumps(_jsonable(record), indent=1, allow_nan=False) + "\n")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _atomic_path(final)
+    except OSError as e:
+        raise _failed(final, e, len(text.encode())) from e
+    try:
+        tmp.write_text(text)
         _commit(tmp, final)
+    except OSError as e:
+        raise _failed(final, e, len(text.encode())) from e
     finally:
         if tmp.exists():
             tmp.unlink()

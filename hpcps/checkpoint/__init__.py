@@ -48,9 +48,10 @@ One directory per checkpoint, named by the step (worker clock) it was taken at::
 Atomic commit
 -------------
 Every file is written under a temporary name in the same directory, flushed, fsync'ed,
-moved into place with ``os.replace`` and the directory fsync'ed. The manifest is written
-last and names the size and SHA-256 of every shard, so a checkpoint is *complete* only when
-its manifest exists and every shard matches it. :func:`latest_valid` skips (with a warning)
+moved into place with ``os.replace`` and the directory fsync'ed; files get mode
+``0666 & ~umask`` and directories ``0777 & ~umask`` (:mod:`hpcps.files`). The manifest is
+written last and names the size and SHA-256 of every shard, so a checkpoint is *complete*
+only when its manifest exists and every shard matches it. :func:`latest_valid` skips (with a warning)
 any newer checkpoint that is incomplete, truncated or corrupt; a process killed at any
 instant of a write therefore never makes the previous checkpoint unusable.
 """
@@ -63,7 +64,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 
@@ -71,6 +71,7 @@ import h5py
 import numpy as np
 
 from .. import __version__
+from ..files import make_temp
 
 FORMAT = "hpcps-checkpoint-1"
 MANIFEST = "manifest.h5"
@@ -166,7 +167,7 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _atomic_h5(final: Path, fill) -> str | None:
+def _atomic_h5(final: Path, fill, need: int = 0) -> str | None:
     """Write an HDF5 file by calling ``fill(h5file)`` on a temp file, then commit it.
 
     Parameters
@@ -179,6 +180,12 @@ def _atomic_h5(final: Path, fill) -> str | None:
         (with :func:`_create_raw`, storage allocated, nothing written) and returns with the
         arrays that belong in them: those are written by :func:`_write_raw` after the HDF5
         library closed the file.
+    need : int
+        Expected size in bytes (data plus HDF5 overhead). When the file system has less free
+        space than that, nothing is written; when writing fails anyway (ENOSPC, EROFS, EDQUOT,
+        EFBIG, EIO, ...) the temporary file is removed. Either way the previous checkpoints
+        are untouched and the :class:`CheckpointError` names the file, the reason, the bytes
+        needed and the bytes free.
 
     Returns
     -------
@@ -188,11 +195,15 @@ def _atomic_h5(final: Path, fill) -> str | None:
     """
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     except OSError as e:
-        raise CheckpointError(f"cannot write {final}: {e.strerror or e}") from e
-    os.close(fd)
-    tmp = Path(tmp)
+        raise CheckpointError(_write_failure(final, e.strerror or str(e), need)) from e
+    free = _free_bytes(final.parent)
+    if need and free is not None and free < need:
+        raise CheckpointError(_write_failure(final, "not enough free space", need))
+    try:
+        tmp = make_temp(final)            # mode 0666 & ~umask, like the directories
+    except OSError as e:
+        raise CheckpointError(_write_failure(final, e.strerror or str(e), need)) from e
     digest = None
     try:
         # file format of HDF5 1.8-1.10: several times faster to write than the default
@@ -209,11 +220,12 @@ def _atomic_h5(final: Path, fill) -> str | None:
         os.replace(tmp, final)
         _fsync_dir(final.parent)
     except OSError as e:
-        raise CheckpointError(f"cannot write {final}: {e.strerror or e} "
-                              f"(free space in {final.parent}: {_free(final.parent)})") from e
+        raise CheckpointError(_write_failure(final, _reason(e), need)) from e
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
     return digest
 
 
@@ -293,11 +305,34 @@ def _write_raw(path: Path, regions) -> str:
         os.close(fd)
 
 
-def _free(d: Path) -> str:
+def _reason(e: OSError) -> str:
+    """The OS reason of a failed write, on one line. h5py's OSError carries HDF5's report
+    (several lines, with ``errno = N`` inside) instead of a plain ``strerror``."""
+    text = " ".join(str(e.strerror or e).split())
+    m = re.search(r"errno = (\d+)", text)
+    if m:
+        return f"{os.strerror(int(m.group(1)))} (HDF5: {text.split(' (', 1)[0]})"
+    return text
+
+
+def _free_bytes(d: Path) -> int | None:
     try:
-        return f"{shutil.disk_usage(d).free / 1e6:,.1f} MB"
+        return shutil.disk_usage(d).free
     except OSError:
-        return "unknown"
+        return None
+
+
+def _write_failure(final: Path, reason: str, need: int) -> str:
+    free = _free_bytes(final.parent)
+    have = f"{free / 1e6:,.2f} MB free" if free is not None else "free space unknown"
+    want = f"the file needs about {need / 1e6:,.2f} MB, " if need else ""
+    return (f"cannot write {final}: {reason}; {want}{have} in {final.parent}. "
+            "The previous checkpoint is untouched; free space (or make the directory "
+            "writable) and run the job again to resume from it")
+
+
+#: HDF5 bookkeeping added to the data bytes when estimating a file's size.
+H5_OVERHEAD = 64 * 1024
 
 
 # ---------------------------------------------------------------------------- shards
@@ -327,7 +362,9 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
     Raises
     ------
     CheckpointError
-        If the file cannot be written (message names the file and the free space).
+        If the file cannot be written — not enough free space (checked first, from the
+        array sizes), a full or read-only file system, a quota — naming the file, the
+        reason, the bytes needed and free. Nothing of the file is left behind.
     """
     final = Path(directory) / shard_name(server)
     raw: list = []
@@ -351,7 +388,10 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
             g.attrs["optimizer"] = str(t.get("optimizer", ""))
         return raw
 
-    digest = _atomic_h5(final, fill)
+    need = H5_OVERHEAD + sum(
+        np.asarray(t["rows"]).nbytes + 8 * len(t["keys"])
+        + sum(np.asarray(a).nbytes for a in (t.get("slots") or {}).values()) for t in tables)
+    digest = _atomic_h5(final, fill, need)
     return final.stat().st_size, digest or _sha256(final)
 
 
@@ -377,6 +417,12 @@ def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch:
     extra : dict of str -> str or int, optional
         More root attributes (e.g. ``epoch_plan``, the JSON list of ``[n_workers, steps]``
         segments of an epoch resumed on another number of workers).
+
+    Raises
+    ------
+    CheckpointError
+        If the manifest cannot be written (see :func:`write_shard`); the checkpoint then
+        stays incomplete and :func:`latest_valid` skips it.
     """
     directory = Path(directory)
     n_servers = len(shards)
@@ -424,7 +470,7 @@ def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch:
                          tail, dt)
 
     final = directory / MANIFEST
-    _atomic_h5(final, fill)
+    _atomic_h5(final, fill, H5_OVERHEAD + len(cfg_text.encode()) + len(json.dumps(history)))
     return final
 
 

@@ -5,6 +5,8 @@ Submodules
 core
     World checks, the server/worker role split, abort-on-error, dtype-derived buffer sends
     with splitting of messages over ``max_message_bytes``.
+progress
+    Whether the MPI gives one-sided reads passive progress, and what to set if not.
 transport
     The parameter-server wire protocol (request headers, tags, ops) over point-to-point
     buffer calls, with per-op counters of messages, bytes and seconds.

@@ -27,6 +27,8 @@ from .partition_rows import block_bounds
 
 FORMAT = "prepared-v1"
 SPLITS = ("train", "test")
+# numpy dtype kinds accepted for X and y: bool, signed and unsigned integer, float
+_NUMERIC_KINDS = "biuf"
 
 
 class PreparedError(DataError):
@@ -138,9 +140,26 @@ def split_rows(path, split: str) -> int:
 
 def _dataset(f, path, split, name):
     key = f"{split}/{name}"
+    import h5py
+
     if key not in f:
         raise PreparedError(f"{path}: missing dataset /{key}")
-    return f[key]
+    d = f[key]
+    if not isinstance(d, h5py.Dataset):
+        raise PreparedError(f"{path}: /{key} is a {type(d).__name__}, expected a dataset")
+    return d
+
+
+def _describe(dtype) -> str:
+    """An HDF5 dataset's numpy dtype in words (strings are ``object`` to numpy)."""
+    import h5py
+
+    info = h5py.check_string_dtype(dtype)
+    if info is not None:
+        return f"{dtype} (strings, {info.encoding})"
+    if dtype.kind == "V":
+        return f"{dtype} (compound or opaque)"
+    return str(dtype)
 
 
 def read_part(path, split: str, part: int, n_parts: int, max_rows: int = 0):
@@ -163,7 +182,10 @@ def read_part(path, split: str, part: int, n_parts: int, max_rows: int = 0):
     Raises
     ------
     PreparedError
-        Missing file or dataset, or ``X`` and ``y`` of different lengths (names the file).
+        Naming the file and the dataset: a missing file or dataset, not an HDF5 file,
+        ``X`` or ``y`` not a numeric array (strings, compound or object dtype; a scalar;
+        ``y`` not 1-d), ``X`` and ``y`` of different lengths, or a NaN/inf in this part's
+        rows (with the row index within the split).
     ValueError
         If ``part`` is out of range.
     """
@@ -173,9 +195,24 @@ def read_part(path, split: str, part: int, n_parts: int, max_rows: int = 0):
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     with _open(path) as f:
         X, y = _dataset(f, path, split, "X"), _dataset(f, path, split, "y")
+        for d, want in ((X, "at least 1-d"), (y, "1-d")):
+            if d.dtype.kind not in _NUMERIC_KINDS:
+                raise PreparedError(f"{path}: dataset {d.name} has dtype {_describe(d.dtype)}, "
+                                    "expected a numeric array (integer or float)")
+            if d.ndim == 0 or (d is y and d.ndim != 1):
+                raise PreparedError(f"{path}: dataset {d.name} has shape {d.shape}, expected "
+                                    f"{want}")
         if X.shape[0] != y.shape[0]:
             raise PreparedError(f"{path}: /{split}/X has {X.shape[0]} rows but /{split}/y has "
                                 f"{y.shape[0]}")
         n = X.shape[0] if not max_rows else min(max_rows, X.shape[0])
         lo, hi = block_bounds(n, part, n_parts)
-        return X[lo:hi], y[lo:hi]
+        Xp, yp = X[lo:hi], y[lo:hi]
+    for arr, name in ((Xp, "X"), (yp, "y")):
+        if arr.dtype.kind == "f" and arr.size:
+            bad = ~np.isfinite(arr.reshape(arr.shape[0], -1)).all(axis=1)
+            if bad.any():
+                row = lo + int(np.flatnonzero(bad)[0])
+                raise PreparedError(f"{path}: dataset /{split}/{name} row {row}: non-finite "
+                                    "value (NaN or inf)")
+    return Xp, yp

@@ -21,7 +21,9 @@ def load_split(data_cfg, split: str, part: int, n_parts: int):
     Raises
     ------
     hpcps.data.DataError
-        On malformed input (the message names the file and line).
+        On malformed input (the message names the file and line). Train and test files of
+        an svmlight job are read with the same ``index_base``, ``n_features`` and
+        ``duplicate_indices``.
     """
     if data_cfg.format == "adult_csv":
         from .adult import load_adult_partition
@@ -37,7 +39,8 @@ def load_split(data_cfg, split: str, part: int, n_parts: int):
 
         path = data_cfg.path if split == "train" else data_cfg.test_path
         return read_svmlight_part(path, part, n_parts, n_features=data_cfg.num_features,
-                                  index_base=data_cfg.index_base)
+                                  index_base=data_cfg.index_base,
+                                  duplicates=data_cfg.duplicate_indices)
     if data_cfg.format == "prepared":
         from .prepared import read_part
 

@@ -2,43 +2,46 @@
 
 Every worker reads only its own contiguous share of a (possibly huge) text file: the
 file size is cut into ``n_parts`` byte ranges (:func:`byte_ranges`), and part ``k``
-owns the lines that *start* inside its range ``[b_k, b_{k+1})``.  The parsing itself
-is :func:`sklearn.datasets.load_svmlight_file` with its ``offset``/``length``
-arguments; :func:`read_svmlight_part` only moves the range ends to line boundaries, so
-that the parts together hold every row of the file exactly once, in file order, for
-any ``n_parts``.  (Passing the raw ranges to ``load_svmlight_file`` does not do that:
-a range that holds no line start still yields the next line, and a range ending in a
-blank or comment line runs on into the next part's first row; both rows are then read
-twice.)
+owns the lines that *start* inside its range ``[b_k, b_{k+1})``: :func:`read_svmlight_part`
+moves both range ends to the next line start and parses exactly the bytes between them,
+so that the parts together hold every row of the file exactly once, in file order, for
+any ``n_parts``.  The parsing is :func:`hpcps.kernels.svmlight.parse_svmlight` (Cython,
+``nogil``): scikit-learn's ``load_svmlight_file`` stores indices as C ``int`` (an
+``OverflowError`` at 2**31) and cannot add duplicate indices, so it is not used to read.
 
-Format (as parsed by scikit-learn): ``<label> [qid:<int>] <index>:<value> ...`` per
-line, indices strictly increasing, ``#`` starts a comment, blank lines and CRLF line
-ends are fine, the last line need not end with a newline.  Lines are split on ``\\n``.
-Compressed files (``.gz``, ``.bz2``) are rejected: byte ranges of the compressed file
-do not match the decompressed stream that scikit-learn would read.
+Format: ``<label> [qid:<int>] <index>:<value> ...`` per line, indices strictly
+increasing (or repeated, when duplicates are summed), ``#`` starts a comment, blank
+lines and CRLF line ends are fine, the last line need not end with a newline.  Lines are
+split on ``\\n``.  Indices are int64 (up to 2**63 - 1).  Compressed files (``.gz``,
+``.bz2``) are rejected: byte ranges of the compressed file do not match its
+decompressed stream.
 
 Sources
 -------
 - Joachims, T. SVMlight, http://svmlight.joachims.org/ (file format).
-- scikit-learn ``sklearn.datasets.load_svmlight_file`` / ``dump_svmlight_file``.
+- Chang, C.-C. and Lin, C.-J. LIBSVM, README (the same format, ``qid`` aside).
+- scikit-learn ``sklearn.datasets.dump_svmlight_file`` (writing).
 
 This module never imports ``mpi4py``.
 """
 
 from __future__ import annotations
 
-import io
 import operator
 import os
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.datasets import dump_svmlight_file, load_svmlight_file
+from sklearn.datasets import dump_svmlight_file
 
+from ..kernels.svmlight import SvmlightSyntaxError, parse_svmlight
 from . import DataError
 from .partition_rows import check_part
 
-__all__ = ["byte_ranges", "read_svmlight_part", "write_svmlight"]
+__all__ = ["DUPLICATES", "byte_ranges", "read_svmlight_part", "write_svmlight"]
+
+#: Values of ``duplicates`` (``[data] duplicate_indices``): refuse or add repeated indices.
+DUPLICATES = ("error", "sum")
 
 _COMPRESSED = (".gz", ".bz2")
 
@@ -100,13 +103,13 @@ def read_svmlight_part(
     n_features: int,
     index_base: int,
     dtype=np.float64,
+    duplicates: str = "error",
 ) -> tuple[sp.csr_matrix, np.ndarray]:
     """Rows of byte-range part ``part`` of ``n_parts`` of an svmlight file.
 
     Part ``k`` holds the lines whose first byte lies in ``byte_ranges(path,
-    n_parts)[k]``; these are parsed by ``load_svmlight_file(path,
-    n_features=n_features, zero_based=(index_base == 0), offset=..., length=...,
-    dtype=dtype)``.  Concatenating the parts ``0 .. n_parts - 1`` gives every row of
+    n_parts)[k]``; these are parsed by :func:`hpcps.kernels.svmlight.parse_svmlight`
+    (int64 indices).  Concatenating the parts ``0 .. n_parts - 1`` gives every row of
     the file exactly once, in file order; parts may be empty.  ``qid:`` fields are
     accepted and ignored.
 
@@ -117,12 +120,16 @@ def read_svmlight_part(
     part, n_parts : int
         ``0 <= part < n_parts``.
     n_features : int
-        Number of columns of ``X``; every feature index (after subtracting
-        ``index_base``) must be ``< n_features``.
+        Number of columns of ``X``, up to ``2**63 - 1``; every feature index (after
+        subtracting ``index_base``) must be ``< n_features``.
     index_base : {0, 1}
         Whether the file's feature indices start at 0 or 1.  Never guessed.
     dtype : numpy dtype, default=numpy.float64
         dtype of ``X.data``.
+    duplicates : {"error", "sum"}, default "error"
+        A feature index repeated within a row (``3:1 3:2``): a :class:`DataError` naming
+        file and line, or the values added (``3:3``).  Indices must not decrease along a
+        row in either case.
 
     Returns
     -------
@@ -136,12 +143,13 @@ def read_svmlight_part(
     Raises
     ------
     ValueError
-        If ``index_base`` is not 0 or 1, ``n_features < 1``, ``part`` is outside
-        ``[0, n_parts)``, or the file is compressed.
+        If ``index_base`` is not 0 or 1, ``n_features < 1``, ``duplicates`` is not
+        "error" or "sum", ``part`` is outside ``[0, n_parts)``, or the file is compressed.
     DataError
-        If a line does not parse, a feature index is out of range (the message names
-        the file, the line and the index), or a label is not -1, 0 or +1 (file and
-        line).
+        ``FILE:LINE: reason`` for the first bad line of the part: a label or value that is
+        not a number, a non-finite value, a feature index below ``index_base``, at or
+        beyond ``n_features``, of 2**63 or more, smaller than its predecessor or repeated
+        (``duplicates="error"``), or a label that is not -1, 0 or +1.
     OSError
         If the file cannot be read.
     """
@@ -149,6 +157,8 @@ def read_svmlight_part(
     n_features = operator.index(n_features)
     if n_features < 1:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
+    if duplicates not in DUPLICATES:
+        raise ValueError(f"duplicates must be one of {DUPLICATES}, got {duplicates!r}")
     part, n_parts = check_part(part, n_parts)
     path = os.fspath(path)
     if path.endswith(_COMPRESSED):
@@ -158,83 +168,27 @@ def read_svmlight_part(
     with open(path, "rb") as f:
         p = _line_start_at_or_after(f, offset, size)
         q = _line_start_at_or_after(f, offset + length, size)
-        if p >= q:
-            end = None  # no line starts in this range
-        elif q >= size:
-            end = size
-        else:
-            end = _last_data_line_end(f, p, q)
-    if end is None:
-        return sp.csr_matrix((0, n_features), dtype=dtype), np.empty(0, dtype=np.float64)
-    # load_svmlight_file(offset=o, length=n) first drops the line holding byte o (when
-    # o > 0), then reads lines, stopping after the first *data* line (comment and blank
-    # lines are not checked) that ends past o + n; length <= 0 means to end of file.
-    # With o = p - 1 (a b"\n") the first line read starts at p; with o + n = end - 1,
-    # where end is the end of the last data line starting before q, it stops right
-    # after that line.
-    sk_offset = p - 1 if p > 0 else 0
-    sk_length = -1 if end >= size else end - 1 - sk_offset
+        f.seek(p)
+        buf = f.read(max(q - p, 0))
     try:
-        X, y = load_svmlight_file(
-            path,
-            n_features=n_features,
-            dtype=dtype,
-            zero_based=(index_base == 0),
-            offset=sk_offset,
-            length=sk_length,
-        )
-    except (ValueError, OverflowError) as e:
-        raise _locate_error(path, p, q, n_features, index_base, dtype, fallback=e) from e
-    y = np.asarray(y, dtype=np.float64)
+        y, indptr, indices, data, line_at = parse_svmlight(
+            buf, index_base, n_features, sum_duplicates=(duplicates == "sum"))
+    except SvmlightSyntaxError as e:
+        raise DataError(f"{path}:{_line_of(path, p, buf, e.offset)}: {e.reason}") from None
     bad = ~np.isin(y, (-1.0, 0.0, 1.0))
     if bad.any():
-        raise _locate_error(path, p, q, n_features, index_base, dtype, fallback=None)
-    if not np.isfinite(X.data).all():
-        raise _locate_error(path, p, q, n_features, index_base, dtype, fallback="non-finite value")
-    X = sp.csr_matrix(X)
-    if not X.has_sorted_indices:
-        X.sort_indices()
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{path}:{_line_of(path, p, buf, int(line_at[i]))}: label "
+                        f"{float(y[i])!r} is not -1, 0 or +1")
+    X = sp.csr_matrix((data.astype(dtype, copy=False), indices, indptr),
+                      shape=(y.shape[0], n_features))
     return X, (y > 0).astype(np.float64)
 
 
-def _is_data_line(line: bytes) -> bool:
-    """Whether scikit-learn's parser makes a row of ``line`` (not blank, not a comment)."""
-    # as _svmlight_format_fast: strchr(line, "#") on the C string, then split()
-    head = line.split(b"\0", 1)[0]
-    hash_at = head.find(b"#")
-    if hash_at >= 0:
-        line = line[:hash_at]
-    return bool(line.split())
-
-
-def _last_data_line_end(f, p: int, q: int) -> int | None:
-    """End (exclusive, after its b"\n") of the last data line starting in ``[p, q)``.
-
-    ``p`` and ``q`` are line starts.  Reads backwards from ``q`` in growing blocks;
-    returns None if ``[p, q)`` holds only blank and comment lines.
-    """
-    end, block = q, 1 << 16
-    while end > p:
-        lo = max(p, end - block)
-        f.seek(lo)
-        buf = f.read(end - lo)
-        if lo > p:
-            nl = buf.find(b"\n")
-            if nl < 0 or nl + 1 >= len(buf):  # no complete line in the block: grow it
-                block *= 2
-                continue
-            first = nl + 1
-        else:
-            first = 0
-        # buf[first:] is whole lines, each ending in b"\n" (end is a line start < size)
-        lines = buf[first:].split(b"\n")[:-1]
-        stop = end
-        for line in reversed(lines):
-            if _is_data_line(line):
-                return stop
-            stop -= len(line) + 1
-        end = lo + first
-    return None
+def _line_of(path, p: int, buf: bytes, offset: int) -> int:
+    """1-based line number in ``path`` of byte ``p + offset`` (``buf`` = bytes from ``p``)."""
+    with open(path, "rb") as f:
+        return _line_number(f, p) + buf.count(b"\n", 0, offset)
 
 
 def _line_number(f, pos: int) -> int:
@@ -248,41 +202,6 @@ def _line_number(f, pos: int) -> int:
         count += chunk.count(b"\n")
         left -= len(chunk)
     return count + 1
-
-
-def _locate_error(path, p, q, n_features, index_base, dtype, fallback) -> DataError:
-    """Re-parse the lines of ``[p, q)`` one by one to name the first bad line."""
-    with open(path, "rb") as f:
-        lineno = _line_number(f, p)
-        f.seek(p)
-        pos = p
-        while pos < q:
-            line = f.readline()
-            if not line:
-                break
-            pos += len(line)
-            where = f"{path}:{lineno}"
-            lineno += 1
-            try:
-                X, y = load_svmlight_file(io.BytesIO(line), zero_based=(index_base == 0), dtype=dtype)
-            except (ValueError, OverflowError) as e:
-                return DataError(f"{where}: {e}")
-            if X.shape[0] == 0:
-                continue
-            too_big = X.indices[X.indices >= n_features]
-            if too_big.size:
-                i = int(too_big.min())
-                return DataError(
-                    f"{where}: feature index {i + index_base} (index_base={index_base}) is out of "
-                    f"range for n_features={n_features}"
-                )
-            if y[0] not in (-1.0, 0.0, 1.0):
-                return DataError(f"{where}: label {float(y[0])!r} is not -1, 0 or +1")
-            if not np.isfinite(X.data).all():
-                return DataError(f"{where}: non-finite feature value "
-                                 f"{float(X.data[~np.isfinite(X.data)][0])!r}")
-    detail = f": {fallback}" if fallback is not None else ""
-    return DataError(f"{path}: bad data in bytes [{p}, {q}){detail}")
 
 
 def write_svmlight(X, y, path: str | os.PathLike, index_base: int) -> None:

@@ -3,6 +3,8 @@
 - :mod:`hpcps.kernels.optim` — server-side update rules and the duplicate-key merge.
 - :mod:`hpcps.kernels.logistic` — worker-side logistic loss / gradient on a CSR batch.
 - :mod:`hpcps.kernels.keys` — the key permutation ``p(k) = k * A mod num_keys``.
+- :mod:`hpcps.kernels.svmlight` — svmlight text (a ``bytes`` buffer) to CSR arrays with
+  int64 indices.
 """
 
 from .keys import choose_multiplier, inverse_multiplier, permute_keys, permute_keys_into

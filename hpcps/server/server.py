@@ -25,7 +25,7 @@ from .. import checkpoint as ckpt
 from ..comm import transport as tp
 from ..consistency import (H_BUSY, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0,
                            StalenessHistogram, header_len)
-from ..optim import check_finite
+from ..optim import NonFiniteError, check_finite
 from ..tables import KeyPartition, TableSpec
 
 #: Idle back-off of the server loop, seconds (doubles from MIN to MAX while no request waits).
@@ -297,6 +297,7 @@ class ParameterServer:
                         else:
                             grads = np.concatenate([p[2] for p in pushes])
                         shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
+                        self._check_weights(shard, rows, c)
                     shard.hdr[H_VERSION] = c + 1
                     shard.hdr[H_CLOCK] = c + 1
             self.clock = c + 1
@@ -315,8 +316,26 @@ class ParameterServer:
                 scale /= st + 1
         shard.hdr[H_BUSY] = 1
         shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
+        self._check_weights(shard, rows, int(h[tp.H_CLOCK]))
         shard.hdr[H_VERSION] = version + 1
         shard.hdr[H_BUSY] = 0
+
+    def _check_weights(self, shard: Shard, rows, clock: int) -> None:
+        """Stop (:class:`~hpcps.optim.NonFiniteError`) when an update made weights NaN/inf.
+
+        The pushes were finite (checked on arrival), so the optimizer's arithmetic overflowed
+        the table dtype. The rows are already written and the other servers may have applied
+        their part of the step, so it cannot be rejected: the job stops before this state is
+        read by a worker or written to a checkpoint.
+        """
+        w = shard.w[rows]
+        if not np.isfinite(w).all():
+            bad = int(w.size - np.count_nonzero(np.isfinite(w)))
+            raise NonFiniteError(
+                f"server {self.index}: the update of table {shard.spec.name!r} at clock {clock} "
+                f"made {bad} weight(s) non-finite (NaN or inf; finite gradients overflowed "
+                f"{shard.spec.dtype}); the job stopped before they were pulled or checkpointed: "
+                "lower [optimizer] learning_rate or use model dtype float64")
 
     # ------------------------------------------------------------------ failures
     def recover(self) -> None:

@@ -12,8 +12,17 @@ needs and computes the loss and gradient sums; these runners move the rows.
     (and at the end of every epoch), with duplicate keys merged on the worker.
     With ``push_threshold > 0`` the push goes through :class:`PushFilter`.
 
-Both check the loss and gradients for NaN/inf before anything is pushed
-(:class:`hpcps.optim.NonFiniteError`).
+Both check the loss and gradients for NaN/inf — after the cast to the table dtype, so a
+float64 gradient that overflows float32 counts too — before anything is pushed, through a
+:class:`NonFiniteGuard`: a step with a non-finite value is *rejected* (its gradient is not
+pushed) and, after more than ``[train] max_nonfinite_steps`` rejected steps, every worker
+stops with :class:`hpcps.optim.NonFiniteError`. Under BSP with a positive limit the workers
+vote every step (one ``Allgather`` of an int64), so a step is rejected on all of them and no
+server applies any part of it; under SSP and async the worker that produced the value drops
+its own gradient (the other workers' updates of that clock are kept) and counts its own
+rejections, since a per-step vote would tie the workers together. With the default limit 0
+no vote is needed: the producing worker raises before it clocks, so no server completes that
+clock before the job stops.
 """
 
 from __future__ import annotations
@@ -21,11 +30,89 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.optim import merge_duplicates
-from ..optim import check_finite
+from ..optim import NonFiniteError, check_finite
 
 
 def _as_rows(grad, n: int) -> np.ndarray:
     return np.asarray(grad).reshape(n, -1)
+
+
+#: Codes of a step's outcome in the vote: fine, non-finite loss, non-finite gradient.
+OK, BAD_LOSS, BAD_GRADIENT = 0, 1, 2
+_WHAT = {BAD_LOSS: "loss", BAD_GRADIENT: "gradient"}
+
+
+class NonFiniteGuard:
+    """Reject steps whose loss or gradient is NaN/inf; stop after too many (no MPI of its own).
+
+    Parameters
+    ----------
+    index : int
+        This worker's index.
+    max_steps : int
+        Rejected steps tolerated (``[train] max_nonfinite_steps``); the next one raises.
+    agree : callable(int) -> sequence of int, or None
+        Collective vote over the workers: given this worker's code (0 fine, 1 non-finite
+        loss, 2 non-finite gradient) returns every worker's code in worker order. Every
+        worker must call :meth:`check` at every step when it is set (BSP). None: each worker
+        judges only its own steps (SSP, async, or ``max_steps == 0``).
+    say : callable(str) or None
+        Where this worker reports a rejected step (the chief's output under a vote; each
+        worker's own otherwise).
+
+    Attributes
+    ----------
+    rejected : int
+        Steps rejected so far.
+    """
+
+    def __init__(self, index: int, max_steps: int = 0, agree=None, say=None):
+        self.index = int(index)
+        self.max_steps = int(max_steps)
+        self.agree = agree
+        self.say = say
+        self.rejected = 0
+
+    def code(self, loss, grads, dtypes) -> int:
+        """0, or why the step is bad: ``grads`` (dict table -> array) are checked after the
+        cast to ``dtypes[table]`` (the table dtype pushed)."""
+        if not np.isfinite(np.asarray(loss, dtype=np.float64)).all():
+            return BAD_LOSS
+        with np.errstate(over="ignore", invalid="ignore"):      # the overflow is the finding
+            for t, g in grads.items():
+                g = np.asarray(g)
+                if g.size and not np.isfinite(g.astype(dtypes[t], copy=False)).all():
+                    return BAD_GRADIENT
+        return OK
+
+    def check(self, clock: int, code: int) -> bool:
+        """Whether the step may be pushed. Collective over the workers when ``agree`` is set.
+
+        Raises
+        ------
+        hpcps.optim.NonFiniteError
+            On the rejected step number ``max_steps + 1`` — on every worker at once under a
+            vote — naming the worker(s), the clock and what was non-finite.
+        """
+        codes = list(self.agree(int(code))) if self.agree is not None else [OK] * self.index + [int(code)]
+        bad = [(w, c) for w, c in enumerate(codes) if c]
+        if not bad:
+            return True
+        self.rejected += 1
+        who = ", ".join(f"worker {w} ({_WHAT[c]})" for w, c in bad)
+        where = ("rejected on every worker" if self.agree is not None
+                 else f"worker {self.index}'s gradient dropped")
+        limit = f"[train] max_nonfinite_steps = {self.max_steps}"
+        if self.rejected > self.max_steps:
+            raise NonFiniteError(
+                f"non-finite values (NaN or inf) at clock {clock} on {who}: rejected step "
+                f"{self.rejected}, more than {limit}; the run diverged and was stopped before they "
+                "were pushed (checkpoints hold finite values only); lower [optimizer] "
+                "learning_rate, or raise the limit to skip such steps")
+        if self.say is not None:
+            self.say(f"hpcps: warning: non-finite values (NaN or inf) at clock {clock} on {who}: "
+                     f"step {where} ({self.rejected} of at most {self.max_steps}, {limit})")
+        return False
 
 
 class SyncSteps:
@@ -42,25 +129,35 @@ class SyncSteps:
         to make one worker's computation slow).
     """
 
-    def __init__(self, client, model, index: int, step_hook=None):
+    def __init__(self, client, model, index: int, step_hook=None, guard=None):
         self.client = client
         self.model = model
         self.index = index
         self.step_hook = step_hook
+        self.guard = guard or NonFiniteGuard(index)
+        self.dtypes = {s.name: s.dtype for s in client.specs}
+        self.last_rejected = False
 
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
 
     def step(self, i: int, rows, final: bool = False) -> float:
-        """Run step ``i`` on ``rows`` (maybe empty); return the summed loss of its examples."""
+        """Run step ``i`` on ``rows`` (maybe empty); return the summed loss of its examples
+        (0 for a rejected step, :attr:`last_rejected` then True). Collective over the workers
+        when the guard votes."""
+        self.last_rejected = False
+        keys, grads, code, loss = {}, {}, OK, 0.0
+        if rows.size:
+            Xb, yb = self.X[rows], self.y[rows]
+            keys = self.model.batch_keys(Xb)
+            params = {t: self.client.pull(t, k) for t, k in keys.items()}
+            loss, grads = self.model.loss_grad(Xb, yb, keys, params)
+            code = self.guard.code(loss, grads, self.dtypes)
+        if not self.guard.check(self.client.clock_value, code):
+            self.last_rejected = True
+            return 0.0
         if not rows.size:
             return 0.0
-        Xb, yb = self.X[rows], self.y[rows]
-        keys = self.model.batch_keys(Xb)
-        params = {t: self.client.pull(t, k) for t, k in keys.items()}
-        loss, grads = self.model.loss_grad(Xb, yb, keys, params)
-        check_finite(f"worker {self.index} at clock {self.client.clock_value}: loss/gradient",
-                     loss, *grads.values())
         if self.step_hook is not None:
             self.step_hook(self.index, self.client.clock_value)
         for t, k in keys.items():
@@ -136,12 +233,15 @@ class DownpourSteps:
     dense tables are pushed unfiltered.
     """
 
-    def __init__(self, client, model, index: int, policy, step_hook=None):
+    def __init__(self, client, model, index: int, policy, step_hook=None, guard=None):
         self.client = client
         self.model = model
         self.index = index
         self.policy = policy
         self.step_hook = step_hook
+        self.guard = guard or NonFiniteGuard(index)
+        self.dtypes = {s.name: s.dtype for s in client.specs}
+        self.last_rejected = False
         self.filters = {}
         if policy.push_threshold > 0:
             self.filters = {s.name: PushFilter(s.num_keys, policy.push_threshold, s.dim)
@@ -171,14 +271,18 @@ class DownpourSteps:
         if self.policy.fetch_due(i) or self.cache_keys is None:
             self._fetch(i)
         loss = 0.0
+        self.last_rejected = False
         if rows.size:
             Xb, yb = self.X[rows], self.y[rows]
             keys = self.model.batch_keys(Xb)
             params = {t: self.cache[t][np.searchsorted(self.cache_keys[t], k)]
                       for t, k in keys.items()}
             loss, grads = self.model.loss_grad(Xb, yb, keys, params)
-            check_finite(f"worker {self.index} at clock {self.client.clock_value}: loss/gradient",
-                         loss, *grads.values())
+            if not self.guard.check(self.client.clock_value,
+                                    self.guard.code(loss, grads, self.dtypes)):
+                self.last_rejected = True         # not accumulated: never pushed
+                rows, loss = rows[:0], 0.0
+        if rows.size:
             if self.step_hook is not None:
                 self.step_hook(self.index, self.client.clock_value)
             if self.acc_versions is None:
@@ -209,8 +313,11 @@ class DownpourSteps:
             f = self.filters.get(t)
             if f is None:
                 if keys.size:
-                    self.client.push(t, keys, sums.astype(spec.dtype), n_examples=self.acc_n,
-                                     versions=v)
+                    cast = sums.astype(spec.dtype)
+                    # each step's gradient was finite; their sum may still overflow the dtype
+                    check_finite(f"worker {self.index} at clock {self.client.clock_value}: "
+                                 f"accumulated gradient of table {t!r}", cast)
+                    self.client.push(t, keys, cast, n_examples=self.acc_n, versions=v)
             else:
                 k, vals = f.filter(keys, sums / n, flush=final)
                 self.client.push(t, k, vals.astype(spec.dtype), n_examples=1, versions=v)
@@ -227,8 +334,9 @@ class DownpourSteps:
         return {"filter_sent": sum(f.sent for f in fs), "filter_offered": sum(f.offered for f in fs)}
 
 
-def make_steps(policy, client, model, index: int, step_hook=None):
-    """The step runner for ``policy`` (Downpour for aggregate-free policies)."""
+def make_steps(policy, client, model, index: int, step_hook=None, guard=None):
+    """The step runner for ``policy`` (Downpour for aggregate-free policies); ``guard`` is
+    the :class:`NonFiniteGuard` (default: stop at the first non-finite step)."""
     if policy.aggregate:
-        return SyncSteps(client, model, index, step_hook)
-    return DownpourSteps(client, model, index, policy, step_hook)
+        return SyncSteps(client, model, index, step_hook, guard)
+    return DownpourSteps(client, model, index, policy, step_hook, guard)

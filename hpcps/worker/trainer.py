@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from ..comm.collectives import StopVote, allreduce_max, allreduce_sum, gatherv
+from ..comm.collectives import StopVote, allgather_rows, allreduce_max, allreduce_sum, gatherv
 from ..comm.core import any_rank_failed
 from ..consistency import BSP
-from .steps import make_steps
+from .steps import NonFiniteGuard, make_steps
 
 #: Test rows evaluated per pull when the model is evaluated at the end of an epoch.
 EVAL_CHUNK = 8192
@@ -134,7 +134,13 @@ class Trainer:
         self.stopped_by_signal = False
         self.policy = policy or BSP()
         self.step_hook = step_hook
-        self.steps = make_steps(self.policy, client, model, index, step_hook)
+        # non-finite steps: under BSP with a positive limit the workers vote every step (on
+        # self.comm, which a recovery in continue mode replaces)
+        limit = cfg.train.max_nonfinite_steps
+        vote = limit > 0 and self.policy.aggregate and self.policy.staleness == 0
+        agree = (lambda code: allgather_rows(self.comm, [code])[:, 0]) if vote else None
+        self.guard = NonFiniteGuard(index, limit, agree, say=self._say_guard if vote else self._say)
+        self.steps = make_steps(self.policy, client, model, index, step_hook, self.guard)
         self._t_clock = time.time()       # when this worker last finished a step
         self._gap_event = None            # failure record waiting for the next step's time
 
@@ -229,8 +235,9 @@ class Trainer:
                     for step in range(first, steps):
                         rows = order[step * t.batch_size:(step + 1) * t.batch_size]
                         loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
-                        self.client.clock(int(rows.size))
-                        n_ex += rows.size
+                        used = 0 if self.steps.last_rejected else int(rows.size)  # rejected step
+                        self.client.clock(used)
+                        n_ex += used
                         self._t_clock = time.time()
                         if self._gap_event is not None:      # first step after a recovery
                             ev, self._gap_event = self._gap_event, None
@@ -326,6 +333,7 @@ class Trainer:
         self.client.pushes_sent[:] = 0
         self.comm, self.index, self.n_workers = r.role_comm, r.index, len(r.worker_ranks)
         self.is_chief = self.index == 0
+        self.guard.index = self.index
         self.steps.begin_epoch(None, None, None, 0, 1)           # drop what was held
         if hasattr(self.steps, "_reset"):
             self.steps._reset()
@@ -413,6 +421,11 @@ class Trainer:
 
     def _n_params(self) -> int:
         return sum(s.num_keys * s.dim for s in self.client.specs)
+
+    def _say_guard(self, text: str) -> None:
+        """A rejected step under a vote: every worker knows it, the chief says it."""
+        if self.is_chief:
+            self._say(text)
 
     def _say(self, text: str) -> None:
         self.out.write(text + "\n")

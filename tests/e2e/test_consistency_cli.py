@@ -24,13 +24,15 @@ dir = "out"
 
 
 def test_async_divergence_stops_with_a_clear_error(tmp_path):
-    """A learning rate that overflows the float32 weights: a worker sees a non-finite loss,
-    the job stops with NonFiniteError (exit status != 0) and writes no model file."""
+    """A learning rate that overflows the float32 weights: the server whose update made them
+    non-finite stops the job with NonFiniteError (exit status != 0) before any worker reads
+    them, and no model file is written."""
     job = write_job(tmp_path / "div.toml", JOB.format(opt="sgd", lr="1e300",
                                                       consistency='model = "async"'))
     proc, _ = launch(5, ["train", job], cwd=tmp_path, timeout=120)
     assert proc.returncode != 0
-    assert "NonFiniteError: worker" in proc.stderr, proc.stderr[-2000:]
+    assert "NonFiniteError: server 0: the update of table 'weights' at clock" in proc.stderr, \
+        proc.stderr[-2000:]
     assert "lower [optimizer] learning_rate" in proc.stderr
     assert not (tmp_path / "out" / "model.h5").exists()
 

@@ -357,6 +357,19 @@ def test_eval_rejects_job_with_other_feature_count(svm_run, tmp_path):
     assert proc.returncode == 1 and "missing.svm: no such data file" in proc.stderr
 
 
+def test_model_records_index_base_and_eval_refuses_another(svm_run):
+    """model.h5 keeps the svmlight index base; a job reading the test file with the other
+    base is refused instead of scoring every feature shifted by one."""
+    model = svm_run["run"] / "model.h5"
+    with h5py.File(model, "r") as f:
+        assert int(f.attrs["index_base"]) == 1
+    job = svm_run["job"].parent / "zero.toml"
+    job.write_text(SVM_JOB.replace("index_base = 1", "index_base = 0"))
+    with pytest.raises(analysis.AnalysisError,
+                       match="trained on 1-based svmlight indices but the job .* reads them 0-based"):
+        analysis.evaluate(model, svm_run["test"], job=job)
+
+
 def test_eval_reports_malformed_data(svm_run, tmp_path):
     bad = tmp_path / "bad.svm"
     bad.write_text("1 1:0.5\n0 99:1\n")          # feature 99 >= n_features 50

@@ -270,7 +270,7 @@ def test_unknown_key_suggests_closest(jobdir, monkeypatch):
     ("data.hashbits", "3", "did you mean 'hash_bits'?"),
     ("nmae", '"x"', "did you mean 'name'?"),
     ("trian.epochs", "3", None),  # unknown section → suggests 'train'
-    ("train.zzz", "3", "valid keys: batch_size, epochs, max_steps, progress_seconds, shuffle"),
+    ("train.zzz", "3", "valid keys: batch_size, epochs, max_nonfinite_steps, max_steps, progress_seconds, shuffle"),
     ("train.seed", "3", "'seed' is a top-level key"),
     ("epochs", "3", "'epochs' belongs in [train]"),
     ("optimizer.hash_bits", "3", "'hash_bits' belongs in [data]"),
@@ -336,6 +336,25 @@ def test_bool_is_not_int(jobdir, dotted):
 def test_bool_is_not_float(jobdir, dotted):
     e = error(jobdir, with_key(ADULT, dotted, "true"))
     assert e.key == dotted and e.message == "expected float, got boolean true"
+
+
+def test_duplicate_indices_key(jobdir):
+    assert job(jobdir, SVM).data.duplicate_indices == "error"
+    assert job(jobdir, SVM + 'duplicate_indices = "sum"\n').data.duplicate_indices == "sum"
+    e = error(jobdir, SVM + 'duplicate_indices = "add"\n')
+    assert e.key == "data.duplicate_indices"
+    assert e.message == "must be one of 'error', 'sum', got 'add'"
+    e = error(jobdir, ADULT + 'duplicate_indices = "sum"\n')
+    assert e.key == "data.duplicate_indices" and "only with 'svmlight'" in e.message
+
+
+def test_rma_fallback_only_with_rma_pulls(jobdir):
+    assert job(jobdir, ADULT + '[consistency]\npull = "rma"\nrma_fallback = true\n'
+               ).consistency.rma_fallback is True
+    assert job(jobdir, ADULT).consistency.rma_fallback is False
+    e = error(jobdir, ADULT + "[consistency]\nrma_fallback = true\n")
+    assert e.key == "consistency.rma_fallback"
+    assert e.message == "only used with pull = 'rma', not 'p2p'; remove it"
 
 
 def test_bool_index_base_rejected(jobdir):

@@ -143,3 +143,26 @@ def test_initial_rows_differ_by_seed_and_table_and_follow_dtype():
     # float64 holds the same draws at full precision
     r64 = TableSpec("user_factors", 50, 4, "float64", init_std=1.0).initial_rows(keys, 0)
     np.testing.assert_allclose(r64, ra, rtol=1e-6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(num_keys=st.one_of(st.integers(2**31 - 5, 2**31 + 5), st.integers(2**32 - 5, 2**32 + 5),
+                          st.integers(2**32, 2**62)),
+       n_servers=st.integers(1, 64), data=st.data())
+def test_int64_key_spaces_beyond_2_32_keep_one_home_per_key(num_keys, n_servers, data):
+    """Key spaces of 2^31, 2^32 and up to 2^62 (svmlight indices are int64): random keys map
+    to one server, into its range, and back to themselves; distinct keys never collide."""
+    part = KeyPartition(num_keys, n_servers)
+    keys = np.unique(np.array(data.draw(st.lists(st.integers(0, num_keys - 1), min_size=1,
+                                                  max_size=50)), dtype=np.int64))
+    pos = part.positions(keys)
+    assert np.unique(pos).size == keys.size                     # a bijection: no collisions
+    assert all(int(p) == int(k) * part.multiplier % num_keys for p, k in zip(pos, keys))
+    assert all(int(p) * part.inverse % num_keys == int(k) for p, k in zip(pos, keys))
+    owner = part.server_of(keys)
+    for s in np.unique(owner):
+        lo, hi = part.shard_range(int(s))
+        mine = keys[owner == s]
+        rows = part.local_rows(mine, int(s))
+        assert ((rows >= 0) & (rows < hi - lo)).all()
+        np.testing.assert_array_equal(rows + lo, part.positions(mine))

@@ -1,0 +1,283 @@
+# cython: language_level=3
+"""svmlight / LibSVM text → CSR arrays with int64 feature indices (no I/O, no MPI).
+
+:func:`parse_svmlight` parses a ``bytes`` buffer holding whole lines of an svmlight file in
+one ``nogil`` pass. Unlike ``sklearn.datasets.load_svmlight_file`` (whose parser stores
+indices as C ``int`` and fails with ``OverflowError`` at 2**31) every index is an int64, so
+tables of more than 2**31 (and 2**32) features can be read, and duplicate indices in a row
+may be summed instead of refused.
+
+Format (Joachims, SVMlight, http://svmlight.joachims.org/; LIBSVM's README):
+``<label> [qid:<int>] <index>:<value> ...`` per line; lines end in ``\\n`` (a ``\\r``
+before it is whitespace); ``#`` starts a comment to the end of the line; blank and
+comment-only lines make no row; tokens are separated by spaces, tabs, ``\\r``, ``\\v``,
+``\\f``. Indices are decimal digits only and must increase along a row.
+"""
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.math cimport isfinite
+from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport strtod
+
+cnp.import_array()
+
+__all__ = ["SvmlightSyntaxError", "parse_svmlight"]
+
+# error codes of the nogil loop
+cdef enum:
+    E_OK = 0
+    E_LABEL = 1          # label is not a number
+    E_PAIR = 2           # a token without ':'
+    E_INDEX = 3          # index is not decimal digits
+    E_INDEX_HUGE = 4     # index >= 2**63
+    E_VALUE = 5          # value is not a number
+    E_NONFINITE = 6      # value is nan or inf
+    E_BELOW_BASE = 7     # index < index_base
+    E_BEYOND = 8         # index - index_base >= n_features
+    E_UNSORTED = 9       # index smaller than the previous one of the row
+    E_DUPLICATE = 10     # index equal to the previous one (duplicates = error)
+    E_QID = 11           # qid:X with X not an integer
+
+
+class SvmlightSyntaxError(ValueError):
+    """A line of the buffer is not valid svmlight.
+
+    Attributes
+    ----------
+    offset : int
+        Byte offset (in the buffer) of the start of the offending line.
+    reason : str
+        What is wrong, e.g. ``"duplicate feature index 7 (index_base=1)"``.
+    """
+
+    def __init__(self, offset, reason):
+        self.offset = int(offset)
+        self.reason = reason
+        super().__init__(f"byte {offset}: {reason}")
+
+
+cdef inline bint _space(char c) nogil:
+    return c == c' ' or c == c'\t' or c == c'\r' or c == c'\v' or c == c'\f'
+
+
+def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_duplicates=False):
+    """Parse whole svmlight lines into CSR arrays.
+
+    Parameters
+    ----------
+    buf : bytes
+        Whole lines of an svmlight file (the last one may lack its ``\\n``). ``bytes``
+        (not any buffer) because ``strtod`` relies on its terminating NUL.
+    index_base : {0, 1}
+        Index of the first feature in the file; subtracted from every index.
+    n_features : int
+        Every index minus ``index_base`` must be in ``[0, n_features)``; up to 2**63 - 1.
+    sum_duplicates : bool, default False
+        A feature index repeated right after itself in a row: add the values (True) or
+        raise (False). An index smaller than its predecessor is always an error.
+
+    Returns
+    -------
+    labels : ndarray of float64, shape (n_rows,)
+        The labels as written (any finite or non-finite number; the caller checks them).
+    indptr : ndarray of int64, shape (n_rows + 1,)
+    indices : ndarray of int64, shape (nnz,)
+        Zero-based, strictly increasing within each row.
+    data : ndarray of float64, shape (nnz,)
+        Finite values (explicit zeros are kept).
+    line_offsets : ndarray of int64, shape (n_rows,)
+        Byte offset in ``buf`` of the line each row comes from.
+
+    Raises
+    ------
+    SvmlightSyntaxError
+        At the first bad line: ``offset`` is where that line starts in ``buf``.
+    ValueError
+        If ``index_base`` is not 0 or 1 or ``n_features < 1``.
+
+    Notes
+    -----
+    One pass over ``buf`` counts ``\\n`` and ``:`` to size the outputs (upper bounds of rows
+    and non-zeros), a second pass parses without the GIL.
+    """
+    if index_base not in (0, 1):
+        raise ValueError(f"index_base must be 0 or 1, got {index_base}")
+    if n_features < 1:
+        raise ValueError(f"n_features must be >= 1, got {n_features}")
+    cdef Py_ssize_t n = len(buf)
+    cdef const char* s = buf
+    cdef Py_ssize_t max_rows = buf.count(b"\n") + 1
+    cdef Py_ssize_t max_nnz = buf.count(b":")
+    labels_a = np.empty(max_rows, dtype=np.float64)
+    indptr_a = np.empty(max_rows + 1, dtype=np.int64)
+    indices_a = np.empty(max_nnz, dtype=np.int64)
+    data_a = np.empty(max_nnz, dtype=np.float64)
+    offsets_a = np.empty(max_rows, dtype=np.int64)
+    cdef double[::1] labels = labels_a
+    cdef int64_t[::1] indptr = indptr_a
+    cdef int64_t[::1] indices = indices_a
+    cdef double[::1] data = data_a
+    cdef int64_t[::1] offsets = offsets_a
+
+    cdef Py_ssize_t pos = 0, eol, end, t0, t1, colon, k
+    cdef Py_ssize_t rows = 0, nnz = 0, line_start = 0, bad_t0 = 0, bad_t1 = 0
+    cdef int err = E_OK
+    cdef char* stop
+    cdef double label, value
+    cdef uint64_t idx, digit
+    cdef int64_t col, prev, bad_col = 0, bad_prev = 0
+    cdef bint first, qid_allowed
+    indptr[0] = 0
+    with nogil:
+        while pos < n and err == E_OK:
+            line_start = pos
+            eol = pos
+            while eol < n and s[eol] != c'\n':
+                eol += 1
+            end = pos
+            while end < eol and s[end] != c'#':
+                end += 1
+            first = True
+            qid_allowed = True
+            prev = -1
+            t0 = pos
+            while err == E_OK:
+                while t0 < end and _space(s[t0]):
+                    t0 += 1
+                if t0 >= end:
+                    break
+                t1 = t0
+                while t1 < end and not _space(s[t1]):
+                    t1 += 1
+                bad_t0, bad_t1 = t0, t1
+                if first:
+                    label = strtod(s + t0, &stop)
+                    if stop != s + t1:
+                        err = E_LABEL
+                        break
+                    labels[rows] = label
+                    offsets[rows] = line_start
+                    first = False
+                    t0 = t1
+                    continue
+                colon = t0
+                while colon < t1 and s[colon] != c':':
+                    colon += 1
+                if colon >= t1:
+                    err = E_PAIR
+                    break
+                if qid_allowed and colon - t0 == 3 and s[t0] == c'q' and s[t0 + 1] == c'i' \
+                        and s[t0 + 2] == c'd':
+                    qid_allowed = False
+                    k = colon + 1
+                    if k < t1 and (s[k] == c'-' or s[k] == c'+'):
+                        k += 1
+                    if k >= t1:
+                        err = E_QID
+                        break
+                    while k < t1 and c'0' <= s[k] <= c'9':
+                        k += 1
+                    if k != t1:
+                        err = E_QID
+                        break
+                    t0 = t1
+                    continue
+                qid_allowed = False
+                if colon == t0:
+                    err = E_INDEX
+                    break
+                idx = 0
+                k = t0
+                while k < colon:
+                    if not (c'0' <= s[k] <= c'9'):
+                        err = E_INDEX
+                        break
+                    digit = <uint64_t>(s[k] - c'0')
+                    if idx > (<uint64_t>0x7FFFFFFFFFFFFFFF - digit) // 10:
+                        err = E_INDEX_HUGE
+                        break
+                    idx = idx * 10 + digit
+                    k += 1
+                if err != E_OK:
+                    break
+                if colon + 1 >= t1:
+                    err = E_VALUE
+                    break
+                value = strtod(s + colon + 1, &stop)
+                if stop != s + t1:
+                    err = E_VALUE
+                    break
+                if not isfinite(value):
+                    err = E_NONFINITE
+                    break
+                col = <int64_t>idx - index_base
+                if col < 0:
+                    err = E_BELOW_BASE
+                    break
+                if col >= n_features:
+                    err = E_BEYOND
+                    bad_col = col
+                    break
+                if col < prev:
+                    err = E_UNSORTED
+                    bad_col, bad_prev = col, prev
+                    break
+                if col == prev:
+                    if sum_duplicates:
+                        data[nnz - 1] += value
+                        if not isfinite(data[nnz - 1]):
+                            err = E_NONFINITE
+                            break
+                        t0 = t1
+                        continue
+                    err = E_DUPLICATE
+                    bad_col = col
+                    break
+                indices[nnz] = col
+                data[nnz] = value
+                nnz += 1
+                prev = col
+                t0 = t1
+            if err == E_OK and not first:
+                rows += 1
+                indptr[rows] = nnz
+            pos = eol + 1
+    if err != E_OK:
+        raise SvmlightSyntaxError(line_start, _reason(err, buf[bad_t0:bad_t1], bad_col,
+                                                      bad_prev, index_base, n_features))
+    return (labels_a[:rows].copy(), indptr_a[:rows + 1].copy(), indices_a[:nnz].copy(),
+            data_a[:nnz].copy(), offsets_a[:rows].copy())
+
+
+def _reason(int err, bytes token, int64_t col, int64_t prev, int index_base, int64_t n_features):
+    tok = str(token, "utf-8", "replace")
+    value = tok.partition(":")[2]
+    if err == E_LABEL:
+        return f"could not convert string to float: {tok!r} (the label)"
+    if err == E_PAIR:
+        return f"expected INDEX:VALUE, got {tok!r}"
+    if err == E_QID:
+        return f"qid must be an integer, got {tok!r}"
+    if err == E_INDEX:
+        return f"feature index is not a non-negative integer in {tok!r}"
+    if err == E_INDEX_HUGE:
+        return f"feature index in {tok!r} does not fit in int64 (>= 2**63)"
+    if err == E_VALUE:
+        return f"could not convert string to float: {value!r} (value of {tok!r})"
+    if err == E_NONFINITE:
+        return f"non-finite feature value {float(value)!r} in {tok!r}"
+    if err == E_BELOW_BASE:
+        return (f"feature index {tok.split(':', 1)[0]} is below index_base={index_base} "
+                f"(is the file {1 - index_base}-based?)")
+    if err == E_BEYOND:
+        return (f"feature index {col + index_base} (index_base={index_base}) is out of range "
+                f"for n_features={n_features}")
+    if err == E_UNSORTED:
+        return (f"feature indices must increase along a row: {col + index_base} after "
+                f"{prev + index_base}")
+    if err == E_DUPLICATE:
+        return (f"duplicate feature index {col + index_base} in a row (set [data] "
+                f"duplicate_indices = \"sum\" to add their values)")
+    return f"parse error {err}"

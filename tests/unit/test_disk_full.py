@@ -1,0 +1,106 @@
+"""Checkpoints and outputs on a full or read-only file system — a real one: a small tmpfs
+mounted for the test (needs root and mount permission; skipped otherwise).
+
+Each case asserts that the error names the file, the reason and the bytes needed, that no
+partial file is left and that the previous checkpoint stays valid."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from hpcps import checkpoint as ck
+from hpcps.output import write_metrics
+from tests.unit.test_checkpoint import make_checkpoint
+
+
+def _mount(d, size):
+    d.mkdir(exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
+                          capture_output=True, text=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 1 MiB tmpfs; yields (directory, remount) where remount(opts) remounts it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "small"
+    r = _mount(d, "1m")
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+    def remount(opts):
+        subprocess.run(["mount", "-o", f"remount,{opts}", str(d)], check=True)
+
+    try:
+        yield d, remount
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def _shard_tables(n):
+    rows = np.ones((n, 1), dtype=np.float64)
+    return [dict(name="w", rows=rows, keys=np.arange(n), slots={"accumulator": rows.copy()},
+                 lo=0, hi=n, num_keys=n, multiplier=1, sparse=True, optimizer="adagrad")]
+
+
+def _leftovers(d):
+    return sorted(p.name for p in d.rglob("*") if p.is_file() and p.name.endswith(".tmp"))
+
+
+def test_shard_too_large_for_the_free_space_is_refused_before_writing(small_fs):
+    d, _ = small_fs
+    prev, _, _, _ = make_checkpoint(d, 10, 2)             # a valid checkpoint first (~60 KB)
+    step = ck.step_dir(d, 20)
+    with pytest.raises(ck.CheckpointError) as ei:
+        ck.write_shard(step, 0, 1, 20, _shard_tables(100_000))     # 2.4 MB > 1 MiB
+    msg = str(ei.value)
+    assert f"cannot write {step / 'shard-0000.h5'}: not enough free space" in msg
+    assert "needs about 2.47 MB" in msg and "MB free in" in msg, msg
+    assert "previous checkpoint is untouched" in msg
+    assert not (step / "shard-0000.h5").exists() and _leftovers(d) == []
+    found = ck.latest_valid(d)
+    assert found is not None and found[0] == prev
+
+
+def test_real_enospc_while_writing_names_the_file_and_removes_it(small_fs):
+    """The estimate left out (need=0): HDF5 itself meets ENOSPC mid-file."""
+    d, _ = small_fs
+    prev, _, _, _ = make_checkpoint(d, 10, 2)
+    final = ck.step_dir(d, 20) / "shard-0000.h5"
+
+    def fill(f):
+        f.create_dataset("big", data=np.ones(400_000))     # 3.2 MB
+    with pytest.raises(ck.CheckpointError) as ei:
+        ck._atomic_h5(final, fill, need=0)
+    msg = str(ei.value)
+    assert f"cannot write {final}: " in msg and os.strerror(28) in msg, msg
+    assert not final.exists() and _leftovers(d) == []
+    assert ck.latest_valid(d)[0] == prev
+    # and with the space freed the same write succeeds (nothing was left locked or half-made)
+    ck.write_shard(final.parent, 0, 1, 20, _shard_tables(1000))
+    assert final.exists()
+
+
+def test_read_only_file_system_during_a_checkpoint(small_fs):
+    d, remount = small_fs
+    prev, _, _, _ = make_checkpoint(d, 10, 2)
+    ck.step_dir(d, 20).mkdir(parents=True)
+    remount("ro")
+    try:
+        with pytest.raises(ck.CheckpointError) as ei:
+            ck.write_shard(ck.step_dir(d, 20), 0, 1, 20, _shard_tables(1000))
+        msg = str(ei.value)
+        assert f"cannot write {ck.step_dir(d, 20) / 'shard-0000.h5'}: Read-only file system" in msg
+        assert "needs about 0.09 MB" in msg, msg
+        assert ck.latest_valid(d)[0] == prev
+        with pytest.raises(OSError) as eo:
+            write_metrics(d / "metrics.json", {"epochs": []})
+        assert eo.value.errno == 30
+        assert f"cannot write {d / 'metrics.json'}: Read-only file system; it needs about" in str(eo.value)
+    finally:
+        remount("rw")
