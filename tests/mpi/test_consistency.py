@@ -96,7 +96,7 @@ def _slow_worker_1(index, clock):
 def test_slowed_worker_ssp_bound_and_async_runs_ahead(mpi_tmp_path, pull):
     s = 2
     ssp, _ = _run(mpi_tmp_path, f"ssp_{pull}", f'model = "ssp"\nstaleness = {s}\npull = "{pull}"',
-                  step_hook=_slow_worker_1, servers=1)
+                  step_hook=_slow_worker_1, servers=1, rows=3000, batch=32)
     c = ssp["consistency"]
     assert c["staleness"]["max"] <= s and c["staleness"]["updates"] > 0
     for w in c["workers"]:
@@ -107,8 +107,10 @@ def test_slowed_worker_ssp_bound_and_async_runs_ahead(mpi_tmp_path, pull):
     assert max(w["lead_max"] for w in fast) == s  # the slow worker did hold the others back
     assert c["staleness"]["max"] == s
 
+    # ~19 steps per epoch (was 5): the fast workers' lead must not depend on how fast a
+    # loaded machine runs their steps (it failed under load with 5)
     asy, _ = _run(mpi_tmp_path, f"async_{pull}", f'model = "async"\npull = "{pull}"',
-                  step_hook=_slow_worker_1, servers=1)
+                  step_hook=_slow_worker_1, servers=1, rows=3000, batch=32)
     a = asy["consistency"]
     fast = [w for w in a["workers"] if w["index"] != 1]
     assert max(w["lead_max"] for w in fast) > s + 1, a["workers"]
