@@ -105,7 +105,14 @@ def cmd_run(args) -> int:
         cfg = load_job(job)
     except ConfigError as e:
         return _fail(str(e))
-    n = args.n or cfg.cluster.servers + QUICKSTART_WORKERS
+    if args.n:
+        n = args.n
+    elif cfg.cluster.mode == "allreduce":          # no servers: every rank is a worker
+        n = QUICKSTART_WORKERS
+    elif cfg.cluster.mode == "sandblaster":        # + the coordinator
+        n = cfg.cluster.servers + QUICKSTART_WORKERS + 1
+    else:
+        n = cfg.cluster.servers + QUICKSTART_WORKERS
     try:
         mpirun = launch.find_mpirun(args.mpirun)
     except FileNotFoundError as e:
@@ -192,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                             ("check", cmd_check, "run a job and compare its AUC with scikit-learn")):
         r = sub.add_parser(name, help=hlp)
         r.add_argument("job", nargs="?", help=f"TOML job file (default: {QUICKSTART.name}, 1 server + 3 workers)")
-        r.add_argument("-n", type=int, default=0, help="number of ranks (default: servers + 3)")
+        r.add_argument("-n", type=int, default=0, help="number of ranks (default: servers + 3 workers; 3 for allreduce; "
+                            "servers + 4 for sandblaster)")
         r.add_argument("--mpirun", help="mpirun to use (default: next to python, then PATH)")
         r.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
         r.add_argument("--resume", default=None,
