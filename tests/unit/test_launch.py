@@ -77,3 +77,19 @@ def test_local_rank_count_from_each_launcher_and_dedicated_cores():
     assert cores_dedicated({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, cores=2)
     assert not cores_dedicated({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, cores=2)
     assert not cores_dedicated({}, cores=64)            # unknown: behave as oversubscribed
+
+
+def test_default_rank_count_follows_the_mode(capsys):
+    """Bug: an allreduce job launched 4 ranks by default (servers + 3) though it has no servers."""
+    from hpcps.cli import main
+
+    root = QUICKSTART.parents[1]
+    for job, n in (("adult_allreduce.toml", 3), ("adult_lbfgs.toml", None), ("adult_lr.toml", 4)):
+        assert main(["run", "--dry-run", str(root / "jobs" / job)]) == 0
+        cmd = capsys.readouterr().out.strip().splitlines()[-1].split()
+        got = int(cmd[cmd.index("-n") + 1])
+        if n is None:   # sandblaster: the coordinator, 3 workers and the servers
+            from hpcps.config import load_job
+
+            n = load_job(root / "jobs" / job).cluster.servers + 4
+        assert got == n, job
