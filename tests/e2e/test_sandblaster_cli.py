@@ -35,10 +35,10 @@ dir = "out"
 
 def test_check_trains_compares_and_writes_usable_outputs(tmp_path):
     job = write_job(tmp_path / "sb.toml", JOB.format(servers=1))
-    proc, _ = hpcps(["check", job], cwd=tmp_path)         # hpcps run -n servers + 3
+    proc, _ = hpcps(["check", job], cwd=tmp_path)   # default: coordinator + 3 workers + servers
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert "1 coordinator, 2 worker(s), 1 server(s)" in out
+    assert "1 coordinator, 3 worker(s), 1 server(s)" in out
     assert "done (max|grad| <= tolerance)" in out
     assert re.search(r"iter +1 +F 0\.\d+", out)
     gap = float(re.search(r"relative gap ([-+0-9.e]+);", out).group(1))
