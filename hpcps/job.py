@@ -342,13 +342,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
         summary["failures"] = list(ft_state.events)
     summary["consistency"] = consistency_report.summarize(
         crows, policy, cfg.consistency.pull, 8 + np.dtype(cfg.model.dtype).itemsize)
-    if cfg.evaluate.sklearn_baseline and cfg.model.type == "logistic":
-        summary["baseline"] = sklearn_baseline(cfg)
-        if history:
-            summary["baseline"]["auc_gap"] = summary["baseline"]["test_auc"] - history[-1]["test_auc"]
-    write_metrics(cfg.output.dir / "metrics.json",
-                  {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg),
-                   "epochs": history, "summary": summary})
+    _finish_metrics(cfg, summary, history)
     _print_summary(summary, history, out)
     summary["skip_finalize"] = survived
     return summary
@@ -450,6 +444,18 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
                      "allreduce_seconds": float(r[2]), "collectives": int(r[3])}
                     for i, r in enumerate(rows)],
     }
+    _finish_metrics(cfg, summary, history)
+    tot = sum(w["allreduce_seconds"] for w in summary["workers"])
+    vol = sum(w["bytes_in"] for w in summary["workers"])
+    out.write(f"  allreduce: {len(rows)} ranks, {_mb(vol)} received by all ranks, collectives "
+              f"{tot:.2f} s (summed over ranks)\n")
+    _print_summary(summary, history, out)
+    return summary
+
+
+def _finish_metrics(cfg, summary, history) -> None:
+    """Add the scikit-learn baseline when the job asks for it and write ``metrics.json``.
+    Rank 0 only."""
     if cfg.evaluate.sklearn_baseline and cfg.model.type == "logistic":
         summary["baseline"] = sklearn_baseline(cfg)
         if history:
@@ -457,12 +463,6 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
     write_metrics(cfg.output.dir / "metrics.json",
                   {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg),
                    "epochs": history, "summary": summary})
-    tot = sum(w["allreduce_seconds"] for w in summary["workers"])
-    vol = sum(w["bytes_in"] for w in summary["workers"])
-    out.write(f"  allreduce: {len(rows)} ranks, {_mb(vol)} received by all ranks, collectives "
-              f"{tot:.2f} s (summed over ranks)\n")
-    _print_summary(summary, history, out)
-    return summary
 
 
 def _summary(cfg, result, rows, wall) -> dict:
