@@ -99,6 +99,7 @@ def _default_job(job):
 def cmd_run(args) -> int:
     from . import launch
     from .config import ConfigError, load_job
+    from .exitcodes import describe, restartable
 
     job = _default_job(args.job)
     try:
@@ -128,12 +129,17 @@ def cmd_run(args) -> int:
     if args.dry_run:
         return 0
     rc = launch.run(cmd, env)
+    if rc and not restartable(rc) and args.max_restarts:
+        print(f"hpcps run: mpirun exited with status {rc} ({describe(rc)}): not restarting, "
+              "a relaunch would fail the same way", flush=True)
     restarts = 0
-    # exit 2 is a job-file error (restarting cannot help); a forwarded signal means stop
-    while rc not in (0, 2) and restarts < args.max_restarts and not launch.forwarded:
+    # a job-file, data or disk error would fail again (hpcps.exitcodes); a forwarded signal
+    # means stop
+    while restartable(rc) and restarts < args.max_restarts and not launch.forwarded:
         restarts += 1
-        print(f"hpcps run: mpirun exited with status {rc}; restart {restarts}/{args.max_restarts} "
-              "(the job resumes from its newest valid checkpoint)", flush=True)
+        print(f"hpcps run: mpirun exited with status {rc} ({describe(rc)}); restart "
+              f"{restarts}/{args.max_restarts} (the job resumes from its newest valid checkpoint)",
+              flush=True)
         if "--resume" in cmd:                  # a restart continues from the checkpoints
             i = cmd.index("--resume")
             cmd = cmd[:i] + cmd[i + 2:]

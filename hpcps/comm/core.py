@@ -17,6 +17,8 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
+from ..exitcodes import EXIT_FAILED, status_for
+
 #: Default largest single MPI message in bytes; larger arrays are sent in chunks so that no
 #: element count reaches 2**31 (MPI's int counts), whatever the datatype.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
@@ -226,7 +228,10 @@ def abort_on_error(comm: MPI.Comm, stream=None):
     """Turn an exception on any rank into an abort of the whole job.
 
     Prints ``hpcps: rank R on HOST: <traceback>`` to ``stream`` (stderr) and calls
-    ``comm.Abort(1)``, so that no other rank is left waiting in a collective or a receive.
+    ``comm.Abort(code)``, so that no other rank is left waiting in a collective or a receive;
+    ``code`` is :func:`hpcps.exitcodes.status_for` of the exception (65 for bad data, 74 for a
+    failed write, 1 for the unexpected), which mpirun returns and launchers use to decide
+    whether a relaunch can help.
     Not collective: only the raising rank calls ``Abort``. ``SystemExit`` with code 0 passes.
     """
     try:
@@ -236,12 +241,11 @@ def abort_on_error(comm: MPI.Comm, stream=None):
             raise
         _report_and_abort(comm, stream, f"exit status {e.code}", code=e.code if isinstance(e.code, int) else 1)
     except BaseException as e:  # noqa: BLE001 - every failure must end the job
+        code = status_for(e)
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        if isinstance(e, (LaunchError,)) or type(e).__name__ in (
-                "ConfigError", "DataError", "CheckpointError", "ResumeError", "NonFiniteError",
-                "ResourceError", "ServerLost"):
-            text = f"{type(e).__name__}: {e}\n"
-        _report_and_abort(comm, stream, text.rstrip(), code=1)
+        if code != EXIT_FAILED or type(e).__name__ == "ServerLost":
+            text = f"{type(e).__name__}: {e}\n"      # an error of the input: no traceback
+        _report_and_abort(comm, stream, text.rstrip(), code=code)
 
 
 def _report_and_abort(comm, stream, text, code):

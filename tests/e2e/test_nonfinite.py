@@ -55,7 +55,7 @@ def finite_checkpoint(d):
 def test_first_non_finite_gradient_stops_the_job_and_checkpoints_stay_finite(tmp_path):
     job = setup(tmp_path, 0)
     proc, secs = launch(4, ["train", job], cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 65, proc.returncode      # EXIT_DATA
     assert ("NonFiniteError: non-finite values (NaN or inf) at clock 3 on worker 2 (gradient): "
             "rejected step 1, more than [train] max_nonfinite_steps = 0") in proc.stderr, \
         proc.stderr[-3000:]
@@ -83,7 +83,7 @@ def test_bsp_rejects_the_step_on_every_worker_until_the_limit(tmp_path):
     # one more epoch would be one rejected step too many
     job3 = setup(tmp_path, 1)
     proc, _ = launch(4, ["train", job3, "--resume", "never"], cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 65, proc.returncode
     assert ("at clock 7 on worker 2 (gradient): rejected step 2, more than [train] "
             "max_nonfinite_steps = 1") in proc.stderr, proc.stderr[-3000:]
 
@@ -110,7 +110,7 @@ def test_weights_made_non_finite_by_an_update_stop_on_the_server(tmp_path):
     job = write_job(tmp_path / "job.toml", text)
     (tmp_path / "train.svm").write_text("\n".join(r.replace("1.0e00", "1.0e30") for r in GOOD * 6) + "\n")
     proc, _ = launch(4, ["train", job], cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 65, proc.returncode
     assert "NonFiniteError: server 0: the update of table 'weights' at clock 0 made" in proc.stderr, \
         proc.stderr[-3000:]
     assert "weight(s) non-finite (NaN or inf; finite gradients overflowed float32)" in proc.stderr
