@@ -16,6 +16,8 @@ Both are written to a temporary name in the same directory and moved into place 
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import shutil
@@ -28,29 +30,58 @@ from . import __version__
 from .files import make_temp
 
 
-def _atomic_path(final: Path):
-    return make_temp(final)
+class OutputError(OSError):
+    """The model or metrics file could not be written (disk full, read-only, quota, ...).
+
+    An :class:`OSError` with the errno of the failure; the message names the file, the bytes
+    it needs and the bytes free. The job exits with status 74 (:mod:`hpcps.exitcodes`).
+    """
 
 
-def _commit(tmp: Path, final: Path) -> None:
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-
-
-def _failed(final: Path, e: OSError, need: int) -> OSError:
-    """An OSError (same errno) naming the file, the bytes it needs and the bytes free."""
+def _failed(final: Path, errno: int | None, reason: str, need: int) -> OutputError:
     try:
         free = f"{shutil.disk_usage(final.parent).free / 1e6:,.2f} MB free"
     except OSError:
         free = "free space unknown"
-    reason = e.strerror or str(e)
-    return OSError(e.errno, f"cannot write {final}: {reason}; it needs about "
-                            f"{need / 1e6:,.2f} MB, {free} in {final.parent}")
+    return OutputError(errno, f"cannot write {final}: {reason}; it needs about "
+                              f"{need / 1e6:,.2f} MB, {free} in {final.parent}")
+
+
+def _write_atomic(final: Path, data: bytes) -> Path:
+    """Write ``data`` to ``final`` through a temporary file in the same directory, fsync it
+    and ``os.replace`` it into place. When the directory has less free space than
+    ``len(data)``, nothing is written; when writing fails anyway the temporary file is
+    removed. Raises :class:`OutputError`."""
+    need = len(data)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(final.parent).free
+    except OSError as e:
+        raise _failed(final, e.errno, e.strerror or str(e), need) from e
+    if free < need:
+        raise _failed(final, errno.ENOSPC, "not enough free space", need)
+    tmp = None
+    try:
+        tmp = make_temp(final)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except OSError as e:
+        raise _failed(final, e.errno, e.strerror or str(e), need) from e
+    finally:
+        if tmp is not None and tmp.exists():
+            tmp.unlink()
+    return final
 
 
 def write_model(path, tables: dict, cfg, step: int, epoch: int) -> Path:
     """Write the final model file atomically.
+
+    The HDF5 file is built in memory and then written with plain ``write`` calls, so that a
+    full or read-only disk is an ordinary ``OSError`` (the HDF5 library can crash when its
+    own writes fail half-way).
 
     Parameters
     ----------
@@ -62,38 +93,26 @@ def write_model(path, tables: dict, cfg, step: int, epoch: int) -> Path:
 
     Raises
     ------
-    OSError
+    OutputError
         If the file cannot be written (disk full, read-only, ...): the message names the
-        file, the bytes it needs and the bytes free; no partial file is left.
+        file, the bytes it needs and the bytes free; no partial file is left and an older
+        ``model.h5`` is untouched.
     """
-    final = Path(path)
-    need = 64 * 1024 + sum(np.asarray(a).nbytes for a in tables.values())
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _atomic_path(final)
-    except OSError as e:
-        raise _failed(final, e, need) from e
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["hpcps_version"] = __version__
-            f.attrs["job_name"] = cfg.name
-            f.attrs["step"] = int(step)
-            f.attrs["epoch"] = int(epoch)
-            f.attrs["config"] = cfg.text
-            f.attrs["num_features"] = int(cfg.data.num_features)
-            f.attrs["index_base"] = int(cfg.data.index_base) if cfg.data.index_base is not None else -1
-            for name, arr in tables.items():
-                d = f.create_dataset(name, data=arr, chunks=True if arr.size > 1 else None,
-                                     compression="gzip" if arr.size > 4096 else None)
-                d.attrs["dim"] = arr.shape[1]
-                d.attrs["meaning"] = f"rows of table {name!r} in original key order"
-        _commit(tmp, final)
-    except OSError as e:
-        raise _failed(final, e, need) from e
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return final
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        f.attrs["hpcps_version"] = __version__
+        f.attrs["job_name"] = cfg.name
+        f.attrs["step"] = int(step)
+        f.attrs["epoch"] = int(epoch)
+        f.attrs["config"] = cfg.text
+        f.attrs["num_features"] = int(cfg.data.num_features)
+        f.attrs["index_base"] = int(cfg.data.index_base) if cfg.data.index_base is not None else -1
+        for name, arr in tables.items():
+            d = f.create_dataset(name, data=arr, chunks=True if arr.size > 1 else None,
+                                 compression="gzip" if arr.size > 4096 else None)
+            d.attrs["dim"] = arr.shape[1]
+            d.attrs["meaning"] = f"rows of table {name!r} in original key order"
+    return _write_atomic(Path(path), buf.getbuffer())
 
 
 def read_model(path) -> dict:
@@ -123,22 +142,8 @@ def write_metrics(path, record: dict) -> Path:
 
     Raises
     ------
-    OSError
+    OutputError
         As :func:`write_model`: naming the file, the bytes needed and free.
     """
-    final = Path(path)
     text = json.dumps(_jsonable(record), indent=1, allow_nan=False) + "\n"
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _atomic_path(final)
-    except OSError as e:
-        raise _failed(final, e, len(text.encode())) from e
-    try:
-        tmp.write_text(text)
-        _commit(tmp, final)
-    except OSError as e:
-        raise _failed(final, e, len(text.encode())) from e
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return final
+    return _write_atomic(Path(path), text.encode())

@@ -104,3 +104,38 @@ def test_read_only_file_system_during_a_checkpoint(small_fs):
         assert f"cannot write {d / 'metrics.json'}: Read-only file system; it needs about" in str(eo.value)
     finally:
         remount("rw")
+
+
+def _cfg():
+    from types import SimpleNamespace
+    return SimpleNamespace(name="t", text="name = 't'\n",
+                           data=SimpleNamespace(num_features=4, index_base=1))
+
+
+def test_model_too_large_for_the_free_space_leaves_the_old_model(small_fs):
+    """Before: HDF5 met ENOSPC half-way and crashed (SIGSEGV) or raised a RuntimeError;
+    now the file is built in memory and refused before a byte is written."""
+    from hpcps.output import OutputError, read_model, write_model
+
+    d, _ = small_fs
+    old = write_model(d / "model.h5", {"w": np.zeros((10, 1))}, _cfg(), 1, 0)
+    big = {"w": np.random.default_rng(0).normal(size=(200_000, 1))}     # 1.6 MB > 1 MiB
+    with pytest.raises(OutputError) as ei:
+        write_model(d / "model.h5", big, _cfg(), 2, 1)
+    assert ei.value.errno == 28
+    assert f"cannot write {d / 'model.h5'}: not enough free space; it needs about 1.5" in str(ei.value)
+    assert read_model(old)["attrs"]["step"] == 1 and _leftovers(d) == []
+
+
+def test_model_on_a_read_only_file_system(small_fs):
+    from hpcps.output import OutputError, write_model
+
+    d, remount = small_fs
+    remount("ro")
+    try:
+        with pytest.raises(OutputError) as ei:
+            write_model(d / "model.h5", {"w": np.zeros((10, 1))}, _cfg(), 1, 0)
+        assert ei.value.errno == 30, ei.value
+        assert f"cannot write {d / 'model.h5'}: Read-only file system" in str(ei.value)
+    finally:
+        remount("rw")
