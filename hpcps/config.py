@@ -818,6 +818,14 @@ def _data(ck: _Checker, doc: dict) -> DataConfig:
     path = ck.input_file(vals.pop("path"), "data.path")
     test_path = vals.pop("test_path", "")
     test_path = ck.input_file(test_path, "data.test_path") if fmt == "svmlight" else None
+    if fmt == "svmlight":
+        from .data.svmlight import COMPRESSED
+
+        for key, p in (("data.path", path), ("data.test_path", test_path)):
+            if p is not None and p.name.endswith(COMPRESSED):   # workers read byte ranges
+                raise ck.error(key, f"{p}: a compressed svmlight file cannot be split into "
+                                    f"byte ranges for the workers; decompress it first "
+                                    f"(e.g. `gunzip -k {p.name}`)")
     if fmt == "prepared":
         from .data.prepared import PreparedError, file_attrs
 

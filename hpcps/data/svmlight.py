@@ -43,7 +43,8 @@ __all__ = ["DUPLICATES", "byte_ranges", "read_svmlight_part", "write_svmlight"]
 #: Values of ``duplicates`` (``[data] duplicate_indices``): refuse or add repeated indices.
 DUPLICATES = ("error", "sum")
 
-_COMPRESSED = (".gz", ".bz2")
+#: Suffixes of compressed files, which cannot be split into byte ranges.
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 
 
 def _check_index_base(index_base) -> int:
@@ -161,7 +162,7 @@ def read_svmlight_part(
         raise ValueError(f"duplicates must be one of {DUPLICATES}, got {duplicates!r}")
     part, n_parts = check_part(part, n_parts)
     path = os.fspath(path)
-    if path.endswith(_COMPRESSED):
+    if path.endswith(COMPRESSED):
         raise ValueError(f"{path}: compressed svmlight files cannot be read by byte range; decompress it first")
     size = os.path.getsize(path)
     offset, length = byte_ranges(path, n_parts)[part]

@@ -165,6 +165,11 @@ class Trainer:
             from ..data import DataError
             raise DataError(f"{cfg.data.path}: no training rows (empty file, or only comments "
                             "and blank lines)")
+        if n_test == 0:           # every epoch is evaluated on the test rows: none is a mistake
+            from ..data import DataError
+            where = cfg.data.test_path or f"{cfg.data.path} (its test split)"
+            raise DataError(f"{where}: no test rows (empty file, or only comments and blank "
+                            "lines)")
         steps_full = self._max_steps(X.shape[0])
         if t.max_steps:
             steps_full = min(steps_full, t.max_steps)

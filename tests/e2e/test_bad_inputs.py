@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from tests.helpers import ROOT, launch, write_job
+from tests.helpers import ROOT, hpcps, launch, write_job
 
 BAD = ROOT / "tests" / "data" / "bad"
 GOOD = "1 1:1 3:0.5\n0 2:1\n1 1:0.5 4:1\n0 3:1\n"
@@ -46,8 +46,35 @@ def test_bad_training_file_fails_fast_with_file_and_line(tmp_path, name):
     (tmp_path / "test.svm").write_text(GOOD)
     job = write_job(tmp_path / "job.toml", JOB.format(train=train, test=tmp_path / "test.svm"))
     proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 65, proc.returncode      # EXIT_DATA: never restarted
     assert CASES[name] in proc.stderr, proc.stderr[-2000:]
+    assert secs < 60
+
+
+def test_empty_test_file_is_an_error(tmp_path):
+    """Before, an empty test file trained to the end and reported 'AUC nan'."""
+    (tmp_path / "train.svm").write_text(GOOD)
+    shutil.copy(BAD / "empty.svm", tmp_path / "test.svm")
+    job = write_job(tmp_path / "job.toml", JOB.format(train=tmp_path / "train.svm",
+                                                      test=tmp_path / "test.svm"))
+    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 65, proc.stderr[-2000:]
+    assert f"DataError: {tmp_path / 'test.svm'}: no test rows" in proc.stderr, proc.stderr[-2000:]
+    assert secs < 60
+
+
+def test_hpcps_run_does_not_restart_a_data_error(tmp_path):
+    """Bad data fails the same way every time: ``--max-restarts`` must not relaunch it (it
+    did, four times in 15 s, before exit status 65 existed)."""
+    shutil.copy(BAD / "bad_value.svm", tmp_path / "train.svm")
+    (tmp_path / "test.svm").write_text(GOOD)
+    job = write_job(tmp_path / "job.toml", JOB.format(train=tmp_path / "train.svm",
+                                                      test=tmp_path / "test.svm"))
+    proc, secs = hpcps(["run", "-n", "3", "--max-restarts", "2", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 65, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "mpirun exited with status 65 (bad training data or non-finite values): not " \
+           "restarting" in proc.stdout, proc.stdout
+    assert "restart 1/2" not in proc.stdout and proc.stderr.count("DataError") == 1
     assert secs < 60
 
 
@@ -107,7 +134,7 @@ def test_bad_csv_names_file_line_and_column(tmp_path, name):
     shutil.copy(BAD / name, train)
     job = write_job(tmp_path / "job.toml", CSV_JOB.format(fmt="adult_csv", train=train))
     proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 65, proc.returncode
     assert CSV_CASES[name] in proc.stderr, proc.stderr[-2000:]
     assert "DataError" in proc.stderr and secs < 60
 
@@ -148,7 +175,7 @@ def test_bad_prepared_file_names_file_and_dataset(tmp_path, case):
     path = _prepared(tmp_path / "p.h5", edit)
     job = write_job(tmp_path / "job.toml", CSV_JOB.format(fmt="prepared", train=path))
     proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 65, proc.returncode
     assert f"{path}: {message}" in proc.stderr, proc.stderr[-2000:]
     assert secs < 60
 

@@ -177,6 +177,17 @@ def test_svmlight(jobdir):
     assert (d.index_base, d.n_features, d.num_features) == (1, 123, 123)
 
 
+@pytest.mark.parametrize("key, name", [("path", "train.svm.gz"), ("test_path", "test.svm.bz2")])
+def test_compressed_svmlight_is_a_job_file_error(jobdir, key, name):
+    """Workers read byte ranges of the file: caught at load (exit 2), not mid-read."""
+    (jobdir / "data" / name).write_bytes(b"\x1f\x8b")
+    e = error(jobdir, SVM.replace(f'{key} = "../data/{name.split(".")[0]}.svm"',
+                                  f'{key} = "../data/{name}"'))
+    assert e.key == f"data.{key}"
+    assert "compressed svmlight file cannot be split into byte ranges" in str(e)
+    assert f"gunzip -k {name}" in str(e)
+
+
 def test_text_kept_and_path_absolute(jobdir, monkeypatch):
     monkeypatch.chdir(jobdir)
     (jobdir / "jobs" / "x.toml").write_text(ADULT)
