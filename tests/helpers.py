@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,22 +29,40 @@ def mpi_env(**extra) -> dict:
     return env
 
 
-def launch(n: int, args, cwd=None, timeout=300, env=None):
-    """``mpirun -n N python -m hpcps ARGS``; returns (CompletedProcess, seconds)."""
-    cmd = [mpirun(), "-n", str(n), sys.executable, "-m", "hpcps", *map(str, args)]
+def _run(cmd, cwd, env, timeout):
+    """Run ``cmd`` in its own session; on timeout kill the whole process group (mpirun *and*
+    its ranks, which ``subprocess.run(timeout=...)`` would leave running) and re-raise."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env or mpi_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    return proc, time.perf_counter() - t0
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(p)
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err), time.perf_counter() - t0
+
+
+def kill_group(p: subprocess.Popen) -> None:
+    """SIGKILL the process group of ``p`` (started with ``start_new_session=True``)."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def launch(n: int, args, cwd=None, timeout=300, env=None):
+    """``mpirun -n N python -m hpcps ARGS``; returns (CompletedProcess, seconds). On timeout
+    every process of the launch is killed and ``subprocess.TimeoutExpired`` raised."""
+    cmd = [mpirun(), "-n", str(n), sys.executable, "-m", "hpcps", *map(str, args)]
+    return _run(cmd, cwd, env or mpi_env(), timeout)
 
 
 def hpcps(args, cwd=None, timeout=600, env=None):
-    """``python -m hpcps ARGS`` (no mpirun around it)."""
+    """``python -m hpcps ARGS`` (no mpirun around it); killed with its children on timeout."""
     cmd = [sys.executable, "-m", "hpcps", *map(str, args)]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env or mpi_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    return proc, time.perf_counter() - t0
+    return _run(cmd, cwd, env or mpi_env(), timeout)
 
 
 def write_job(path: Path, body: str) -> Path:
