@@ -133,9 +133,13 @@ def check_memory(cfg, tables, world) -> None:
         where = (f"{here} server(s) on this node need {here} x {need / 2**30:,.2f} GiB = "
                  f"{here * need / 2**30:,.2f} GiB but {have / 2**30:,.2f} GiB is available"
                  if short else "a server's node lacks the memory (see that rank's message)")
+        cures = [f"more servers on more nodes ([cluster] servers = {cfg.cluster.servers} now,"
+                 f" {here} on this node)" if here > 1 else
+                 f"more servers ([cluster] servers = {cfg.cluster.servers} now)", "fewer keys"]
+        if cfg.model.dtype != "float32":
+            cures.append('[model] dtype = "float32"')
         raise ResourceError(f"the tables do not fit the servers' memory: per server {detail}; "
-                            f"{where}. Use more servers ([cluster] servers = "
-                            f"{cfg.cluster.servers} now), fewer keys, or float32.")
+                            f"{where}. Use {', '.join(cures[:-1])} or {cures[-1]}.")
 
 
 def limit_threads(world) -> int | None:

@@ -91,7 +91,7 @@ def test_bad_job_file_fails_on_every_rank_fast(tmp_path):
 def test_too_many_servers_is_refused_before_communication(tmp_path):
     job = write_job(tmp_path / "s.toml", SMALL + "[cluster]\nservers = 2\n")
     proc, secs = launch(2, ["train", job], cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.returncode
     assert proc.stderr.count("cluster.servers") == 2, proc.stderr
 
 
@@ -113,7 +113,7 @@ n_features = 8
 dir = "out"
 """)
     proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=300)
-    assert proc.returncode != 0
+    assert proc.returncode == 65, proc.returncode
     assert f"rank 1 on {socket.gethostname()}" in proc.stderr, proc.stderr[-2000:]
     assert "train.svm:81" in proc.stderr
     assert secs < 120             # startup included; the abort itself takes well under a second
@@ -139,4 +139,6 @@ def test_tables_too_big_for_memory_are_refused_with_the_arithmetic(tmp_path):
     assert proc.stderr.count("the tables do not fit the servers' memory") == 3
     assert "68,719,476,736 rows x (1 x 4 B weights + 4 B accumulator) = 512.00 GiB" in proc.stderr
     assert "GiB is available" in proc.stderr
+    # float32 already: the advice must not suggest it (it did)
+    assert "Use more servers ([cluster] servers = 1 now) or fewer keys." in proc.stderr, proc.stderr[-2000:]
     assert secs < 60
