@@ -1,0 +1,62 @@
+"""The job-file corpus in tests/data/bad/jobs/, each run under ``mpirun -n 3``: every rank
+prints the same error naming the file and the key before any MPI traffic, and the job exits
+with status 2 (never relaunched) within seconds."""
+
+import os
+import subprocess
+
+import pytest
+
+from tests.helpers import DATA, ROOT, launch
+
+JOBS = ROOT / "tests" / "data" / "bad" / "jobs"
+
+CASES = {
+    "unknown_key.toml": "unknown_key.toml: train.epoch: unknown key (did you mean 'epochs'?)",
+    "wrong_type.toml": "wrong_type.toml: train.batch_size: expected integer, got string '64'",
+    "negative_learning_rate.toml": "negative_learning_rate.toml: optimizer.learning_rate: must be > 0, got -0.1",
+    "negative_staleness.toml": "negative_staleness.toml: consistency.staleness: must be in [0, 1000000], got -1",
+    "servers_ge_ranks.toml": "servers_ge_ranks.toml: cluster.servers: 3 server(s) in a world of 3 ranks leave 3 - 3 = 0 workers",
+    "data_path_missing.toml": "data_path_missing.toml: data.path: file not found: {dir}/no_such_file.csv (relative paths are resolved against the job file's directory {dir})",
+    "output_not_writable.toml": "output_not_writable.toml: output.dir: cannot create directory {ro}/run: Read-only file system",
+    "not_toml.toml": "not_toml.toml: invalid TOML: Invalid statement (at line 1, column 1)",
+    "model_not_importable.toml": "model_not_importable.toml: model.type: cannot import module 'nosuchpkg.mod'",
+}
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A real read-only file system (a tmpfs mounted ro; needs root), else a 0500 directory."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() == 0:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        yield d
+        subprocess.run(["umount", "-l", str(d)], check=False)
+    else:
+        d.chmod(0o500)
+        yield d
+        d.chmod(0o700)
+
+
+def test_corpus_is_complete():
+    assert sorted(p.name for p in JOBS.glob("*.toml")) == sorted(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_job_file_is_reported_on_every_rank_with_exit_2(tmp_path, read_only_dir, name):
+    job = tmp_path / name
+    text = (JOBS / name).read_text().replace("@DATA@", str(DATA)).replace("@RO@", str(read_only_dir))
+    job.write_text(text)
+    proc, secs = launch(3, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    want = CASES[name].format(dir=tmp_path, ro=read_only_dir)
+    if os.geteuid() != 0:
+        want = want.replace("Read-only file system", "Permission denied")
+    lines = [l for l in proc.stderr.splitlines() if want in l]
+    assert sorted(l.split(":")[1].strip() for l in lines) == ["rank 0", "rank 1", "rank 2"], \
+        proc.stderr[-2000:]
+    assert secs < 60
