@@ -54,6 +54,9 @@ class Checkpointer:
         self.steps_per_epoch = 0
         self.async_cut = async_cut      # servers apply pushes on arrival: cut by push counts
         self.flush = flush
+        #: () -> dict of more manifest attributes, set by the trainer (the voted count of
+        #: rejected non-finite steps)
+        self.extra = dict
 
     def after_step(self, clock, epoch, step_in_epoch, plan, history) -> None:
         """Called by every worker after each clock. Collective when ``every_seconds`` is set."""
@@ -108,7 +111,7 @@ class Checkpointer:
             worker_clocks=[clock] * self.n_workers,
             last_push_seq=(pushes.sum(axis=1) if pushes is not None else [0] * self.n_workers),
             shards=shards, partitions=partitions, history=history,
-            extra={"epoch_plan": json.dumps(plan)})
+            extra={"epoch_plan": json.dumps(plan), **self.extra()})
         ckpt.prune(self.cfg.output.dir, self.c.keep, warn=self._say)
         dt = time.perf_counter() - t0
         nbytes = sum(n for n, _ in shards) + path.stat().st_size

@@ -182,6 +182,8 @@ class Trainer:
                 start_step = 0
             # records of the epoch being resumed (and later) are recomputed
             self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
+            if self.guard.agree is not None:     # the voted count is the same on every worker
+                self.guard.rejected = int(restore.get("nonfinite_rejected", 0))
         if self.is_chief:
             self._say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
                       f"{n_train} train / {n_test} test rows; model {self.model.name} "
@@ -201,6 +203,8 @@ class Trainer:
                               f"step, in {cfg.output.dir}); nothing is trained, the model is "
                               "re-evaluated. To train again: --resume never, or another "
                               "[output] dir or job name")
+        if checkpointer is not None and self.guard.agree is not None:
+            checkpointer.extra = lambda: {"nonfinite_rejected": self.guard.rejected}
         total_steps = steps_full * t.epochs
         examples_per_step = n_train / max(1, math.ceil(n_train / (t.batch_size * self.n_workers)))
         t0 = last = time.perf_counter()

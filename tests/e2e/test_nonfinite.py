@@ -88,6 +88,22 @@ def test_bsp_rejects_the_step_on_every_worker_until_the_limit(tmp_path):
             "max_nonfinite_steps = 1") in proc.stderr, proc.stderr[-3000:]
 
 
+def test_the_rejected_count_survives_a_resume(tmp_path):
+    """The BSP-voted count is in the checkpoint: one epoch rejects 1 step (limit 1), the
+    resumed second epoch's rejected step is number 2 (it restarted at 1 before)."""
+    job = setup(tmp_path, 1)
+    job.write_text(job.read_text().replace("epochs = 2", "epochs = 1"))
+    proc, _ = launch(4, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ck.read_manifest(ck.latest_valid(tmp_path / "out")[0])["nonfinite_rejected"] == 1
+    job.write_text(job.read_text().replace("epochs = 1", "epochs = 2"))
+    proc, _ = launch(4, ["train", job], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 65, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "resumed from checkpoint step 4" in proc.stdout, proc.stdout[-2000:]
+    assert ("at clock 7 on worker 2 (gradient): rejected step 2, more than [train] "
+            "max_nonfinite_steps = 1") in proc.stderr, proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("model", ["async", "ssp"])
 def test_ssp_and_async_drop_the_producing_workers_gradient(tmp_path, model):
     text = setup(tmp_path, 5, model).read_text()
