@@ -295,23 +295,65 @@ def test_srun_path_forwards_usr1_requeues_and_resumes(slurm, tmp_path):
         sub.cancel()
 
 
-def test_max_restarts_bounds_requeues(slurm, tmp_path):
-    """A job that always fails is requeued HPCPS_MAX_RESTARTS times, then left FAILED."""
-    tmp_path.mkdir(exist_ok=True)
-    (tmp_path / "job.toml").write_text(JOB.replace(f'path = "{DATA}"', f'path = "{tmp_path / "bad.csv"}"'))
-    # the data file exists (the job file passes the script's check) but is not Adult data,
-    # so every launch fails when the ranks read it
-    (tmp_path / "bad.csv").write_text("not,a,csv\n1,2,3\n")
+CRASH = """
+import os
+import signal
+
+from hpcps.models.logistic import LogisticRegression
+
+
+class Crash(LogisticRegression):
+    \"\"\"Logistic regression whose worker 0 is killed (SIGKILL) at its first step: a lost rank.\"\"\"
+
+    def load(self, split, part, n_parts):
+        self.part = part
+        return super().load(split, part, n_parts)
+
+    def loss_grad(self, X, y, keys, params):
+        if self.part == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().loss_grad(X, y, keys, params)
+"""
+
+
+def _sbatch(slurm, tmp_path, job_text, max_restarts=1):
+    (tmp_path / "job.toml").write_text(job_text)
     p = subprocess.run(["sbatch", "--parsable", "--overcommit", "--ntasks=2",
-                        "--export=ALL,HPCPS_MAX_RESTARTS=1", str(TRAIN), "job.toml"],
+                        f"--export=ALL,HPCPS_MAX_RESTARTS={max_restarts}", str(TRAIN), "job.toml"],
                        cwd=tmp_path, env=client_env(slurm), capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
-    sub = Submitted(slurm, tmp_path, p.stdout.strip())
+    return Submitted(slurm, tmp_path, p.stdout.strip())
+
+
+def test_max_restarts_bounds_requeues(slurm, tmp_path):
+    """A rank that dies at every launch (a lost rank: restartable) is requeued
+    HPCPS_MAX_RESTARTS times, then the job is left FAILED."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "crash.py").write_text(CRASH)
+    sub = _sbatch(slurm, tmp_path, JOB.replace("[model]\n", '[model]\ntype = "crash:Crash"\n'))
     try:
-        info = sub.wait_done(120)
+        info = sub.wait_done(180)
         text = sub.text()
         assert info["JobState"] == "FAILED" and info["Restarts"] == "1", f"{info}\n{text[-3000:]}"
         assert "requeueing job" in text and "not requeueing: 1 restart(s) already" in text, text[-3000:]
+    finally:
+        sub.cancel()
+
+
+def test_bad_data_is_not_requeued(slurm, tmp_path):
+    """Bad data fails every launch the same way: exit 65, never requeued (it was, up to
+    HPCPS_MAX_RESTARTS times)."""
+    tmp_path.mkdir(exist_ok=True)
+    # the data file exists (the job file passes the script's check) but is not Adult data
+    (tmp_path / "bad.csv").write_text("not,a,csv\n1,2,3\n")
+    sub = _sbatch(slurm, tmp_path, JOB.replace(f'path = "{DATA}"', f'path = "{tmp_path / "bad.csv"}"'),
+                  max_restarts=3)
+    try:
+        info = sub.wait_done(120)
+        text = sub.text()
+        assert info["JobState"] == "FAILED" and info["Restarts"] == "0", f"{info}\n{text[-3000:]}"
+        assert info["ExitCode"] == "65:0", info
+        assert "status 65): not requeueing" in text and "requeueing job" not in text, text[-3000:]
     finally:
         sub.cancel()
 
