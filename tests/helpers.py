@@ -29,27 +29,50 @@ def mpi_env(**extra) -> dict:
     return env
 
 
-def _run(cmd, cwd, env, timeout):
-    """Run ``cmd`` in its own session; on timeout kill the whole process group (mpirun *and*
-    its ranks, which ``subprocess.run(timeout=...)`` would leave running) and re-raise."""
-    t0 = time.perf_counter()
+def run_in_session(cmd, cwd=None, env=None, timeout=None, **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a new session; on timeout
+    every process of that session is killed — mpirun *and* its ranks, which prterun puts in
+    process groups of their own, so neither ``subprocess.run(timeout=...)`` nor ``killpg``
+    reaches them — and ``subprocess.TimeoutExpired`` is raised with the output so far."""
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                         text=True, start_new_session=True, **kw)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_group(p)
-        p.communicate()
-        raise
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err), time.perf_counter() - t0
+        kill_session(p.pid)
+        out, err = p.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
-def kill_group(p: subprocess.Popen) -> None:
-    """SIGKILL the process group of ``p`` (started with ``start_new_session=True``)."""
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def session_pids(sid: int) -> list[int]:
+    """PIDs of the live processes whose session id is ``sid`` (Linux ``/proc``)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue                       # gone meanwhile
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (started with ``start_new_session=True``)."""
+    for pid in session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _run(cmd, cwd, env, timeout):
+    t0 = time.perf_counter()
+    proc = run_in_session(cmd, cwd=cwd, env=env, timeout=timeout)
+    return proc, time.perf_counter() - t0
 
 
 def launch(n: int, args, cwd=None, timeout=300, env=None):

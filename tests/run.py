@@ -23,6 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.helpers import run_in_session  # noqa: E402  (the checkout, not an installed copy)
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED: list = []
 TIMEOUT = int(os.environ.get("HPCPS_TEST_TIMEOUT", "900"))
@@ -52,12 +55,11 @@ def run(cmd, env, label) -> tuple[int, int, int]:
     print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              errors="replace", timeout=TIMEOUT)
+        proc = run_in_session(cmd, cwd=ROOT, env=env, errors="replace", timeout=TIMEOUT)
         out = proc.stdout + proc.stderr
         rc = proc.returncode
     except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out = (e.stdout or "") + (e.stderr or "")
         out += f"\nTIMEOUT after {TIMEOUT} s\n"
         rc = 124
     sys.stdout.write(out[-20000:])

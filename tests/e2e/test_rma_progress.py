@@ -5,12 +5,11 @@ mpirun, e.g. a venv with `pip install mpich mpi4py numpy scipy scikit-learn h5py
 warning and the fallback to p2p pulls are checked for real; skipped without it."""
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, launch, write_job
+from tests.helpers import ROOT, launch, run_in_session, write_job
 
 JOB = """
 name = "rmaprog"
@@ -44,9 +43,8 @@ def test_mpich_without_async_progress_warns_and_falls_back(tmp_path, fallback):
     job = write_job(tmp_path / "j.toml", JOB.format(fallback=fallback))
     env = {k: v for k, v in os.environ.items() if k != "MPIR_CVAR_ASYNC_PROGRESS"}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([str(Path(py).parent / "mpirun"), "-n", "3", py, "-m", "hpcps",
-                           "train", str(job)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_in_session([str(Path(py).parent / "mpirun"), "-n", "3", py, "-m", "hpcps",
+                           "train", str(job)], cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("hpcps: warning: ") == 1
     assert "set MPIR_CVAR_ASYNC_PROGRESS=1" in proc.stdout
