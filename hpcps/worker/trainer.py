@@ -182,6 +182,8 @@ class Trainer:
                 start_step = 0
             # records of the epoch being resumed (and later) are recomputed
             self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
+            if checkpointer is not None:         # its checkpoint exists: at_end need not rewrite it
+                checkpointer.last_step = int(restore["step"])
             if self.guard.agree is not None:     # the voted count is the same on every worker
                 self.guard.rejected = int(restore.get("nonfinite_rejected", 0))
         if self.is_chief:

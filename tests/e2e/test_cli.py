@@ -55,8 +55,12 @@ def test_full_quickstart_matches_scikit_learn_and_analysis_commands_work(tmp_pat
     assert "check: hpcps AUC" in proc.stdout and "OK" in proc.stdout
     run = tmp_path / "runs" / "adult_lr"
     # running the finished job again says so instead of silently training nothing
+    final = sorted((run / "ckpt").iterdir())[-1] / "manifest.h5"
+    mtime = final.stat().st_mtime_ns
     proc2, _ = hpcps(["run"], cwd=tmp_path)
     assert proc2.returncode == 0 and "this job already finished" in proc2.stdout, proc2.stdout[-2000:]
+    # ... and does not write its final checkpoint again (a full disk failed it before)
+    assert "checkpoint step-" not in proc2.stdout and final.stat().st_mtime_ns == mtime
     history = json.loads((run / "metrics.json").read_text())["epochs"]
     assert [e["epoch"] for e in history] == [1, 2, 3]          # earlier launches' epochs kept
     auc = json.loads((run / "metrics.json").read_text())["epochs"][-1]["test_auc"]
