@@ -327,8 +327,8 @@ def _write_failure(final: Path, reason: str, need: int) -> str:
     have = f"{free / 1e6:,.2f} MB free" if free is not None else "free space unknown"
     want = f"the file needs about {need / 1e6:,.2f} MB, " if need else ""
     return (f"cannot write {final}: {reason}; {want}{have} in {final.parent}. "
-            "The previous checkpoint is untouched; free space (or make the directory "
-            "writable) and run the job again to resume from it")
+            "Earlier checkpoints are untouched; free space (or make the directory "
+            "writable) and run the job again to resume from the newest of them")
 
 
 #: HDF5 bookkeeping added to the data bytes when estimating a file's size.
@@ -364,9 +364,15 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
     CheckpointError
         If the file cannot be written — not enough free space (checked first, from the
         array sizes), a full or read-only file system, a quota — naming the file, the
-        reason, the bytes needed and free. Nothing of the file is left behind.
+        reason, the bytes needed and free. Nothing of the file is left behind. A shard file
+        of the same name in a checkpoint without a manifest (an attempt that never
+        completed) is removed first.
     """
     final = Path(directory) / shard_name(server)
+    if final.exists() and not (final.parent / MANIFEST).exists():
+        # left by an attempt at this checkpoint that never completed (a relaunch writes it
+        # again): useless, and its space is needed for the new file
+        final.unlink()
     raw: list = []
 
     def fill(f):

@@ -61,7 +61,7 @@ def test_shard_too_large_for_the_free_space_is_refused_before_writing(small_fs):
     msg = str(ei.value)
     assert f"cannot write {step / 'shard-0000.h5'}: not enough free space" in msg
     assert "needs about 2.47 MB" in msg and "MB free in" in msg, msg
-    assert "previous checkpoint is untouched" in msg
+    assert "Earlier checkpoints are untouched" in msg
     assert not (step / "shard-0000.h5").exists() and _leftovers(d) == []
     found = ck.latest_valid(d)
     assert found is not None and found[0] == prev
@@ -139,3 +139,13 @@ def test_model_on_a_read_only_file_system(small_fs):
         assert f"cannot write {d / 'model.h5'}: Read-only file system" in str(ei.value)
     finally:
         remount("rw")
+
+
+def test_rewriting_a_shard_counts_the_space_of_the_file_it_replaces(small_fs):
+    """A relaunch rewrites the shard of a checkpoint that failed half-way: the old file is
+    replaced, so its bytes are free for the new one (every relaunch was refused before)."""
+    d, _ = small_fs
+    step = ck.step_dir(d, 20)
+    ck.write_shard(step, 0, 1, 20, _shard_tables(25_000))          # ~0.6 MB of 1 MiB
+    ck.write_shard(step, 0, 1, 20, _shard_tables(25_000))          # the same again
+    assert (step / "shard-0000.h5").exists() and _leftovers(d) == []
