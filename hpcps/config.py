@@ -820,12 +820,13 @@ def _data(ck: _Checker, doc: dict) -> DataConfig:
     test_path = ck.input_file(test_path, "data.test_path") if fmt == "svmlight" else None
     if fmt == "svmlight":
         from .data.svmlight import COMPRESSED
+        UNPACK = {".gz": "gunzip", ".bz2": "bunzip2", ".xz": "unxz", ".zst": "unzstd"}
 
         for key, p in (("data.path", path), ("data.test_path", test_path)):
             if p is not None and p.name.endswith(COMPRESSED):   # workers read byte ranges
                 raise ck.error(key, f"{p}: a compressed svmlight file cannot be split into "
                                     f"byte ranges for the workers; decompress it first "
-                                    f"(e.g. `gunzip -k {p.name}`)")
+                                    f"(e.g. `{UNPACK[p.suffix]} -k {p.name}`)")
     if fmt == "prepared":
         from .data.prepared import PreparedError, file_attrs
 

@@ -40,11 +40,15 @@ class OutputError(OSError):
 
 def _failed(final: Path, errno: int | None, reason: str, need: int) -> OutputError:
     try:
-        free = f"{shutil.disk_usage(final.parent).free / 1e6:,.2f} MB free"
+        free = f"{_size(shutil.disk_usage(final.parent).free)} free"
     except OSError:
         free = "free space unknown"
     return OutputError(errno, f"cannot write {final}: {reason}; it needs about "
-                              f"{need / 1e6:,.2f} MB, {free} in {final.parent}")
+                              f"{_size(need)}, {free} in {final.parent}")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:,.2f} MB" if n >= 10_000 else f"{n:,} bytes"
 
 
 def _write_atomic(final: Path, data: bytes) -> Path:

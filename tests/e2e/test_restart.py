@@ -136,7 +136,7 @@ def test_adam_and_ftrl_resume_on_another_server_count_is_bit_identical(tmp_path,
     other = job(tmp_path, "other", servers=3, epochs=2, out=tmp_path / "first",
                 opt="adagrad" if opt == "ftrl" else "ftrl")
     proc, _ = launch(5, ["train", other], cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.returncode
     assert proc.stderr.count("was another optimizer used?") == 5, proc.stderr[-2000:]
 
 
@@ -174,7 +174,7 @@ def test_checkpoint_of_another_model_shape_is_refused(tmp_path):
     assert launch(4, ["train", j], cwd=tmp_path)[0].returncode == 0
     other = write_job(tmp_path / "m2.toml", j.read_text().replace("hash_bits = 14", "hash_bits = 13"))
     proc, secs = launch(4, ["train", other], cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.returncode
     assert "table 'weights' has shape (16384, 1) in the checkpoint but (8192, 1)" in proc.stderr
 
 
