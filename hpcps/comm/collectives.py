@@ -86,39 +86,47 @@ def bcast_int(comm: MPI.Intracomm, value: int, root: int = 0) -> int:
     return int(buf[0])
 
 
-class StopVote:
-    """Non-blocking agreement that some rank wants to stop, for ranks that must not wait for
-    each other every step (SSP, async).
+class Vote:
+    """Non-blocking agreement on a few int64 values (their element-wise maximum over the
+    ranks), for ranks that must not wait for each other every step (SSP, async): a stop
+    request, a number of workers to add.
 
-    Rounds of ``Iallreduce(MAX)`` of a stop flag run on a private duplicate of ``comm``; a new
-    round starts on a rank when its previous one completed, so no rank ever blocks in
-    :meth:`poll`, and rank's numbers of started rounds differ by at most one.
-    :meth:`finish` (collective over ``comm``) evens them out and completes the last round.
-    Every rank of ``comm`` must create the vote, call :meth:`poll` and call :meth:`finish`.
+    Rounds of ``Iallreduce(MAX)`` run on a private duplicate of ``comm``; a new round starts on
+    a rank when its previous one completed, so no rank ever blocks in :meth:`poll`, and ranks'
+    numbers of started rounds differ by at most one. :meth:`finish` (collective over ``comm``)
+    evens them out and completes the last round. Every rank of ``comm`` must create the vote,
+    call :meth:`poll` and call :meth:`finish`.
+
+    Parameters
+    ----------
+    comm : MPI.Intracomm
+    width : int
+        Values per round (>= 1).
     """
 
-    def __init__(self, comm: MPI.Intracomm):
+    def __init__(self, comm: MPI.Intracomm, width: int = 1):
         self.owner = comm
         self.comm = comm.Dup()
         self.req = None
         self.started = 0
-        self.send = np.zeros(1, dtype=np.int32)
-        self.recv = np.zeros(1, dtype=np.int32)
+        self.send = np.zeros(int(width), dtype=np.int64)
+        self.recv = np.zeros(int(width), dtype=np.int64)
 
-    def _start(self, flag: bool) -> None:
-        self.send[0] = 1 if flag else 0
+    def _start(self, values) -> None:
+        self.send[:] = values
         self.req = self.comm.Iallreduce(self.send, self.recv, op=MPI.MAX)
         self.started += 1
 
-    def poll(self, flag: bool) -> bool:
-        """Offer this rank's flag; True once a completed round saw a flag on any rank. Local
-        (never waits), but every rank must keep calling it."""
+    def poll(self, values) -> np.ndarray | None:
+        """Offer this rank's values (a round started now carries them); return the maxima of
+        the round that completed in this call, or ``None``. Local (never waits), but every rank
+        must keep calling it: a value must be offered until a completed round shows it."""
         if self.req is None:
-            self._start(flag)
+            self._start(values)
         if self.req.Test():
             self.req = None
-            return bool(self.recv[0])
-        return False
+            return self.recv.copy()
+        return None
 
     def finish(self) -> None:
         """Even out the rounds and complete them; free the private communicator. Collective."""
@@ -126,11 +134,28 @@ class StopVote:
         if self.started < most:
             if self.req is not None:       # cannot happen: a rank behind has no round open
                 self.req.Wait()
-            self._start(False)
+            self._start(0)
         if self.req is not None:
             self.req.Wait()
             self.req = None
         self.comm.Free()
+
+
+def bcast_array(comm: MPI.Intracomm, values, dtype, root: int = 0) -> np.ndarray:
+    """Broadcast a 1-D array whose length only ``root`` knows (the length goes first).
+    Collective; ``values`` is used at ``root`` only (``None`` elsewhere).
+
+    Returns
+    -------
+    ndarray (n,) of ``dtype`` on every rank
+    """
+    a = native_contiguous(np.asarray(values, dtype=dtype)).reshape(-1) \
+        if comm.Get_rank() == root else None
+    n = bcast_int(comm, a.size if a is not None else 0, root)
+    if a is None:
+        a = np.empty(n, dtype=dtype)
+    comm.Bcast(a, root=root)
+    return a
 
 
 def barrier(comm: MPI.Intracomm) -> None:

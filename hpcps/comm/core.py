@@ -126,6 +126,15 @@ def node_sum(comm: MPI.Intracomm, value: int) -> int:
     return int(out[0])
 
 
+def node_size(comm: MPI.Intracomm) -> int:
+    """Ranks of ``comm`` on this rank's node (shared memory). Collective (one ``Split_type``)."""
+    node = comm.Split_type(SHARED, key=comm.Get_rank())
+    try:
+        return node.Get_size()
+    finally:
+        node.Free()
+
+
 def barrier_before_exit(comm: MPI.Intracomm) -> None:
     """Flush stdout/stderr and wait for every rank, so that all messages are out before the
     first rank exits (the launcher kills the rest then). Collective."""
@@ -221,6 +230,48 @@ def split_roles(comm: MPI.Intracomm, n_servers: int) -> Roles:
         worker_ranks=tuple(r for r, x in enumerate(roles) if x == WORKER),
         server_ranks=tuple(r for r, x in enumerate(roles) if x == SERVER),
     )
+
+
+def regroup_roles(ps: MPI.Intracomm, role: str, key: int, layout=None,
+                  errors_return: bool = False) -> Roles:
+    """Roles over a new communicator ``ps`` on which every rank keeps its role: after a
+    ``Shrink`` (survivors, :mod:`hpcps.recovery`) or a ``Spawn`` + ``Merge`` (the job plus
+    added workers, :mod:`hpcps.elastic`). Collective over ``ps``.
+
+    Parameters
+    ----------
+    ps : MPI.Intracomm
+        Every rank of the job; becomes both ``Roles.world`` and ``Roles.ps``.
+    role : {"worker", "server"}
+        This rank's role.
+    key : int
+        This rank's sort key within its role: its old index (added workers: after every old
+        one), so that indices keep their relative order.
+    layout : int64 ndarray (ps size, 2), optional
+        ``[is_server, key]`` of every rank of ``ps`` if the caller gathered it already;
+        gathered here otherwise (one Allgather).
+    errors_return : bool
+        Set ``MPI.ERRORS_RETURN`` on the new role communicator (continue mode).
+
+    Returns
+    -------
+    Roles
+        Indices ``0..n-1`` per role in ``key`` order; ``worker_ranks``/``server_ranks`` are
+        ranks of ``ps``.
+    """
+    is_server = role == SERVER
+    if layout is None:
+        layout = np.empty((ps.Get_size(), 2), dtype=np.int64)
+        ps.Allgather(np.array([1 if is_server else 0, key], dtype=np.int64), layout)
+    role_comm = ps.Split(1 if is_server else 0, key)
+    if errors_return:
+        role_comm.Set_errhandler(MPI.ERRORS_RETURN)
+    ranks = range(ps.Get_size())
+    return Roles(world=ps, ps=ps, role_comm=role_comm, role=role, index=role_comm.Get_rank(),
+                 worker_ranks=tuple(sorted((i for i in ranks if layout[i, 0] == 0),
+                                           key=lambda i: int(layout[i, 1]))),
+                 server_ranks=tuple(sorted((i for i in ranks if layout[i, 0] == 1),
+                                           key=lambda i: int(layout[i, 1]))))
 
 
 @contextlib.contextmanager

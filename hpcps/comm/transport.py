@@ -11,7 +11,9 @@ followed by the shard's int64 clock header (tag ``TAG_RHDR``, layout in
 :mod:`hpcps.consistency`), from which the worker learns the version it read. Header slot 7
 (``H_AUX``) is, for ``PULL``, 1 when the read must see every update of clocks below the
 request's clock whatever the consistency model (evaluation, final model), and for ``PUSH``
-the shard version the gradient was computed on (for staleness). MPI keeps messages of
+the shard version the gradient was computed on (for staleness), for ``CLOCK`` the worker's
+epoch (0-based; servers count examples per epoch), for ``GROW`` the number of workers to add
+(:mod:`hpcps.elastic`; its ``n_keys`` slot is 1 to let them share cores). MPI keeps messages of
 one (source, tag, communicator) in order, so the parts of a request are matched by the server
 right after its header. Arrays over ``max_message_bytes`` go in several messages (see
 :func:`hpcps.comm.core.chunk_slices`). All traffic uses the ``ps`` communicator of
@@ -32,9 +34,9 @@ from mpi4py import MPI
 from .core import irecv_array, isend_array, recv_array, waitall
 
 # ops
-PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT = 1, 2, 3, 4, 5, 6
+PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
 OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
-            CHECKPOINT: "checkpoint"}
+            CHECKPOINT: "checkpoint", GROW: "grow"}
 # tags
 TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 11, 12, 13, 14, 15
 HEADER_LEN = 8
