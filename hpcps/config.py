@@ -53,6 +53,7 @@ __all__ = [
     "CheckpointConfig",
     "FaultToleranceConfig",
     "LbfgsConfig",
+    "ElasticConfig",
     "DATA_FORMATS",
     "MODEL_TYPES",
     "CLUSTER_MODES",
@@ -484,6 +485,31 @@ class LbfgsConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ElasticConfig:
+    """``[elastic]``: workers added to the running job (``[cluster] mode = "ps"`` only;
+    :mod:`hpcps.elastic`). ``hpcps grow RUN_DIR --workers N`` adds workers to a running job
+    without this section.
+
+    Attributes
+    ----------
+    add_workers : int
+        Workers to start (``MPI_Comm_spawn``) when the workers' clock reaches ``at_step``;
+        0 = none.
+    at_step : int
+        The clock (steps since the job started, as ``[checkpoint] every_steps`` counts them)
+        at which they join; required with ``add_workers``, >= 1.
+    oversubscribe : bool
+        Let added workers share cores with running ranks (Open MPI: spawn info
+        ``map_by = ":OVERSUBSCRIBE"``, ``bind_to = "none"``); by default they need free
+        slots in the launch's allocation.
+    """
+
+    add_workers: int = 0
+    at_step: int = 0
+    oversubscribe: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """A validated job file.
 
@@ -515,6 +541,7 @@ class JobConfig:
     checkpoint: CheckpointConfig
     fault_tolerance: FaultToleranceConfig = dataclasses.field(default_factory=FaultToleranceConfig)
     lbfgs: LbfgsConfig = dataclasses.field(default_factory=LbfgsConfig)
+    elastic: ElasticConfig = dataclasses.field(default_factory=ElasticConfig)
     path: Path
     text: str
 
@@ -618,6 +645,11 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "wolfe_c1": _Rule(float, 1e-4, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
         "wolfe_c2": _Rule(float, 0.9, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
         "line_search_max_evals": _Rule(int, 20, lo=1, hi=1000),
+    },
+    "elastic": {
+        "add_workers": _Rule(int, 0, lo=0, hi=4096),
+        "at_step": _Rule(int, 0, lo=0),
+        "oversubscribe": _Rule(bool, False),
     },
 }
 
@@ -927,6 +959,26 @@ def _lbfgs(ck: _Checker, doc: dict, cluster: ClusterConfig, model: ModelConfig) 
     return LbfgsConfig(**vals)
 
 
+def _elastic(ck: _Checker, doc: dict, cluster: ClusterConfig) -> ElasticConfig:
+    """``[elastic]``: only for ``mode = "ps"``; ``at_step`` goes with ``add_workers``."""
+    table = _section(ck, doc, "elastic")
+    vals = _simple(ck, doc, "elastic")
+    if table and cluster.mode != "ps":
+        k = next(iter(table))
+        raise ck.error(f"elastic.{k}", f"workers are added to parameter-server jobs only "
+                                       f"(cluster.mode = 'ps'), not {cluster.mode!r}; remove "
+                                       "the [elastic] section")
+    if vals["add_workers"] and vals["at_step"] < 1:
+        raise ck.error("elastic.at_step", f"required with add_workers = {vals['add_workers']}: "
+                                          "the clock (>= 1) at which the workers join")
+    if not vals["add_workers"]:
+        for k in ("at_step", "oversubscribe"):
+            if k in table:
+                raise ck.error(f"elastic.{k}", "only used with add_workers >= 1; remove it "
+                                               "(hpcps grow --oversubscribe for a request)")
+    return ElasticConfig(**vals)
+
+
 def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     ck = _Checker(path)
     ck.unknown_keys(doc, {**_TOP, **_SECTIONS}, "")
@@ -963,10 +1015,11 @@ def _parse(doc: dict, text: str, path: Path) -> JobConfig:
                                                    "no push_threshold (a worker must hold no "
                                                    "unpushed gradients when it dies)")
     lbfgs = _lbfgs(ck, doc, cluster, model)
+    elastic = _elastic(ck, doc, cluster)
     return JobConfig(name=name, seed=seed, cluster=cluster, data=data, model=model,
                      optimizer=optimizer, train=train, consistency=consistency, comm=comm,
                      output=output, evaluate=evaluate, checkpoint=checkpoint,
-                     fault_tolerance=ft, lbfgs=lbfgs, path=path.resolve(),
+                     fault_tolerance=ft, lbfgs=lbfgs, elastic=elastic, path=path.resolve(),
                      text=text)
 
 
