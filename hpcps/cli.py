@@ -3,6 +3,7 @@
 ``hpcps train JOB``         run a job inside an MPI launch (every rank runs this)
 ``hpcps run [-n N] [JOB]``  start mpirun for JOB (default: the shipped quick-start job)
 ``hpcps check [JOB]``       run JOB and compare its test AUC with scikit-learn's
+``hpcps grow RUN_DIR -w N`` add N workers to the job running in RUN_DIR (:mod:`hpcps.elastic`)
 ``hpcps info``              versions of hpcps, MPI, mpi4py, h5py
 ``hpcps data prepare NAME`` write a prepared data set (:mod:`hpcps.cli_data`)
 ``hpcps bench [--quick]``   run the benchmark suite in bench/ (hpcps.bench)
@@ -14,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "jobs" / "adult_lr.toml"
@@ -88,6 +90,64 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_join(args) -> int:
+    # started by MPI_Comm_spawn from a running job (hpcps.elastic), never by a user
+    from .signals import EXIT_REQUEUE, StopRequest
+
+    stop = StopRequest().install()
+    from .comm import core, spawn
+    from .job import join_job
+
+    if spawn.parent() is None:
+        return _fail("`hpcps join` is started by a running job to add workers to it (hpcps "
+                     "grow, [elastic] add_workers); it cannot run by itself")
+    with core.abort_on_error(core.world()):
+        res = join_job(stop=stop)
+    return EXIT_REQUEUE if res.get("stopped_by_signal") else 0
+
+
+def cmd_grow(args) -> int:
+    from .elastic import ANSWER, REQUEST, GrowError, running_job, submit_request, wait_answer
+
+    run_dir = Path(args.run_dir)
+    try:
+        rid = submit_request(run_dir, args.workers, args.oversubscribe)
+    except GrowError as e:
+        return _fail(str(e))
+    print(f"hpcps grow: asked the job in {run_dir} for {args.workers} more worker(s) "
+          f"(request {rid[:8]} in {run_dir / REQUEST}); its chief reads it between two steps",
+          flush=True)
+    if args.wait <= 0:
+        print(f"hpcps grow: not waiting; the answer will be in {run_dir / ANSWER}")
+        return 0
+    ans = wait_answer(run_dir, rid, args.wait)
+    if ans is None:
+        try:
+            running_job(run_dir)
+        except GrowError as e:
+            return _fail(f"no answer: {e}", 1)
+        return _fail(f"no answer within {args.wait:g} s; the request stays in {run_dir / REQUEST} "
+                     "until the job's chief reads it", 1)
+    print(f"hpcps grow: {ans.get('status')}: {ans.get('message')}", flush=True)
+    return 0 if ans.get("status") == "grown" else 1
+
+
+def _grow_failure_only(cfg, since: float) -> bool:
+    """True when this launch's job finished (``metrics.json`` has the summary, written after
+    ``since``) and asked ``MPI_Comm_spawn`` for workers in vain: Open MPI's mpirun then exits
+    with a non-zero status (213, "All nodes which are allocated for this job are already
+    filled") although every rank finished. Local."""
+    path = cfg.output.dir / "metrics.json"
+    try:
+        if path.stat().st_mtime < since:
+            return False
+        summary = json.loads(path.read_text()).get("summary", {})
+    except (OSError, ValueError):
+        return False
+    return any(str(e.get("refused", "")).startswith("MPI_Comm_spawn")
+               for e in summary.get("growth", []))
+
+
 def _default_job(job):
     if job:
         return job
@@ -120,7 +180,8 @@ def cmd_run(args) -> int:
         return _fail(str(e))
     cmd, env = launch.build_command(n, job, mpirun=mpirun, flavour=launch.mpi_flavour(mpirun),
                                     extra=args.mpirun_args,
-                                    ulfm=cfg.fault_tolerance.mode == "continue")
+                                    ulfm=cfg.fault_tolerance.mode == "continue",
+                                    spare=cfg.elastic.add_workers)
     resume = args.resume or ("never" if args.func is cmd_check else "auto")
     if resume != "auto":
         cmd += ["--resume", resume]
@@ -128,7 +189,13 @@ def cmd_run(args) -> int:
     print(f"hpcps run: {(shown + ' ') if shown else ''}{' '.join(cmd)}", flush=True)
     if args.dry_run:
         return 0
+    t_launch = time.time()
     rc = launch.run(cmd, env)
+    if rc != 0 and _grow_failure_only(cfg, t_launch):
+        print(f"hpcps run: mpirun exited with status {rc} because it could not start the "
+              "workers the job asked for (see the MPI_Comm_spawn message above); the job itself "
+              "finished", flush=True)
+        rc = 0
     if rc and not restartable(rc) and args.max_restarts:
         print(f"hpcps run: mpirun exited with status {rc} ({describe(rc)}): not restarting, "
               "a relaunch would fail the same way", flush=True)
@@ -218,6 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
                             "killed); the job resumes from its newest valid checkpoint")
         r.set_defaults(func=func, mpirun_args=[])
         r.epilog = "Extra mpirun arguments go after --, e.g. `hpcps run -n 8 job.toml -- --host a,b`."
+    g = sub.add_parser("grow", help="add workers to a running job (parameter-server mode)")
+    g.add_argument("run_dir", help="the job's run directory ([output] dir, e.g. runs/adult_lr)")
+    g.add_argument("-w", "--workers", type=int, required=True, help="workers to add (>= 1)")
+    g.add_argument("--oversubscribe", action="store_true",
+                   help="let the new workers share cores with running ranks (Open MPI: spawn "
+                        "info map_by :OVERSUBSCRIBE, bind_to none); default: they need free slots")
+    g.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
+                   help="wait this long for the job's answer (default 120; 0: do not wait)")
+    g.set_defaults(func=cmd_grow)
+    j = sub.add_parser("join", help="(internal) a worker added to a running job; started by "
+                                     "MPI_Comm_spawn, not by hand")
+    j.set_defaults(func=cmd_join)
     i = sub.add_parser("info", help="versions and the MPI in use")
     i.set_defaults(func=cmd_info)
     from .cli_analysis import register as register_analysis

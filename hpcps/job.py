@@ -23,6 +23,7 @@ from .comm.rma import allocate_windows, free_windows
 from .comm.transport import ServerEndpoint, WorkerEndpoint
 from .config import ConfigError, check_world, to_dict
 from .consistency import policy_from_config
+from .elastic import Elastic
 from .output import write_metrics, write_model
 from .server.server import ParameterServer, window_sizes
 from .signals import EXIT_REQUEUE
@@ -30,7 +31,8 @@ from .worker.checkpointer import Checkpointer
 from .worker.client import PSClient
 from .worker.trainer import Trainer
 
-# per-rank statistics row gathered at the end (float64); meaning depends on the role
+# per-rank statistics row gathered at the end (float64); meaning depends on the role; then the
+# examples each server counted per epoch ([train] epochs entries)
 STAT_FIELDS = ("is_server", "index", "rows", "memory_bytes", "keys_pulled", "keys_pushed",
                "bytes_in", "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds",
                "examples")
@@ -142,17 +144,14 @@ def check_memory(cfg, tables, world) -> None:
                             f"{where}. Use {', '.join(cures[:-1])} or {cures[-1]}.")
 
 
-def limit_threads(world) -> int | None:
+def limit_threads(world, ranks_on_node: int | None = None) -> int | None:
     """Give each rank its share of its node's cores for BLAS (:mod:`hpcps.threads`), unless
     the user set ``OMP_NUM_THREADS`` or the like. Collective over ``world`` (one
-    ``Split_type``). Returns the thread count set, or ``None``."""
+    ``Split_type``) unless the caller counted the node's ranks (``ranks_on_node``). Returns the
+    thread count set, or ``None``."""
     from .threads import blas_threads_for, limit_blas_threads
 
-    node = world.Split_type(core.SHARED, key=world.Get_rank())
-    try:
-        n = blas_threads_for(node.Get_size())
-    finally:
-        node.Free()
+    n = blas_threads_for(core.node_size(world) if ranks_on_node is None else ranks_on_node)
     if n is not None:
         limit_blas_threads(n)
     return n
@@ -251,39 +250,78 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     check_memory(cfg, tables, world)
     roles = core.split_roles(world, cfg.cluster.servers)
     ft_state = _fault_tolerance(cfg, roles, world, out)
+    windows = []
+    if cfg.consistency.pull == "rma":           # one window per table (collective)
+        sizes = (window_sizes(specs, roles.index, roles.n_servers, roles.n_workers)
+                 if roles.role == core.SERVER else [0] * len(specs))
+        windows = allocate_windows(roles.ps, sizes)
+    elastic = Elastic(cfg, roles, specs, windows, ft_state, out)
+    return _run_roles(cfg, elastic, model, tables, policy, out, restore=restore, stop=stop,
+                      step_hook=step_hook)
+
+
+def join_job(out=None, stop=None) -> dict:
+    """Run as a worker added to a running job (``hpcps join``, started by
+    :meth:`hpcps.elastic.Elastic.grow`): meet the job, then train as its other workers do.
+    Collective with every rank of the running job.
+
+    Returns
+    -------
+    dict
+        ``{"stopped_by_signal": bool}``; ``{"joined": False}`` when the job could not be
+        loaded here (the job goes on without this process).
+    """
+    out = out or sys.stdout
+    joined = Elastic.join(out)
+    if joined is None:
+        return {"joined": False, "stopped_by_signal": False}
+    elastic, plan, cfg, model = joined
+    return _run_roles(cfg, elastic, model, model.tables(), policy_from_config(cfg.consistency),
+                      out, stop=stop, join=plan)
+
+
+def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None,
+               step_hook=None, join=None) -> dict:
+    """Serve or train on the layout of ``elastic`` (servers and workers of the launch, or an
+    added worker when ``join`` is given), then gather the statistics and write the outputs.
+    Collective over every rank of the job (which may change while it runs)."""
+    roles, windows, ft_state = elastic.roles, elastic.windows, elastic.ft
+    specs = [t[0] for t in tables]
     t_start = time.perf_counter()
-    stats = np.zeros(len(STAT_FIELDS))
+    stats = np.zeros(len(STAT_FIELDS) + cfg.train.epochs)
     stats[1] = roles.index
     result = None
     history: list = []
     try:
-        windows = []
-        if cfg.consistency.pull == "rma":           # one window per table (collective)
-            sizes = (window_sizes(specs, roles.index, roles.n_servers, roles.n_workers)
-                     if roles.role == core.SERVER else [0] * len(specs))
-            windows = allocate_windows(roles.ps, sizes)
+        if roles.is_chief:
+            elastic.mark_running()
         server = client = trainer = None
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, cfg.comm.max_message_bytes)
             server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
                                      tables, policy, seed=cfg.seed, windows=windows,
-                                     run_dir=cfg.output.dir, restore=restore, ft_state=ft_state)
+                                     run_dir=cfg.output.dir, restore=restore, ft_state=ft_state,
+                                     elastic=elastic)
             if windows:
                 barrier(roles.ps)                    # windows initialised before any read
             server.serve()
-            if ft_state is not None:
-                roles = ft_state.roles
+            roles, windows = elastic.roles, elastic.windows
             load = server.load()
             stats[0] = 1
             stats[12] = load["examples"]
             stats[2:9] = [load[k] for k in ("rows", "memory_bytes", "keys_pulled", "keys_pushed",
                                             "bytes_in", "bytes_out", "requests")]
+            for e, n in load["examples_per_epoch"].items():
+                if 0 <= e < cfg.train.epochs:
+                    stats[len(STAT_FIELDS) + e] = n
         else:
             ep = WorkerEndpoint(roles.ps, roles.server_ranks, cfg.comm.max_message_bytes)
             client = PSClient(ep, specs, roles.n_servers, policy, roles.n_workers, windows)
             if restore is not None:
                 client.clock_value = int(restore[1]["step"])
-            if windows:
+            if join is not None:
+                client.clock_value = join.clock
+            if windows and join is None:
                 barrier(roles.ps)
 
             def on_epoch(rec):
@@ -295,13 +333,14 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
 
             trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
                               roles.is_chief, on_epoch=on_epoch, out=out, policy=policy,
-                              step_hook=step_hook, stop=stop, model=model, ft_state=ft_state)
+                              step_hook=step_hook, stop=stop, model=model, ft_state=ft_state,
+                              elastic=elastic)
             checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
                                         roles.n_workers, [o.slot_specs(t.dim, t.dtype) for t, o in tables], out,
                                         async_cut=not policy.aggregate, flush=trainer.steps.flush)
-            result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer)
-            if ft_state is not None:
-                roles = ft_state.roles
+            result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer,
+                                 join=join)
+            roles, windows = elastic.roles, elastic.windows
             history[:] = trainer.history
             result["checkpoints"] = {"count": checkpointer.count if checkpointer else 0,
                                      "seconds": checkpointer.seconds if checkpointer else 0.0,
@@ -320,20 +359,23 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
                 path = write_model(cfg.output.dir / "model.h5", final, cfg,
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
-        if ft_state is not None:             # after a failure: the survivors' communicator
-            world = roles.ps
-            stats[1] = roles.index
+        world = roles.ps                     # the job's ranks now (after failures, growths)
+        stats[1] = roles.index
         rows = gather_rows(world, stats)
         stopped = bool(any_rank_failed(world, stats[0] == -1))
         crows = gather_rows(world, consistency_report.local_row(
             server is not None, roles.index, server.staleness if server else None, client,
             trainer.steps if trainer else None, windows))
         free_windows(windows)                        # collective; normal exit path
-        survived = ft_state is not None and ft_state.recoveries > 0
+        survived = survived_failure(ft_state)
         if survived:
             barrier(roles.ps)                        # every survivor is done with MPI
     finally:
+        if roles.is_chief:
+            elastic.clear_running()
         roles.free()
+    if not survived:
+        elastic.close()                              # disconnect from added workers / parents
     if not roles.is_chief:
         return {"stopped_by_signal": stopped, "skip_finalize": survived}
     if stopped:
@@ -344,12 +386,19 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
     if ft_state is not None:
         summary["failures"] = list(ft_state.events)
+    if elastic.events:
+        summary["growth"] = list(elastic.events)
     summary["consistency"] = consistency_report.summarize(
         crows, policy, cfg.consistency.pull, 8 + np.dtype(cfg.model.dtype).itemsize)
     _finish_metrics(cfg, summary, history)
     _print_summary(summary, history, out)
     summary["skip_finalize"] = survived
     return summary
+
+
+def survived_failure(ft_state) -> bool:
+    """True after this rank survived the loss of another (continue mode). Local."""
+    return ft_state is not None and ft_state.recoveries > 0
 
 
 def _fault_tolerance(cfg, roles, world, out):
@@ -473,6 +522,7 @@ def _summary(cfg, result, rows, wall) -> dict:
     servers, workers = [], []
     for r in rows:
         d = dict(zip(STAT_FIELDS, (float(v) for v in r)))
+        d["examples_per_epoch"] = [int(v) for v in r[len(STAT_FIELDS):]]   # servers: per epoch
         (servers if d["is_server"] == 1 else workers).append(d)
     servers.sort(key=lambda d: d["index"])
     return {
@@ -485,9 +535,10 @@ def _summary(cfg, result, rows, wall) -> dict:
         "model_path": result.get("model_path"),
         "checkpoints": dict(result["checkpoints"],
                             share_of_run=result["checkpoints"]["seconds"] / wall if wall else 0.0),
-        "servers": [{k: int(d[k]) for k in ("index", "rows", "memory_bytes", "keys_pulled",
-                                             "keys_pushed", "bytes_in", "bytes_out", "requests",
-                                             "examples")}
+        "servers": [dict({k: int(d[k]) for k in ("index", "rows", "memory_bytes", "keys_pulled",
+                                                  "keys_pushed", "bytes_in", "bytes_out",
+                                                  "requests", "examples")},
+                         examples_per_epoch=d["examples_per_epoch"])
                     for d in servers],
         "workers": [{"index": int(d["index"]), "bytes_pulled": int(d["bytes_in"]),
                      "bytes_pushed": int(d["bytes_out"]), "pull_seconds": d["pull_seconds"],

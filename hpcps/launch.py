@@ -64,11 +64,12 @@ def mpi_flavour(mpirun: str) -> tuple[str, int]:
 
 
 def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), cores=None,
-                  is_root=None, extra=(), python=None, ulfm=False) -> tuple[list[str], dict]:
+                  is_root=None, extra=(), python=None, ulfm=False, spare=0) -> tuple[list[str], dict]:
     """The mpirun command line and the extra environment for ``n`` ranks running ``job``.
 
     ``ulfm``: the job survives lost ranks (``[fault_tolerance] mode = "continue"``): Open MPI 5
-    gets ``--with-ft ulfm``, MPICH ``MPIR_CVAR_ENABLE_FT=1``.
+    gets ``--with-ft ulfm``, MPICH ``MPIR_CVAR_ENABLE_FT=1``. ``spare``: ranks the job adds
+    while it runs (``[elastic] add_workers``), counted when deciding to oversubscribe.
 
     Returns
     -------
@@ -78,11 +79,11 @@ def build_command(n: int, job: str, *, mpirun: str, flavour=("unknown", 0), core
     """
     return build_launch(n, [python or sys.executable, "-m", "hpcps", "train", str(job)],
                         mpirun=mpirun, flavour=flavour, cores=cores, is_root=is_root, extra=extra,
-                        ulfm=ulfm)
+                        ulfm=ulfm, spare=spare)
 
 
 def build_launch(n: int, program, *, mpirun: str, flavour=("unknown", 0), cores=None,
-                 is_root=None, extra=(), ulfm=False) -> tuple[list[str], dict]:
+                 is_root=None, extra=(), ulfm=False, spare=0) -> tuple[list[str], dict]:
     """The mpirun command line and extra environment for ``n`` ranks running ``program``
     (a list: executable and arguments), with what this machine needs (see the module
     docstring; ``ulfm`` as in :func:`build_command`). Used by :func:`build_command` and by
@@ -100,7 +101,7 @@ def build_launch(n: int, program, *, mpirun: str, flavour=("unknown", 0), cores=
     cmd = [mpirun, "-n", str(n)]
     env: dict[str, str] = {}
     if kind == "openmpi":
-        if n > cores:
+        if n + spare > cores:
             cmd += ["--map-by", ":OVERSUBSCRIBE"] if major >= 5 else ["--oversubscribe"]
         if is_root:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

@@ -43,6 +43,8 @@ class Recovery:
         Steps each old worker finished, agreed by the servers (``C_w``).
     examples : int64 ndarray (n_old_workers,)
         Examples of each old worker's last finished step.
+    epochs : int64 ndarray (n_old_workers,)
+        Epoch (0-based) of that step.
     old_index : dict of int -> int
         New worker index -> old worker index, for the survivors.
     failed_ranks : list of int
@@ -62,6 +64,7 @@ class Recovery:
     failed_world_ranks: list = field(default_factory=list)
     failed_hosts: list = field(default_factory=list)
     seconds: float = 0.0
+    epochs: np.ndarray = None
 
 
 @dataclass
@@ -90,7 +93,8 @@ class FTState:
     recoveries: int = 0
 
 
-def recover(state: FTState, server_clocks=None, server_examples=None, max_attempts: int = 5) -> Recovery:
+def recover(state: FTState, server_clocks=None, server_examples=None, max_attempts: int = 5,
+            server_epochs=None) -> Recovery:
     """Run the recovery protocol (module docstring). Collective over every survivor.
 
     Parameters
@@ -99,6 +103,8 @@ def recover(state: FTState, server_clocks=None, server_examples=None, max_attemp
         Updated in place: ``roles`` and ``world_ranks`` describe the survivors afterwards.
     server_clocks, server_examples : int64 array (n_old_workers,), servers only
         CLOCK messages received from each worker and the examples of the last one.
+    server_epochs : int64 array (n_old_workers,), servers only
+        The epoch of that last CLOCK (default 0).
 
     Returns
     -------
@@ -112,14 +118,14 @@ def recover(state: FTState, server_clocks=None, server_examples=None, max_attemp
     t0 = time.perf_counter()
     for attempt in range(max_attempts):
         try:
-            return _recover_once(state, server_clocks, server_examples, t0)
+            return _recover_once(state, server_clocks, server_examples, server_epochs, t0)
         except Exception as e:          # noqa: BLE001 - only a new failure is retried
             if not ft.is_peer_failure(e) or attempt == max_attempts - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def _recover_once(state, server_clocks, server_examples, t0) -> Recovery:
+def _recover_once(state, server_clocks, server_examples, server_epochs, t0) -> Recovery:
     r = state.roles
     old_workers, old_servers = list(r.worker_ranks), list(r.server_ranks)
     new_ps, failed = ft.shrink(r.ps, r.role_comm)
@@ -138,23 +144,19 @@ def _recover_once(state, server_clocks, server_examples, t0) -> Recovery:
                             "'continue' survives the loss of workers only); the job stops and "
                             "resumes from its last checkpoint on a restart (hpcps run "
                             "--max-restarts, or the Slurm script's requeue)")
-    role_comm = ft.split(new_ps, 1 if is_server else 0, r.index)
-    workers = [i for i in range(new_ps.Get_size()) if layout[i, 0] == 0]
-    servers = [i for i in range(new_ps.Get_size()) if layout[i, 0] == 1]
-    workers.sort(key=lambda i: layout[i, 1])
-    servers.sort(key=lambda i: layout[i, 1])
+    roles = core.regroup_roles(new_ps, r.role, r.index, layout, errors_return=True)
+    role_comm, workers = roles.role_comm, list(roles.worker_ranks)
     n_old = len(old_workers)
-    agreed = np.zeros(2 * n_old, dtype=np.int64)
+    agreed = np.zeros(3 * n_old, dtype=np.int64)       # clocks, examples, epochs
     if is_server:
-        rows = ft.allgather_int64(role_comm, np.concatenate([server_clocks, server_examples]))
+        epochs = np.zeros(n_old, np.int64) if server_epochs is None else server_epochs
+        rows = ft.allgather_int64(role_comm, np.concatenate([server_clocks, server_examples, epochs]))
         clocks = rows[:, :n_old]
         best = clocks.argmax(axis=0)
         agreed[:n_old] = clocks.max(axis=0)
-        agreed[n_old:] = rows[best, n_old + np.arange(n_old)]
-    agreed = ft.bcast_int64(new_ps, agreed, root=servers[0])
-    roles = core.Roles(world=new_ps, ps=new_ps, role_comm=role_comm, role=r.role,
-                       index=role_comm.Get_rank(), worker_ranks=tuple(workers),
-                       server_ranks=tuple(servers))
+        for block in (1, 2):                           # the last CLOCK's, from the best server
+            agreed[block * n_old:(block + 1) * n_old] = rows[best, block * n_old + np.arange(n_old)]
+    agreed = ft.bcast_int64(new_ps, agreed, root=roles.server_ranks[0])
     failed_world = [state.world_ranks[f] for f in failed] if state.world_ranks else list(failed)
     failed_hosts = [state.hosts[w] for w in failed_world] if state.hosts else []
     state.roles = roles
@@ -162,5 +164,6 @@ def _recover_once(state, server_clocks, server_examples, t0) -> Recovery:
     state.recoveries += 1
     old_index = {new: int(layout[rank, 1]) for new, rank in enumerate(workers)}
     return Recovery(roles=roles, dead_workers=dead_workers, clocks=agreed[:n_old].copy(),
-                    examples=agreed[n_old:].copy(), old_index=old_index, failed_ranks=failed,
-                    failed_world_ranks=failed_world, failed_hosts=failed_hosts, seconds=time.perf_counter() - t0)
+                    examples=agreed[n_old:2 * n_old].copy(), old_index=old_index, failed_ranks=failed,
+                    failed_world_ranks=failed_world, failed_hosts=failed_hosts,
+                    seconds=time.perf_counter() - t0, epochs=agreed[2 * n_old:].copy())

@@ -105,12 +105,17 @@ class ParameterServer:
     idle_spin : float or None
         Seconds the loop polls without sleeping after a request (see :meth:`serve`);
         default from :func:`hpcps.comm.core.cores_dedicated`.
+    elastic : hpcps.elastic.Elastic or None
+        The job's membership: workers may be added while it runs (a GROW from every worker,
+        :meth:`_grow`).
     """
 
     def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0,
-                 windows=None, run_dir=None, restore=None, ft_state=None, idle_spin=None):
+                 windows=None, run_dir=None, restore=None, ft_state=None, idle_spin=None,
+                 elastic=None):
         self.ep = endpoint
         self.ft = ft_state
+        self.elastic = elastic
         self.order_key = list(range(len(worker_ranks)))   # original worker index (sum order)
         self.index = index
         if idle_spin is None:
@@ -138,16 +143,8 @@ class ParameterServer:
             if slots is None:
                 slots = opt.init_slots(shape, spec.dtype, w=w)
             start = int(restore[1]["step"]) if restore is not None else 0
-            nh = header_len(self.n_workers)
             win = windows[tid] if windows else None
-            if win is not None:
-                hdr = win.local_array(0, np.int64, (nh,))
-                w_win = win.local_array(nh * 8, spec.dtype, shape)
-                w_win[...] = w
-                w = w_win
-            else:
-                hdr = np.zeros(nh, dtype=np.int64)
-            hdr[:] = 0
+            hdr, w = _header_and_rows(w, win, header_len(self.n_workers))
             hdr[H_VERSION] = hdr[H_CLOCK] = start       # restored: start at the checkpoint
             hdr[H_NWORKERS] = self.n_workers
             hdr[H_WORKER0:H_WORKER0 + self.n_workers] = start
@@ -162,7 +159,10 @@ class ParameterServer:
         self.waiting_pulls = []              # (source, header, rows) deferred by the policy
         self.pushes_applied = [0] * self.n_workers    # PUSH messages per worker
         self.last_examples = [0] * self.n_workers      # examples of each worker's last CLOCK
+        self.last_epoch = [0] * self.n_workers         # ... and its epoch
         self.examples_total = 0                        # examples of every CLOCK received
+        self.examples_epoch: dict = {}                 # epoch (0-based) -> examples
+        self.growing: dict = {}                        # worker -> (n, oversubscribe, clock)
         self.held = {}                                 # worker -> async pushes awaiting CLOCK
         self.stopped = set()
         self.staleness = StalenessHistogram()  # of every applied push
@@ -242,8 +242,7 @@ class ParameterServer:
                 raise RuntimeError(f"server {self.index}: worker {w} clocked {c}, expected "
                                    f"{self.worker_clock[w]}")
             self.worker_clock[w] = c + 1
-            self.last_examples[w] = int(h[tp.H_NEX])
-            self.examples_total += int(h[tp.H_NEX])
+            self._count(w, int(h[tp.H_NEX]), int(h[tp.H_AUX]))
             for shard, rows, grads, hp in self.held.pop(w, ()):
                 self._apply_now(shard, rows, grads, hp)   # held async pushes of this step
             for shard in self.shards:
@@ -271,6 +270,11 @@ class ParameterServer:
                 self.waiting_pulls.append((source, h, expected))
         elif op == tp.STOP:
             self.stopped.add(source)
+        elif op == tp.GROW:
+            self.growing[self.worker_of_rank[source]] = (int(h[tp.H_AUX]), int(h[tp.H_NKEYS]),
+                                                         int(h[tp.H_CLOCK]))
+            if len(self.growing) == self.n_workers:
+                self._grow()
         else:
             raise RuntimeError(f"server {self.index}: unknown op {op} from rank {source}")
 
@@ -347,17 +351,17 @@ class ParameterServer:
         pushes of unfinished steps are dropped; the survivors are re-indexed and the loop goes
         on with the new communicator. Raises :class:`hpcps.comm.ft.ServerLost` if a server died.
         """
-        from ..comm.transport import ServerEndpoint
         from ..recovery import recover
 
         n_old = self.n_workers
         rec = recover(self.ft, np.array(self.worker_clock, dtype=np.int64),
-                      np.array(self.last_examples, dtype=np.int64))
+                      np.array(self.last_examples, dtype=np.int64),
+                      server_epochs=np.array(self.last_epoch, dtype=np.int64))
         agreed = [int(c) for c in rec.clocks]
         for w in range(n_old):
             if self.worker_clock[w] < agreed[w]:          # its CLOCK reached another server only
                 c, nex = agreed[w] - 1, int(rec.examples[w])
-                self.examples_total += nex
+                self._count(w, nex, int(rec.epochs[w]))
                 if self.policy.aggregate:
                     self.examples[c] = self.examples.get(c, 0) + nex
                 else:
@@ -374,24 +378,82 @@ class ParameterServer:
         self.order_key = [self.order_key[o] for o in old]
         self.worker_clock = [agreed[o] for o in old]
         self.last_examples = [self.last_examples[o] for o in old]
+        self.last_epoch = [self.last_epoch[o] for o in old]
         self.pushes_applied = [0] * n_new               # the workers reset their counts too
-        self.n_workers = n_new
-        self.worker_of_rank = {r: i for i, r in enumerate(rec.roles.worker_ranks)}
-        self.stopped = set()
         self.waiting_pulls = []                          # the survivors repeat their requests
-        stats = self.ep.stats
-        self.ep = ServerEndpoint(rec.roles.ps, self.ep.max_bytes)
-        self.ep.stats = stats
-        for shard in self.shards:
-            shard.hdr[H_NWORKERS] = n_new
-            shard.hdr[H_WORKER0:H_WORKER0 + n_old] = 0
-            shard.hdr[H_WORKER0:H_WORKER0 + n_new] = self.worker_clock
+        self.growing = {}
+        self._bind(rec.roles)
         if self.policy.aggregate:
             self._advance()
         else:
             self.clock = min(self.worker_clock)
             for shard in self.shards:
                 shard.hdr[H_CLOCK] = self.clock
+
+    def _count(self, w: int, n_examples: int, epoch: int) -> None:
+        """Record the examples of a CLOCK of worker ``w`` in ``epoch`` (0-based)."""
+        self.last_examples[w], self.last_epoch[w] = n_examples, epoch
+        self.examples_total += n_examples
+        self.examples_epoch[epoch] = self.examples_epoch.get(epoch, 0) + n_examples
+
+    def _bind(self, roles, windows=None) -> None:
+        """Serve the workers of ``roles`` (after a recovery or a growth) over ``roles.ps``;
+        ``worker_clock`` already lists them in index order. Shard headers are resized for the
+        new number of workers; with ``windows`` (a growth under RMA pulls) each shard's header
+        and rows move into the new window. Traffic counts are kept. Local."""
+        stats = self.ep.stats
+        self.ep = tp.ServerEndpoint(roles.ps, self.ep.max_bytes)
+        self.ep.stats = stats
+        self.worker_of_rank = {r: i for i, r in enumerate(roles.worker_ranks)}
+        self.n_workers = len(roles.worker_ranks)
+        self.stopped = set()
+        nh = header_len(self.n_workers)
+        for tid, shard in enumerate(self.shards):
+            win = windows[tid] if windows else None
+            if win is not None or shard.hdr.size != nh:
+                hdr, shard.w = _header_and_rows(shard.w, win, nh)
+                hdr[:H_WORKER0] = shard.hdr[:H_WORKER0]
+                shard.hdr, shard.window = hdr, win if win is not None else shard.window
+            shard.hdr[H_NWORKERS] = self.n_workers
+            shard.hdr[H_WORKER0:] = 0
+            shard.hdr[H_WORKER0:H_WORKER0 + self.n_workers] = self.worker_clock
+
+    # ------------------------------------------------------------------ growth
+    def _grow(self) -> None:
+        """Every worker sent GROW at the same clock: take part in adding the workers
+        (:meth:`hpcps.elastic.Elastic.grow`). Collective over every rank of the job.
+
+        The workers sent GROW after every other request of their clock, so nothing of theirs
+        is pending here: under every policy the server clock equals every worker's clock.
+        The added workers start at that clock; their pushes are summed after the old
+        workers' (a new order key each).
+        """
+        asks, self.growing = set(self.growing.values()), {}
+        if len(asks) != 1:
+            raise RuntimeError(f"server {self.index}: workers disagree on the growth: {sorted(asks)}")
+        ((n, oversubscribe, clock),) = asks
+        if self.elastic is None:
+            raise RuntimeError(f"server {self.index}: GROW received but this job cannot grow")
+        if self.waiting_pulls or self.clock != clock or any(c != clock for c in self.worker_clock):
+            raise RuntimeError(f"server {self.index}: GROW at clock {clock} while the server is at "
+                               f"clock {self.clock} (workers {self.worker_clock}, "
+                               f"{len(self.waiting_pulls)} request(s) waiting)")
+
+        def rebind(roles, windows):
+            from ..threads import usable_cores
+
+            if self.elastic.node_ranks > usable_cores():
+                self.idle_spin = min(self.idle_spin, IDLE_SPIN)   # leave cores to the workers
+            k = len(roles.worker_ranks) - self.n_workers
+            top = max(self.order_key) + 1
+            self.order_key += list(range(top, top + k))
+            self.worker_clock += [clock] * k
+            self.pushes_applied += [0] * k
+            self.last_examples += [0] * k
+            self.last_epoch += [0] * k
+            self._bind(roles, windows)
+
+        self.elastic.grow(n, clock, rebind, oversubscribe=bool(oversubscribe))
 
     def _pull_ready(self, h) -> bool:
         c = int(h[tp.H_CLOCK])
@@ -468,8 +530,22 @@ class ParameterServer:
             "requests": int(s.total("messages")),
             "clock": self.clock,
             "examples": self.examples_total,
+            "examples_per_epoch": dict(self.examples_epoch),
             "staleness": self.staleness,
         }
+
+
+def _header_and_rows(w: np.ndarray, win, nh: int):
+    """A shard's clock header (int64 ``(nh,)``, zeros) and rows: placed in the memory of
+    window ``win`` (header first, then the rows, copied from ``w``) when given, else a new
+    header array and ``w`` itself. Local."""
+    if win is None:
+        return np.zeros(nh, dtype=np.int64), w
+    hdr = win.local_array(0, np.int64, (nh,))
+    rows = win.local_array(nh * 8, w.dtype, w.shape)
+    rows[...] = w
+    hdr[:] = 0
+    return hdr, rows
 
 
 def window_sizes(specs, server: int, n_servers: int, n_workers: int) -> list[int]:

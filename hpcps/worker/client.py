@@ -225,13 +225,36 @@ class PSClient:
         self.ep.complete(tp.PUSH)
         self.seq += 1
 
-    def clock(self, n_examples: int) -> int:
-        """Finish this worker's step (``n_examples`` examples pushed in it); return the new clock."""
+    def clock(self, n_examples: int, epoch: int = 0) -> int:
+        """Finish this worker's step (``n_examples`` examples pushed in it, in ``epoch``,
+        0-based); return the new clock."""
         for s in range(self.n_servers):
-            self.ep.send(s, tp.make_header(tp.CLOCK, 0, self.clock_value, 0, n_examples))
+            self.ep.send(s, tp.make_header(tp.CLOCK, 0, self.clock_value, 0, n_examples,
+                                           aux=epoch))
         self.ep.complete(tp.CLOCK)
         self.clock_value += 1
         return self.clock_value
+
+    def grow(self, n_workers: int, oversubscribe: bool = False) -> None:
+        """Tell every server that the workers add ``n_workers`` workers at this clock
+        (:mod:`hpcps.elastic`); every worker sends it, after its last request of the clock, so
+        a server that has it from all workers holds no request of theirs. Point-to-point."""
+        for s in range(self.n_servers):
+            self.ep.send(s, tp.make_header(tp.GROW, 0, self.clock_value, int(oversubscribe),
+                                           aux=n_workers))
+        self.ep.complete(tp.GROW)
+
+    def rebind(self, ps, server_ranks, n_workers: int, windows=None) -> None:
+        """Talk to the servers over a new communicator (after a recovery or a growth):
+        ``server_ranks`` are ranks of ``ps``; the shard header is sized for ``n_workers``;
+        ``windows`` replace the RMA windows when given. Traffic counts are kept. Local."""
+        stats = self.ep.stats
+        self.ep = tp.WorkerEndpoint(ps, server_ranks, self.ep.max_bytes)
+        self.ep.stats = stats
+        self.header_len = header_len(n_workers)
+        self.last_header = np.zeros(self.header_len, dtype=np.int64)
+        if windows is not None:
+            self.windows = list(windows) or None
 
     def pull_table(self, table) -> np.ndarray:
         """The whole table in original key order, ``(num_keys, dim)``; for model output.

@@ -11,11 +11,11 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..comm.collectives import StopVote, allgather_rows, allreduce_max, allreduce_sum, gatherv
-from ..comm.core import any_rank_failed
+from ..comm.collectives import Vote, allgather_rows, allreduce_max, allreduce_sum, gatherv
 from ..consistency import BSP
 from .steps import NonFiniteGuard, make_steps
 
@@ -72,6 +72,43 @@ def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size) ->
     return lists
 
 
+@dataclass
+class Segment:
+    """What a worker reads from a change of layout (a lost worker, added workers) to the end
+    of the epoch, and its data for the later epochs (:meth:`Trainer._regroup`).
+
+    Attributes
+    ----------
+    Xe, ye : the whole training split (``order`` indexes it)
+    order : int64 ndarray
+        This worker's rows for the rest of the epoch.
+    steps : int
+        Steps every worker runs in the rest of the epoch.
+    plan : list of [n_workers, steps_done]
+        The epoch's segments before this one.
+    X, y, Xt, yt : this worker's training and test partitions (later epochs, evaluation)
+    steps_full : int
+        Steps of a whole epoch on the new partition.
+    sizes : list of int
+        Rows of the partitions of the epoch's first segment.
+    remaining : list of int
+        Rows of the rest of the epoch, per worker.
+    """
+
+    Xe: object
+    ye: object
+    order: np.ndarray
+    steps: int
+    plan: list
+    X: object
+    y: object
+    Xt: object
+    yt: object
+    steps_full: int
+    sizes: list
+    remaining: list
+
+
 def _done_max(done) -> int:
     return max(done) if isinstance(done, (list, tuple)) else int(done)
 
@@ -111,11 +148,18 @@ class Trainer:
         The model (default: the one ``cfg.model.type`` names).
     ft_state : hpcps.recovery.FTState or None
         Continue mode: survive the loss of workers (collective recovery with the servers).
+    elastic : hpcps.elastic.Elastic or None
+        Workers may be added while the job runs (``[elastic]``, ``hpcps grow``).
     """
 
     def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None,
-                 stop=None, policy=None, step_hook=None, model=None, ft_state=None):
+                 stop=None, policy=None, step_hook=None, model=None, ft_state=None,
+                 elastic=None):
         self.ft = ft_state
+        self.elastic = elastic
+        self.vote = None                  # non-blocking vote on stops and growth (SSP/async)
+        self._stop_target = None          # clock at which the workers act on a vote
+        self._pending = None
         if model is None:
             from ..models import make_model
 
@@ -144,7 +188,7 @@ class Trainer:
         self._t_clock = time.time()       # when this worker last finished a step
         self._gap_event = None            # failure record waiting for the next step's time
 
-    def run(self, restore=None, checkpointer=None) -> dict:
+    def run(self, restore=None, checkpointer=None, join=None) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
 
         Parameters
@@ -156,55 +200,56 @@ class Trainer:
             the new workers (:func:`epoch_rows`), so every row is still read once per epoch.
         checkpointer : hpcps.worker.checkpointer.Checkpointer or None
             Consulted after every step (collective when ``every_seconds`` is set).
+        join : hpcps.elastic.JoinPlan or None
+            This worker was added to the running job (``hpcps join``): it starts at the plan's
+            clock, in its epoch, on its share of the rows nobody has read yet — the same
+            re-plan the other workers make at that clock (:meth:`_grow`).
         """
         cfg, t = self.cfg, self.cfg.train
-        X, y = self.model.load("train", self.index, self.n_workers)
-        Xt, yt = self.model.load("test", self.index, self.n_workers)
-        n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([X.shape[0], Xt.shape[0]], dtype=np.int64)))
-        if n_train == 0:
-            from ..data import DataError
-            raise DataError(f"{cfg.data.path}: no training rows (empty file, or only comments "
-                            "and blank lines)")
-        if n_test == 0:           # every epoch is evaluated on the test rows: none is a mistake
-            from ..data import DataError
-            where = cfg.data.test_path or f"{cfg.data.path} (its test split)"
-            raise DataError(f"{where}: no test rows (empty file, or only comments and blank "
-                            "lines)")
-        steps_full = self._max_steps(X.shape[0])
-        if t.max_steps:
-            steps_full = min(steps_full, t.max_steps)
-        start_epoch, start_step, plan = 0, 0, []
-        if restore is not None:
-            start_epoch, start_step = int(restore["epoch"]), int(restore["step_in_epoch"])
-            plan = json.loads(restore.get("epoch_plan", "[]"))
-            if int(restore["n_workers"]) != self.n_workers:
-                plan = plan + [[int(restore["n_workers"]), start_step]]
-                start_step = 0
-            # records of the epoch being resumed (and later) are recomputed
-            self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
-            if checkpointer is not None:         # its checkpoint exists: at_end need not rewrite it
-                checkpointer.last_step = int(restore["step"])
-            if self.guard.agree is not None:     # the voted count is the same on every worker
-                self.guard.rejected = int(restore.get("nonfinite_rejected", 0))
-        if self.is_chief:
-            self._say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
-                      f"{n_train} train / {n_test} test rows; model {self.model.name} "
-                      f"({self._n_params():,} parameters); "
-                      f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
-                      f"{self.policy.describe()} ({self.client.pull_mode} pulls), "
-                      f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
+        self._stop_target = None
+        seg = None
+        if join is not None:
+            start_epoch, start_step, plan = join.epoch, 0, join.plan
+            n_train = n_test = 0                    # (the chief's start-up line only)
+            seg = self._regroup(join.epoch, join.plan)
+            X, y, Xt, yt, steps_full = seg.X, seg.y, seg.Xt, seg.yt, seg.steps_full
+        else:
+            X, y = self.model.load("train", self.index, self.n_workers)
+            Xt, yt = self.model.load("test", self.index, self.n_workers)
+            n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([X.shape[0], Xt.shape[0]], dtype=np.int64)))
+            if n_train == 0:
+                from ..data import DataError
+                raise DataError(f"{cfg.data.path}: no training rows (empty file, or only comments "
+                                "and blank lines)")
+            if n_test == 0:       # every epoch is evaluated on the test rows: none is a mistake
+                from ..data import DataError
+                where = cfg.data.test_path or f"{cfg.data.path} (its test split)"
+                raise DataError(f"{where}: no test rows (empty file, or only comments and blank "
+                                "lines)")
+            steps_full = self._max_steps(X.shape[0])
+            if t.max_steps:
+                steps_full = min(steps_full, t.max_steps)
+            start_epoch, start_step, plan = 0, 0, []
             if restore is not None:
-                self._say(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
-                          f"step {int(restore['step_in_epoch'])} of the epoch, written by "
-                          f"{restore['n_workers']} worker(s) and {restore['n_servers']} server(s))")
-                if restore.get("config", cfg.text) != cfg.text:
-                    self._say("hpcps: warning: the job file differs from the one the checkpoint was "
-                              "written with; training continues with the new settings")
-                if (start_epoch == t.epochs - 1 and start_step >= steps_full and not plan):
-                    self._say(f"hpcps: note: this job already finished (checkpoint at its last "
-                              f"step, in {cfg.output.dir}); nothing is trained, the model is "
-                              "re-evaluated. To train again: --resume never, or another "
-                              "[output] dir or job name")
+                start_epoch, start_step = int(restore["epoch"]), int(restore["step_in_epoch"])
+                plan = json.loads(restore.get("epoch_plan", "[]"))
+                if int(restore["n_workers"]) != self.n_workers:
+                    plan = plan + [[int(restore["n_workers"]), start_step]]
+                    start_step = 0
+                # records of the epoch being resumed (and later) are recomputed
+                self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
+                if checkpointer is not None:     # its checkpoint exists: at_end need not rewrite it
+                    checkpointer.last_step = int(restore["step"])
+                if self.guard.agree is not None:  # the voted count is the same on every worker
+                    self.guard.rejected = int(restore.get("nonfinite_rejected", 0))
+            if self.is_chief:
+                self._banner(restore, n_train, n_test, steps_full, start_epoch, start_step, plan)
+            # stop signals and grow requests: under BSP the workers are in step anyway and
+            # agree with one Allreduce per step; under SSP/async that would tie them together,
+            # so they vote without waiting (continue mode: Open MPI's non-blocking collectives
+            # do not survive a lost rank, so the workers agree with a blocking Allreduce per
+            # step under every policy)
+            self.vote = self._make_vote()
         if checkpointer is not None and self.guard.agree is not None:
             checkpointer.extra = lambda: {"nonfinite_rejected": self.guard.rejected}
         total_steps = steps_full * t.epochs
@@ -213,15 +258,11 @@ class Trainer:
         clock0 = self.client.clock_value
         local_examples = 0
         steps = steps_full
-        # stop signals: under BSP the workers are in step anyway and agree with one Allreduce
-        # per step; under SSP/async that would tie them together, so they vote without waiting
-        # (continue mode: Open MPI's non-blocking collectives do not survive a lost rank, so
-        # the workers agree with a blocking Allreduce per step under every policy)
-        vote = (StopVote(self.comm) if self.stop is not None and self.policy.staleness != 0
-                and self.ft is None else None)
-        self._stop_target = None
         for epoch in range(start_epoch, t.epochs):
-            if epoch == start_epoch and plan:
+            if seg is not None:
+                # added to the running job: the rest of this epoch, re-planned at the join
+                Xe, ye, order, steps, plan, seg = seg.Xe, seg.ye, seg.order, seg.steps, seg.plan, None
+            elif epoch == start_epoch and plan:
                 # resumed mid-epoch on another number of workers: the epoch's remaining rows
                 X_all, y_all = self.model.load("train", 0, 1)
                 sizes = self._part_sizes(X_all.shape[0], plan[0][0])
@@ -239,6 +280,7 @@ class Trainer:
             first = start_step if epoch == start_epoch else 0
             seg_clock0 = self.client.clock_value - first      # clock at this segment's start
             while True:
+                new_seg = None
                 try:
                     if checkpointer is not None:
                         checkpointer.steps_per_epoch = steps
@@ -247,7 +289,7 @@ class Trainer:
                         rows = order[step * t.batch_size:(step + 1) * t.batch_size]
                         loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
                         used = 0 if self.steps.last_rejected else int(rows.size)  # rejected step
-                        self.client.clock(used)
+                        self.client.clock(used, epoch)
                         n_ex += used
                         self._t_clock = time.time()
                         if self._gap_event is not None:      # first step after a recovery
@@ -255,15 +297,24 @@ class Trainer:
                             ev["gap_seconds"] = round(self._t_clock - ev["last_step_time"], 3)
                         if checkpointer is not None:
                             checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
-                        if self.stop is not None and self._stop_now(vote):
+                        stop, grow, oversubscribe = self._decide(
+                            final=epoch == t.epochs - 1 and step == steps - 1)
+                        if stop:
                             # a stop signal reached some worker: all checkpoint here and leave
                             if self.is_chief:
                                 self._say(f"stop requested by signal at clock {self.client.clock_value}: "
                                           "checkpointing, then exiting for a requeue")
+                                if self.elastic is not None:
+                                    self.elastic.cancel_request("the job is stopping (signal)")
                             if checkpointer is not None:
                                 checkpointer.write(self.client.clock_value, epoch, step + 1, plan, self.history)
                             self.stopped_by_signal = True
                             break
+                        if grow:
+                            new_seg = self._grow(epoch, seg_clock0, steps, plan, checkpointer, grow,
+                                                 oversubscribe)
+                            if new_seg is not None:
+                                break
                         if self.is_chief and time.perf_counter() - last >= t.progress_seconds:
                             last = time.perf_counter()
                             done = max(1, self.client.clock_value - clock0)
@@ -273,33 +324,29 @@ class Trainer:
                                       f"clock {self.client.clock_value} (workers "
                                       f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
                                       f"loss(w0) {loss_sum / max(1, n_ex):.4f}  ETA {_fmt_eta(eta)}")
-                    if not self.stopped_by_signal:
-                        rec = self._evaluate(epoch, Xt, yt, loss_sum, n_ex, time.perf_counter() - t0)
-                        if self.ft is not None:
-                            self._agree_epoch_done()
-                        if rec is not None:
-                            self.history.append(rec)
-                            if self.on_epoch:
-                                self.on_epoch(rec)
-                    break
+                    if new_seg is None:
+                        if not self.stopped_by_signal:
+                            rec = self._evaluate(epoch, Xt, yt, loss_sum, n_ex, time.perf_counter() - t0)
+                            if self.ft is not None:
+                                self._agree_epoch_done()
+                            if rec is not None:
+                                self.history.append(rec)
+                                if self.on_epoch:
+                                    self.on_epoch(rec)
+                        break
                 except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
                     if self.ft is None or not _peer_failure(e):
                         raise
-                    Xe, ye, order, steps, plan = self._recover(epoch, seg_clock0, steps, order, plan,
-                                                               checkpointer)
-                    X, y = self.model.load("train", self.index, self.n_workers)
-                    Xt, yt = self.model.load("test", self.index, self.n_workers)
-                    steps_full = self._max_steps(X.shape[0])
-                    if t.max_steps:
-                        steps_full = min(steps_full, t.max_steps)
-                    if vote is not None:
-                        vote = StopVote(self.comm)
-                    first, seg_clock0 = 0, self.client.clock_value
+                    new_seg = self._recover(epoch, seg_clock0, steps, plan, checkpointer)
+                # the layout changed (a worker lost, workers added): the rest of the epoch
+                Xe, ye, order, steps, plan = new_seg.Xe, new_seg.ye, new_seg.order, new_seg.steps, new_seg.plan
+                X, y, Xt, yt, steps_full = new_seg.X, new_seg.y, new_seg.Xt, new_seg.yt, new_seg.steps_full
+                first, seg_clock0 = 0, self.client.clock_value
             local_examples += n_ex
             if self.stopped_by_signal:
                 break
-        if vote is not None:
-            vote.finish()
+        if self.vote is not None:
+            self.vote.finish()
         if checkpointer is not None and not self.stopped_by_signal:
             checkpointer.at_end(self.client.clock_value, t.epochs - 1, steps, plan, self.history)
         elapsed = time.perf_counter() - t0
@@ -309,12 +356,55 @@ class Trainer:
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
 
+    def _banner(self, restore, n_train, n_test, steps_full, start_epoch, start_step, plan) -> None:
+        """The chief's start-up lines: layout, data, model, policy; the checkpoint resumed;
+        the growth the job file plans."""
+        cfg, t = self.cfg, self.cfg.train
+        self._say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
+                  f"{n_train} train / {n_test} test rows; model {self.model.name} "
+                  f"({self._n_params():,} parameters); "
+                  f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
+                  f"{self.policy.describe()} ({self.client.pull_mode} pulls), "
+                  f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
+        if restore is not None:
+            self._say(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
+                      f"step {int(restore['step_in_epoch'])} of the epoch, written by "
+                      f"{restore['n_workers']} worker(s) and {restore['n_servers']} server(s))")
+            if restore.get("config", cfg.text) != cfg.text:
+                self._say("hpcps: warning: the job file differs from the one the checkpoint was "
+                          "written with; training continues with the new settings")
+            if (start_epoch == t.epochs - 1 and start_step >= steps_full and not plan):
+                self._say(f"hpcps: note: this job already finished (checkpoint at its last "
+                          f"step, in {cfg.output.dir}); nothing is trained, the model is "
+                          "re-evaluated. To train again: --resume never, or another "
+                          "[output] dir or job name")
+        e = cfg.elastic
+        if e.add_workers:
+            clock = self.client.clock_value
+            if self.elastic is not None and self.elastic.unavailable:
+                self._say(f"hpcps: warning: [elastic] add_workers = {e.add_workers}: cannot add "
+                          f"workers to this job: {self.elastic.unavailable}")
+            elif clock >= e.at_step:
+                self._say(f"hpcps: note: [elastic] at_step = {e.at_step} is not ahead of the "
+                          f"clock resumed ({clock}): no workers are added (launch with the "
+                          "number of workers you want)")
+            elif e.at_step >= steps_full * t.epochs:
+                self._say(f"hpcps: note: [elastic] at_step = {e.at_step} is not before the "
+                          f"job's last step ({steps_full * t.epochs}): no workers are added")
+            else:
+                self._say(f"hpcps: {e.add_workers} worker(s) will be added at clock {e.at_step}")
+
+    def _blocks(self) -> bool:
+        """True when training partition ``p`` of ``P`` is block ``p`` of the split's rows."""
+        from ..data.source import block_partitioned
+
+        return block_partitioned(self.cfg.data) and getattr(self.model, "block_partitioned", True)
+
     def _part_sizes(self, n_rows: int, n_parts: int) -> list:
         """Rows of each of ``n_parts`` training partitions (their concatenation is the split)."""
         from ..data.partition_rows import block_bounds
-        from ..data.source import block_partitioned
 
-        if block_partitioned(self.cfg.data) and getattr(self.model, "block_partitioned", True):
+        if self._blocks():
             return [b - a for a, b in (block_bounds(n_rows, p, n_parts) for p in range(n_parts))]
         return [self.model.load("train", p, n_parts)[0].shape[0] for p in range(n_parts)]
 
@@ -326,50 +416,28 @@ class Trainer:
 
         agree(self.comm, 1)
 
-    def _recover(self, epoch, seg_clock0, steps, order, plan, checkpointer):
+    def _recover(self, epoch, seg_clock0, steps, plan, checkpointer):
         """Recover from the loss of workers in the middle of ``epoch`` (see
-        :mod:`hpcps.recovery`); returns the new ``(X, y, order, steps, plan)`` of the rest of
-        the epoch. Collective over every survivor (servers included)."""
-        from ..comm.transport import WorkerEndpoint
+        :mod:`hpcps.recovery`); returns the :class:`Segment` of the rest of the epoch.
+        Collective over every survivor (servers included)."""
         from ..recovery import recover
 
         t_fail = time.time()
         n_old, old_me = self.n_workers, self.index
         rec = recover(self.ft)
-        r = rec.roles
-        ep_stats = self.client.ep.stats
-        self.client.ep = WorkerEndpoint(r.ps, r.server_ranks, self.client.ep.max_bytes)
-        self.client.ep.stats = ep_stats
+        self._rebind(rec.roles, checkpointer)
         self.client.clock_value = int(rec.clocks[old_me])
         self.client.pushes_sent[:] = 0
-        self.comm, self.index, self.n_workers = r.role_comm, r.index, len(r.worker_ranks)
-        self.is_chief = self.index == 0
-        self.guard.index = self.index
-        self.steps.begin_epoch(None, None, None, 0, 1)           # drop what was held
-        if hasattr(self.steps, "_reset"):
-            self.steps._reset()
-        if checkpointer is not None:
-            checkpointer.comm, checkpointer.n_workers = self.comm, self.n_workers
-            checkpointer.is_chief = self.is_chief
-        # what each old worker finished of this segment, and the rows nobody reached
+        # what each old worker finished of this segment; the survivors re-plan the rest
         done = [int(min(max(0, c - seg_clock0), steps)) for c in rec.clocks]
-        plan = plan + [[n_old, done]]
+        seg = self._regroup(epoch, plan + [[n_old, done]])
         t = self.cfg.train
-        X_all, y_all = self.model.load("train", 0, 1)
-        sizes = self._part_sizes(X_all.shape[0], plan[0][0])
-        lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
-                           t.batch_size)
-        order = lists[self.index]
         reassigned = 0
         if rec.dead_workers:
-            prev = epoch_rows(sizes, plan[:-1], n_old, self.cfg.seed, epoch, t.shuffle, t.batch_size)
+            prev = epoch_rows(seg.sizes, plan, n_old, self.cfg.seed, epoch, t.shuffle, t.batch_size)
             reassigned = int(sum(max(0, prev[w].size - done[w] * t.batch_size)
                                  for w in rec.dead_workers))
-        # survivors behind the furthest one catch up with empty steps (their rows were re-split)
-        target = int(allreduce_max(self.comm, np.array([self.client.clock_value], dtype=np.int64))[0])
-        while self.client.clock_value < target:
-            self.client.clock(0)
-        new_steps = self._max_steps(order.size)
+        target = self.client.clock_value
         event = {"time": t_fail, "epoch": epoch + 1,
                  "failed_ranks": rec.failed_world_ranks, "failed_hosts": rec.failed_hosts,
                  "dead_workers": rec.dead_workers, "worker_steps_done": done,
@@ -384,19 +452,140 @@ class Trainer:
                       f"~{target} (epoch {epoch + 1}); {self.n_workers} worker(s) continue, "
                       f"{reassigned} example(s) of the epoch reassigned; recovered in "
                       f"{event['recovery_seconds']:.2f} s")
-        return X_all, y_all, order, new_steps, plan
+        return seg
 
-    def _stop_now(self, vote) -> bool:
-        """Whether every worker stops after this step (see :mod:`hpcps.signals`). Collective
-        over the workers: under BSP one Allreduce per step; under SSP/async a non-blocking
-        :class:`~hpcps.comm.collectives.StopVote`, then one Allreduce of the clocks so that all
-        stop at the same clock (the largest; the others catch up to it)."""
-        if vote is None:
-            return any_rank_failed(self.comm, self.stop.requested)
-        if self._stop_target is None and vote.poll(self.stop.requested):
-            clock = np.array([self.client.clock_value], dtype=np.int64)
-            self._stop_target = int(allreduce_max(self.comm, clock)[0])
-        return self._stop_target is not None and self.client.clock_value >= self._stop_target
+    def _rebind(self, roles, checkpointer, windows=None) -> None:
+        """Work in the layout ``roles`` (after a recovery or a growth): the client's
+        endpoint, this worker's index and communicator, the checkpointer's. Local; the
+        steps runner drops what it held (flushed before a growth)."""
+        self.client.rebind(roles.ps, roles.server_ranks, roles.n_workers, windows)
+        self.comm, self.index, self.n_workers = roles.role_comm, roles.index, roles.n_workers
+        self.is_chief = roles.is_chief
+        self.guard.index = self.index
+        self.steps.begin_epoch(None, None, None, 0, 1)
+        if hasattr(self.steps, "_reset"):
+            self.steps._reset()
+        if checkpointer is not None:
+            checkpointer.comm, checkpointer.n_workers = self.comm, self.n_workers
+            checkpointer.is_chief = self.is_chief
+
+    def _regroup(self, epoch, plan) -> "Segment":
+        """The rest of ``epoch`` for this worker after the layout changed: the rows no earlier
+        segment of ``plan`` reached, split over the current workers (:func:`epoch_rows`), and
+        this worker's partition for the later epochs. Collective over the workers — old and
+        added ones alike, in this order: the catch-up to the largest clock (after a loss),
+        the steps of the rest of the epoch, the steps of a whole epoch, the new vote."""
+        t = self.cfg.train
+        target = int(allreduce_max(self.comm, np.array([self.client.clock_value], dtype=np.int64))[0])
+        while self.client.clock_value < target:       # survivors behind catch up, empty steps
+            self.client.clock(0, epoch)
+        X_all, y_all = self.model.load("train", 0, 1)
+        sizes = self._part_sizes(X_all.shape[0], plan[0][0])
+        lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
+                           t.batch_size)
+        order = lists[self.index]
+        steps = self._max_steps(order.size)
+        if t.max_steps:
+            steps = min(steps, max(0, t.max_steps - sum(_done_max(n) for _, n in plan)))
+        if self._blocks():                            # this worker's block: no second read
+            from ..data.partition_rows import block_bounds
+            a, b = block_bounds(X_all.shape[0], self.index, self.n_workers)
+            X, y = X_all[a:b], y_all[a:b]
+        else:
+            X, y = self.model.load("train", self.index, self.n_workers)
+        Xt, yt = self.model.load("test", self.index, self.n_workers)
+        steps_full = self._max_steps(X.shape[0])
+        if t.max_steps:
+            steps_full = min(steps_full, t.max_steps)
+        self.vote = self._make_vote()
+        return Segment(Xe=X_all, ye=y_all, order=order, steps=steps, plan=plan, X=X, y=y, Xt=Xt,
+                       yt=yt, steps_full=steps_full, sizes=sizes,
+                       remaining=[int(r.size) for r in lists])
+
+    def _grow(self, epoch, seg_clock0, steps, plan, checkpointer, n, oversubscribe):
+        """Add ``n`` workers at this clock (:mod:`hpcps.elastic`); returns the
+        :class:`Segment` of the rest of the epoch, or None when they could not be added (the
+        job goes on as it was). Collective over every rank of the job."""
+        from ..elastic import JoinPlan
+
+        t_start = time.time()
+        clock = self.client.clock_value
+        n_old = self.n_workers
+        self.steps.flush()                            # Downpour: nothing held across the join
+        if self.vote is not None:
+            self.vote.finish()
+            self.vote = None
+        self.client.grow(n, oversubscribe)            # after this clock's last request
+        plan_next = plan + [[n_old, int(min(clock - seg_clock0, steps))]]
+        join = None
+        if self.is_chief:
+            cfg = self.cfg
+            join = JoinPlan(clock=clock, epoch=epoch, n_old=n_old, plan=plan_next,
+                            job_text=cfg.text, job_path=str(cfg.path),
+                            output_dir=str(cfg.output.dir), pull=cfg.consistency.pull,
+                            tables=JoinPlan.layout(self.client.specs))
+        event = self.elastic.grow(n, clock, lambda roles, windows: self._rebind(roles, checkpointer, windows),
+                                  oversubscribe=oversubscribe, join=join)
+        if event is None:
+            self.vote = self._make_vote()             # on the unchanged workers' communicator
+            return None
+        seg = self._regroup(epoch, plan_next)
+        if self.is_chief:
+            event.update(epoch=epoch + 1, examples_replanned=int(sum(seg.remaining)),
+                         examples_to_new_workers=int(sum(seg.remaining[n_old:])),
+                         pause_seconds=round(time.time() - t_start, 3))
+            self._say(f"hpcps: {n} worker(s) added at clock {clock} (epoch {epoch + 1}): "
+                      f"{self.n_workers} workers; the epoch's {event['examples_replanned']} "
+                      f"unread example(s) re-planned over them "
+                      f"({event['examples_to_new_workers']} to the new ones); spawn "
+                      f"{event['spawn_seconds']:.2f} s, pause {event['pause_seconds']:.2f} s")
+        return seg
+
+    def _make_vote(self):
+        """The non-blocking vote on stop signals and grow requests (SSP/async, not in
+        continue mode), or None (BSP and continue mode vote with a blocking Allreduce).
+        Collective over the workers when it makes one (``Dup``)."""
+        if ((self.stop is not None or self.elastic is not None) and self.policy.staleness != 0
+                and self.ft is None):
+            return Vote(self.comm, 3)
+        return None
+
+    def _decide(self, final: bool = False) -> tuple[bool, int, bool]:
+        """After a step: whether every worker stops (a stop signal reached one of them) and
+        how many workers are added now (the job file's ``[elastic]``, or a ``hpcps grow``
+        request the chief found), with their oversubscribe flag — the same on every worker.
+
+        Collective over the workers when stop signals or requests can arrive: under BSP one
+        Allreduce per step; under SSP/async a non-blocking :class:`~hpcps.comm.collectives.Vote`,
+        then one Allreduce of the clocks so that all act at the same clock (the largest; the
+        others catch up to it). Nothing is added after the last step (``final``).
+        """
+        el = self.elastic
+        clock = self.client.clock_value
+        add, over = el.planned(clock) if el is not None and not final else (0, False)
+        if self.stop is None and el is None:
+            return False, add, over
+        want = np.zeros(3, dtype=np.int64)
+        want[0] = int(self.stop is not None and self.stop.requested)
+        if el is not None and self.is_chief and not final:
+            n, o = el.poll_request()
+            want[1:] = (n, int(o))
+        if self.vote is None:
+            got = allreduce_max(self.comm, want)
+        else:
+            got = None
+            if self._stop_target is None:
+                res = self.vote.poll(want)
+                if res is not None and res.any():
+                    self._stop_target = int(allreduce_max(self.comm, np.array([clock], dtype=np.int64))[0])
+                    self._pending = res
+            if self._stop_target is not None and clock >= self._stop_target:
+                got, self._stop_target = self._pending, None
+        if got is None:
+            return False, add, over
+        if got[1] and not final:
+            add, over = add + int(got[1]), over or bool(got[2])
+        return bool(got[0]), add, over
 
     def _max_steps(self, n_rows: int) -> int:
         """Steps every worker runs so that the largest partition is covered. Collective."""

@@ -1,0 +1,597 @@
+"""Grow a running job: add workers while it trains (elastic scale-out).
+
+How a user asks
+    * in the job file, for a fixed plan (what the tests use): ``[elastic] add_workers = N``,
+      ``at_step = K`` — N workers join when the workers' clock reaches K;
+    * from outside, while the job runs: ``hpcps grow RUN_DIR --workers N`` checks that a job
+      runs there (``RUN_DIR/running.json``, written by the chief while it trains) and writes
+      ``RUN_DIR/grow-request.json``. The chief (worker 0) looks for it at most once a second,
+      between two steps; the workers agree on it in the vote they hold anyway for stop
+      signals (under BSP one Allreduce per step; under SSP/async a non-blocking vote, then
+      the largest clock) and add the workers at that clock. The outcome goes to
+      ``RUN_DIR/grow-answer.json`` (read by ``hpcps grow``) and to the job's log.
+
+Protocol at the agreed clock ``T`` (collective over every rank; :meth:`Elastic.grow`)
+    1. each worker pushes what it holds (Downpour), ends its stop vote and sends GROW to every
+       server after its last request of clock ``T``; a server that has GROW from every
+       worker has answered all their requests, and its clock is ``T``;
+    2. every rank calls ``MPI_Comm_spawn`` over the job's communicator (root: the chief):
+       ``N`` processes ``python -m hpcps join`` (:mod:`hpcps.comm.spawn`);
+    3. both sides ``Merge`` the intercommunicator: the old ranks first, in their old order;
+    4. the chief broadcasts what the new workers need (:class:`JoinPlan`): the job file's
+       text and path, the output directory, the pull mode in use, the clock, the epoch and
+       the plan of its segments, and the table layout — int64 and UTF-8/JSON buffers, no
+       pickle;
+    5. the new workers parse the job, load the model and compare its tables with the layout;
+       all ranks agree that they could (one Allreduce). If one could not, the new processes
+       leave and the job goes on as before, saying why;
+    6. the roles are rebuilt over the merged communicator as after a failure
+       (:func:`hpcps.comm.core.regroup_roles`): the new workers get indices ``n_old ..
+       n_old + N - 1``; with ``pull = "rma"`` new windows are allocated (headers for the new
+       worker count), the servers copy their shards into them and the old ones are freed;
+    7. every worker — old and new — re-plans the rows of the epoch that nobody has read over
+       the ``n_old + N`` workers (:func:`hpcps.worker.trainer.epoch_rows`, as after a failure
+       or a restart on another worker count), so every example of the epoch is read exactly
+       once; later epochs use the new partition. From clock ``T`` on the servers wait for every
+       worker (BSP/SSP) and sum their pushes in worker order.
+
+Where the launcher cannot start processes (:func:`hpcps.comm.spawn.spawn_unavailable`), or
+the spawn fails (no free slot), every rank learns it at the request, the chief says why and
+the job continues without growing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .comm import core, spawn
+from .comm.collectives import allreduce_max, barrier, bcast_array
+from .output import write_metrics
+
+#: Files in the run directory.
+RUNNING = "running.json"
+REQUEST = "grow-request.json"
+ANSWER = "grow-answer.json"
+#: Seconds between two looks of the chief for a request.
+POLL_SECONDS = 1.0
+#: Largest request file read, bytes.
+MAX_REQUEST_BYTES = 65536
+#: Largest number of workers one request may add.
+MAX_ADD = 4096
+_FORMAT = 1
+
+
+class GrowError(RuntimeError):
+    """``hpcps grow`` cannot hand a request to a running job (no job, finished, bad input)."""
+
+
+# ------------------------------------------------------------------------- the join plan
+
+
+@dataclass
+class JoinPlan:
+    """What added workers need to start at clock ``clock`` (broadcast by the chief).
+
+    Attributes
+    ----------
+    clock : int
+        Worker clock at which they join (every old worker's clock).
+    epoch : int
+        Epoch in progress (0-based).
+    n_old : int
+        Workers before the growth.
+    plan : list of [n_workers, steps_done]
+        The epoch's segments so far, the one just ended included
+        (:func:`hpcps.worker.trainer.epoch_rows`).
+    job_text, job_path, output_dir, pull : str
+        The job file, where it lies (relative data paths), the run directory, and the pull
+        mode in use (``rma_fallback`` may have switched it to p2p).
+    tables : int64 ndarray (n_tables, 4)
+        ``num_keys, dim, sparse, itemsize`` of every table, in table-id order.
+    world_ranks : list of int
+        Continue mode: original rank numbers of the merged communicator (empty otherwise).
+    """
+
+    clock: int
+    epoch: int
+    n_old: int
+    plan: list
+    job_text: str
+    job_path: str
+    output_dir: str
+    pull: str
+    tables: np.ndarray
+    world_ranks: list = field(default_factory=list)
+
+    @staticmethod
+    def layout(specs) -> np.ndarray:
+        """The table layout of ``specs`` (list of TableSpec), int64 ``(n_tables, 4)``."""
+        return np.array([[s.num_keys, s.dim, int(s.sparse), np.dtype(s.dtype).itemsize]
+                         for s in specs], dtype=np.int64).reshape(-1, 4)
+
+    def check_tables(self, specs) -> None:
+        """Raise ``ValueError`` naming the first table whose layout differs from ``specs``."""
+        mine = self.layout(specs)
+        if mine.shape != self.tables.shape:
+            raise ValueError(f"the running job has {self.tables.shape[0]} table(s), this "
+                             f"worker's model {mine.shape[0]}")
+        for spec, a, b in zip(specs, self.tables, mine):
+            if not np.array_equal(a, b):
+                raise ValueError(f"table {spec.name!r}: the running job has (num_keys, dim, "
+                                 f"sparse, itemsize) = {tuple(map(int, a))}, this worker's "
+                                 f"model {tuple(map(int, b))}")
+
+    @classmethod
+    def bcast(cls, comm, plan: "JoinPlan | None", root: int) -> "JoinPlan":
+        """Broadcast ``plan`` from ``root`` (None elsewhere) with buffer calls. Collective."""
+        ints = blob = None
+        if plan is not None:
+            ints = np.concatenate([[_FORMAT, plan.clock, plan.epoch, plan.n_old],
+                                   plan.tables.reshape(-1)]).astype(np.int64)
+            blob = np.frombuffer(json.dumps({
+                "plan": plan.plan, "job_text": plan.job_text, "job_path": plan.job_path,
+                "output_dir": plan.output_dir, "pull": plan.pull,
+                "world_ranks": plan.world_ranks}).encode(), dtype=np.uint8)
+        ints = bcast_array(comm, ints, np.int64, root)
+        blob = bcast_array(comm, blob, np.uint8, root)
+        if int(ints[0]) != _FORMAT:
+            raise RuntimeError(f"join plan format {int(ints[0])}, expected {_FORMAT}")
+        d = json.loads(blob.tobytes().decode())
+        return cls(clock=int(ints[1]), epoch=int(ints[2]), n_old=int(ints[3]), plan=d["plan"],
+                   job_text=d["job_text"], job_path=d["job_path"], output_dir=d["output_dir"],
+                   pull=d["pull"], tables=ints[4:].reshape(-1, 4).copy(),
+                   world_ranks=list(d["world_ranks"]))
+
+
+# ------------------------------------------------------------------- the job's membership
+
+
+class Elastic:
+    """The job's current membership — roles, RMA windows — and its growth.
+
+    One per rank. The server and worker loops replace ``roles`` through it (after a growth,
+    and in continue mode after a recovery, through the :class:`hpcps.recovery.FTState` it
+    shares); ``hpcps.job`` reads the final ones.
+
+    Parameters
+    ----------
+    cfg : hpcps.config.JobConfig
+    roles : hpcps.comm.core.Roles
+    specs : list of TableSpec
+    windows : list of hpcps.comm.rma.ShardWindow
+        The RMA windows (empty for p2p pulls).
+    ft_state : hpcps.recovery.FTState or None
+    out : text stream for the chief's messages
+
+    Attributes
+    ----------
+    events : list of dict
+        The chief's record of every growth and refused request (time, clock, epoch, workers
+        added, rows re-planned, seconds).
+    unavailable : str or None
+        Why this launch cannot add processes (:func:`hpcps.comm.spawn.spawn_unavailable`).
+    """
+
+    def __init__(self, cfg, roles, specs, windows=(), ft_state=None, out=None):
+        self.cfg = cfg
+        self._roles = roles
+        self.specs = list(specs)
+        self.windows = list(windows)
+        self.ft = ft_state
+        self.out = out or sys.stdout
+        self.events: list = []
+        self.intercomms: list = []
+        self.unavailable = spawn.spawn_unavailable()
+        self.run_dir = Path(cfg.output.dir)
+        self._next_poll = 0.0
+        self._started = time.time()
+        self.node_ranks = 0                       # ranks on this node after the last growth
+        self.request: dict | None = None          # chief: a request taken, not yet acted on
+
+    @property
+    def roles(self):
+        return self.ft.roles if self.ft is not None else self._roles
+
+    @roles.setter
+    def roles(self, value):
+        self._roles = value
+        if self.ft is not None:
+            self.ft.roles = value
+
+    # ------------------------------------------------------------ triggers (workers)
+    def planned(self, clock: int) -> tuple[int, bool]:
+        """Workers the job file adds at ``clock`` (``[elastic] add_workers`` once the clock
+        reaches ``at_step``) and whether they may share cores. Local; the same on every
+        worker."""
+        e = self.cfg.elastic
+        return (e.add_workers, e.oversubscribe) if e.add_workers and clock == e.at_step else (0, False)
+
+    def poll_request(self) -> tuple[int, bool]:
+        """Chief: the workers a ``hpcps grow`` request asks for (0 if none), looking at the run
+        directory at most every :data:`POLL_SECONDS`. A request taken is offered until it is
+        acted on (:meth:`grow` answers it). A bad or unserviceable request is answered at once.
+        Local."""
+        if self.request is not None:
+            return int(self.request["workers"]), bool(self.request["oversubscribe"])
+        now = time.monotonic()
+        if now < self._next_poll:
+            return 0, False
+        self._next_poll = now + POLL_SECONDS
+        path = self.run_dir / REQUEST
+        if not path.exists():
+            return 0, False
+        try:
+            req = read_request(path)
+        except GrowError as e:
+            self._answer({"id": None}, "refused", str(e))
+            _unlink(path)
+            return 0, False
+        _unlink(path)
+        who = f"{req.get('user', '?')}@{req.get('host', '?')}"
+        if self.unavailable:
+            self._answer(req, "refused", f"cannot add workers to this job: {self.unavailable}")
+            return 0, False
+        self.request = req
+        self._say(f"hpcps: request from {who}: add {req['workers']} worker(s); the workers "
+                  "agree on the clock")
+        return int(req["workers"]), bool(req["oversubscribe"])
+
+    def cancel_request(self, why: str) -> None:
+        """Chief: answer a taken request without acting on it (the job stops). Local."""
+        if self.request is not None:
+            self._answer(self.request, "refused", why)
+            self.request = None
+
+    # ------------------------------------------------------------ growth (every rank)
+    def grow(self, n: int, clock: int, rebind, oversubscribe: bool = False, join=None):
+        """Add ``n`` workers at ``clock`` (module docstring, steps 2-6). Collective over every
+        rank of the job; the workers call it after sending GROW (:meth:`PSClient.grow`), the
+        servers once they have GROW from every worker.
+
+        Parameters
+        ----------
+        n : int
+        clock : int
+        rebind : callable(roles, windows)
+            This rank's switch to the new layout (the server's or the worker's), called between
+            the allocation of the new windows and the release of the old ones.
+        oversubscribe : bool
+        join : JoinPlan or None
+            The chief's plan for the new workers (None elsewhere).
+
+        Returns
+        -------
+        dict or None
+            The event (time, seconds, workers, ...) when the workers were added, ``None``
+            when they were not (the same on every rank; the chief has said why).
+        """
+        r = self.roles
+        t0 = time.perf_counter()
+        world_ranks = []                              # continue mode: numbers of the new layout
+        if self.ft is not None:
+            top = max(self.ft.world_ranks, default=-1) + 1
+            world_ranks = list(self.ft.world_ranks) + list(range(top, top + n))
+            if join is not None:
+                join.world_ranks = world_ranks
+        event = {"time": time.time(), "clock": int(clock), "workers_requested": int(n),
+                 "trigger": "request" if self.request is not None else "job file"}
+        if core.any_rank_failed(r.ps, self.unavailable is not None):
+            return self._refused(event, f"cannot add workers: {self.unavailable or 'see rank 0'}")
+        inter, error = spawn.spawn_workers(r.ps, n, r.worker_ranks[0], oversubscribe)
+        if inter is None:
+            slots = spawn.universe_size(r.ps)
+            return self._refused(event, f"{error} (the launch has {slots} slot(s) for "
+                                        f"{r.ps.Get_size()} running rank(s); give mpirun more "
+                                        "slots, or let the new workers share cores: [elastic] "
+                                        "oversubscribe = true, hpcps grow --oversubscribe)")
+        event["spawn_seconds"] = round(time.perf_counter() - t0, 3)
+        merged = spawn.merge(inter, high=False)
+        chief = int(allreduce_max(merged, np.array([merged.Get_rank() if r.is_chief else -1],
+                                                   dtype=np.int64))[0])
+        JoinPlan.bcast(merged, join, chief)
+        if core.any_rank_failed(merged, False):      # a new worker could not load the job
+            merged.Free()
+            spawn.disconnect(inter)
+            return self._refused(event, "the new workers could not start (their error is above)")
+        roles, windows = self._settle(merged, r.role, r.index, rebind)
+        if self.windows:
+            from .comm.rma import free_windows
+            free_windows(self.windows)                # collective over the old ranks
+        r.free()
+        self.intercomms.append(inter)
+        if self.ft is not None:
+            self.ft.world_ranks = world_ranks
+        self.roles, self.windows = roles, windows
+        event.update(workers_added=int(n), workers=roles.n_workers,
+                     seconds=round(time.perf_counter() - t0, 3))
+        if r.is_chief:
+            self.events.append(event)
+            if self.request is not None:
+                self._answer(self.request, "grown", f"{n} worker(s) added at clock {clock}: "
+                             f"{roles.n_workers} workers", clock=clock, workers=roles.n_workers)
+                self.request = None
+            self.mark_running()
+        return event
+
+    def _settle(self, merged, role, key, rebind):
+        """Step 6: roles over ``merged``, BLAS threads for the node's new rank count
+        (``node_ranks``), new RMA windows, ``rebind``. Collective over ``merged`` (old and new
+        ranks alike)."""
+        from .job import limit_threads
+        from .server.server import window_sizes
+
+        if self.ft is not None:
+            from .comm.ft import errors_return
+            errors_return(merged)
+        roles = core.regroup_roles(merged, role, key, errors_return=self.ft is not None)
+        self.node_ranks = core.node_size(merged)
+        limit_threads(merged, self.node_ranks)
+        windows = []
+        if self.cfg.consistency.pull == "rma":
+            from .comm.rma import allocate_windows
+            sizes = (window_sizes(self.specs, roles.index, roles.n_servers, roles.n_workers)
+                     if role == core.SERVER else [0] * len(self.specs))
+            windows = allocate_windows(merged, sizes)
+        rebind(roles, windows)
+        if windows:
+            barrier(merged)                           # shards copied before any read
+        return roles, windows
+
+    @classmethod
+    def join(cls, out=None):
+        """In a process started by :meth:`grow` (``hpcps join``): meet the job, load it, take
+        the new layout. Collective with every rank of the job (the other side of steps 3-6).
+
+        Returns
+        -------
+        (Elastic, JoinPlan, cfg, model) or None
+            None when this or another new worker could not load the job (it then leaves).
+
+        Raises
+        ------
+        hpcps.comm.core.LaunchError
+            When this process was not started by a running job.
+        """
+        from .config import OutputConfig, parse_job
+        from .job import load_model
+
+        parent = spawn.parent()
+        if parent is None:
+            raise core.LaunchError("`hpcps join` is started by a running job to add workers "
+                                   "(hpcps grow, [elastic] add_workers); it cannot run by itself")
+        merged = spawn.merge(parent, high=True)
+        chief = int(allreduce_max(merged, np.array([-1], dtype=np.int64))[0])
+        plan = JoinPlan.bcast(merged, None, chief)
+        error = None
+        try:
+            cfg = parse_job(plan.job_text, plan.job_path)
+            cfg = dataclasses.replace(
+                cfg, output=OutputConfig(dir=Path(plan.output_dir)),
+                consistency=dataclasses.replace(cfg.consistency, pull=plan.pull))
+            model = load_model(cfg)
+            specs = [t[0] for t in model.tables()]
+            plan.check_tables(specs)
+        except Exception as e:                   # noqa: BLE001 - reported, then the job goes on
+            error = f"{type(e).__name__}: {e}"
+        if core.any_rank_failed(merged, error is not None):
+            if error:
+                sys.stderr.write(f"hpcps: added worker {merged.Get_rank()} on {core.hostname()}: "
+                                 f"{error}\n")
+                sys.stderr.flush()
+            merged.Free()
+            spawn.disconnect(parent)
+            return None
+        ft_state = None
+        if cfg.fault_tolerance.mode == "continue" and plan.world_ranks:
+            from .recovery import FTState
+            ft_state = FTState(roles=None, hosts=[], world_ranks=list(plan.world_ranks))
+        self = cls.__new__(cls)
+        cls.__init__(self, cfg, None, specs, (), ft_state, out)
+        key = plan.n_old + merged.Get_rank() - parent.Get_remote_size()   # after the old ones
+        roles, windows = self._settle(merged, core.WORKER, key, lambda *_: None)
+        self.roles, self.windows = roles, windows
+        self.intercomms.append(parent)
+        return self, plan, cfg, model
+
+    def close(self) -> None:
+        """Disconnect the intercommunicators of the growths (after the roles' communicators
+        were freed). Collective with the processes at their other ends."""
+        for inter in self.intercomms:
+            spawn.disconnect(inter)
+        self.intercomms = []
+
+    # ------------------------------------------------------------ run directory (chief)
+    def mark_running(self) -> None:
+        """Chief: write ``RUN_DIR/running.json`` (who runs, how many workers, whether it can
+        grow), which ``hpcps grow`` checks. Local."""
+        r = self.roles
+        write_metrics(self.run_dir / RUNNING, {
+            "job": self.cfg.name, "job_file": str(self.cfg.path), "pid": os.getpid(),
+            "host": socket.gethostname(), "started": self._started,
+            "mode": self.cfg.cluster.mode, "workers": r.n_workers, "servers": r.n_servers,
+            "can_grow": self.unavailable is None, "why_not": self.unavailable or ""})
+
+    def clear_running(self) -> None:
+        """Chief: remove ``RUN_DIR/running.json`` at the end; a request still pending is
+        answered (the job ended before acting on it). Local."""
+        self.cancel_request("the job ended before the workers could be added")
+        pending = self.run_dir / REQUEST
+        if pending.exists():
+            try:
+                self._answer(read_request(pending), "refused", "the job ended before it read "
+                             "the request")
+            except GrowError:
+                pass
+            _unlink(pending)
+        _unlink(self.run_dir / RUNNING)
+
+    def _refused(self, event: dict, why: str):
+        if self.roles.is_chief:
+            event["refused"] = why
+            self.events.append(event)
+            self._say(f"hpcps: {why}; the job continues with {self.roles.n_workers} worker(s)")
+            if self.request is not None:
+                self._answer(self.request, "refused", why)
+                self.request = None
+        return None
+
+    def _answer(self, req: dict, status: str, message: str, **extra) -> None:
+        write_metrics(self.run_dir / ANSWER, {"id": req.get("id"), "status": status,
+                                              "message": message, "time": time.time(), **extra})
+        if status != "grown":
+            self._say(f"hpcps: grow request refused: {message}")
+
+    def _say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+
+# ------------------------------------------------------------------------- hpcps grow
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def read_request(path: Path) -> dict:
+    """Read and check a request file: ``{"workers": int in [1, MAX_ADD], "oversubscribe":
+    bool, "id": str, ...}``. Local.
+
+    Raises
+    ------
+    GrowError
+        Naming the file and what is wrong.
+    """
+    try:
+        raw = path.read_bytes()[:MAX_REQUEST_BYTES + 1]
+        if len(raw) > MAX_REQUEST_BYTES:
+            raise GrowError(f"{path}: larger than {MAX_REQUEST_BYTES} bytes")
+        req = json.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GrowError(f"{path}: not a readable JSON request: {e}") from None
+    if not isinstance(req, dict):
+        raise GrowError(f"{path}: expected a JSON object")
+    n = req.get("workers")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ADD:
+        raise GrowError(f"{path}: workers: must be an integer in [1, {MAX_ADD}], got {n!r}")
+    over = req.setdefault("oversubscribe", False)
+    if not isinstance(over, bool):
+        raise GrowError(f"{path}: oversubscribe: must be true or false, got {over!r}")
+    return req
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host and is an hpcps process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return b"hpcps" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+
+
+def running_job(run_dir) -> dict:
+    """The ``running.json`` record of the job running in ``run_dir``. Local.
+
+    Raises
+    ------
+    GrowError
+        When ``run_dir`` is not a run directory, its job has finished or stopped, its chief
+        is no longer alive (on this host), or the job cannot grow.
+    """
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise GrowError(f"{d}: no such directory (give the job's run directory, "
+                        "[output] dir, e.g. runs/<job name>)")
+    marker = d / RUNNING
+    if not marker.exists():
+        metrics = d / "metrics.json"
+        try:
+            done = "summary" in json.loads(metrics.read_text())
+        except (OSError, ValueError):
+            done = False
+        if done:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metrics.stat().st_mtime))
+            raise GrowError(f"{d}: the job has finished (its summary was written at {when}); "
+                            "there is nothing running to add workers to")
+        if metrics.exists() or (d / "ckpt").exists():
+            raise GrowError(f"{d}: no job is running here (no {RUNNING}: the last one stopped "
+                            "or has not started training yet)")
+        raise GrowError(f"{d}: not an hpcps run directory (no {RUNNING}, metrics.json or ckpt/)")
+    try:
+        info = json.loads(marker.read_text())
+        pid, host = int(info["pid"]), str(info["host"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise GrowError(f"{marker}: unreadable ({e})") from None
+    if host == socket.gethostname() and not _alive(pid):
+        raise GrowError(f"{d}: the job is not running: its chief (pid {pid} on {host}) has "
+                        "exited without finishing (killed, or it crashed)")
+    if not info.get("can_grow", False):
+        raise GrowError(f"{d}: this job cannot add workers: {info.get('why_not') or '?'}")
+    return info
+
+
+def submit_request(run_dir, workers: int, oversubscribe: bool = False) -> str:
+    """Check that a job runs in ``run_dir`` (:func:`running_job`) and leave it a request for
+    ``workers`` more workers; returns the request's id. Local.
+
+    Raises
+    ------
+    GrowError
+        As :func:`running_job`; for ``workers`` outside ``[1, MAX_ADD]``; when a request is
+        already pending.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_ADD:
+        raise GrowError(f"--workers must be an integer in [1, {MAX_ADD}], got {workers!r}")
+    running_job(run_dir)
+    path = Path(run_dir) / REQUEST
+    if path.exists():
+        raise GrowError(f"{path}: a request is already pending (written "
+                        f"{time.strftime('%H:%M:%S', time.localtime(path.stat().st_mtime))}); "
+                        "wait for its answer in grow-answer.json")
+    rid = uuid.uuid4().hex
+    write_metrics(path, {"id": rid, "workers": workers, "oversubscribe": bool(oversubscribe),
+                         "time": time.time(), "host": socket.gethostname(),
+                         "user": os.environ.get("USER", str(os.getuid())), "pid": os.getpid()})
+    return rid
+
+
+def wait_answer(run_dir, rid: str, timeout: float, poll: float = 0.2) -> dict | None:
+    """The answer to request ``rid``, waiting up to ``timeout`` seconds; None if none came
+    (or the job is gone: then the request is withdrawn). Local."""
+    path = Path(run_dir) / ANSWER
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ans = json.loads(path.read_text())
+            if ans.get("id") == rid:
+                return ans
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            return None
+        if not (Path(run_dir) / RUNNING).exists():     # the job ended: one last look
+            time.sleep(poll)
+            try:
+                ans = json.loads(path.read_text())
+                return ans if ans.get("id") == rid else None
+            except (OSError, ValueError):
+                return None
+        time.sleep(poll)
