@@ -107,7 +107,7 @@ def cmd_join(args) -> int:
 
 
 def cmd_grow(args) -> int:
-    from .elastic import ANSWER, REQUEST, GrowError, running_job, submit_request, wait_answer
+    from .grow_request import ANSWER, REQUEST, GrowError, running_job, submit_request, wait_answer
 
     run_dir = Path(args.run_dir)
     try:

@@ -48,7 +48,6 @@ import os
 import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,23 +55,12 @@ import numpy as np
 
 from .comm import core, spawn
 from .comm.collectives import allreduce_max, barrier, bcast_array
-from .output import write_metrics
+from .grow_request import (REQUEST, RUNNING, GrowError, read_request, unlink, write_answer,
+                           write_running)
 
-#: Files in the run directory.
-RUNNING = "running.json"
-REQUEST = "grow-request.json"
-ANSWER = "grow-answer.json"
 #: Seconds between two looks of the chief for a request.
 POLL_SECONDS = 1.0
-#: Largest request file read, bytes.
-MAX_REQUEST_BYTES = 65536
-#: Largest number of workers one request may add.
-MAX_ADD = 4096
 _FORMAT = 1
-
-
-class GrowError(RuntimeError):
-    """``hpcps grow`` cannot hand a request to a running job (no job, finished, bad input)."""
 
 
 # ------------------------------------------------------------------------- the join plan
@@ -234,9 +222,9 @@ class Elastic:
             req = read_request(path)
         except GrowError as e:
             self._answer({"id": None}, "refused", str(e))
-            _unlink(path)
+            unlink(path)
             return 0, False
-        _unlink(path)
+        unlink(path)
         who = f"{req.get('user', '?')}@{req.get('host', '?')}"
         if self.unavailable:
             self._answer(req, "refused", f"cannot add workers to this job: {self.unavailable}")
@@ -415,7 +403,7 @@ class Elastic:
         """Chief: write ``RUN_DIR/running.json`` (who runs, how many workers, whether it can
         grow), which ``hpcps grow`` checks. Local."""
         r = self.roles
-        write_metrics(self.run_dir / RUNNING, {
+        write_running(self.run_dir, {
             "job": self.cfg.name, "job_file": str(self.cfg.path), "pid": os.getpid(),
             "host": socket.gethostname(), "started": self._started,
             "mode": self.cfg.cluster.mode, "workers": r.n_workers, "servers": r.n_servers,
@@ -432,8 +420,8 @@ class Elastic:
                              "the request")
             except GrowError:
                 pass
-            _unlink(pending)
-        _unlink(self.run_dir / RUNNING)
+            unlink(pending)
+        unlink(self.run_dir / RUNNING)
 
     def _refused(self, event: dict, why: str):
         if self.roles.is_chief:
@@ -446,152 +434,10 @@ class Elastic:
         return None
 
     def _answer(self, req: dict, status: str, message: str, **extra) -> None:
-        write_metrics(self.run_dir / ANSWER, {"id": req.get("id"), "status": status,
-                                              "message": message, "time": time.time(), **extra})
+        write_answer(self.run_dir, req.get("id"), status, message, **extra)
         if status != "grown":
             self._say(f"hpcps: grow request refused: {message}")
 
     def _say(self, text: str) -> None:
         self.out.write(text + "\n")
         self.out.flush()
-
-
-# ------------------------------------------------------------------------- hpcps grow
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-
-
-def read_request(path: Path) -> dict:
-    """Read and check a request file: ``{"workers": int in [1, MAX_ADD], "oversubscribe":
-    bool, "id": str, ...}``. Local.
-
-    Raises
-    ------
-    GrowError
-        Naming the file and what is wrong.
-    """
-    try:
-        raw = path.read_bytes()[:MAX_REQUEST_BYTES + 1]
-        if len(raw) > MAX_REQUEST_BYTES:
-            raise GrowError(f"{path}: larger than {MAX_REQUEST_BYTES} bytes")
-        req = json.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GrowError(f"{path}: not a readable JSON request: {e}") from None
-    if not isinstance(req, dict):
-        raise GrowError(f"{path}: expected a JSON object")
-    n = req.get("workers")
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ADD:
-        raise GrowError(f"{path}: workers: must be an integer in [1, {MAX_ADD}], got {n!r}")
-    over = req.setdefault("oversubscribe", False)
-    if not isinstance(over, bool):
-        raise GrowError(f"{path}: oversubscribe: must be true or false, got {over!r}")
-    return req
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host and is an hpcps process."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return b"hpcps" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-
-
-def running_job(run_dir) -> dict:
-    """The ``running.json`` record of the job running in ``run_dir``. Local.
-
-    Raises
-    ------
-    GrowError
-        When ``run_dir`` is not a run directory, its job has finished or stopped, its chief
-        is no longer alive (on this host), or the job cannot grow.
-    """
-    d = Path(run_dir)
-    if not d.is_dir():
-        raise GrowError(f"{d}: no such directory (give the job's run directory, "
-                        "[output] dir, e.g. runs/<job name>)")
-    marker = d / RUNNING
-    if not marker.exists():
-        metrics = d / "metrics.json"
-        try:
-            done = "summary" in json.loads(metrics.read_text())
-        except (OSError, ValueError):
-            done = False
-        if done:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metrics.stat().st_mtime))
-            raise GrowError(f"{d}: the job has finished (its summary was written at {when}); "
-                            "there is nothing running to add workers to")
-        if metrics.exists() or (d / "ckpt").exists():
-            raise GrowError(f"{d}: no job is running here (no {RUNNING}: the last one stopped "
-                            "or has not started training yet)")
-        raise GrowError(f"{d}: not an hpcps run directory (no {RUNNING}, metrics.json or ckpt/)")
-    try:
-        info = json.loads(marker.read_text())
-        pid, host = int(info["pid"]), str(info["host"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise GrowError(f"{marker}: unreadable ({e})") from None
-    if host == socket.gethostname() and not _alive(pid):
-        raise GrowError(f"{d}: the job is not running: its chief (pid {pid} on {host}) has "
-                        "exited without finishing (killed, or it crashed)")
-    if not info.get("can_grow", False):
-        raise GrowError(f"{d}: this job cannot add workers: {info.get('why_not') or '?'}")
-    return info
-
-
-def submit_request(run_dir, workers: int, oversubscribe: bool = False) -> str:
-    """Check that a job runs in ``run_dir`` (:func:`running_job`) and leave it a request for
-    ``workers`` more workers; returns the request's id. Local.
-
-    Raises
-    ------
-    GrowError
-        As :func:`running_job`; for ``workers`` outside ``[1, MAX_ADD]``; when a request is
-        already pending.
-    """
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_ADD:
-        raise GrowError(f"--workers must be an integer in [1, {MAX_ADD}], got {workers!r}")
-    running_job(run_dir)
-    path = Path(run_dir) / REQUEST
-    if path.exists():
-        raise GrowError(f"{path}: a request is already pending (written "
-                        f"{time.strftime('%H:%M:%S', time.localtime(path.stat().st_mtime))}); "
-                        "wait for its answer in grow-answer.json")
-    rid = uuid.uuid4().hex
-    write_metrics(path, {"id": rid, "workers": workers, "oversubscribe": bool(oversubscribe),
-                         "time": time.time(), "host": socket.gethostname(),
-                         "user": os.environ.get("USER", str(os.getuid())), "pid": os.getpid()})
-    return rid
-
-
-def wait_answer(run_dir, rid: str, timeout: float, poll: float = 0.2) -> dict | None:
-    """The answer to request ``rid``, waiting up to ``timeout`` seconds; None if none came
-    (or the job is gone: then the request is withdrawn). Local."""
-    path = Path(run_dir) / ANSWER
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            ans = json.loads(path.read_text())
-            if ans.get("id") == rid:
-                return ans
-        except (OSError, ValueError):
-            pass
-        if time.monotonic() >= deadline:
-            return None
-        if not (Path(run_dir) / RUNNING).exists():     # the job ended: one last look
-            time.sleep(poll)
-            try:
-                ans = json.loads(path.read_text())
-                return ans if ans.get("id") == rid else None
-            except (OSError, ValueError):
-                return None
-        time.sleep(poll)
