@@ -111,3 +111,17 @@ def rank_pids(job_file: Path) -> dict:
         except (OSError, ValueError):
             continue
     return found
+
+
+def read_until(p, text, lines, timeout=180):
+    """Read the output of ``p`` (a Popen with text stdout) into ``lines`` until a line
+    contains ``text``; AssertionError with the output's tail if it does not come."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"{text!r} not seen:\n{''.join(lines)[-3000:]}")

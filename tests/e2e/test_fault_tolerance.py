@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.helpers import DATA, hpcps, mpi_env, rank_pids
+from tests.helpers import DATA, hpcps, mpi_env, rank_pids, read_until
 
 JOB = """
 name = "{name}"
@@ -59,19 +59,6 @@ def start(tmp_path, job, *extra):
     return subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", *extra, str(job)],
                             cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
-
-
-def read_until(p, text, lines, timeout=180):
-    """Read ``p``'s output into ``lines`` until a line contains ``text``."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if text in line:
-            return
-    raise AssertionError(f"{text!r} not seen:\n{''.join(lines)[-3000:]}")
 
 
 def kill_rank(job, rank):

@@ -1,0 +1,176 @@
+"""Elastic scale-out with real ranks: workers started by ``MPI_Comm_spawn`` into a running job
+(``[elastic]`` in the job file, or ``hpcps grow RUN_DIR`` from outside), launched with
+``hpcps run``.
+
+* 2 workers spawned into a running BSP job (1 server + 3 workers): it finishes, the server
+  counted every training example exactly once in each epoch, test AUC within 0.005 of the
+  same job without growth; a checkpoint taken after the growth resumes bit-identically on the
+  grown worker count (float64) and, on the launch's worker count, reads exactly the rows the
+  epoch had left;
+* ``hpcps grow`` on a running SSP job adds a worker (the non-blocking vote);
+* ``hpcps grow`` on a launch without a free slot is refused with the MPI error and the job
+  finishes; ``hpcps grow`` on the finished run is an error.
+"""
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from hpcps.output import read_model
+from tests.helpers import DATA, hpcps, mpi_env, read_until
+
+JOB = """
+name = "{name}"
+[cluster]
+servers = 1
+[data]
+format = "adult_csv"
+path = "{data}"
+max_rows = 12000
+[model]
+l2 = 1e-5
+dtype = "float64"
+[train]
+epochs = {epochs}
+batch_size = {batch}
+progress_seconds = {progress}
+[consistency]
+model = "{model}"
+[checkpoint]
+every_steps = {every}
+keep = 20
+{elastic}
+[output]
+dir = "{out}"
+"""
+ADD = "[elastic]\nadd_workers = 2\nat_step = 40\n"
+N_TRAIN = 9600                       # 12000 rows, test_fraction 0.2
+
+
+def write(tmp_path, name, out=None, model="bsp", epochs=2, batch=32, every=50, elastic="",
+          progress=5.0):
+    p = tmp_path / f"{name}.toml"
+    p.write_text(JOB.format(name=name, data=DATA, out=out or name, model=model, epochs=epochs,
+                            batch=batch, every=every, elastic=elastic, progress=progress))
+    return p
+
+
+def run(tmp_path, job, n, *extra):
+    proc, _ = hpcps(["run", "-n", str(n), *extra, job], cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout
+
+
+def metrics(d):
+    return json.loads((d / "metrics.json").read_text())
+
+
+def test_spawn_two_workers_into_bsp_job_every_example_once(tmp_path):
+    run(tmp_path, write(tmp_path, "ref"), 4)
+    ref = metrics(tmp_path / "ref")
+    assert ref["summary"]["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
+
+    out = run(tmp_path, write(tmp_path, "grow", elastic=ADD), 4)
+    assert "2 worker(s) will be added at clock 40" in out
+    assert "2 worker(s) added at clock 40 (epoch 1): 5 workers" in out, out[-3000:]
+    m = metrics(tmp_path / "grow")
+    s = m["summary"]
+    # the server applied every example of each epoch exactly once: 3 workers read 40 steps of
+    # their partitions, 5 workers the rest of epoch 1, 5 new partitions in epoch 2
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
+    assert s["examples"] == 2 * N_TRAIN
+    assert [w["index"] for w in s["workers"]] == [0, 1, 2, 3, 4]
+    (ev,) = s["growth"]
+    unread = N_TRAIN - 3 * 40 * 32
+    assert (ev["clock"], ev["epoch"], ev["workers_added"], ev["workers"]) == (40, 1, 2, 5)
+    assert ev["trigger"] == "job file" and ev["examples_replanned"] == unread
+    assert ev["examples_to_new_workers"] == 2 * unread // 5
+    assert 0 < ev["spawn_seconds"] <= ev["seconds"] <= ev["pause_seconds"] < 300
+    assert not (tmp_path / "grow" / "running.json").exists()
+    assert abs(m["epochs"][-1]["test_auc"] - ref["epochs"][-1]["test_auc"]) <= 0.005
+
+    # resume from the checkpoint at clock 50 (10 steps after the growth, mid-epoch) ...
+    ck = tmp_path / "grow" / "ckpt" / "step-00000050"
+    for name, n in (("same", 6), ("fewer", 4)):
+        d = tmp_path / name
+        shutil.copytree(ck, d / "ckpt" / ck.name)
+        run(tmp_path, write(tmp_path, "grow", out=name, elastic=ADD), n, "--resume",
+            d / "ckpt" / ck.name)
+    # ... on 5 workers: the same run, bit for bit
+    a = read_model(tmp_path / "grow" / "model.h5")["tables"]
+    b = read_model(tmp_path / "same" / "model.h5")["tables"]
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    # ... on 3 workers: the rows epoch 1 had left after clock 50, then a whole epoch 2
+    left = unread - 10 * 32 * 5
+    for name in ("same", "fewer"):
+        s = metrics(tmp_path / name)["summary"]
+        assert s["servers"][0]["examples_per_epoch"] == [left, N_TRAIN], name
+        assert "growth" not in s                     # resumed after at_step: not grown again
+    assert metrics(tmp_path / "fewer")["epochs"][-1]["test_auc"] > 0.88
+
+
+def _n_train(text):
+    return int(re.search(r"(\d+) train / \d+ test rows", text).group(1))
+
+
+def test_hpcps_grow_adds_a_worker_to_a_running_ssp_job(tmp_path):
+    job = write(tmp_path, "req", model="ssp", epochs=4, batch=8, every=0, progress=0.5)
+    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "3", str(job)],
+                         cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, bufsize=1)
+    lines: list = []
+    try:
+        read_until(p, "epoch 1/4  step", lines)
+        g, _ = hpcps(["grow", tmp_path / "req", "--workers", "1", "--wait", "240"], cwd=tmp_path)
+        out, _ = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out = "".join(lines) + out
+    assert g.returncode == 0, g.stdout + g.stderr + out[-3000:]
+    assert "grown: 1 worker(s) added at clock" in g.stdout
+    assert p.returncode == 0, out[-3000:]
+    assert "request from" in out and "1 worker(s) added at clock" in out
+    s = metrics(tmp_path / "req")["summary"]
+    (ev,) = s["growth"]
+    assert ev["trigger"] == "request" and ev["workers"] == 3
+    assert s["servers"][0]["examples_per_epoch"] == [_n_train(out)] * 4
+    assert not (tmp_path / "req" / "grow-request.json").exists()
+
+
+def test_hpcps_grow_without_free_slot_is_refused_and_the_job_finishes(tmp_path):
+    job = write(tmp_path, "full", epochs=3, batch=8, every=0, progress=0.5)
+    env = mpi_env()
+    for var in ("PRTE_MCA_rmaps_default_mapping_policy", "OMPI_MCA_rmaps_base_oversubscribe"):
+        env.pop(var, None)                           # 2 slots for 2 ranks, nothing to spare
+    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "2", str(job), "--",
+                          "--host", f"{socket.gethostname()}:2"],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, bufsize=1)
+    lines: list = []
+    try:
+        read_until(p, "epoch 1/3  step", lines)
+        g, _ = hpcps(["grow", tmp_path / "full", "-w", "2", "--wait", "240"], cwd=tmp_path)
+        out, _ = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out = "".join(lines) + out
+    assert g.returncode == 1, g.stdout + g.stderr
+    assert "refused: MPI_Comm_spawn of 2 process(es) failed" in g.stdout
+    assert "2 slot(s) for 2 running rank(s)" in g.stdout
+    # the job went on with its one worker and finished; hpcps run says why mpirun exited 213
+    assert p.returncode == 0, out[-3000:]
+    assert "the job continues with 1 worker(s)" in out
+    assert "could not start the workers the job asked for" in out
+    s = metrics(tmp_path / "full")["summary"]
+    assert s["servers"][0]["examples_per_epoch"] == [_n_train(out)] * 3
+    assert "MPI_Comm_spawn" in s["growth"][0]["refused"]
+    # the run has finished: nothing to grow
+    g2, _ = hpcps(["grow", tmp_path / "full", "-w", "1"], cwd=tmp_path)
+    assert g2.returncode == 2 and "the job has finished" in g2.stderr, g2.stderr
