@@ -118,23 +118,31 @@ def _n_train(text):
     return int(re.search(r"(\d+) train / \d+ test rows", text).group(1))
 
 
-def test_hpcps_grow_adds_a_worker_to_a_running_ssp_job(tmp_path):
-    job = write(tmp_path, "req", model="ssp", epochs=4, batch=8, every=0, progress=0.5)
-    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "3", str(job)],
-                         cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+def grow_while_running(tmp_path, job, n, epochs, workers, env=None, extra=()):
+    """Launch ``job`` on ``n`` ranks with ``hpcps run``; once it trains, ``hpcps grow`` its run
+    directory by ``workers``; returns (the grow command's CompletedProcess, the job's output,
+    the job's exit status)."""
+    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", str(n), str(job), *extra],
+                         cwd=tmp_path, env=env or mpi_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, bufsize=1)
     lines: list = []
     try:
-        read_until(p, "epoch 1/4  step", lines)
-        g, _ = hpcps(["grow", tmp_path / "req", "--workers", "1", "--wait", "240"], cwd=tmp_path)
+        read_until(p, f"epoch 1/{epochs}  step", lines)
+        g, _ = hpcps(["grow", tmp_path / job.stem, "--workers", str(workers), "--wait", "240"],
+                     cwd=tmp_path)
         out, _ = p.communicate(timeout=600)
     finally:
         if p.poll() is None:
             p.kill()
-    out = "".join(lines) + out
+    return g, "".join(lines) + out, p.returncode
+
+
+def test_hpcps_grow_adds_a_worker_to_a_running_ssp_job(tmp_path):
+    job = write(tmp_path, "req", model="ssp", epochs=4, batch=8, every=0, progress=0.5)
+    g, out, rc = grow_while_running(tmp_path, job, 3, 4, 1)
     assert g.returncode == 0, g.stdout + g.stderr + out[-3000:]
     assert "grown: 1 worker(s) added at clock" in g.stdout
-    assert p.returncode == 0, out[-3000:]
+    assert rc == 0, out[-3000:]
     assert "request from" in out and "1 worker(s) added at clock" in out
     s = metrics(tmp_path / "req")["summary"]
     (ev,) = s["growth"]
@@ -148,24 +156,13 @@ def test_hpcps_grow_without_free_slot_is_refused_and_the_job_finishes(tmp_path):
     env = mpi_env()
     for var in ("PRTE_MCA_rmaps_default_mapping_policy", "OMPI_MCA_rmaps_base_oversubscribe"):
         env.pop(var, None)                           # 2 slots for 2 ranks, nothing to spare
-    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "2", str(job), "--",
-                          "--host", f"{socket.gethostname()}:2"],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, bufsize=1)
-    lines: list = []
-    try:
-        read_until(p, "epoch 1/3  step", lines)
-        g, _ = hpcps(["grow", tmp_path / "full", "-w", "2", "--wait", "240"], cwd=tmp_path)
-        out, _ = p.communicate(timeout=600)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    out = "".join(lines) + out
+    g, out, rc = grow_while_running(tmp_path, job, 2, 3, 2, env=env,
+                                    extra=("--", "--host", f"{socket.gethostname()}:2"))
     assert g.returncode == 1, g.stdout + g.stderr
     assert "refused: MPI_Comm_spawn of 2 process(es) failed" in g.stdout
     assert "2 slot(s) for 2 running rank(s)" in g.stdout
     # the job went on with its one worker and finished; hpcps run says why mpirun exited 213
-    assert p.returncode == 0, out[-3000:]
+    assert rc == 0, out[-3000:]
     assert "the job continues with 1 worker(s)" in out
     assert "could not start the workers the job asked for" in out
     s = metrics(tmp_path / "full")["summary"]

@@ -19,6 +19,14 @@ def test_oversubscribe_only_when_more_ranks_than_cores():
     assert "--map-by" not in cmd and "--oversubscribe" not in cmd and env == {}
 
 
+def test_workers_added_later_count_for_oversubscription():
+    """[elastic] add_workers: 2 ranks + 2 spawned on 3 cores need oversubscription."""
+    kw = dict(mpirun="mpirun", flavour=("openmpi", 5), cores=3, is_root=False)
+    assert "--map-by" not in launch.build_command(2, "j.toml", **kw)[0]
+    cmd, _ = launch.build_command(2, "j.toml", spare=2, **kw)
+    assert cmd[:5] == ["mpirun", "-n", "2", "--map-by", ":OVERSUBSCRIBE"]
+
+
 def test_run_as_root_variables_only_for_root(monkeypatch):
     monkeypatch.delenv("OMPI_MCA_osc", raising=False)
     _, env = launch.build_command(4, "j", mpirun="m", flavour=("openmpi", 5), cores=8, is_root=False)
