@@ -132,20 +132,25 @@ def cmd_grow(args) -> int:
     return 0 if ans.get("status") == "grown" else 1
 
 
-def _grow_failure_only(cfg, since: float) -> bool:
-    """True when this launch's job finished (``metrics.json`` has the summary, written after
-    ``since``) and asked ``MPI_Comm_spawn`` for workers in vain: Open MPI's mpirun then exits
-    with a non-zero status (213, "All nodes which are allocated for this job are already
-    filled") although every rank finished. Local."""
+def _finished_anyway(cfg, since: float) -> str | None:
+    """Why mpirun exited non-zero although this launch's job finished (``metrics.json`` has
+    the summary, written after ``since``), or None. Open MPI's mpirun reports a process that
+    did not end well even when the job did without it: the workers that ``MPI_Comm_spawn``
+    could not start (status 213, "All nodes which are allocated for this job are already
+    filled"), or added workers lost and survived in continue mode. Local."""
     path = cfg.output.dir / "metrics.json"
     try:
         if path.stat().st_mtime < since:
-            return False
+            return None
         summary = json.loads(path.read_text()).get("summary", {})
     except (OSError, ValueError):
-        return False
-    return any(str(e.get("refused", "")).startswith("MPI_Comm_spawn")
-               for e in summary.get("growth", []))
+        return None
+    if any(str(e.get("refused", "")).startswith("MPI_Comm_spawn")
+           for e in summary.get("growth", [])):
+        return "it could not start the workers the job asked for (see the MPI_Comm_spawn message above)"
+    if summary.get("growth") and summary.get("failures"):
+        return "a rank was lost (the job survived it in continue mode)"
+    return None
 
 
 def _default_job(job):
@@ -191,9 +196,9 @@ def cmd_run(args) -> int:
         return 0
     t_launch = time.time()
     rc = launch.run(cmd, env)
-    if rc != 0 and _grow_failure_only(cfg, t_launch):
-        print(f"hpcps run: mpirun exited with status {rc} because it could not start the "
-              "workers the job asked for (see the MPI_Comm_spawn message above); the job itself "
+    why = _finished_anyway(cfg, t_launch) if rc != 0 else None
+    if why:
+        print(f"hpcps run: mpirun exited with status {rc} because {why}; the job itself "
               "finished", flush=True)
         rc = 0
     if rc and not restartable(rc) and args.max_restarts:

@@ -502,11 +502,16 @@ class ElasticConfig:
         Let added workers share cores with running ranks (Open MPI: spawn info
         ``map_by = ":OVERSUBSCRIBE"``, ``bind_to = "none"``); by default they need free
         slots in the launch's allocation.
+    join_timeout : float
+        Seconds the job waits for added workers to start and meet it (any growth, also by
+        ``hpcps grow``) before it aborts: a process that dies before ``MPI_Init`` would
+        otherwise leave every rank waiting in ``MPI_Comm_spawn``.
     """
 
     add_workers: int = 0
     at_step: int = 0
     oversubscribe: bool = False
+    join_timeout: float = 300.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -650,6 +655,7 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "add_workers": _Rule(int, 0, lo=0, hi=4096),
         "at_step": _Rule(int, 0, lo=0),
         "oversubscribe": _Rule(bool, False),
+        "join_timeout": _Rule(float, 300.0, lo=0.0, lo_open=True),
     },
 }
 

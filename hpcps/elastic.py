@@ -53,14 +53,32 @@ from pathlib import Path
 
 import numpy as np
 
-from .comm import core, spawn
+from .comm import core, ft, spawn
 from .comm.collectives import allreduce_max, barrier, bcast_array
 from .grow_request import (REQUEST, RUNNING, GrowError, read_request, unlink, write_answer,
                            write_running)
 
 #: Seconds between two looks of the chief for a request.
 POLL_SECONDS = 1.0
+#: Seconds an added worker waits for the job's plan (its own job file is not read yet).
+JOIN_TIMEOUT = 300.0
 _FORMAT = 1
+
+
+class GrowthFailed(RuntimeError):
+    """A process died, or MPI failed, while workers were being added: the ranks are between
+    two layouts, so the job stops (and resumes from its last checkpoint on a restart)."""
+
+
+def _failed(e: BaseException, clock) -> BaseException:
+    """``e`` as a :class:`GrowthFailed` when it is an MPI error (so that continue mode does
+    not take it for a failure it can recover from), else ``e`` itself."""
+    if not ft.is_mpi_error(e):
+        return e
+    at = f" at clock {clock}" if clock is not None else ""
+    return GrowthFailed(f"a process died or MPI failed while workers were being added{at} "
+                        f"({e}); the job stops and resumes from its last checkpoint on a restart "
+                        "(hpcps run --max-restarts, or the Slurm script's requeue)")
 
 
 # ------------------------------------------------------------------------- the join plan
@@ -275,23 +293,33 @@ class Elastic:
                  "trigger": "request" if self.request is not None else "job file"}
         if core.any_rank_failed(r.ps, self.unavailable is not None):
             return self._refused(event, f"cannot add workers: {self.unavailable or 'see rank 0'}")
-        inter, error = spawn.spawn_workers(r.ps, n, r.worker_ranks[0], oversubscribe)
-        if inter is None:
-            slots = spawn.universe_size(r.ps)
-            return self._refused(event, f"{error} (the launch has {slots} slot(s) for "
-                                        f"{r.ps.Get_size()} running rank(s); give mpirun more "
-                                        "slots, or let the new workers share cores: [elastic] "
-                                        "oversubscribe = true, hpcps grow --oversubscribe)")
+        timeout = self.cfg.elastic.join_timeout
+        with core.watchdog(r.ps, timeout, f"adding {n} worker(s) at clock {clock}"):
+            inter, error = spawn.spawn_workers(r.ps, n, r.worker_ranks[0], oversubscribe)
+            if inter is not None:
+                return self._handshake(inter, r, n, clock, rebind, join, event, t0, world_ranks)
+        slots = spawn.universe_size(r.ps)
+        return self._refused(event, f"{error} (the launch has {slots} slot(s) for "
+                                    f"{r.ps.Get_size()} running rank(s); give mpirun more "
+                                    "slots, or let the new workers share cores: [elastic] "
+                                    "oversubscribe = true, hpcps grow --oversubscribe)")
+
+    def _handshake(self, inter, r, n, clock, rebind, join, event, t0, world_ranks):
+        """Steps 3-6 on the parents' side (:meth:`grow`); collective with the new workers."""
         event["spawn_seconds"] = round(time.perf_counter() - t0, 3)
-        merged = spawn.merge(inter, high=False)
-        chief = int(allreduce_max(merged, np.array([merged.Get_rank() if r.is_chief else -1],
-                                                   dtype=np.int64))[0])
-        JoinPlan.bcast(merged, join, chief)
-        if core.any_rank_failed(merged, False):      # a new worker could not load the job
-            merged.Free()
-            spawn.disconnect(inter)
-            return self._refused(event, "the new workers could not start (their error is above)")
-        roles, windows = self._settle(merged, r.role, r.index, rebind)
+        try:
+            merged = spawn.merge(inter, high=False)
+            ft.errors_return(merged)                  # a process lost now: an error, not a hang
+            chief = int(allreduce_max(merged, np.array([merged.Get_rank() if r.is_chief else -1],
+                                                       dtype=np.int64))[0])
+            JoinPlan.bcast(merged, join, chief)
+            if core.any_rank_failed(merged, False):  # a new worker could not load the job
+                merged.Free()
+                spawn.disconnect(inter)
+                return self._refused(event, "the new workers could not start (their error is above)")
+            roles, windows = self._settle(merged, r.role, r.index, rebind)
+        except Exception as e:                        # noqa: BLE001 - see GrowthFailed
+            raise _failed(e, clock) from e
         if self.windows:
             from .comm.rma import free_windows
             free_windows(self.windows)                # collective over the old ranks
@@ -318,9 +346,6 @@ class Elastic:
         from .job import limit_threads
         from .server.server import window_sizes
 
-        if self.ft is not None:
-            from .comm.ft import errors_return
-            errors_return(merged)
         roles = core.regroup_roles(merged, role, key, errors_return=self.ft is not None)
         self.node_ranks = core.node_size(merged)
         limit_threads(merged, self.node_ranks)
@@ -357,9 +382,14 @@ class Elastic:
         if parent is None:
             raise core.LaunchError("`hpcps join` is started by a running job to add workers "
                                    "(hpcps grow, [elastic] add_workers); it cannot run by itself")
-        merged = spawn.merge(parent, high=True)
-        chief = int(allreduce_max(merged, np.array([-1], dtype=np.int64))[0])
-        plan = JoinPlan.bcast(merged, None, chief)
+        try:
+            merged = spawn.merge(parent, high=True)
+            ft.errors_return(merged)
+            with core.watchdog(merged, JOIN_TIMEOUT, "meeting the running job"):
+                chief = int(allreduce_max(merged, np.array([-1], dtype=np.int64))[0])
+                plan = JoinPlan.bcast(merged, None, chief)
+        except Exception as e:                        # noqa: BLE001 - see GrowthFailed
+            raise _failed(e, None) from e
         error = None
         try:
             cfg = parse_job(plan.job_text, plan.job_path)
@@ -386,7 +416,11 @@ class Elastic:
         self = cls.__new__(cls)
         cls.__init__(self, cfg, None, specs, (), ft_state, out)
         key = plan.n_old + merged.Get_rank() - parent.Get_remote_size()   # after the old ones
-        roles, windows = self._settle(merged, core.WORKER, key, lambda *_: None)
+        try:
+            with core.watchdog(merged, cfg.elastic.join_timeout, "joining the running job"):
+                roles, windows = self._settle(merged, core.WORKER, key, lambda *_: None)
+        except Exception as e:                        # noqa: BLE001 - see GrowthFailed
+            raise _failed(e, plan.clock) from e
         self.roles, self.windows = roles, windows
         self.intercomms.append(parent)
         return self, plan, cfg, model

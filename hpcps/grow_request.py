@@ -125,8 +125,8 @@ def running_job(run_dir) -> dict:
             raise GrowError(f"{d}: the job has finished (its summary was written at {when}); "
                             "there is nothing running to add workers to")
         if metrics.exists() or (d / "ckpt").exists():
-            raise GrowError(f"{d}: no job is running here (no {RUNNING}: the last one stopped "
-                            "or has not started training yet)")
+            raise GrowError(f"{d}: no parameter-server job is running here (no {RUNNING}: the "
+                            "last one stopped, or has not started training yet)")
         raise GrowError(f"{d}: not an hpcps run directory (no {RUNNING}, metrics.json or ckpt/)")
     try:
         info = json.loads(marker.read_text())

@@ -10,6 +10,7 @@ import contextlib
 import os
 import socket
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 
@@ -275,6 +276,28 @@ def regroup_roles(ps: MPI.Intracomm, role: str, key: int, layout=None,
 
 
 @contextlib.contextmanager
+def watchdog(comm: MPI.Comm, seconds: float, what: str, stream=None):
+    """Abort the whole job (``comm.Abort``) if the body has not finished after ``seconds``.
+
+    For MPI calls that can wait forever on a process that died before it could answer (Open
+    MPI 5: a process started by ``MPI_Comm_spawn`` and killed before ``MPI_Init`` leaves every
+    parent in ``MPI_Comm_spawn``, also without ULFM). A timer thread calls ``Abort``, which
+    needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default). Local; not collective.
+    """
+    def fire():
+        _report_and_abort(comm, stream, f"{what} did not finish within {seconds:g} s (a process "
+                                         "died or hangs); aborting the job", code=1)
+
+    timer = threading.Timer(float(seconds), fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+@contextlib.contextmanager
 def abort_on_error(comm: MPI.Comm, stream=None):
     """Turn an exception on any rank into an abort of the whole job.
 
@@ -294,7 +317,7 @@ def abort_on_error(comm: MPI.Comm, stream=None):
     except BaseException as e:  # noqa: BLE001 - every failure must end the job
         code = status_for(e)
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        if code != EXIT_FAILED or type(e).__name__ == "ServerLost":
+        if code != EXIT_FAILED or type(e).__name__ in ("ServerLost", "GrowthFailed"):
             text = f"{type(e).__name__}: {e}\n"      # an error of the input: no traceback
         _report_and_abort(comm, stream, text.rstrip(), code=code)
 

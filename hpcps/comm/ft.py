@@ -72,6 +72,11 @@ def is_peer_failure(exc: BaseException) -> bool:
     return isinstance(exc, MPI.Exception) and exc.Get_error_class() in _FAILURE_CLASSES
 
 
+def is_mpi_error(exc: BaseException) -> bool:
+    """True if ``exc`` is an error returned by MPI (any class)."""
+    return isinstance(exc, MPI.Exception)
+
+
 def revoke(*comms) -> None:
     """Revoke ``comms`` (errors ignored: another survivor may have revoked them). Not
     collective: any one rank revoking is enough."""

@@ -211,7 +211,7 @@ class Trainer:
         if join is not None:
             start_epoch, start_step, plan = join.epoch, 0, join.plan
             n_train = n_test = 0                    # (the chief's start-up line only)
-            seg = self._regroup(join.epoch, join.plan)
+            seg = self._regroup_or_recover(join.epoch, join.plan, checkpointer)
             X, y, Xt, yt, steps_full = seg.X, seg.y, seg.Xt, seg.yt, seg.steps_full
         else:
             X, y = self.model.load("train", self.index, self.n_workers)
@@ -342,6 +342,7 @@ class Trainer:
                 Xe, ye, order, steps, plan = new_seg.Xe, new_seg.ye, new_seg.order, new_seg.steps, new_seg.plan
                 X, y, Xt, yt, steps_full = new_seg.X, new_seg.y, new_seg.Xt, new_seg.yt, new_seg.steps_full
                 first, seg_clock0 = 0, self.client.clock_value
+                examples_per_step = n_train / max(1, math.ceil(n_train / (t.batch_size * self.n_workers)))
             local_examples += n_ex
             if self.stopped_by_signal:
                 break
@@ -430,7 +431,7 @@ class Trainer:
         self.client.pushes_sent[:] = 0
         # what each old worker finished of this segment; the survivors re-plan the rest
         done = [int(min(max(0, c - seg_clock0), steps)) for c in rec.clocks]
-        seg = self._regroup(epoch, plan + [[n_old, done]])
+        seg = self._regroup_or_recover(epoch, plan + [[n_old, done]], checkpointer)  # another loss
         t = self.cfg.train
         reassigned = 0
         if rec.dead_workers:
@@ -502,6 +503,17 @@ class Trainer:
                        yt=yt, steps_full=steps_full, sizes=sizes,
                        remaining=[int(r.size) for r in lists])
 
+    def _regroup_or_recover(self, epoch, plan, checkpointer) -> "Segment":
+        """:meth:`_regroup` at the first clock of a segment (a growth); a worker lost meanwhile
+        (continue mode) is recovered from as lost at that clock, before any step of the
+        segment, so the rows are re-planned from ``plan``. Collective as :meth:`_regroup`."""
+        try:
+            return self._regroup(epoch, plan)
+        except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
+            if self.ft is None or not _peer_failure(e):
+                raise
+            return self._recover(epoch, self.client.clock_value, 0, plan, checkpointer)
+
     def _grow(self, epoch, seg_clock0, steps, plan, checkpointer, n, oversubscribe):
         """Add ``n`` workers at this clock (:mod:`hpcps.elastic`); returns the
         :class:`Segment` of the rest of the epoch, or None when they could not be added (the
@@ -529,12 +541,14 @@ class Trainer:
         if event is None:
             self.vote = self._make_vote()             # on the unchanged workers' communicator
             return None
-        seg = self._regroup(epoch, plan_next)
+        seg = self._regroup_or_recover(epoch, plan_next, checkpointer)
         if self.is_chief:
             event.update(epoch=epoch + 1, examples_replanned=int(sum(seg.remaining)),
                          examples_to_new_workers=int(sum(seg.remaining[n_old:])),
                          pause_seconds=round(time.time() - t_start, 3))
-            self._say(f"hpcps: {n} worker(s) added at clock {clock} (epoch {epoch + 1}): "
+            lost = n_old + n - self.n_workers          # lost at once (continue mode)
+            self._say(f"hpcps: {n} worker(s) added at clock {clock} (epoch {epoch + 1})"
+                      f"{f', {lost} lost at once' if lost else ''}: "
                       f"{self.n_workers} workers; the epoch's {event['examples_replanned']} "
                       f"unread example(s) re-planned over them "
                       f"({event['examples_to_new_workers']} to the new ones); spawn "

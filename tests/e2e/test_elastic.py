@@ -9,15 +9,20 @@
   epoch had left;
 * ``hpcps grow`` on a running SSP job adds a worker (the non-blocking vote);
 * ``hpcps grow`` on a launch without a free slot is refused with the MPI error and the job
-  finishes; ``hpcps grow`` on the finished run is an error.
+  finishes; ``hpcps grow`` on the finished run is an error;
+* kill -9 of an added worker in continue mode is survived with every example once; one
+  killed before it joined makes the job abort after ``join_timeout`` (no hang).
 """
 
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -164,10 +169,77 @@ def test_hpcps_grow_without_free_slot_is_refused_and_the_job_finishes(tmp_path):
     # the job went on with its one worker and finished; hpcps run says why mpirun exited 213
     assert rc == 0, out[-3000:]
     assert "the job continues with 1 worker(s)" in out
-    assert "could not start the workers the job asked for" in out
+    assert "it could not start the workers the job asked for" in out
     s = metrics(tmp_path / "full")["summary"]
     assert s["servers"][0]["examples_per_epoch"] == [_n_train(out)] * 3
     assert "MPI_Comm_spawn" in s["growth"][0]["refused"]
     # the run has finished: nothing to grow
     g2, _ = hpcps(["grow", tmp_path / "full", "-w", "1"], cwd=tmp_path)
     assert g2.returncode == 2 and "the job has finished" in g2.stderr, g2.stderr
+
+
+CONTINUE = "[fault_tolerance]\nmode = \"continue\"\n"
+
+
+def join_pids(cwd):
+    """Pids of the added workers (``python -m hpcps join``) started in ``cwd``."""
+    found = []
+    for p in os.listdir("/proc"):
+        try:
+            cmd = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+            if b"join" in cmd and b"hpcps" in cmd and os.readlink(f"/proc/{p}/cwd") == str(cwd):
+                found.append(int(p))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def start(tmp_path, job, n):
+    return subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", str(n), str(job)],
+                            cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+
+
+def test_added_worker_killed_in_continue_mode_job_finishes_every_example_once(tmp_path):
+    """kill -9 of a spawned worker after it joined: the job survives (continue mode, ULFM) on
+    the launch's workers, and every example of every epoch is still applied once."""
+    job = write(tmp_path, "ck", elastic=ADD + CONTINUE, progress=0.000001, every=0)
+    p = start(tmp_path, job, 4)
+    lines: list = []
+    try:
+        read_until(p, "worker(s) added at clock 40", lines)
+        read_until(p, "epoch 1/2  step 5/", lines)
+        (victim, *_) = join_pids(tmp_path)
+        os.kill(victim, signal.SIGKILL)
+        out, _ = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out = "".join(lines) + out
+    assert p.returncode == 0, out[-3000:]
+    assert "lost at clock" in out and "worker(s) continue" in out, out[-3000:]
+    s = metrics(tmp_path / "ck")["summary"]
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
+    assert s["growth"][0]["workers"] == 5
+    assert {3, 4} & set(s["failures"][0]["dead_workers"])
+
+
+def test_added_worker_dead_before_joining_aborts_within_join_timeout(tmp_path):
+    """A spawned process killed before MPI_Init would leave every rank in MPI_Comm_spawn
+    (Open MPI 5): the job aborts after [elastic] join_timeout instead of hanging."""
+    job = write(tmp_path, "dead", elastic=ADD + "join_timeout = 15.0\n", every=0)
+    p = start(tmp_path, job, 4)
+    try:
+        deadline = time.time() + 300
+        while not join_pids(tmp_path) and time.time() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        for pid in join_pids(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+        t_kill = time.time()
+        out, _ = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0
+    assert "did not finish within 15 s" in out and "aborting the job" in out, out[-3000:]
+    assert time.time() - t_kill < 120

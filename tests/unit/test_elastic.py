@@ -163,7 +163,7 @@ def test_submit_request_and_answer(tmp_path, chief):
     ("missing", "no such directory"),
     ("empty", "not an hpcps run directory"),
     ("finished", "the job has finished"),
-    ("stopped", "no job is running here"),
+    ("stopped", "no parameter-server job is running here"),
     ("dead", "is not running: its chief (pid"),
     ("cannot", "cannot add workers: started by srun"),
 ])
