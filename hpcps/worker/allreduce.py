@@ -91,8 +91,9 @@ class AllReduceClient:
             raise ValueError(f"push to {spec.name!r}: key out of range [0, {spec.num_keys})")
         self.pending[tid].append((keys, grads))
 
-    def clock(self, n_examples: int) -> int:
-        """Combine every rank's pushes of this step and apply them. Collective."""
+    def clock(self, n_examples: int, epoch: int = 0) -> int:
+        """Combine every rank's pushes of this step and apply them (``epoch``: as
+        :meth:`PSClient.clock`, unused here). Collective."""
         t0 = time.perf_counter()
         total = int(allreduce_sum(self.comm, np.array([n_examples], dtype=np.int64))[0])
         self.collectives += 1
