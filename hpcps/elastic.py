@@ -106,6 +106,9 @@ class JoinPlan:
         ``num_keys, dim, sparse, itemsize`` of every table, in table-id order.
     world_ranks : list of int
         Continue mode: original rank numbers of the merged communicator (empty otherwise).
+    nonfinite_rejected : int
+        Steps rejected so far by the workers' vote on non-finite values (BSP), which every
+        worker counts alike.
     """
 
     clock: int
@@ -118,6 +121,7 @@ class JoinPlan:
     pull: str
     tables: np.ndarray
     world_ranks: list = field(default_factory=list)
+    nonfinite_rejected: int = 0
 
     @staticmethod
     def layout(specs) -> np.ndarray:
@@ -147,7 +151,8 @@ class JoinPlan:
             blob = np.frombuffer(json.dumps({
                 "plan": plan.plan, "job_text": plan.job_text, "job_path": plan.job_path,
                 "output_dir": plan.output_dir, "pull": plan.pull,
-                "world_ranks": plan.world_ranks}).encode(), dtype=np.uint8)
+                "world_ranks": plan.world_ranks,
+                "nonfinite_rejected": plan.nonfinite_rejected}).encode(), dtype=np.uint8)
         ints = bcast_array(comm, ints, np.int64, root)
         blob = bcast_array(comm, blob, np.uint8, root)
         if int(ints[0]) != _FORMAT:
@@ -156,7 +161,8 @@ class JoinPlan:
         return cls(clock=int(ints[1]), epoch=int(ints[2]), n_old=int(ints[3]), plan=d["plan"],
                    job_text=d["job_text"], job_path=d["job_path"], output_dir=d["output_dir"],
                    pull=d["pull"], tables=ints[4:].reshape(-1, 4).copy(),
-                   world_ranks=list(d["world_ranks"]))
+                   world_ranks=list(d["world_ranks"]),
+                   nonfinite_rejected=int(d["nonfinite_rejected"]))
 
 
 # ------------------------------------------------------------------- the job's membership

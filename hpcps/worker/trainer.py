@@ -211,6 +211,8 @@ class Trainer:
         if join is not None:
             start_epoch, start_step, plan = join.epoch, 0, join.plan
             n_train = n_test = 0                    # (the chief's start-up line only)
+            if self.guard.agree is not None:       # the voted count is the same on every worker
+                self.guard.rejected = join.nonfinite_rejected
             seg = self._regroup_or_recover(join.epoch, join.plan, checkpointer)
             X, y, Xt, yt, steps_full = seg.X, seg.y, seg.Xt, seg.yt, seg.steps_full
         else:
@@ -535,7 +537,8 @@ class Trainer:
             join = JoinPlan(clock=clock, epoch=epoch, n_old=n_old, plan=plan_next,
                             job_text=cfg.text, job_path=str(cfg.path),
                             output_dir=str(cfg.output.dir), pull=cfg.consistency.pull,
-                            tables=JoinPlan.layout(self.client.specs))
+                            tables=JoinPlan.layout(self.client.specs),
+                            nonfinite_rejected=self.guard.rejected)
         event = self.elastic.grow(n, clock, lambda roles, windows: self._rebind(roles, checkpointer, windows),
                                   oversubscribe=oversubscribe, join=join)
         if event is None:

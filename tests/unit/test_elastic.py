@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -133,6 +134,10 @@ def test_spawn_unavailable_under_srun_and_fine_under_mpirun():
 def chief():
     """A live process whose command line names hpcps, standing in for a job's chief."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "hpcps"])
+    for _ in range(500):                  # /proc/PID/cmdline is empty until the exec is done
+        if b"hpcps" in open(f"/proc/{p.pid}/cmdline", "rb").read():
+            break
+        time.sleep(0.01)
     yield p.pid
     p.kill()
     p.wait()
