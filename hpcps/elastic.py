@@ -26,7 +26,7 @@ Protocol at the agreed clock ``T`` (collective over every rank; :meth:`Elastic.g
        all ranks agree that they could (one Allreduce). If one could not, the new processes
        leave and the job goes on as before, saying why;
     6. the roles are rebuilt over the merged communicator as after a failure
-       (:func:`hpcps.comm.core.regroup_roles`): the new workers get indices ``n_old ..
+       (:func:`hpcps.comm.core.rebuild_roles`): the new workers get indices ``n_old ..
        n_old + N - 1``; with ``pull = "rma"`` new windows are allocated (headers for the new
        worker count), the servers copy their shards into them and the old ones are freed;
     7. every worker — old and new — re-plans the rows of the epoch that nobody has read over
@@ -352,7 +352,7 @@ class Elastic:
         from .job import limit_threads
         from .server.server import window_sizes
 
-        roles = core.regroup_roles(merged, role, key, errors_return=self.ft is not None)
+        roles = core.rebuild_roles(merged, role, key)
         self.node_ranks = core.node_size(merged)
         limit_threads(merged, self.node_ranks)
         windows = []

@@ -144,7 +144,7 @@ def _recover_once(state, server_clocks, server_examples, server_epochs, t0) -> R
                             "'continue' survives the loss of workers only); the job stops and "
                             "resumes from its last checkpoint on a restart (hpcps run "
                             "--max-restarts, or the Slurm script's requeue)")
-    roles = core.regroup_roles(new_ps, r.role, r.index, layout, errors_return=True)
+    roles = core.rebuild_roles(new_ps, r.role, r.index)
     role_comm, workers = roles.role_comm, list(roles.worker_ranks)
     n_old = len(old_workers)
     agreed = np.zeros(3 * n_old, dtype=np.int64)       # clocks, examples, epochs

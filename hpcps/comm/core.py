@@ -233,46 +233,43 @@ def split_roles(comm: MPI.Intracomm, n_servers: int) -> Roles:
     )
 
 
-def regroup_roles(ps: MPI.Intracomm, role: str, key: int, layout=None,
-                  errors_return: bool = False) -> Roles:
+def rebuild_roles(ps: MPI.Intracomm, role: str, key: int, world=None) -> Roles:
     """Roles over a new communicator ``ps`` on which every rank keeps its role: after a
     ``Shrink`` (survivors, :mod:`hpcps.recovery`) or a ``Spawn`` + ``Merge`` (the job plus
-    added workers, :mod:`hpcps.elastic`). Collective over ``ps``.
+    added workers, :mod:`hpcps.elastic`). Collective over ``ps`` (one Allgather, one Split).
 
     Parameters
     ----------
     ps : MPI.Intracomm
-        Every rank of the job; becomes both ``Roles.world`` and ``Roles.ps``.
+        Every rank of the job; becomes ``Roles.ps`` as is (not duplicated).
     role : {"worker", "server"}
         This rank's role.
     key : int
         This rank's sort key within its role: its old index (added workers: after every old
-        one), so that indices keep their relative order.
-    layout : int64 ndarray (ps size, 2), optional
-        ``[is_server, key]`` of every rank of ``ps`` if the caller gathered it already;
-        gathered here otherwise (one Allgather).
-    errors_return : bool
-        Set ``MPI.ERRORS_RETURN`` on the new role communicator (continue mode).
+        one), so that indices keep their relative order (ties: ``ps`` rank order).
+    world : MPI.Intracomm, optional
+        Recorded as ``Roles.world`` (default ``ps``).
 
     Returns
     -------
     Roles
         Indices ``0..n-1`` per role in ``key`` order; ``worker_ranks``/``server_ranks`` are
-        ranks of ``ps``.
+        ranks of ``ps``. The role communicator handles errors as ``ps`` does.
     """
-    is_server = role == SERVER
-    if layout is None:
-        layout = np.empty((ps.Get_size(), 2), dtype=np.int64)
-        ps.Allgather(np.array([1 if is_server else 0, key], dtype=np.int64), layout)
-    role_comm = ps.Split(1 if is_server else 0, key)
-    if errors_return:
-        role_comm.Set_errhandler(MPI.ERRORS_RETURN)
-    ranks = range(ps.Get_size())
-    return Roles(world=ps, ps=ps, role_comm=role_comm, role=role, index=role_comm.Get_rank(),
-                 worker_ranks=tuple(sorted((i for i in ranks if layout[i, 0] == 0),
-                                           key=lambda i: int(layout[i, 1]))),
-                 server_ranks=tuple(sorted((i for i in ranks if layout[i, 0] == 1),
-                                           key=lambda i: int(layout[i, 1]))))
+    is_server = 1 if role == SERVER else 0
+    layout = np.empty((ps.Get_size(), 2), dtype=np.int64)
+    ps.Allgather(np.array([is_server, key], dtype=np.int64), layout)
+    role_comm = ps.Split(is_server, key)
+    handler = ps.Get_errhandler()
+    role_comm.Set_errhandler(handler)
+    handler.Free()
+
+    def ranks(kind):
+        return tuple(sorted((i for i in range(ps.Get_size()) if layout[i, 0] == kind),
+                            key=lambda i: (int(layout[i, 1]), i)))
+
+    return Roles(world=ps if world is None else world, ps=ps, role_comm=role_comm, role=role,
+                 index=role_comm.Get_rank(), worker_ranks=ranks(0), server_ranks=ranks(1))
 
 
 @contextlib.contextmanager
