@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels.keys import choose_multiplier, inverse_multiplier, permute_keys
+from .kernels.keys import (choose_multiplier, inverse_multiplier, local_rows_into, permute_keys,
+                          route_keys)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,18 @@ class KeyPartition:
         """Server index of each key, int64."""
         return self.positions(keys) // self.range_size
 
+    def route(self, keys: np.ndarray):
+        """Server of each key in one pass (no temporary positions): ``(servers, counts,
+        grouped)`` — ``servers`` int64 (n,) or None with one server, ``counts`` keys per
+        server (int64 (n_servers,)), ``grouped`` True when ``servers`` is non-decreasing.
+
+        Raises
+        ------
+        ValueError
+            For a key outside ``[0, num_keys)`` (the message names the key).
+        """
+        return route_keys(keys, self.num_keys, self.multiplier, self.range_size, self.n_servers)
+
     def split(self, keys: np.ndarray):
         """Group ``keys`` by server.
 
@@ -178,8 +191,15 @@ class KeyPartition:
         np.cumsum(np.bincount(srv, minlength=self.n_servers), out=bounds[1:])
         return order, bounds
 
-    def local_rows(self, keys: np.ndarray, server: int) -> np.ndarray:
-        """Local row index of each key on ``server``.
+    def local_rows(self, keys: np.ndarray, server: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Local row index of each key on ``server``, int64 (one pass over the keys).
+
+        Parameters
+        ----------
+        keys : int64 array (n,)
+        server : int
+        out : int64 ndarray (n,), C-contiguous, optional
+            Where to write the rows; may be ``keys`` itself (in place). Default: a new array.
 
         Raises
         ------
@@ -187,12 +207,15 @@ class KeyPartition:
             If a key is outside the key space or not in this server's key range.
         """
         lo, hi = self.shard_range(server)
-        pos = self.positions(keys)
-        if pos.size and (pos.min() < lo or pos.max() >= hi):
-            bad = np.asarray(keys)[(pos < lo) | (pos >= hi)][0]
-            raise ValueError(f"key {bad} does not belong to server {server} "
-                             f"(key range [{lo}, {hi}) of the permuted space)")
-        return pos - lo
+        keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+        if out is None:
+            out = np.empty(keys.size, dtype=np.int64)
+        try:
+            return local_rows_into(keys, self.num_keys, self.multiplier, lo, hi, out)
+        except ValueError as e:
+            if "does not belong" in str(e):
+                raise ValueError(str(e).replace("this server", f"server {server}")) from None
+            raise
 
     def shard_keys(self, server: int) -> np.ndarray:
         """Original keys of the rows of ``server``'s shard, in local row order, int64."""

@@ -42,7 +42,8 @@ cdef extern from *:
     """
     uint64_t hpcps_mulmod_u64(uint64_t a, uint64_t b, uint64_t n) nogil
 
-__all__ = ["permute_keys", "permute_keys_into", "choose_multiplier", "inverse_multiplier"]
+__all__ = ["permute_keys", "permute_keys_into", "choose_multiplier", "inverse_multiplier",
+           "route_keys", "local_rows_into"]
 
 _INT64_MAX = (1 << 63) - 1
 # 1 / phi = 0.6180339887498948482045868343656..., scaled by 10**19 (rounded down).
@@ -267,3 +268,176 @@ def inverse_multiplier(num_keys, multiplier):
     """
     n, a = _check_space(num_keys, multiplier)
     return pow(a, -1, n) if n > 1 else 0
+
+
+# --------------------------------------------------------------------------------------
+# One pass over a request's keys: the client's grouping by server, the server's local rows
+# --------------------------------------------------------------------------------------
+
+cdef inline uint64_t _perm1(uint64_t k, uint64_t n, uint64_t a) noexcept nogil:
+    """p(k) = k * a mod n for k < n (the identity for a == 1)."""
+    if a == 1:
+        return k
+    if n <= (<uint64_t>1 << 32):
+        return (k * a) % n
+    return hpcps_mulmod_u64(k, a, n)
+
+
+cdef Py_ssize_t _route(const int64_t[::1] keys, uint64_t n, uint64_t a, uint64_t rsize,
+                       int64_t[::1] srv, int64_t[::1] counts, int* grouped) noexcept nogil:
+    """srv[i] = p(keys[i]) // rsize, counts[srv[i]] += 1, grouped = srv ascending; returns the
+    first i with keys[i] outside [0, n) (stopping there), else -1."""
+    cdef Py_ssize_t i, m = keys.shape[0]
+    cdef uint64_t k
+    cdef int64_t s, prev = 0
+    grouped[0] = 1
+    for i in range(m):
+        k = <uint64_t>keys[i]
+        if k >= n:
+            return i
+        s = <int64_t>(_perm1(k, n, a) // rsize)
+        srv[i] = s
+        counts[s] += 1
+        if s < prev:
+            grouped[0] = 0
+        prev = s
+    return -1
+
+
+cdef Py_ssize_t _in_space(const int64_t[::1] keys, uint64_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(keys.shape[0]):
+        if <uint64_t>keys[i] >= n:
+            return i
+    return -1
+
+
+def route_keys(keys, num_keys, multiplier, range_size, n_servers):
+    """Owner server of each key, in one pass: what a client needs to split a request.
+
+    Parameters
+    ----------
+    keys : ndarray of int64, shape (n,)
+        Keys in ``[0, num_keys)`` (other integer dtypes are converted).
+    num_keys, multiplier : int
+        The key permutation (see :func:`permute_keys`; ``multiplier`` 1 = identity).
+    range_size : int
+        Permuted positions per server (``ceil(num_keys / n_servers)``), >= 1.
+    n_servers : int
+        >= 1.
+
+    Returns
+    -------
+    servers : int64 ndarray (n,) or None
+        ``p(keys) // range_size``; None when ``n_servers == 1`` (every key is server 0's;
+        the keys are only checked).
+    counts : int64 ndarray (n_servers,)
+        Keys per server.
+    grouped : bool
+        True when ``servers`` is non-decreasing (the request is grouped by server already).
+
+    Raises
+    ------
+    ValueError
+        For a key outside ``[0, num_keys)`` (the message names the first such key), or bad
+        ``num_keys``/``multiplier``/``range_size``/``n_servers``.
+
+    Notes
+    -----
+    The same map as :func:`permute_keys` followed by an integer division, fused in one
+    nogil loop (no temporary of permuted positions).
+    """
+    n, a = _check_space(num_keys, multiplier)
+    keys = _keys_vector(keys)
+    cdef int64_t ns = operator.index(n_servers), rs = operator.index(range_size)
+    if ns < 1 or rs < 1 or int(ns) * int(rs) < n:
+        raise ValueError(f"range_size {rs} x n_servers {ns} does not cover num_keys {n}")
+    counts = np.zeros(ns, dtype=np.int64)
+    cdef const int64_t[::1] kv = keys
+    cdef uint64_t un = n, ua = a if n > 1 else 1, urs = rs
+    cdef Py_ssize_t bad
+    cdef int grouped = 1
+    cdef int64_t[::1] sv, cv
+    if ns == 1:
+        with nogil:
+            bad = _in_space(kv, un)
+        if bad < 0:
+            counts[0] = keys.shape[0]
+        srv = None
+    else:
+        srv = np.empty(keys.shape[0], dtype=np.int64)
+        sv, cv = srv, counts
+        with nogil:
+            bad = _route(kv, un, ua, urs, sv, cv, &grouped)
+    if bad >= 0:
+        raise ValueError(f"key {keys[bad]} is outside the key space [0, {n})")
+    return srv, counts, bool(grouped)
+
+
+cdef Py_ssize_t _local_rows(const int64_t[::1] keys, uint64_t n, uint64_t a, uint64_t lo,
+                            uint64_t hi, int64_t[::1] out, int* outside) noexcept nogil:
+    """out[i] = p(keys[i]) - lo; returns the first i whose key is outside [0, n)
+    (outside = 1) or whose position is outside [lo, hi) (outside = 0), stopping there."""
+    cdef Py_ssize_t i, m = keys.shape[0]
+    cdef uint64_t k, p
+    for i in range(m):
+        k = <uint64_t>keys[i]
+        if k >= n:
+            outside[0] = 1
+            return i
+        p = _perm1(k, n, a)
+        if p < lo or p >= hi:
+            outside[0] = 0
+            return i
+        out[i] = <int64_t>(p - lo)
+    return -1
+
+
+def local_rows_into(keys, num_keys, multiplier, lo, hi, out):
+    """Local rows ``p(keys) - lo`` of keys that must lie in the key range ``[lo, hi)``.
+
+    Parameters
+    ----------
+    keys : ndarray of int64, shape (n,)
+    num_keys, multiplier : int
+        The key permutation (see :func:`permute_keys`).
+    lo, hi : int
+        The server's key range in the permuted space, ``0 <= lo <= hi <= num_keys``.
+    out : ndarray of int64, shape (n,), C-contiguous, writeable
+        Receives the rows; may be ``keys`` itself (in place: the server turns a request's
+        keys into rows without a new array).
+
+    Returns
+    -------
+    out
+
+    Raises
+    ------
+    ValueError
+        Naming the first key outside ``[0, num_keys)`` or outside the key range; ``out`` is
+        then partly written.
+    """
+    n, a = _check_space(num_keys, multiplier)
+    keys = _keys_vector(keys)
+    if not isinstance(out, np.ndarray) or out.dtype != np.int64:
+        raise TypeError("out must be a numpy.ndarray of dtype int64")
+    if out.shape != keys.shape:
+        raise ValueError(f"out has shape {out.shape} but keys has shape {keys.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writeable")
+    lo, hi = operator.index(lo), operator.index(hi)
+    if not 0 <= lo <= hi <= n:
+        raise ValueError(f"key range [{lo}, {hi}) is not inside [0, {n})")
+    cdef const int64_t[::1] kv = keys
+    cdef int64_t[::1] ov = out
+    cdef uint64_t un = n, ua = a if n > 1 else 1, ulo = lo, uhi = hi
+    cdef Py_ssize_t bad
+    cdef int outside = 0
+    with nogil:
+        bad = _local_rows(kv, un, ua, ulo, uhi, ov, &outside)
+    if bad >= 0:
+        if outside:
+            raise ValueError(f"key {keys[bad]} is outside the key space [0, {n})")
+        raise ValueError(f"key {keys[bad]} does not belong to this server (key range "
+                         f"[{lo}, {hi}) of the permuted space)")
+    return out

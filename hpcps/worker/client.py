@@ -319,11 +319,11 @@ def _group(part: KeyPartition, keys: np.ndarray):
     """Group ``keys`` by server: ``(order, bounds)`` as :meth:`KeyPartition.split`, except that
     ``order`` is None when the keys are grouped already (always with one server, and for
     ascending key blocks of a dense table), which spares the caller a reordering copy of the
-    keys and of the rows. Raises ``ValueError`` for a key outside the key space."""
-    srv = part.server_of(keys)
-    if srv.size < 2 or bool(np.all(srv[1:] >= srv[:-1])):
-        bounds = np.zeros(part.n_servers + 1, dtype=np.int64)
-        np.cumsum(np.bincount(srv, minlength=part.n_servers), out=bounds[1:])
+    keys and of the rows. One pass over the keys (:meth:`KeyPartition.route`). Raises
+    ``ValueError`` for a key outside the key space."""
+    srv, counts, grouped = part.route(keys)
+    bounds = np.zeros(part.n_servers + 1, dtype=np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    if grouped:
         return None, bounds
-    return part.split(keys)
-
+    return np.argsort(srv, kind="stable"), bounds

@@ -271,6 +271,73 @@ def test_apply_sparse_equals_merge_then_rule_bitwise(dtype, name, R):
     np.testing.assert_array_equal(acc1, acc2)
 
 
+def _merge_then_rule(name, w, acc, keys, grads):
+    rows, summed = merge_duplicates(keys, grads)
+    if name == "sgd":
+        sparse_sgd(w, rows, summed, HP["lr"], HP["l2"], HP["scale"])
+    else:
+        sparse_adagrad(w, acc, rows, summed, **HP)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_apply_sparse_scatter_path_reuses_its_buffers_correctly(name):
+    """The scatter path keeps its zeroed sum buffer and touched-row bitmap between calls:
+    pushes of other tables (larger, smaller, other dim and dtype) and a failed push in
+    between must each give bitwise the merge-then-rule result (no sum left behind, no
+    duplicate lost)."""
+    rng = np.random.default_rng(31)
+    cases = [(100_000, 1, np.float32, 5000), (700, 3, np.float64, 9000), (200_001, 1, np.float32, 4000),
+             (100_000, 1, np.float32, 5000), (64, 2, np.float32, 300), (130_000, 1, np.float64, 3000)]
+    assert all(R <= kopt._SCATTER_ROWS_PER_KEY * n + kopt._DENSE_SPAN_SLACK for R, _, _, n in cases)
+    for i, (R, dim, dtype, n) in enumerate(cases):
+        keys = rng.choice(rng.integers(0, R, max(2, n // 10)), size=n)   # many duplicates
+        keys[:3] = [R - 1, 0, R - 1]                                    # ends of the bitmap
+        grads = rng.standard_normal((n, dim)).astype(dtype)
+        w1 = rng.standard_normal((R, dim)).astype(dtype)
+        acc1 = np.full((R, dim), 0.5, dtype)
+        w2, acc2 = w1.copy(), acc1.copy()
+        apply_sparse(name, w1, acc1, keys, grads, **HP)
+        _merge_then_rule(name, w2, acc2, keys, grads)
+        np.testing.assert_array_equal(w1, w2, err_msg=f"case {i}")
+        np.testing.assert_array_equal(acc1, acc2, err_msg=f"case {i}")
+        if i == 2:                       # a push with a bad key between two good ones
+            bad = keys.copy()
+            bad[n // 2] = R
+            w3 = w1.copy()
+            with pytest.raises(ValueError, match=rf"keys\[{n // 2}\] = {R} is out of range"):
+                apply_sparse(name, w3, acc1.copy(), bad, grads, **HP)
+            np.testing.assert_array_equal(w3, w1)
+
+
+def test_apply_sparse_scatter_path_from_two_threads():
+    """Two threads applying at once: one uses the kept buffers, the other fresh ones; both
+    results are right."""
+    import threading
+
+    rng = np.random.default_rng(32)
+    R, n = 50_000, 200_000
+    jobs = []
+    for _ in range(4):
+        keys = rng.integers(0, R, n)
+        grads = rng.standard_normal((n, 1)).astype(np.float32)
+        w = rng.standard_normal((R, 1)).astype(np.float32)
+        ref, acc_ref = w.copy(), np.full((R, 1), 0.5, np.float32)
+        _merge_then_rule("adagrad", ref, acc_ref, keys, grads)
+        jobs.append((w, np.full((R, 1), 0.5, np.float32), keys, grads, ref))
+
+    def run(job):
+        for _ in range(1):
+            apply_sparse("adagrad", job[0], job[1], job[2], job[3], **HP)
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for w, _, _, _, ref in jobs:
+        np.testing.assert_array_equal(w, ref)
+
+
 @pytest.mark.parametrize("name", ["sgd", "adagrad"])
 def test_apply_sparse_out_of_range_on_merge_path(name):
     R = 3_000_000  # push much smaller than the table: merge path, not the dense buffer

@@ -166,3 +166,42 @@ def test_int64_key_spaces_beyond_2_32_keep_one_home_per_key(num_keys, n_servers,
         rows = part.local_rows(mine, int(s))
         assert ((rows >= 0) & (rows < hi - lo)).all()
         np.testing.assert_array_equal(rows + lo, part.positions(mine))
+
+
+@pytest.mark.parametrize("n_servers", [1, 3, 4])
+@pytest.mark.parametrize("num_keys, permute", [(1000, True), (1000, False), ((1 << 40) + 15, True)])
+def test_route_matches_server_of_and_counts(n_servers, num_keys, permute):
+    part = KeyPartition(num_keys, n_servers, permute=permute)
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, num_keys, 5000, dtype=np.int64)
+    srv, counts, grouped = part.route(keys)
+    owner = part.server_of(keys)
+    if n_servers == 1:
+        assert srv is None and grouped
+    else:
+        np.testing.assert_array_equal(srv, owner)
+        assert not grouped                       # random keys are not grouped by server
+    np.testing.assert_array_equal(counts, np.bincount(owner, minlength=n_servers))
+    srt = keys[np.argsort(owner, kind="stable")]
+    assert part.route(srt)[2]                    # grouped by server: no reordering needed
+
+
+def test_route_and_local_rows_name_the_bad_key():
+    part = KeyPartition(100, 3)
+    for bad in (-1, 100, 2**40):
+        with pytest.raises(ValueError, match=rf"key {bad}\b.*outside the key space"):
+            part.route(np.array([5, bad]))
+        with pytest.raises(ValueError, match=rf"key {bad}\b.*outside the key space"):
+            part.local_rows(np.array([5, bad]), 0)
+
+
+def test_local_rows_in_place():
+    part = KeyPartition(1 << 20, 2)
+    rng = np.random.default_rng(4)
+    keys = rng.integers(0, 1 << 20, 4000, dtype=np.int64)
+    mine = keys[part.server_of(keys) == 1]
+    expect = part.positions(mine) - part.shard_range(1)[0]
+    buf = mine.copy()
+    out = part.local_rows(buf, 1, out=buf)
+    assert out is buf
+    np.testing.assert_array_equal(buf, expect)
