@@ -88,11 +88,11 @@ class Bench:
 
     def serve_block(self) -> None:
         """Server side of one hpcps block: serve until every worker sent STOP, then drop
-        the queued (never clocked) pushes."""
+        the queued (never clocked) pushes, their buffers back in the server's pool as after
+        a clock's update."""
         self.server.stopped.clear()
         self.server.serve()
-        self.server.pending.clear()
-        self.server.examples.clear()
+        self.server.discard_pending()
 
     def end_block(self) -> None:
         """Worker side: end an hpcps block (STOP to every server; not timed)."""

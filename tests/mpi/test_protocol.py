@@ -17,17 +17,22 @@ from hpcps.tables import TableSpec
 from hpcps.worker.client import PSClient
 
 
-def _ps(comm, n_servers, tables, worker_fn, max_bytes=1 << 30):
-    """Run a parameter server on ``comm``: servers serve, workers call ``worker_fn(client, roles)``."""
+def _ps(comm, n_servers, tables, worker_fn, max_bytes=1 << 30, policy=None, server_fn=None):
+    """Run a parameter server on ``comm``: servers serve (then ``server_fn(server)`` is
+    returned), workers call ``worker_fn(client, roles)``."""
     roles = core.split_roles(comm, n_servers)
+    policy = policy or BSP()
     result = None
     try:
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, max_bytes)
-            ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks, tables, BSP()).serve()
+            server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks, tables,
+                                     policy)
+            server.serve()
+            result = server_fn(server) if server_fn else None
         else:
             ep = WorkerEndpoint(roles.ps, roles.server_ranks, max_bytes)
-            client = PSClient(ep, [t[0] for t in tables], roles.n_servers)
+            client = PSClient(ep, [t[0] for t in tables], roles.n_servers, policy)
             try:
                 result = worker_fn(client, roles)
             finally:
@@ -61,6 +66,54 @@ def test_duplicate_keys_summed_across_workers_and_servers(dtype):
         want = np.array([[-3 * s * scale] * 2, [-s * scale] * 2, [0, 0], [-3 * s * scale] * 2])
         np.testing.assert_allclose(got, want, rtol=1e-6)
         assert got.dtype == np.dtype(dtype)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", ["bsp", "async"])
+def test_pooled_push_buffers_reused_across_clocks(mode):
+    """Pushes large enough for the server's buffer pool, over several clocks (the buffers of
+    one clock are reused by the next), one larger than every pooled buffer: every duplicate
+    key is summed, across workers and clocks, and the pool did reuse buffers."""
+    from hpcps.comm.transport import POOL_MIN_BYTES
+    from hpcps.consistency import Async
+
+    comm = MPI.COMM_WORLD
+    num_keys, dim = 4000, 2
+    spec = TableSpec("w", num_keys, dim, "float64", sparse=True)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+    sizes = [20_000, 90_000, 5_000, 20_000, 20_000]   # keys per push; the 2nd outgrows the pool
+    assert 5_000 * dim * 8 >= POOL_MIN_BYTES
+
+    def push_of(step, worker):
+        rng = np.random.default_rng(100 * step + worker)
+        keys = rng.integers(0, num_keys // 10, sizes[step])            # ~50 copies of each key
+        return keys, rng.standard_normal((sizes[step], dim))
+
+    def work(client, roles):
+        seen = []
+        for step in range(len(sizes)):
+            keys, grads = push_of(step, roles.index)
+            client.push("w", keys, grads, n_examples=1)
+            client.clock(1)
+            seen.append(client.pull("w", np.arange(num_keys), fresh=True))
+        return seen
+
+    policy = BSP() if mode == "bsp" else Async()
+    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work, policy=policy,
+                     server_fn=lambda s: s.ep.pool.reused)
+    if roles.role == core.WORKER:
+        nw = roles.n_workers
+        w = np.zeros((num_keys, dim))
+        for step in range(len(sizes)):
+            for worker in range(nw):
+                keys, grads = push_of(step, worker)
+                G = np.zeros((num_keys, dim))
+                np.add.at(G, keys, grads)
+                w -= G / (nw if mode == "bsp" else 1)   # BSP: 1/examples of the step; async: 1/1
+            if mode == "bsp" or step == len(sizes) - 1:   # async: later pushes may show early
+                np.testing.assert_allclose(got[step], w, rtol=1e-12, atol=1e-9)
+    else:
+        assert got > 0                                   # buffers were reused
 
 
 @pytest.mark.mpi(min_size=3)

@@ -60,3 +60,19 @@ def test_without_a_vote_only_the_own_gradient_is_dropped():
                             "max_nonfinite_steps = 1)")
     with pytest.raises(NonFiniteError):
         g.check(10, BAD_GRADIENT)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_finite_sum_shortcut_and_overflowing_finite_values(dtype):
+    from hpcps.optim import all_finite
+
+    big = np.full(1000, np.finfo(dtype).max / 2, dtype=dtype)   # finite; the sum overflows
+    assert all_finite(big)
+    for bad in (np.nan, np.inf, -np.inf):
+        x = np.ones(1000, dtype=dtype)
+        x[617] = bad
+        assert not all_finite(x)
+        y = big.copy()
+        y[3] = bad
+        assert not all_finite(y)
+    assert all_finite(np.arange(10)) and all_finite(np.empty(0, dtype))
