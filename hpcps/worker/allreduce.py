@@ -82,6 +82,10 @@ class AllReduceClient:
             raise ValueError(f"pull from {spec.name!r}: key out of range [0, {spec.num_keys})")
         return self.w[tid][keys]
 
+    def pull_many(self, requests: dict, fresh: bool = False) -> dict:
+        """``{table: keys}`` -> ``{table: rows}``, as :meth:`pull` per table."""
+        return {t: self.pull(t, k, fresh) for t, k in requests.items()}
+
     def push(self, table, keys, grads, n_examples: int = 0, versions=None) -> None:
         """Hold gradient sums for ``keys`` until this step's :meth:`clock`."""
         tid, spec = self._table(table)

@@ -103,6 +103,37 @@ class PSClient:
             For a key outside the table's key space, or an ``out`` of the wrong shape, dtype
             or layout.
         """
+        return self.pull_many({table: keys}, fresh, {table: out} if out is not None else None)[table]
+
+    def pull_many(self, requests: dict, fresh: bool = False, outs: dict | None = None) -> dict:
+        """Rows of several tables in one exchange: ``{table: keys}`` -> ``{table: rows}``.
+
+        Every table's requests to every server are posted before any reply is awaited, so a
+        step that reads several tables (weights and bias) waits for one round trip, not one
+        per table. Arguments and errors as :meth:`pull` (``outs``: ``{table: out}``).
+        Point-to-point; not collective.
+        """
+        # check and group every request first: a bad key raises before anything is sent
+        todo = [self._pull_prepare(table, keys, outs.get(table) if outs else None)
+                for table, keys in requests.items()]
+        for t in todo:
+            if t[2] is not None:
+                self._pull_post(*t[1:], fresh)
+        if not self.windows and any(t[2] is not None for t in todo):
+            self.ep.complete(tp.PULL)
+        result = {}
+        for table, tid, sorted_keys, order, bounds, buf, out, hdrs in todo:
+            if sorted_keys is not None:
+                for s in range(self.n_servers):
+                    if bounds[s] < bounds[s + 1]:
+                        self._saw(tid, s, hdrs[s])
+                if order is not None:
+                    out[order] = buf
+            result[table] = out
+        return result
+
+    def _pull_prepare(self, table, keys, out):
+        """Check a pull and group its keys by server; allocate what it needs."""
         tid, spec, part = self._table(table)
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
         if out is None:
@@ -115,12 +146,18 @@ class PSClient:
                              f"{getattr(out, 'dtype', type(out).__name__)} "
                              f"{getattr(out, 'shape', '')}")
         if keys.size == 0:
-            return out
+            return table, tid, None, None, None, out, out, None
         order, bounds = _group(part, keys)
         sorted_keys = keys if order is None else keys[order]
         buf = out if order is None else np.empty_like(out)   # in order already: no reordering
         hdrs = np.zeros((self.n_servers, self.header_len), dtype=np.int64)
+        return table, tid, sorted_keys, order, bounds, buf, out, hdrs
+
+    def _pull_post(self, tid, sorted_keys, order, bounds, buf, out, hdrs, fresh) -> None:
+        """Start a prepared pull: post its receives and requests (p2p, completed by the
+        caller) or read the windows (RMA, complete on return)."""
         if self.windows:
+            spec, part = self.specs[tid], self.parts[tid]
             self._pull_rma(tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh)
         else:
             for s in range(self.n_servers):
@@ -131,14 +168,7 @@ class PSClient:
                 self.ep.expect_header(s, hdrs[s], tp.PULL)
                 self.ep.send(s, tp.make_header(tp.PULL, tid, self.clock_value, b - a, seq=self.seq,
                                                aux=int(fresh)), sorted_keys[a:b])
-            self.ep.complete(tp.PULL)
-        for s in range(self.n_servers):
-            if bounds[s] < bounds[s + 1]:
-                self._saw(tid, s, hdrs[s])
-        if order is not None:
-            out[order] = buf
         self.seq += 1
-        return out
 
     def _pull_rma(self, tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh) -> None:
         """One-sided reads of each server's window (see :meth:`ShardWindow.read`)."""

@@ -150,7 +150,7 @@ class SyncSteps:
         if rows.size:
             Xb, yb = self.X[rows], self.y[rows]
             keys = self.model.batch_keys(Xb)
-            params = {t: self.client.pull(t, k) for t, k in keys.items()}
+            params = self.client.pull_many(keys)     # one round trip for every table
             loss, grads = self.model.loss_grad(Xb, yb, keys, params)
             code = self.guard.code(loss, grads, self.dtypes)
         if not self.guard.check(self.client.clock_value, code):
@@ -262,7 +262,7 @@ class DownpourSteps:
         span = self.order[i * self.B:min(i + self.policy.n_fetch, self.steps) * self.B]
         keys = self.model.batch_keys(self.X[span]) if span.size else {}
         self.cache_keys = keys
-        self.cache = {t: self.client.pull(t, k) for t, k in keys.items()}
+        self.cache = self.client.pull_many(keys)
         self.cache_versions = {t: self.client.read_version[self.client.ids[t]].copy() for t in keys}
 
     def step(self, i: int, rows, final: bool = False) -> float:

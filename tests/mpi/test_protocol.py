@@ -117,6 +117,37 @@ def test_pooled_push_buffers_reused_across_clocks(mode):
 
 
 @pytest.mark.mpi(min_size=3)
+def test_pull_many_equals_one_pull_per_table():
+    """pull_many posts every table's requests before waiting: the rows are those of one pull
+    per table (sparse and dense tables, an empty key set, keys on every server), and a bad
+    key in any table raises before anything is sent (the next exchange is unaffected)."""
+    comm = MPI.COMM_WORLD
+    sparse = TableSpec("w", 3001, 2, "float64", sparse=True)
+    dense = TableSpec("b", 17, 1, "float32", sparse=False)
+    tables = [(sparse, Optimizer("sgd", 1.0)), (dense, Optimizer("sgd", 1.0))]
+
+    def work(client, roles):
+        rng = np.random.default_rng(roles.index)
+        for step in range(3):
+            client.push("w", rng.integers(0, 3001, 400), rng.standard_normal((400, 2)))
+            client.push("b", np.arange(17), rng.standard_normal((17, 1)))
+            client.clock(1)
+            keys = {"w": rng.integers(0, 3001, 300), "b": np.array([16, 0, 3, 3])}
+            both = client.pull_many(keys)
+            assert set(both) == {"w", "b"}
+            for t, k in keys.items():
+                np.testing.assert_array_equal(both[t], client.pull(t, k))
+            empty = client.pull_many({"w": np.empty(0, np.int64), "b": np.array([5])})
+            assert empty["w"].shape == (0, 2) and empty["b"].shape == (1, 1)
+            with pytest.raises(ValueError, match=r"key 17\b.*outside the key space"):
+                client.pull_many({"w": np.array([1, 2]), "b": np.array([17])})
+        return True
+
+    roles, ok = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    assert roles.role == core.SERVER or ok
+
+
+@pytest.mark.mpi(min_size=3)
 def test_bsp_pull_sees_exactly_previous_clock():
     """Under BSP the pull at clock t shows all workers' updates of clocks < t, none newer."""
     comm = MPI.COMM_WORLD
