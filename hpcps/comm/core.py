@@ -340,6 +340,18 @@ def native_contiguous(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
 
 
+_MPI_TYPES: dict = {}
+
+
+def mpi_type(dtype: np.dtype) -> MPI.Datatype:
+    """The MPI datatype of a numpy dtype (``mpi4py.util.dtlib.from_numpy_dtype``, cached: it
+    took ~2.5 % of a small request's time on each side). Local."""
+    t = _MPI_TYPES.get(dtype)
+    if t is None:
+        t = _MPI_TYPES[dtype] = from_numpy_dtype(dtype)
+    return t
+
+
 def chunk_slices(n_elements: int, itemsize: int, max_bytes: int) -> list[slice]:
     """Split ``n_elements`` items into slices of at most ``max_bytes`` bytes (≥ 1 item each).
 
@@ -361,7 +373,7 @@ def isend_array(comm: MPI.Comm, a: np.ndarray, dest: int, tag: int, max_bytes: i
     """
     a = native_contiguous(a)
     flat = a.reshape(-1)
-    dt = from_numpy_dtype(a.dtype)
+    dt = mpi_type(a.dtype)
     for s in chunk_slices(flat.size, a.itemsize, max_bytes):
         part = flat[s]
         requests.append(comm.Isend([part, part.size, dt], dest=dest, tag=tag))
@@ -374,7 +386,7 @@ def irecv_array(comm: MPI.Comm, out: np.ndarray, source: int, tag: int, max_byte
     if not (out.flags.c_contiguous and out.dtype.isnative):
         raise ValueError("receive buffer must be C-contiguous with native byte order")
     flat = out.reshape(-1)
-    dt = from_numpy_dtype(out.dtype)
+    dt = mpi_type(out.dtype)
     for s in chunk_slices(flat.size, out.itemsize, max_bytes):
         part = flat[s]
         requests.append(comm.Irecv([part, part.size, dt], source=source, tag=tag))

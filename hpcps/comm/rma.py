@@ -36,10 +36,9 @@ import time
 
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util.dtlib import from_numpy_dtype
 
 from ..kernels.optim import take_rows
-from .core import chunk_slices
+from .core import chunk_slices, mpi_type
 
 #: Back-off of a reader waiting for a fresh enough shard, seconds (doubles up to the max).
 RETRY_SLEEP_MIN = 2e-6
@@ -227,7 +226,7 @@ class ShardWindow:
         of ``Win.Get``, ``types`` the committed datatypes to free after the epoch,
         ``gather`` None or ``(rows view of the span, row indices)``. Local.
         """
-        base = from_numpy_dtype(rows_out.dtype)
+        base = mpi_type(rows_out.dtype)
         n = offs.size
         dim = rows_out.size // n
         row = dim * rows_out.itemsize
