@@ -57,7 +57,7 @@ def payload_bytes(table, op, k, hl):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=6)
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD

@@ -7,11 +7,14 @@ Two modes, by world size::
 
 *Ratio* (2 ranks): the worker pulls through :class:`hpcps.worker.client.PSClient` with the
 server's :class:`hpcps.comm.rma.ShardWindow` windows (one ``Lock(SHARED)`` epoch: ``Get`` the
-shard header, ``Flush``, check freshness, ``Get`` the rows with an ``hindexed_block`` datatype,
-``Unlock``), and, interleaved, with raw mpi4py calls on a window of the same layout made with
-``MPI.Win.Allocate``: ``Lock(SHARED)``, ``Get`` of the header and of the same row bytes —
-one contiguous ``Get`` for a dense block, an ``hindexed_block`` ``Get`` of the same offsets for
-sparse keys — ``Unlock``. Both read into buffers reused between reads (hpcps:
+shard header, ``Flush``, check freshness, ``Get`` the rows, ``Unlock``; hpcps reads a run of
+adjacent rows with one contiguous ``Get``, and scattered rows either with an ``hindexed``
+datatype or — when they are dense enough, ``SPAN_BYTES_PER_ROW`` — as the whole byte span
+from the first to the last row in one ``Get``, picked out locally), and, interleaved, with raw
+mpi4py calls on a window of the same layout made with ``MPI.Win.Allocate``: ``Lock(SHARED)``,
+``Get`` of the header and of the same row bytes — one contiguous ``Get`` for a dense block,
+an ``hindexed_block`` ``Get`` of the same offsets for sparse keys (what a user reading rows by
+hand writes; Open MPI walks it row by row) — ``Unlock``. Both read into buffers reused between reads (hpcps:
 ``pull(..., out=buf)``). Dense blocks of 1 KiB rows, 8 KiB ... 64 MiB; sparse pulls of
 1 k ... 1 M keys of a dim-1 float32 table. Ratio raw time / hpcps time, goal >= 0.8.
 
@@ -64,7 +67,7 @@ def raw_get(win, target, hdr, out, offsets=None, contiguous_at=None):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--fanin", action="store_true", help="only the fan-in curve (any world size)")
     ap.add_argument("--fanin-bytes", type=int, default=8 << 20)
     benchlib.add_common_args(ap)

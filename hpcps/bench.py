@@ -44,7 +44,7 @@ def suite(quick: bool, tmp: Path) -> list[dict]:
         {"name": "pushpull", "ranks": 2, "script": "bench_pushpull.py", "args": q + j("pushpull")},
         {"name": "rma", "ranks": 2, "script": "bench_rma.py", "args": q + j("rma")},
         {"name": "rma_fanin", "ranks": 3 if quick else 5, "script": "bench_rma.py",
-         "args": q + ["--fanin"] + j("rma_fanin")},
+         "args": q + ["--fanin", "--reps", "4"] + j("rma_fanin")},
         {"name": "checkpoint", "ranks": 0, "script": "bench_checkpoint.py",
          "args": q + ([] if quick else ["--run"]) + j("checkpoint")},
         {"name": "e2e", "ranks": 0, "script": "bench_e2e.py", "args": q + j("e2e")},
