@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -407,8 +408,24 @@ def recv_array(comm: MPI.Comm, out: np.ndarray, source: int, tag: int, max_bytes
     _waitall(reqs)
 
 
-def waitall(requests: list) -> None:
+#: Back-off of a polling wait (:func:`waitall` with ``spin``), seconds: doubles from MIN to MAX.
+POLL_SLEEP_MIN = 2e-6
+POLL_SLEEP_MAX = 2e-4
+
+
+def waitall(requests: list, spin: float | None = None) -> None:
     """Complete a list of requests made by :func:`isend_array`/:func:`irecv_array`.
+
+    Parameters
+    ----------
+    requests : list of MPI.Request
+        Emptied on return.
+    spin : float or None
+        None: ``MPI_Waitall`` (Open MPI busy-polls inside it). Else seconds to poll with
+        ``MPI_Testall`` before sleeping between polls (doubling back-off up to
+        ``POLL_SLEEP_MAX``), so that a rank waiting for a long reply leaves the CPU to the
+        ranks doing the work when they share cores (the server's gather of a 1 M-row pull
+        ran 3-4x slower beside one busy-polling process here).
 
     Raises
     ------
@@ -417,7 +434,10 @@ def waitall(requests: list) -> None:
         failed peer is recognised (:func:`hpcps.comm.ft.is_peer_failure`).
     """
     if requests:
-        _waitall(requests)
+        if spin is None:
+            _waitall(requests)
+        else:
+            _pollall(requests, spin)
         requests.clear()
 
 
@@ -436,10 +456,29 @@ def _waitall(reqs) -> None:
     try:
         MPI.Request.Waitall(reqs, statuses)
     except MPI.Exception as e:
-        _abandon(reqs)       # a peer failed: nothing may stay pending until MPI_Finalize
-        if e.Get_error_class() == MPI.ERR_IN_STATUS:
-            for st in statuses:
-                err = st.Get_error()
-                if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
-                    raise MPI.Exception(err) from None
-        raise
+        _failed(e, reqs, statuses)
+
+
+def _pollall(reqs, spin: float) -> None:
+    statuses = [MPI.Status() for _ in reqs]
+    t0 = time.perf_counter()
+    sleep = POLL_SLEEP_MIN
+    try:
+        while not MPI.Request.Testall(reqs, statuses):
+            if time.perf_counter() - t0 < spin:
+                continue
+            time.sleep(sleep)
+            sleep = min(2 * sleep, POLL_SLEEP_MAX)
+    except MPI.Exception as e:
+        _failed(e, reqs, statuses)
+
+
+def _failed(e, reqs, statuses):
+    """Raise the error of a failed wait, with the failed request's own error class."""
+    _abandon(reqs)       # a peer failed: nothing may stay pending until MPI_Finalize
+    if e.Get_error_class() == MPI.ERR_IN_STATUS:
+        for st in statuses:
+            err = st.Get_error()
+            if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                raise MPI.Exception(err) from None
+    raise e

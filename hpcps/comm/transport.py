@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from .core import irecv_array, isend_array, recv_array, waitall
+from .core import cores_dedicated, irecv_array, isend_array, recv_array, waitall
 
 # ops
 PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
@@ -79,16 +79,24 @@ class WorkerEndpoint:
 
     Point-to-point only; no method is collective. Requests to several servers are started
     together (non-blocking) and completed by :meth:`complete`, so transfers to different
-    servers overlap and no ordering between servers can deadlock.
+    servers overlap and no ordering between servers can deadlock. ``wait_spin`` (seconds,
+    or None for ``MPI_Waitall``) is how :meth:`complete` waits; the default depends on
+    whether the launcher gave each rank a core (:data:`WAIT_SPIN`).
     """
 
-    def __init__(self, ps: MPI.Intracomm, server_ranks, max_message_bytes: int):
+    def __init__(self, ps: MPI.Intracomm, server_ranks, max_message_bytes: int,
+                 wait_spin: float | None = -1.0):
         self.comm = ps
         self.server_ranks = tuple(server_ranks)
         self.max_bytes = int(max_message_bytes)
         self.stats = TrafficStats()
         self._reqs: list = []
         self._keep: list = []
+        if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
+            wait_spin = None if cores_dedicated() else WAIT_SPIN
+        #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
+        #: seconds, then sleeps between polls (:func:`hpcps.comm.core.waitall`)
+        self.wait_spin = wait_spin
 
     def send(self, server: int, header: np.ndarray, keys=None, values=None) -> None:
         """Start sending one request (header, then keys, then values) to server index ``server``."""
@@ -117,10 +125,16 @@ class WorkerEndpoint:
     def complete(self, op: int) -> None:
         """Wait for every started send and receive; time it under ``op``."""
         t0 = time.perf_counter()
-        waitall(self._reqs)
+        waitall(self._reqs, self.wait_spin)
         self._keep.clear()
         self.stats.add(op, seconds=time.perf_counter() - t0)
 
+
+#: Seconds a worker polls for its replies before it sleeps between polls, when its node's
+#: cores are oversubscribed (or the launcher did not say); with a core per rank it waits in
+#: ``MPI_Waitall``. Like the server's ``IDLE_SPIN``: a busy-polling worker takes CPU from the
+#: server (and the other workers) that must produce the reply.
+WAIT_SPIN = 5e-5
 
 #: Receive buffers of at least this many bytes come from a :class:`BufferPool` (smaller
 #: ones from ``np.empty``, whose small allocations malloc serves from memory already mapped).

@@ -4,6 +4,8 @@
 Run: ``mpirun -n 3 python -m pytest --with-mpi tests/mpi/test_protocol.py``.
 """
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -263,3 +265,28 @@ def test_block_pulls_into_a_buffer_and_grouped_or_scattered_keys_agree():
         np.testing.assert_allclose(in_order, -np.tile(ks[:, None], (1, 2)).astype(np.float64))
         np.testing.assert_array_equal(scattered, in_order[::-1])
         assert nw >= 2
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("spin", [None, 0.0, 1e-4])
+def test_waitall_polling_completes_late_messages(spin):
+    """waitall with a spin time polls with Testall and sleeps between polls: a message that
+    arrives 0.2 s late is still received whole (and the chunked receive completes)."""
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        data = np.arange(300_000, dtype=np.float64)
+        if comm.rank == 1:
+            time.sleep(0.2)
+            core.send_array(comm, data, 0, 7, 1 << 20)
+        elif comm.rank == 0:
+            out = np.zeros_like(data)
+            reqs: list = []
+            core.irecv_array(comm, out, 1, 7, 1 << 20, reqs)
+            assert len(reqs) == 3
+            t0 = time.perf_counter()
+            core.waitall(reqs, spin)
+            assert reqs == [] and time.perf_counter() - t0 >= 0.15
+            np.testing.assert_array_equal(out, data)
+        comm.Barrier()
+    finally:
+        comm.Free()
