@@ -131,6 +131,16 @@ def _keys_vector(keys):
     return np.ascontiguousarray(keys, dtype=np.int64)
 
 
+def _check_out(out, keys):
+    """``out`` must be a writeable C-contiguous int64 array shaped like ``keys``."""
+    if not isinstance(out, np.ndarray) or out.dtype != np.int64:
+        raise TypeError("out must be a numpy.ndarray of dtype int64")
+    if out.shape != keys.shape:
+        raise ValueError(f"out has shape {out.shape} but keys has shape {keys.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writeable")
+
+
 def permute_keys_into(keys, num_keys, multiplier, out):
     """Write ``(keys * multiplier) mod num_keys`` into ``out`` (exact, 128-bit product).
 
@@ -168,12 +178,7 @@ def permute_keys_into(keys, num_keys, multiplier, out):
     """
     n, a = _check_space(num_keys, multiplier)
     keys = _keys_vector(keys)
-    if not isinstance(out, np.ndarray) or out.dtype != np.int64:
-        raise TypeError("out must be a numpy.ndarray of dtype int64")
-    if out.shape != keys.shape:
-        raise ValueError(f"out has shape {out.shape} but keys has shape {keys.shape}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("out must be C-contiguous and writeable")
+    _check_out(out, keys)
     cdef const int64_t[::1] kv = keys
     cdef int64_t[::1] ov = out
     cdef uint64_t un = n, ua = a
@@ -445,12 +450,7 @@ def local_rows_into(keys, num_keys, multiplier, lo, hi, out):
     """
     n, a = _check_space(num_keys, multiplier)
     keys = _keys_vector(keys)
-    if not isinstance(out, np.ndarray) or out.dtype != np.int64:
-        raise TypeError("out must be a numpy.ndarray of dtype int64")
-    if out.shape != keys.shape:
-        raise ValueError(f"out has shape {out.shape} but keys has shape {keys.shape}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("out must be C-contiguous and writeable")
+    _check_out(out, keys)
     lo, hi = operator.index(lo), operator.index(hi)
     if not 0 <= lo <= hi <= n:
         raise ValueError(f"key range [{lo}, {hi}) is not inside [0, {n})")
