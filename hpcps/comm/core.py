@@ -113,14 +113,16 @@ def any_rank_failed(comm: MPI.Intracomm, failed: bool) -> bool:
     """True on every rank if ``failed`` is true on any. Collective (one Allreduce)."""
     flag = np.array([1 if failed else 0], dtype=np.int32)
     out = np.zeros(1, dtype=np.int32)
-    comm.Allreduce(flag, out, op=MPI.MAX)
+    collective(lambda: comm.Iallreduce(flag, out, op=MPI.MAX),
+               lambda: comm.Allreduce(flag, out, op=MPI.MAX), flag, out)
     return bool(out[0])
 
 
 def node_sum(comm: MPI.Intracomm, value: int) -> int:
     """Sum of an int over ``comm`` (e.g. the ranks of one node). Collective."""
-    out = np.zeros(1, dtype=np.int64)
-    comm.Allreduce(np.array([value], dtype=np.int64), out, op=MPI.SUM)
+    a, out = np.array([value], dtype=np.int64), np.zeros(1, dtype=np.int64)
+    collective(lambda: comm.Iallreduce(a, out, op=MPI.SUM),
+               lambda: comm.Allreduce(a, out, op=MPI.SUM), a, out)
     return int(out[0])
 
 
@@ -221,6 +223,42 @@ def split_roles(comm: MPI.Intracomm, n_servers: int) -> Roles:
     )
 
 
+def rebuild_roles(ps: MPI.Intracomm, role: str, key: int, world=None) -> Roles:
+    """The :class:`Roles` of a new parameter-server communicator ``ps`` (e.g. the survivors
+    after a failure, :func:`hpcps.comm.ft.shrink`, or a communicator merged with spawned
+    ranks). Collective over ``ps``.
+
+    Each rank gives its ``role`` and a ``key``; within a role, indices follow the keys
+    (ties: ``ps`` rank order), so survivors keep their relative order when each passes its
+    old index. The role communicator is split from ``ps`` and, like ``ps``, returns errors
+    instead of aborting when ``ps`` does.
+
+    Parameters
+    ----------
+    ps : MPI.Intracomm
+        Used as is for parameter-server traffic (not duplicated).
+    role : ``"worker"`` or ``"server"``
+    key : int
+    world : MPI.Intracomm, optional
+        Recorded as ``Roles.world`` (default ``ps``).
+    """
+    is_server = 1 if role == SERVER else 0
+    mine = np.array([is_server, key], dtype=np.int64)
+    layout = np.empty((ps.Get_size(), 2), dtype=np.int64)
+    collective(lambda: ps.Iallgather(mine, layout), lambda: ps.Allgather(mine, layout),
+               mine, layout)
+    role_comm = ps.Split(is_server, key)
+    if ps.Get_errhandler() == MPI.ERRORS_RETURN:
+        role_comm.Set_errhandler(MPI.ERRORS_RETURN)
+    workers = sorted((i for i in range(ps.Get_size()) if layout[i, 0] == 0),
+                     key=lambda i: (layout[i, 1], i))
+    servers = sorted((i for i in range(ps.Get_size()) if layout[i, 0] == 1),
+                     key=lambda i: (layout[i, 1], i))
+    return Roles(world=ps if world is None else world, ps=ps, role_comm=role_comm, role=role,
+                 index=role_comm.Get_rank(), worker_ranks=tuple(workers),
+                 server_ranks=tuple(servers))
+
+
 @contextlib.contextmanager
 def abort_on_error(comm: MPI.Comm, stream=None):
     """Turn an exception on any rank into an abort of the whole job.
@@ -309,50 +347,88 @@ def send_array(comm: MPI.Comm, a: np.ndarray, dest: int, tag: int, max_bytes: in
     """Blocking chunked send of ``a`` (see :func:`isend_array`). Point-to-point."""
     reqs: list = []
     keep = isend_array(comm, a, dest, tag, max_bytes, reqs)
-    _waitall(reqs)
-    del keep
+    _waitall(reqs, keep)
 
 
 def recv_array(comm: MPI.Comm, out: np.ndarray, source: int, tag: int, max_bytes: int) -> None:
     """Blocking chunked receive into ``out`` (see :func:`irecv_array`). Point-to-point."""
     reqs: list = []
     irecv_array(comm, out, source, tag, max_bytes, reqs)
-    _waitall(reqs)
+    _waitall(reqs, out)
 
 
-def waitall(requests: list) -> None:
+def waitall(requests: list, *buffers) -> None:
     """Complete a list of requests made by :func:`isend_array`/:func:`irecv_array`.
+
+    In continue mode (:data:`WATCH` set, :func:`hpcps.comm.ft.watch`) the wait polls instead of
+    blocking and raises as soon as any rank of the watched communicator has failed, even when
+    none of these requests involves it; the requests and ``buffers`` (arrays they read or
+    write) are then kept alive in :data:`ORPHANS`.
 
     Raises
     ------
     MPI.Exception
-        With the error class of the first failed request (not ``ERR_IN_STATUS``), so that a
-        failed peer is recognised (:func:`hpcps.comm.ft.is_peer_failure`).
+        With the error class of the first failed request (not ``ERR_IN_STATUS``), or the
+        failure the watch reported, so that a failed peer is recognised
+        (:func:`hpcps.comm.ft.is_peer_failure`).
     """
     if requests:
-        _waitall(requests)
+        _waitall(requests, *buffers)
         requests.clear()
 
 
-#: Requests left incomplete by a failed wait; :func:`hpcps.comm.ft.shrink` completes them once
-#: the communicator is revoked (then they finish at once), so none stays pending at
-#: MPI_Finalize and none is freed while MPI still uses its buffer.
+def collective(start, block, *buffers) -> None:
+    """Run one collective: ``block()`` (the blocking call), or in continue mode ``start()`` (its
+    non-blocking form, returning a request) completed by a watched :func:`waitall`, so that a
+    rank waiting for peers that went into recovery notices the failure instead of waiting for
+    ever. ``buffers``: the arrays the collective reads and writes (kept alive if it is
+    abandoned). Collective over the communicator the callables use."""
+    if WATCH:
+        waitall([start()], *buffers)
+    else:
+        block()
+
+
+#: Continue mode (``[fault_tolerance] mode = "continue"``): the parameter-server communicator
+#: whose failures interrupt every wait (set by :func:`hpcps.comm.ft.watch`); empty otherwise.
+WATCH: list = []
+#: A tag no message carries: probing it with ``MPI.ANY_SOURCE`` only reports failures.
+WATCH_TAG = 8
+
+#: Requests left incomplete by a failed wait, with the buffers they use: kept alive, never
+#: freed while MPI may still use them; :func:`hpcps.comm.ft.shrink` cancels what it can.
 ORPHANS: list = []
 
 
-def _abandon(reqs) -> None:
-    ORPHANS.extend(r for r in reqs if r != MPI.REQUEST_NULL)
+def abandon(reqs, *buffers) -> None:
+    """Keep ``reqs`` (those not complete) and ``buffers`` alive in :data:`ORPHANS`. Local."""
+    ORPHANS.append(([r for r in reqs if r != MPI.REQUEST_NULL], buffers))
 
 
-def _waitall(reqs) -> None:
+def _raise_failed(e: MPI.Exception, statuses) -> None:
+    if e.Get_error_class() == MPI.ERR_IN_STATUS:
+        for st in statuses:
+            err = st.Get_error()
+            if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                raise MPI.Exception(err) from None
+    raise e
+
+
+def _waitall(reqs, *buffers) -> None:
     statuses = [MPI.Status() for _ in reqs]
+    if WATCH:
+        watch = WATCH[0]
+        while True:
+            try:
+                if MPI.Request.Testall(reqs, statuses):
+                    return
+                watch.Iprobe(source=MPI.ANY_SOURCE, tag=WATCH_TAG)    # raises on a failure
+            except MPI.Exception as e:
+                abandon(reqs, *buffers)
+                _raise_failed(e, statuses)
+            os.sched_yield()
     try:
         MPI.Request.Waitall(reqs, statuses)
     except MPI.Exception as e:
-        _abandon(reqs)       # a peer failed: nothing may stay pending until MPI_Finalize
-        if e.Get_error_class() == MPI.ERR_IN_STATUS:
-            for st in statuses:
-                err = st.Get_error()
-                if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
-                    raise MPI.Exception(err) from None
-        raise
+        abandon(reqs, *buffers)   # a peer failed: nothing may stay pending until MPI_Finalize
+        _raise_failed(e, statuses)

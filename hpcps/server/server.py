@@ -39,6 +39,41 @@ IDLE_SPIN = 5e-5
 IDLE_SPIN_DEDICATED = 1.0
 
 
+def serve_requests(poll, handle, finished, idle_spin: float, recover=None) -> None:
+    """The polling loop of a server rank: ``handle(*poll())`` until ``finished()``. Local.
+
+    When no request waits it keeps polling for ``idle_spin`` seconds after the last one, then
+    sleeps with a back-off doubling from ``IDLE_SLEEP_MIN`` to ``IDLE_SLEEP_MAX``. With
+    ``recover``, an MPI error from a failed or revoked peer
+    (:func:`hpcps.comm.ft.is_peer_failure`) calls ``recover()`` (collective over the
+    survivors) and the loop goes on; every other exception propagates.
+    """
+    sleep = IDLE_SLEEP_MIN
+    last = time.perf_counter()
+    while True:
+        try:
+            if finished():
+                return
+            msg = poll()
+            if msg is None:
+                if time.perf_counter() - last < idle_spin:
+                    continue
+                time.sleep(sleep)
+                sleep = min(sleep * 2, IDLE_SLEEP_MAX)
+                continue
+            sleep = IDLE_SLEEP_MIN
+            handle(*msg)
+            last = time.perf_counter()
+        except Exception as e:           # noqa: BLE001 - only a peer failure is recovered
+            if recover is None:
+                raise
+            from ..comm.ft import is_peer_failure
+
+            if not is_peer_failure(e):
+                raise
+            recover()
+
+
 def rows_of(w: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``w[rows]`` for a reply: a view (no copy) when ``rows`` is one ascending run of
     consecutive rows (a dense block), else the gathered copy. Local."""
@@ -72,15 +107,21 @@ class Shard:
 
 
 class ParameterServer:
-    """Server loop for one server rank.
+    """One key range's server: its shards, clocks and pending pushes, and the loop of a
+    server rank that holds only this range.
+
+    In continue mode (:class:`hpcps.server.replica.ServerGroup`) a server rank may hold
+    several ranges, one ``ParameterServer`` each, and the group's loop hands each request to
+    the range named in its header (:meth:`handle`).
 
     Parameters
     ----------
     endpoint : hpcps.comm.transport.ServerEndpoint
         This server's side of the protocol.
     index : int
-        Server index in ``[0, n_servers)``.
+        Key range (server index of the job's key partition) in ``[0, n_servers)``.
     n_servers : int
+        Number of key ranges of the partition.
     worker_ranks : sequence of int
         ``ps`` ranks of the workers, in worker-index order.
     tables : list of (TableSpec, Optimizer)
@@ -99,19 +140,32 @@ class ParameterServer:
         the rows of its key range from whichever old shards hold them, so the number of
         servers may differ from the checkpointed job's.
     ft_state : hpcps.recovery.FTState or None
-        With ``[fault_tolerance] mode = "continue"``: the loop survives the loss of workers
-        (:meth:`recover`); asynchronous pushes are then held until the worker's CLOCK of the
-        same step arrives, so that a dead worker's last step is applied entirely or not at all.
+        With ``[fault_tolerance] mode = "continue"``: asynchronous pushes are held until the
+        worker's CLOCK of the same step arrives, so that a dead worker's last step is applied
+        entirely or not at all (:meth:`settle`).
     idle_spin : float or None
         Seconds the loop polls without sleeping after a request (see :meth:`serve`);
         default from :func:`hpcps.comm.core.cores_dedicated`.
+    state : list of (w, slots) or None
+        Start from these arrays (one pair per table: the range's rows and optimizer state,
+        used as they are, not copied) instead of initial values or ``restore``: a backup
+        taking the range over.
+    clock : int or None
+        Start clock (default: ``restore``'s step, else 0).
+    order_key : list of int or None
+        Original index of each worker (the order of the deterministic sums; default
+        ``range(n_workers)``).
+    examples : int
+        Examples already applied to this range (for the run's counts).
     """
 
     def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0,
-                 windows=None, run_dir=None, restore=None, ft_state=None, idle_spin=None):
+                 windows=None, run_dir=None, restore=None, ft_state=None, idle_spin=None,
+                 state=None, clock=None, order_key=None, examples=0):
         self.ep = endpoint
         self.ft = ft_state
-        self.order_key = list(range(len(worker_ranks)))   # original worker index (sum order)
+        # original worker index of each worker (the order of the deterministic sums)
+        self.order_key = list(order_key) if order_key is not None else list(range(len(worker_ranks)))
         self.index = index
         if idle_spin is None:
             from ..comm.core import cores_dedicated
@@ -121,12 +175,19 @@ class ParameterServer:
         self.n_workers = len(worker_ranks)
         self.policy = policy
         self.shards: list[Shard] = []
+        start = int(restore[1]["step"]) if restore is not None else 0
+        if clock is not None:
+            start = int(clock)
+        # examples of the steps applied (BSP/SSP) or of the CLOCKs received (async)
+        self.examples_total = int(examples)
         for tid, (spec, opt) in enumerate(tables):
             part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
             lo, hi = part.shard_range(index)
             shape = (hi - lo, spec.dim)
             slots = None
-            if restore is not None:
+            if state is not None:                      # a copy held by this rank (a backup)
+                w, slots = state[tid]
+            elif restore is not None:
                 # every slot the optimizer has, by name, from whichever old shards hold it
                 w, saved = ckpt.read_range(restore[0], restore[1], spec.name, lo, hi,
                                            num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype,
@@ -137,7 +198,6 @@ class ParameterServer:
                 w = spec.initial_rows(part.shard_keys(index), seed)
             if slots is None:
                 slots = opt.init_slots(shape, spec.dtype, w=w)
-            start = int(restore[1]["step"]) if restore is not None else 0
             nh = header_len(self.n_workers)
             win = windows[tid] if windows else None
             if win is not None:
@@ -154,19 +214,24 @@ class ParameterServer:
             self.shards.append(Shard(spec, part, opt, lo, hi, w, slots, hdr, win))
         self.n_servers = n_servers
         self.run_dir = run_dir
-        start = int(restore[1]["step"]) if restore is not None else 0
         self.clock = start                   # steps applied from every worker
         self.worker_clock = [start] * self.n_workers
-        self.examples = {}                   # clock -> examples pushed in that step
+        self.step_examples = {}              # clock -> {order key: examples of that step}
         self.pending = {}                    # clock -> {table: [(worker, rows, grads)]}
         self.waiting_pulls = []              # (source, header, rows) deferred by the policy
         self.pushes_applied = [0] * self.n_workers    # PUSH messages per worker
         self.last_examples = [0] * self.n_workers      # examples of each worker's last CLOCK
-        self.examples_total = 0                        # examples of every CLOCK received
         self.held = {}                                 # worker -> async pushes awaiting CLOCK
         self.stopped = set()
         self.staleness = StalenessHistogram()  # of every applied push
+        self.checkpoint_steps = [start] if restore is not None else []   # shards written
+        # chain replication (hpcps.server.replica): forward(range, clock, rows per table,
+        # examples) after each applied clock; pulls see only the clocks the backup has
+        # acknowledged (``acked``; None = no backup)
+        self.forward = None
+        self.acked = None
 
+    # ------------------------------------------------------------------ loop
     # ------------------------------------------------------------------ loop
     def serve(self) -> None:
         """Answer requests until every worker has sent STOP. Not collective.
@@ -178,26 +243,12 @@ class ParameterServer:
         most one rank per core on this node, else ``IDLE_SPIN`` (50 us), so that an
         oversubscribed server leaves the cores to the workers.
         """
-        sleep = IDLE_SLEEP_MIN
-        last = time.perf_counter()
-        while len(self.stopped) < self.n_workers:
-            try:
-                msg = self.ep.poll()
-                if msg is None:
-                    if time.perf_counter() - last < self.idle_spin:
-                        continue
-                    time.sleep(sleep)
-                    sleep = min(sleep * 2, IDLE_SLEEP_MAX)
-                    continue
-                sleep = IDLE_SLEEP_MIN
-                self.handle(*msg)
-                last = time.perf_counter()
-            except Exception as e:           # noqa: BLE001 - only a peer failure is recovered
-                from ..comm.ft import is_peer_failure
+        serve_requests(lambda: self.ep.poll(), self.handle,
+                       lambda: len(self.stopped) >= self.n_workers, self.idle_spin)
+        self.check_done()
 
-                if self.ft is None or not is_peer_failure(e):
-                    raise
-                self.recover()
+    def check_done(self) -> None:
+        """Raise if a pull is still deferred when every worker has stopped. Local."""
         if self.waiting_pulls:
             raise RuntimeError(f"server {self.index}: {len(self.waiting_pulls)} pull(s) still "
                                "waiting at shutdown")
@@ -209,7 +260,7 @@ class ParameterServer:
             keys = self.ep.recv_keys(source, int(h[tp.H_NKEYS]), op, scratch=True)   # not kept
             rows = shard.part.local_rows(keys, self.index)
             if self._pull_ready(h):
-                self.ep.reply(source, rows_of(shard.w, rows), op, shard.hdr)
+                self.ep.reply(source, rows_of(shard.w, rows), op, shard.hdr, rng=self.index)
             else:
                 self.waiting_pulls.append((source, h, rows))
         elif op == tp.PUSH:
@@ -243,13 +294,14 @@ class ParameterServer:
                                    f"{self.worker_clock[w]}")
             self.worker_clock[w] = c + 1
             self.last_examples[w] = int(h[tp.H_NEX])
-            self.examples_total += int(h[tp.H_NEX])
+            if not self.policy.aggregate:
+                self.examples_total += int(h[tp.H_NEX])
             for shard, rows, grads, hp in self.held.pop(w, ()):
                 self._apply_now(shard, rows, grads, hp)   # held async pushes of this step
             for shard in self.shards:
                 shard.hdr[H_WORKER0 + w] = c + 1     # advisory (progress line), no lock
             if self.policy.aggregate:
-                self.examples[c] = self.examples.get(c, 0) + int(h[tp.H_NEX])
+                self.step_examples.setdefault(c, {})[self.order_key[w]] = int(h[tp.H_NEX])
                 self._advance()
             else:
                 self.clock = min(self.worker_clock)
@@ -258,8 +310,8 @@ class ParameterServer:
                 self._answer_waiting()
         elif op == tp.PULL_SHARD:
             shard = self._shard(h)
-            if self.clock >= int(h[tp.H_CLOCK]):
-                self.ep.reply(source, shard.w, op)
+            if self.visible_clock >= int(h[tp.H_CLOCK]):
+                self.ep.reply(source, shard.w, op, rng=self.index)
             else:
                 self.waiting_pulls.append((source, h, None))
         elif op == tp.CHECKPOINT:
@@ -279,9 +331,11 @@ class ParameterServer:
         """Apply every clock all workers have finished, then answer pulls now allowed."""
         while min(self.worker_clock) > self.clock:
             c = self.clock
-            n_ex = self.examples.pop(c, 0)
+            per_worker = self.step_examples.pop(c, {})
+            n_ex = sum(per_worker.values())
             scale = 1.0 / n_ex if n_ex else 0.0
             pending = self.pending.pop(c, {})
+            touched = {}
             for tid, shard in enumerate(self.shards):   # table order, as before
                 pushes = pending.get(tid)
                 with shard.writing():
@@ -298,10 +352,37 @@ class ParameterServer:
                             grads = np.concatenate([p[2] for p in pushes])
                         shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
                         self._check_weights(shard, rows, c)
+                        touched[tid] = rows
                     shard.hdr[H_VERSION] = c + 1
                     shard.hdr[H_CLOCK] = c + 1
             self.clock = c + 1
+            self.examples_total += n_ex
+            if self.forward is not None:
+                self.forward(self.index, c, touched, n_ex)
+        self._publish()
         self._answer_waiting()
+
+    @property
+    def visible_clock(self) -> int:
+        """The clock pulls may see: the applied clock, or with a backup the clock it has
+        acknowledged (a worker never reads a state its backup could not reproduce)."""
+        return self.clock if self.acked is None else min(self.clock, self.acked)
+
+    def _publish(self) -> None:
+        """Put the visible clock into the shard headers sent with pull replies."""
+        if self.acked is None:
+            return
+        v = self.visible_clock
+        for shard in self.shards:
+            shard.hdr[H_VERSION] = shard.hdr[H_CLOCK] = v
+
+    def acknowledge(self, clock: int) -> None:
+        """The backup holds every clock below ``clock``: publish it and answer the pulls it
+        allows. Local (called by the server loop on a ``REPL_ACK``)."""
+        if self.acked is not None and clock > self.acked:
+            self.acked = clock
+            self._publish()
+            self._answer_waiting()
 
     def _apply_now(self, shard: Shard, rows, grads, h) -> None:
         """Asynchronous push: apply on arrival, scaled by 1/examples (and 1/(staleness+1))."""
@@ -338,41 +419,51 @@ class ParameterServer:
                 "lower [optimizer] learning_rate or use model dtype float64")
 
     # ------------------------------------------------------------------ failures
-    def recover(self) -> None:
-        """Survive the loss of workers (see :mod:`hpcps.recovery`). Collective over every
-        surviving rank; called when the loop catches a peer failure.
+    def settle(self, rec, endpoint) -> None:
+        """Settle every old worker's last steps after a failure, then re-index the survivors
+        and continue on ``endpoint`` (the survivors' communicator). Local; the server loop
+        (:class:`hpcps.server.replica.ServerGroup`) calls it on each range it still serves
+        once the survivors agreed (:func:`hpcps.recovery.recover`).
 
-        Every old worker's last step is settled with the agreed step counts: pushes of a step
-        whose CLOCK this server missed are applied with the examples another server received,
-        pushes of unfinished steps are dropped; the survivors are re-indexed and the loop goes
-        on with the new communicator. Raises :class:`hpcps.comm.ft.ServerLost` if a server died.
+        Dead workers: the pushes of a step whose CLOCK this range missed but another server
+        received are applied with the examples that server received, pushes of unfinished
+        steps are dropped (``rec.clocks``). Surviving workers, when they keep their pushes
+        (``rec.resend``, BSP/SSP): every push and CLOCK of theirs not applied yet is dropped,
+        and they send them again from this range's clock (so nothing lost in flight and
+        nothing applied twice); otherwise (async) their steps are settled like a dead
+        worker's.
         """
-        from ..comm.transport import ServerEndpoint
-        from ..recovery import recover
-
         n_old = self.n_workers
-        rec = recover(self.ft, np.array(self.worker_clock, dtype=np.int64),
-                      np.array(self.last_examples, dtype=np.int64))
         agreed = [int(c) for c in rec.clocks]
+        dead = set(rec.dead_workers)
         for w in range(n_old):
+            key = self.order_key[w]
+            if rec.resend and w not in dead:
+                for c in list(self.step_examples):
+                    self.step_examples[c].pop(key, None)
+                self.worker_clock[w] = self.clock
+                continue
             if self.worker_clock[w] < agreed[w]:          # its CLOCK reached another server only
                 c, nex = agreed[w] - 1, int(rec.examples[w])
-                self.examples_total += nex
                 if self.policy.aggregate:
-                    self.examples[c] = self.examples.get(c, 0) + nex
+                    self.step_examples.setdefault(c, {})[key] = nex
                 else:
+                    self.examples_total += nex
                     for shard, rows, grads, hp in self.held.get(w, ()):
                         self._apply_now(shard, rows, grads, hp)
-                self.worker_clock[w] = agreed[w]
+            self.worker_clock[w] = max(self.worker_clock[w], agreed[w])
         self.held = {}
-        old_of_key = {k: w for w, k in enumerate(self.order_key)}
+        keep = {self.order_key[w]: (self.clock if rec.resend and w not in dead else agreed[w])
+                for w in range(n_old)}
         for c, tables in self.pending.items():          # drop pushes of unfinished steps
             for tid in tables:
-                tables[tid] = [p for p in tables[tid] if c < agreed[old_of_key[p[0]]]]
+                tables[tid] = [p for p in tables[tid] if c < keep[p[0]]]
+        for c in [c for c, d in self.step_examples.items() if not d]:
+            del self.step_examples[c]
         n_new = len(rec.roles.worker_ranks)
         old = [rec.old_index[i] for i in range(n_new)]
         self.order_key = [self.order_key[o] for o in old]
-        self.worker_clock = [agreed[o] for o in old]
+        self.worker_clock = [self.worker_clock[o] for o in old]
         self.last_examples = [self.last_examples[o] for o in old]
         self.pushes_applied = [0] * n_new               # the workers reset their counts too
         self.n_workers = n_new
@@ -380,11 +471,11 @@ class ParameterServer:
         self.stopped = set()
         self.waiting_pulls = []                          # the survivors repeat their requests
         stats = self.ep.stats
-        self.ep = ServerEndpoint(rec.roles.ps, self.ep.max_bytes)
+        self.ep = endpoint
         self.ep.stats = stats
         for shard in self.shards:
             shard.hdr[H_NWORKERS] = n_new
-            shard.hdr[H_WORKER0:H_WORKER0 + n_old] = 0
+            shard.hdr[H_WORKER0:] = 0
             shard.hdr[H_WORKER0:H_WORKER0 + n_new] = self.worker_clock
         if self.policy.aggregate:
             self._advance()
@@ -393,11 +484,15 @@ class ParameterServer:
             for shard in self.shards:
                 shard.hdr[H_CLOCK] = self.clock
 
+    def state(self) -> list:
+        """``(w, slots)`` of every table (the arrays themselves, not copies)."""
+        return [(sh.w, sh.slots) for sh in self.shards]
+
     def _pull_ready(self, h) -> bool:
         c = int(h[tp.H_CLOCK])
         if int(h[tp.H_AUX]):              # a read that must see every update below its clock
-            return self.clock >= c
-        return self.policy.pull_ready(self.clock, c)
+            return self.visible_clock >= c
+        return self.policy.pull_ready(self.visible_clock, c)
 
     def _answer_waiting(self) -> None:
         """Answer the deferred pulls that the server clock now allows."""
@@ -407,7 +502,7 @@ class ParameterServer:
             if op == tp.CHECKPOINT:
                 ready = self._cut_ready(h, rows)       # rows holds the expected push counts
             elif op == tp.PULL_SHARD:
-                ready = self.clock >= int(h[tp.H_CLOCK])
+                ready = self.visible_clock >= int(h[tp.H_CLOCK])
             else:
                 ready = self._pull_ready(h)
             if ready and op == tp.CHECKPOINT:
@@ -415,9 +510,9 @@ class ParameterServer:
             elif ready:
                 shard = self._shard(h)
                 if rows is None:
-                    self.ep.reply(source, shard.w, op)
+                    self.ep.reply(source, shard.w, op, rng=self.index)
                 else:
-                    self.ep.reply(source, rows_of(shard.w, rows), op, shard.hdr)
+                    self.ep.reply(source, rows_of(shard.w, rows), op, shard.hdr, rng=self.index)
             else:
                 still.append((source, h, rows))
         self.waiting_pulls = still
@@ -442,11 +537,13 @@ class ParameterServer:
                        sparse=sh.spec.sparse, optimizer=sh.optimizer.name)
                   for sh in self.shards]
         nbytes, digest = ckpt.write_shard(ckpt.step_dir(self.run_dir, step), self.index,
-                                          self.n_servers, self.clock, tables)
+                                          self.n_servers, self.clock, tables,
+                                          examples=self.examples_total)
+        self.checkpoint_steps.append(step)
         reply = np.zeros(40, dtype=np.uint8)
         reply[:8] = np.frombuffer(np.array([nbytes], dtype="<i8").tobytes(), dtype=np.uint8)
         reply[8:] = np.frombuffer(bytes.fromhex(digest), dtype=np.uint8)
-        self.ep.reply(source, reply, tp.CHECKPOINT)
+        self.ep.reply(source, reply, tp.CHECKPOINT, rng=self.index)
 
     def _shard(self, h) -> Shard:
         tid = int(h[tp.H_TABLE])

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from ..comm.collectives import StopVote, allgather_rows, allreduce_max, allreduce_sum, gatherv
+from ..comm.collectives import (StopVote, allgather_rows, allreduce_max, allreduce_sum, barrier,
+                                gatherv)
 from ..comm.core import any_rank_failed
 from ..consistency import BSP
 from .steps import NonFiniteGuard, make_steps
@@ -143,6 +144,9 @@ class Trainer:
         self.steps = make_steps(self.policy, client, model, index, step_hook, self.guard)
         self._t_clock = time.time()       # when this worker last finished a step
         self._gap_event = None            # failure record waiting for the next step's time
+        self._catch_up_to = None          # clock the others had reached at the last recovery
+        self.epochs_done = 0              # epochs whose closing barrier completed here
+        self._epochs_agreed = 0           # the most any worker had finished, at the last recovery
 
     def run(self, restore=None, checkpointer=None) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
@@ -177,6 +181,7 @@ class Trainer:
                 start_step = 0
             # records of the epoch being resumed (and later) are recomputed
             self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
+        self.epochs_done = start_epoch
         if self.is_chief:
             self._say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
                       f"{n_train} train / {n_test} test rows; model {self.model.name} "
@@ -224,7 +229,7 @@ class Trainer:
                 plan = []
                 order = epoch_order(X.shape[0], cfg.seed, self.index, epoch, t.shuffle)
                 Xe, ye, steps = X, y, steps_full
-            loss_sum, n_ex = 0.0, 0
+            loss_sum, n_ex, rec = 0.0, 0, None
             first = start_step if epoch == start_epoch else 0
             seg_clock0 = self.client.clock_value - first      # clock at this segment's start
             while True:
@@ -234,7 +239,14 @@ class Trainer:
                     self.steps.begin_epoch(Xe, ye, order, steps, t.batch_size)
                     for step in range(first, steps):
                         rows = order[step * t.batch_size:(step + 1) * t.batch_size]
-                        loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
+                        # after a recovery, a worker behind the others runs the steps they
+                        # finished without the per-step votes (they voted on them already)
+                        solo = self._catch_up_to is not None and self.client.clock_value < self._catch_up_to
+                        agree, self.guard.agree = self.guard.agree, (None if solo else self.guard.agree)
+                        try:
+                            loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
+                        finally:
+                            self.guard.agree = agree
                         used = 0 if self.steps.last_rejected else int(rows.size)  # rejected step
                         self.client.clock(used)
                         n_ex += used
@@ -243,7 +255,10 @@ class Trainer:
                             ev, self._gap_event = self._gap_event, None
                             ev["gap_seconds"] = round(self._t_clock - ev["last_step_time"], 3)
                         if checkpointer is not None:
-                            checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
+                            checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan,
+                                                    self.history, collective=not solo)
+                        if solo:
+                            continue
                         if self.stop is not None and self._stop_now(vote):
                             # a stop signal reached some worker: all checkpoint here and leave
                             if self.is_chief:
@@ -265,25 +280,32 @@ class Trainer:
                     if not self.stopped_by_signal:
                         rec = self._evaluate(epoch, Xt, yt, loss_sum, n_ex, time.perf_counter() - t0)
                         if self.ft is not None:
-                            self._agree_epoch_done()
-                        if rec is not None:
-                            self.history.append(rec)
-                            if self.on_epoch:
-                                self.on_epoch(rec)
+                            barrier(self.comm)     # every worker finished the epoch
+                            self.epochs_done = epoch + 1
+                        self._record(rec)
                     break
                 except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
                     if self.ft is None or not _peer_failure(e):
                         raise
-                    Xe, ye, order, steps, plan = self._recover(epoch, seg_clock0, steps, order, plan,
-                                                               checkpointer)
-                    X, y = self.model.load("train", self.index, self.n_workers)
-                    Xt, yt = self.model.load("test", self.index, self.n_workers)
-                    steps_full = self._max_steps(X.shape[0])
-                    if t.max_steps:
-                        steps_full = min(steps_full, t.max_steps)
+                    n_before = self.n_workers
+                    (Xe, ye, order, steps, plan, first, seg_clock0,
+                     done_ex) = self._recover(epoch, seg_clock0, steps, order, plan, checkpointer,
+                                              Xe, ye)
+                    n_ex += done_ex
+                    if self._epochs_agreed > epoch:
+                        # the closing barrier completed on other workers, not here: the epoch is
+                        # over (the chief had its record then: the others waited for it)
+                        self.epochs_done = epoch + 1
+                        self._record(rec)
+                        break
+                    if self.n_workers != n_before:        # the partitions changed
+                        X, y = self.model.load("train", self.index, self.n_workers)
+                        Xt, yt = self.model.load("test", self.index, self.n_workers)
+                        steps_full = self._max_steps(X.shape[0])
+                        if t.max_steps:
+                            steps_full = min(steps_full, t.max_steps)
                     if vote is not None:
                         vote = StopVote(self.comm)
-                    first, seg_clock0 = 0, self.client.clock_value
             local_examples += n_ex
             if self.stopped_by_signal:
                 break
@@ -307,29 +329,45 @@ class Trainer:
             return [b - a for a, b in (block_bounds(n_rows, p, n_parts) for p in range(n_parts))]
         return [self.model.load("train", p, n_parts)[0].shape[0] for p in range(n_parts)]
 
-    def _agree_epoch_done(self) -> None:
-        """Fault-tolerant agreement that every worker finished the epoch (continue mode): it
-        fails the same way on every survivor if a worker died, so no survivor goes on to the
-        next epoch while another recovers in this one. Collective over the workers."""
-        from ..comm.ft import agree
+    def _record(self, rec) -> None:
+        """Keep an epoch's metrics record (the chief's; None elsewhere) and report it."""
+        if rec is not None:
+            self.history.append(rec)
+            if self.on_epoch:
+                self.on_epoch(rec)
 
-        agree(self.comm, 1)
+    def _recover(self, epoch, seg_clock0, steps, order, plan, checkpointer, Xe, ye):
+        """Recover from the loss of workers or servers in the middle of ``epoch`` (see
+        :mod:`hpcps.recovery`). Collective over every survivor (servers included).
 
-    def _recover(self, epoch, seg_clock0, steps, order, plan, checkpointer):
-        """Recover from the loss of workers in the middle of ``epoch`` (see
-        :mod:`hpcps.recovery`); returns the new ``(X, y, order, steps, plan)`` of the rest of
-        the epoch. Collective over every survivor (servers included)."""
+        The client re-routes each key range to its primary now and sends the kept pushes the
+        ranges ask for. When no worker died every worker goes on with its own rows from its
+        own step (the run is the same as without the failure); otherwise the rows nobody
+        reached are split over the survivors.
+
+        Returns
+        -------
+        (X, y, order, steps, plan, first, seg_clock0, examples)
+            The rest of the epoch: data and row order, steps, epoch plan, the step to go on
+            from, the clock at the segment's start, and the examples of a step found finished
+            (its CLOCK reached a server before the failure interrupted this worker).
+        """
         from ..comm.transport import WorkerEndpoint
-        from ..recovery import recover
+        from ..recovery import WorkerReport, recover
 
         t_fail = time.time()
         n_old, old_me = self.n_workers, self.index
-        rec = recover(self.ft)
+        rec = recover(self.ft, WorkerReport(self.client.clock_value, self.client.kept_from(),
+                                            self.epochs_done))
+        self._epochs_agreed = rec.plan.epochs
         r = rec.roles
-        ep_stats = self.client.ep.stats
-        self.client.ep = WorkerEndpoint(r.ps, r.server_ranks, self.client.ep.max_bytes)
-        self.client.ep.stats = ep_stats
-        self.client.clock_value = int(rec.clocks[old_me])
+        self.client.reroute(WorkerEndpoint(r.ps, rec.owner_ranks, self.client.ep.max_bytes))
+        mine = int(rec.clocks[old_me])
+        done_ex = 0
+        if self.client.kept is not None:
+            for c in range(self.client.clock_value, mine):
+                done_ex += int(self.client.kept.get(c, [0])[0] or 0)
+        self.client.rollback(mine)
         self.client.pushes_sent[:] = 0
         self.comm, self.index, self.n_workers = r.role_comm, r.index, len(r.worker_ranks)
         self.is_chief = self.index == 0
@@ -340,40 +378,88 @@ class Trainer:
         if checkpointer is not None:
             checkpointer.comm, checkpointer.n_workers = self.comm, self.n_workers
             checkpointer.is_chief = self.is_chief
-        # what each old worker finished of this segment, and the rows nobody reached
-        done = [int(min(max(0, c - seg_clock0), steps)) for c in rec.clocks]
-        plan = plan + [[n_old, done]]
+        resent = self.client.resend(rec.base) if rec.resend else 0
         t = self.cfg.train
-        X_all, y_all = self.model.load("train", 0, 1)
-        sizes = self._part_sizes(X_all.shape[0], plan[0][0])
-        lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
-                           t.batch_size)
-        order = lists[self.index]
-        reassigned = 0
-        if rec.dead_workers:
-            prev = epoch_rows(sizes, plan[:-1], n_old, self.cfg.seed, epoch, t.shuffle, t.batch_size)
-            reassigned = int(sum(max(0, prev[w].size - done[w] * t.batch_size)
-                                 for w in rec.dead_workers))
-        # survivors behind the furthest one catch up with empty steps (their rows were re-split)
         target = int(allreduce_max(self.comm, np.array([self.client.clock_value], dtype=np.int64))[0])
-        while self.client.clock_value < target:
-            self.client.clock(0)
-        new_steps = self._max_steps(order.size)
         event = {"time": t_fail, "epoch": epoch + 1,
                  "failed_ranks": rec.failed_world_ranks, "failed_hosts": rec.failed_hosts,
-                 "dead_workers": rec.dead_workers, "worker_steps_done": done,
-                 "examples_reassigned": reassigned, "survivors": self.n_workers,
-                 "recovery_seconds": round(time.time() - t_fail, 3), "clock": target,
+                 "dead_workers": rec.dead_workers, "dead_servers": rec.dead_servers,
+                 "survivors": self.n_workers, "clock": target, "messages_resent": resent,
                  "last_step_time": self._t_clock}
-        self._gap_event = event       # gap_seconds: last step before → first step after
+        if rec.dead_servers or rec.plan.lost_ranges:
+            event.update(self._range_event(rec))
+        if rec.dead_workers:
+            # what each old worker finished of this segment, and the rows nobody reached
+            done = [int(min(max(0, c - seg_clock0), steps)) for c in rec.clocks]
+            plan = plan + [[n_old, done]]
+            X_all, y_all = self.model.load("train", 0, 1)
+            sizes = self._part_sizes(X_all.shape[0], plan[0][0])
+            lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
+                               t.batch_size)
+            order = lists[self.index]
+            prev = epoch_rows(sizes, plan[:-1], n_old, self.cfg.seed, epoch, t.shuffle,
+                              t.batch_size)
+            reassigned = int(sum(max(0, prev[w].size - done[w] * t.batch_size)
+                                 for w in rec.dead_workers))
+            # survivors behind the furthest one catch up with empty steps (their rows were re-split)
+            while self.client.clock_value < target:
+                self.client.clock(0)
+            steps = self._max_steps(order.size)
+            Xe, ye, first, seg_clock0 = X_all, y_all, 0, self.client.clock_value
+            event.update({"worker_steps_done": done, "examples_reassigned": reassigned})
+        else:                       # same workers, same rows: each goes on from its own step
+            first = self.client.clock_value - seg_clock0
+            self._catch_up_to = target
+            event["examples_reassigned"] = 0
+        event["recovery_seconds"] = round(time.time() - t_fail, 3)
+        self._gap_event = event       # gap_seconds: last step before -> first step after
         self.ft.events.append(event)
         if self.is_chief:
+            self._say_recovery(rec, event)
+        return Xe, ye, order, steps, plan, first, seg_clock0, done_ex
+
+    def _range_event(self, rec) -> dict:
+        """The event fields of a server loss: where each range went, what was reloaded."""
+        plan = rec.plan
+        moved = {}
+        for r, chain in enumerate(plan.chains):
+            if chain and r not in plan.lost_ranges and chain[0] != r:
+                moved[str(r)] = chain[0]
+        lost = {str(r): int(rec.lost_steps[r]) for r in plan.lost_ranges}
+        return {"ranges_moved": moved, "ranges_reloaded": [int(r) for r in plan.lost_ranges],
+                "reload_step": rec.reload_step, "lost_steps": lost,
+                "resumed_at": {str(r): int(rec.base[r]) for r in plan.lost_ranges},
+                "backups": {str(r): (c[1] if len(c) > 1 else None)
+                            for r, c in enumerate(plan.chains) if c}}
+
+    def _say_recovery(self, rec, ev) -> None:
+        """The chief's lines about a recovery (log; the same facts are in the metrics)."""
+        where = f"at clock ~{ev['clock']} (epoch {ev['epoch']})"
+        ranks = ", ".join(map(str, rec.failed_world_ranks))
+        if rec.dead_workers:
             self._say(f"hpcps: worker(s) {', '.join(map(str, rec.dead_workers))} (rank(s) "
-                      f"{', '.join(map(str, rec.failed_world_ranks))}) lost at clock "
-                      f"~{target} (epoch {epoch + 1}); {self.n_workers} worker(s) continue, "
-                      f"{reassigned} example(s) of the epoch reassigned; recovered in "
-                      f"{event['recovery_seconds']:.2f} s")
-        return X_all, y_all, order, new_steps, plan
+                      f"{ranks}) lost {where}; {self.n_workers} worker(s) continue, "
+                      f"{ev['examples_reassigned']} example(s) of the epoch reassigned")
+        if rec.dead_servers:
+            self._say(f"hpcps: server(s) {', '.join(map(str, rec.dead_servers))} (rank(s) "
+                      f"{ranks}) lost {where}")
+        for r, s in ev.get("ranges_moved", {}).items():
+            self._say(f"hpcps: key range {r} taken over by server {s} from its backup copy "
+                      "(nothing lost)")
+        for r in ev.get("ranges_reloaded", []):
+            k, lost, base = ev["reload_step"], ev["lost_steps"][str(r)], ev["resumed_at"][str(r)]
+            src = f"checkpoint step {k}" if k else "its initial values (no checkpoint yet)"
+            self._say(f"hpcps: key range {r} had no copy left: reloaded from {src} onto server "
+                      f"{rec.plan.chains[r][0]}; {lost} step(s) of updates to that range lost "
+                      f"(steps {k}..{base - 1}), it resumes at clock {base}"
+                      if lost else
+                      f"hpcps: key range {r} had no copy left: reloaded from {src} onto server "
+                      f"{rec.plan.chains[r][0]}; 0 steps lost (every later step was resent)")
+        no_backup = [r for r, b in ev.get("backups", {}).items() if b is None]
+        if no_backup and self.ft.replicas > 1:
+            self._say(f"hpcps: warning: key range(s) {', '.join(no_backup)} have no backup "
+                      "(too few servers left)")
+        self._say(f"hpcps: recovered in {ev['recovery_seconds']:.2f} s")
 
     def _stop_now(self, vote) -> bool:
         """Whether every worker stops after this step (see :mod:`hpcps.signals`). Collective
