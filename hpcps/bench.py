@@ -50,6 +50,8 @@ def suite(quick: bool, tmp: Path) -> list[dict]:
         {"name": "e2e", "ranks": 0, "script": "bench_e2e.py", "args": q + j("e2e")},
         {"name": "scaling", "ranks": 0, "script": "bench_scaling.py",
          "args": q + j("scaling") + ["--pushpull-json", str(tmp / "pushpull.json")]},
+        {"name": "recovery", "ranks": 0, "script": "bench_recovery.py",
+         "args": q + ([] if quick else ["--reps", "2"]) + j("recovery")},
     ]
 
 
@@ -114,7 +116,7 @@ def run_suite(quick: bool = False, out_dir=None, only=None, readme: bool = False
         Where the results go (default ``bench/`` for a full run).
     only : list of str or None
         Names of the scripts to run (``kernels``, ``pushpull``, ``rma``, ``rma_fanin``,
-        ``checkpoint``, ``e2e``, ``scaling``).
+        ``checkpoint``, ``e2e``, ``scaling``, ``recovery``).
     readme : bool
         Replace the results table in README.md.
     """
@@ -237,7 +239,8 @@ def register(sub) -> None:
     b = sub.add_parser("bench", help="run the benchmark suite (bench/) and write its results table")
     b.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test (< 1 min)")
     b.add_argument("--only", nargs="+", metavar="NAME",
-                   help="run only these: kernels pushpull rma rma_fanin checkpoint e2e scaling")
+                   help="run only these: kernels pushpull rma rma_fanin checkpoint e2e scaling "
+                        "recovery")
     b.add_argument("--out", help="directory for results.json/.md (default: bench/, or a "
                                  "temporary one with --quick)")
     b.add_argument("--readme", action="store_true", help="also put the table into README.md")

@@ -437,10 +437,24 @@ class FaultToleranceConfig:
         ``"restart"`` (default): the job stops and is relaunched from its last checkpoint
         (``hpcps run --max-restarts``, or the Slurm script's requeue). ``"continue"``: with an
         MPI that has ULFM, the survivors shrink the job and keep training through the loss of
-        workers (:mod:`hpcps.comm.ft`); the loss of a server still stops the job for a restart.
+        workers and of servers (:mod:`hpcps.comm.ft`, :mod:`hpcps.recovery`).
+    replicas : int
+        Copies of every server's key range (1 or 2; continue mode only). With 2, each range is
+        also held by the next server in ring order, kept exactly in step by chain replication
+        after aggregation (Li et al., OSDI 2014, §4.3; :mod:`hpcps.server.replica`): when a
+        server dies its backup takes the range over and nothing is lost. Needs at least 2
+        servers and BSP or SSP.
+    on_server_loss : str
+        What a continue-mode job does when a key range has no surviving copy (``replicas = 1``,
+        or both copies lost): ``"reload"`` (default under BSP/SSP) reloads the range from the
+        newest valid checkpoint onto a survivor and goes on, reporting the steps of that range
+        lost; ``"restart"`` (the default, and the only choice, under async) stops the job for a
+        normal restart from the last checkpoint.
     """
 
     mode: str = "restart"
+    replicas: int = 1
+    on_server_loss: str = "reload"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -636,7 +650,9 @@ _SECTIONS: dict[str, dict[str, _Rule]] = {
         "keep": _Rule(int, 3, lo=1),
         "at_end": _Rule(bool, True),
     },
-    "fault_tolerance": {"mode": _Rule(str, "restart", choices=("restart", "continue"))},
+    "fault_tolerance": {"mode": _Rule(str, "restart", choices=("restart", "continue")),
+                        "replicas": _Rule(int, 1, lo=1, hi=2),
+                        "on_server_loss": _Rule(str, "reload", choices=("reload", "restart"))},
     "evaluate": {
         "sklearn_baseline": _Rule(bool, False),
         "max_auc_gap": _Rule(float, 0.005, lo=0.0),
@@ -985,6 +1001,36 @@ def _elastic(ck: _Checker, doc: dict, cluster: ClusterConfig) -> ElasticConfig:
     return ElasticConfig(**vals)
 
 
+def _fault_tolerance(ck: _Checker, doc: dict, cluster: ClusterConfig,
+                     consistency: ConsistencyConfig) -> FaultToleranceConfig:
+    """``[fault_tolerance]``: ``replicas`` and ``on_server_loss`` only with mode = 'continue';
+    replicas = 2 needs two servers and BSP/SSP; under async a lost range restarts the job."""
+    vals = _simple(ck, doc, "fault_tolerance")
+    given = doc.get("fault_tolerance", {})
+    if vals["mode"] != "continue":
+        for k in ("replicas", "on_server_loss"):
+            if k in given:
+                raise ck.error(f"fault_tolerance.{k}", f"only used with fault_tolerance.mode = "
+                                                       f"'continue', not {vals['mode']!r}")
+        return FaultToleranceConfig(**vals)
+    if vals["replicas"] > 1:
+        if cluster.servers < vals["replicas"]:
+            raise ck.error("fault_tolerance.replicas",
+                           f"{vals['replicas']} copies of every key range need at least "
+                           f"{vals['replicas']} servers, got [cluster] servers = {cluster.servers}")
+        if consistency.model == "async":
+            raise ck.error("fault_tolerance.replicas",
+                           "replicas = 2 needs [consistency] model = 'bsp' or 'ssp' (replication "
+                           "forwards each aggregated clock), got 'async'")
+    if consistency.model == "async":
+        if given.get("on_server_loss") == "reload":
+            raise ck.error("fault_tolerance.on_server_loss",
+                           "'reload' needs [consistency] model = 'bsp' or 'ssp' (a reloaded range "
+                           "resumes at a clock), got 'async'; use 'restart'")
+        vals["on_server_loss"] = "restart"
+    return FaultToleranceConfig(**vals)
+
+
 def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     ck = _Checker(path)
     ck.unknown_keys(doc, {**_TOP, **_SECTIONS}, "")
@@ -1007,7 +1053,7 @@ def _parse(doc: dict, text: str, path: Path) -> JobConfig:
     output = OutputConfig(dir=(Path.cwd() / Path(out_dir).expanduser()).resolve())
     evaluate = EvaluateConfig(**_simple(ck, doc, "evaluate"))
     checkpoint = CheckpointConfig(**_simple(ck, doc, "checkpoint"))
-    ft = FaultToleranceConfig(**_simple(ck, doc, "fault_tolerance"))
+    ft = _fault_tolerance(ck, doc, cluster, consistency)
     if ft.mode == "continue":
         if cluster.mode != "ps":
             raise ck.error("fault_tolerance.mode", f"'continue' needs [cluster] mode = 'ps', got "

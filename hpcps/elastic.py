@@ -106,6 +106,11 @@ class JoinPlan:
         ``num_keys, dim, sparse, itemsize`` of every table, in table-id order.
     world_ranks : list of int
         Continue mode: original rank numbers of the merged communicator (empty otherwise).
+    range_ranks : list of int
+        Continue mode: the rank (of the merged communicator) holding each key range, which
+        after a server loss is not always ``server_ranks[r]`` (empty otherwise).
+    server_ids : list of int
+        Continue mode: original indices of the servers alive (empty otherwise).
     nonfinite_rejected : int
         Steps rejected so far by the workers' vote on non-finite values (BSP), which every
         worker counts alike.
@@ -122,6 +127,8 @@ class JoinPlan:
     tables: np.ndarray
     world_ranks: list = field(default_factory=list)
     nonfinite_rejected: int = 0
+    range_ranks: list = field(default_factory=list)
+    server_ids: list = field(default_factory=list)
 
     @staticmethod
     def layout(specs) -> np.ndarray:
@@ -151,7 +158,8 @@ class JoinPlan:
             blob = np.frombuffer(json.dumps({
                 "plan": plan.plan, "job_text": plan.job_text, "job_path": plan.job_path,
                 "output_dir": plan.output_dir, "pull": plan.pull,
-                "world_ranks": plan.world_ranks,
+                "world_ranks": plan.world_ranks, "range_ranks": list(plan.range_ranks),
+                "server_ids": list(plan.server_ids),
                 "nonfinite_rejected": plan.nonfinite_rejected}).encode(), dtype=np.uint8)
         ints = bcast_array(comm, ints, np.int64, root)
         blob = bcast_array(comm, blob, np.uint8, root)
@@ -161,7 +169,8 @@ class JoinPlan:
         return cls(clock=int(ints[1]), epoch=int(ints[2]), n_old=int(ints[3]), plan=d["plan"],
                    job_text=d["job_text"], job_path=d["job_path"], output_dir=d["output_dir"],
                    pull=d["pull"], tables=ints[4:].reshape(-1, 4).copy(),
-                   world_ranks=list(d["world_ranks"]),
+                   world_ranks=list(d["world_ranks"]), range_ranks=list(d["range_ranks"]),
+                   server_ids=list(d["server_ids"]),
                    nonfinite_rejected=int(d["nonfinite_rejected"]))
 
 
@@ -210,6 +219,12 @@ class Elastic:
         self.node_ranks = 0                       # ranks on this node after the last growth
         self.request: dict | None = None          # chief: a request taken, not yet acted on
 
+    def oversubscribed(self) -> bool:
+        """Whether this node has more ranks than usable cores since the last growth. Local."""
+        from .threads import usable_cores
+
+        return self.node_ranks > usable_cores()
+
     @property
     def roles(self):
         return self.ft.roles if self.ft is not None else self._roles
@@ -219,6 +234,8 @@ class Elastic:
         self._roles = value
         if self.ft is not None:
             self.ft.roles = value
+            if value is not None:
+                ft.watch(value.ps)                # continue mode: every wait watches the job
 
     # ------------------------------------------------------------ triggers (workers)
     def planned(self, clock: int) -> tuple[int, bool]:
@@ -295,6 +312,7 @@ class Elastic:
             world_ranks = list(self.ft.world_ranks) + list(range(top, top + n))
             if join is not None:
                 join.world_ranks = world_ranks
+                join.server_ids = list(self.ft.server_ids)
         event = {"time": time.time(), "clock": int(clock), "workers_requested": int(n),
                  "trigger": "request" if self.request is not None else "job file"}
         if core.any_rank_failed(r.ps, self.unavailable is not None):
@@ -418,7 +436,11 @@ class Elastic:
         ft_state = None
         if cfg.fault_tolerance.mode == "continue" and plan.world_ranks:
             from .recovery import FTState
-            ft_state = FTState(roles=None, hosts=[], world_ranks=list(plan.world_ranks))
+            f = cfg.fault_tolerance
+            ft_state = FTState(roles=None, hosts=[], world_ranks=list(plan.world_ranks),
+                               n_ranges=len(plan.range_ranks), replicas=f.replicas,
+                               on_server_loss=f.on_server_loss,
+                               server_ids=list(plan.server_ids), run_dir=Path(plan.output_dir))
         self = cls.__new__(cls)
         cls.__init__(self, cfg, None, specs, (), ft_state, out)
         key = plan.n_old + merged.Get_rank() - parent.Get_remote_size()   # after the old ones

@@ -16,15 +16,16 @@ from . import __version__
 from . import checkpoint as ckpt
 from . import consistency_report
 from .comm import core
-from .comm.collectives import barrier, bcast_int, gather_rows
+from .comm.collectives import allreduce_max, barrier, bcast_int, gather_rows
 from .comm.progress import library_version, rma_progress_advice
 from .comm.core import any_rank_failed
 from .comm.rma import allocate_windows, free_windows
-from .comm.transport import ServerEndpoint, WorkerEndpoint
+from .comm.transport import ServerEndpoint, WorkerEndpoint, check_ranges
 from .config import ConfigError, check_world, to_dict
 from .consistency import policy_from_config
 from .elastic import Elastic
 from .output import write_metrics, write_model
+from .server.replica import ServerGroup
 from .server.server import ParameterServer, window_sizes
 from .signals import EXIT_REQUEUE
 from .worker.checkpointer import Checkpointer
@@ -120,6 +121,10 @@ def check_memory(cfg, tables, world) -> None:
     its ``MemAvailable``.
     """
     need, parts = server_bytes(tables, cfg.cluster.servers)
+    copies = cfg.fault_tolerance.replicas if cfg.fault_tolerance.mode == "continue" else 1
+    if copies > 1:                  # each server also holds a backup of its neighbour's range
+        need *= copies
+        parts = [f"{p} (x {copies} copies, [fault_tolerance] replicas)" for p in parts]
     roles = core.role_map(world.Get_size(), cfg.cluster.servers)
     is_server = roles[world.Get_rank()] == core.SERVER
     have = available_memory()
@@ -248,6 +253,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
         ckpt.check_compatible(restore[0], restore[1], specs,  # every rank, before any traffic
                               slots={spec.name: opt.slot_names for spec, opt in tables})
     check_memory(cfg, tables, world)
+    check_ranges(world, cfg.cluster.servers)
     roles = core.split_roles(world, cfg.cluster.servers)
     ft_state = _fault_tolerance(cfg, roles, world, out)
     windows = []
@@ -296,18 +302,26 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
         if roles.is_chief:
             elastic.mark_running()
         server = client = trainer = None
+        ranges = None
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, cfg.comm.max_message_bytes)
-            server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
-                                     tables, policy, seed=cfg.seed, windows=windows,
-                                     run_dir=cfg.output.dir, restore=restore, ft_state=ft_state,
-                                     elastic=elastic)
+            if ft_state is not None:                 # key ranges as primary and backup
+                server = ServerGroup(ep, ft_state, roles.index, roles.worker_ranks, tables,
+                                     policy, seed=cfg.seed, restore=restore, elastic=elastic)
+            else:
+                server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
+                                         tables, policy, seed=cfg.seed, windows=windows,
+                                         run_dir=cfg.output.dir, restore=restore,
+                                         elastic=elastic)
             if windows:
                 barrier(roles.ps)                    # windows initialised before any read
             server.serve()
             roles, windows = elastic.roles, elastic.windows
+            if ft_state is not None:
+                ranges = server.range_rows()
             load = server.load()
             stats[0] = 1
+            stats[1] = load["server"]
             stats[12] = load["examples"]
             stats[2:9] = [load[k] for k in ("rows", "memory_bytes", "keys_pulled", "keys_pushed",
                                             "bytes_in", "bytes_out", "requests")]
@@ -315,12 +329,17 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 if 0 <= e < cfg.train.epochs:
                     stats[len(STAT_FIELDS) + e] = n
         else:
-            ep = WorkerEndpoint(roles.ps, roles.server_ranks, cfg.comm.max_message_bytes)
-            client = PSClient(ep, specs, roles.n_servers, policy, roles.n_workers, windows)
+            # the rank holding each key range (an added worker after a server loss: from the plan)
+            range_ranks = join.range_ranks if join is not None and join.range_ranks else \
+                roles.server_ranks
+            ep = WorkerEndpoint(roles.ps, range_ranks, cfg.comm.max_message_bytes)
+            client = PSClient(ep, specs, len(range_ranks), policy, roles.n_workers, windows)
             if restore is not None:
                 client.clock_value = int(restore[1]["step"])
             if join is not None:
                 client.clock_value = join.clock
+            if ft_state is not None and policy.aggregate:
+                client.keep_pushes()                 # sent again to a range after a failure
             if windows and join is None:
                 barrier(roles.ps)
 
@@ -360,7 +379,12 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
         world = roles.ps                     # the job's ranks now (after failures, growths)
-        stats[1] = roles.index
+        if roles.role != core.SERVER:            # servers: their original index (above)
+            stats[1] = roles.index
+        if ft_state is not None:
+            if ranges is None:
+                ranges = np.full((ft_state.n_ranges, 5), -1, dtype=np.int64)
+            ranges = allreduce_max(world, ranges)
         rows = gather_rows(world, stats)
         stopped = bool(any_rank_failed(world, stats[0] == -1))
         crows = gather_rows(world, consistency_report.local_row(
@@ -373,6 +397,9 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     finally:
         if roles.is_chief:
             elastic.clear_running()
+        if ft_state is not None:
+            from .comm import ft
+            ft.watch(None)
         roles.free()
     if not survived:
         elastic.close()                              # disconnect from added workers / parents
@@ -388,6 +415,12 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
         summary["failures"] = list(ft_state.events)
     if elastic.events:
         summary["growth"] = list(elastic.events)
+    if ft_state is not None:
+        summary["ranges"] = [{"range": r, "server": int(v[0]), "clock": int(v[1]),
+                              "examples": int(v[2]), "lost_steps": int(v[3])}
+                             for r, v in enumerate(ranges)]
+        summary["replicas"] = cfg.fault_tolerance.replicas
+        summary["replication_bytes"] = int(ranges[:, 4].clip(0).sum())
     summary["consistency"] = consistency_report.summarize(
         crows, policy, cfg.consistency.pull, 8 + np.dtype(cfg.model.dtype).itemsize)
     _finish_metrics(cfg, summary, history)
@@ -418,8 +451,12 @@ def _fault_tolerance(cfg, roles, world, out):
             out.flush()
         return None
     ft.errors_return(roles.ps, roles.role_comm)
+    ft.watch(roles.ps)              # every wait notices a failed rank (no revoke)
     n = world.Get_size()
-    return FTState(roles=roles, hosts=[], world_ranks=list(range(n)))
+    f = cfg.fault_tolerance
+    return FTState(roles=roles, hosts=[], world_ranks=list(range(n)), n_ranges=roles.n_servers,
+                   replicas=f.replicas, on_server_loss=f.on_server_loss,
+                   server_ids=list(range(roles.n_servers)), run_dir=cfg.output.dir)
 
 
 def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:

@@ -1,22 +1,43 @@
 """Agreement after a rank dies (``[fault_tolerance] mode = "continue"``), shared by the server
-and worker loops. No mpi4py here: the MPI calls are in :mod:`hpcps.comm.ft`.
+and worker loops. No mpi4py here: the MPI calls are in :mod:`hpcps.comm.ft` and
+:mod:`hpcps.comm.core`.
 
 Protocol, collective over every surviving rank (servers and workers) once each has caught a
 peer failure (:func:`hpcps.comm.ft.is_peer_failure`):
 
-1. revoke the job's communicators and ``Shrink`` the parameter-server communicator;
-2. allgather ``[is_server, old_index]`` so every survivor knows the new layout; if a server
-   died, every survivor raises :class:`hpcps.comm.ft.ServerLost` (its key range is gone: the
-   job stops and restarts from the last checkpoint);
-3. split the new role communicators (survivors keep their relative order);
-4. the servers agree, for every worker of the old layout, on the number of steps it finished:
-   ``C_w`` = the largest number of CLOCK messages any server received from it, and the
-   examples of its last step. A worker sends all pushes of a step, to every server, before it
-   sends that step's CLOCK to any server, so a server holding the pushes of step ``C_w - 1``
-   without its CLOCK applies them (with the examples another server received), and pushes of
-   steps ``>= C_w`` are dropped everywhere: every worker's step is applied entirely or not at
-   all, and the rows of dropped steps are read again (by the survivors);
-5. server 0 broadcasts ``C`` and the examples to everyone.
+1. ``Shrink`` the parameter-server communicator (every survivor leaves what it was waiting
+   for by itself: :mod:`hpcps.comm.ft`, no communicator is revoked);
+2. allgather one int64 row per survivor (:func:`report_row`): a server gives its place on the
+   ring, the clock of every key-range copy it holds, and per old worker the CLOCK messages
+   it received and the examples of the last; a worker gives its own clock, the epochs it
+   finished (passed their closing barrier) and, per range, the first step whose pushes it
+   still keeps (:class:`hpcps.worker.client.PSClient` keeps every push and CLOCK until the
+   range's backup has acknowledged that step);
+3. every survivor computes the same :class:`Plan` from the rows (:func:`make_plan`): where
+   each range lives now (:mod:`hpcps.placement`: the backup of a dead primary takes over, a
+   new backup is named for every range that lost one), which ranges have no copy left, and
+   the steps each worker finished;
+4. a range with no copy left stops the job (:class:`hpcps.comm.ft.ServerLost`, on every
+   survivor) with ``on_server_loss = "restart"``; with ``"reload"`` the first server picks
+   the newest valid checkpoint this run wrote and broadcasts its step ``K``; the range is
+   reloaded from it (its initial values when there is none, ``K = 0``);
+5. the role communicators are split again (:func:`hpcps.comm.core.rebuild_roles`).
+
+Steps. ``C_w``, the steps old worker ``w`` finished, is the largest number of CLOCK messages a
+surviving server received from it — or, for a survivor that keeps its pushes, its own clock
+if larger (a CLOCK may have been lost in flight when the communicator was revoked). A worker
+sends all pushes of a step before that step's CLOCK, so a server holding a dead worker's
+pushes of step ``C_w - 1`` without its CLOCK applies them (with the examples another server
+received), and pushes of steps ``>= C_w`` are dropped everywhere: every worker's step is
+applied entirely or not at all.
+
+Key ranges. Each range resumes at ``base_r = max(S_r, B_r)``, where ``S_r`` is the clock of
+the copy it resumes from (its primary's, its backup's, or the checkpoint's ``K``) and
+``B_r`` the largest first step any surviving worker still keeps for it. The range drops what
+its surviving workers sent and it had not applied; they send their kept pushes and CLOCKs
+of steps ``base_r .. C_w - 1`` again. A backup acknowledges every clock before a worker can
+read it, so ``B_r <= S_r`` whenever a copy survived: nothing is lost and nothing applied twice.
+For a reloaded range ``base_r - K`` steps of updates are lost (``lost_steps``).
 """
 
 from __future__ import annotations
@@ -26,7 +47,189 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import placement
 from .comm import core, ft
+from .comm.collectives import allgather_rows, bcast_int
+
+#: Row fields before the per-range and per-worker blocks (see :func:`report_row`).
+_HEAD = 3
+
+
+@dataclass
+class ServerReport:
+    """What a surviving server tells the others (:func:`report_row`).
+
+    Attributes
+    ----------
+    server_id : int
+        Its original index (place on the ring).
+    copies : int64 ndarray (n_ranges,)
+        Steps applied in its copy of each range (as primary or backup), -1 where it holds none.
+    clocks : int64 ndarray (n_old_workers,)
+        CLOCK messages received from each old worker (the largest over its ranges).
+    examples : int64 ndarray (n_old_workers,)
+        Examples of that worker's last CLOCK.
+    epochs : int64 ndarray (n_old_workers,) or None
+        Epoch (0-based) of that CLOCK (None: zeros).
+    checkpoints : list of int
+        Steps of the checkpoints its ranges wrote (or the job resumed from).
+    """
+
+    server_id: int
+    copies: np.ndarray
+    clocks: np.ndarray
+    examples: np.ndarray
+    checkpoints: list = field(default_factory=list)
+    epochs: np.ndarray | None = None
+
+
+@dataclass
+class WorkerReport:
+    """What a surviving worker tells the others.
+
+    Attributes
+    ----------
+    clock : int
+        Steps it finished (its CLOCKs completed).
+    epochs : int
+        Epochs it finished (their closing barrier completed).
+    kept : int64 ndarray (n_ranges,) or None
+        First step whose pushes and CLOCK it still keeps for each range; None when it keeps
+        nothing (async), then its steps are settled from the servers' counts only.
+    """
+
+    clock: int
+    kept: np.ndarray | None = None
+    epochs: int = 0
+
+
+@dataclass
+class Plan:
+    """What every survivor computes from the gathered rows (identical on every rank).
+
+    Attributes
+    ----------
+    alive_ids : list of int
+        Original indices of the surviving servers, ascending (new server index = position).
+    dead_ids : list of int
+        Original indices of the servers that died in this failure.
+    chains : list of list of int
+        ``[primary, backup, ...]`` of each range, original server indices.
+    holders : list of dict
+        Per range, ``{server id: clock}`` of the copies the survivors hold.
+    source_clock : int64 ndarray (n_ranges,)
+        ``S_r``: clock of the copy each range resumes from (-1: none survived).
+    kept : int64 ndarray (n_ranges,)
+        ``B_r``: the largest first step the surviving workers keep per range (-1: none).
+    clocks, examples, last_epochs : int64 ndarray (n_old_workers,)
+        ``C_w``, and the examples and epoch (0-based) of each old worker's last step.
+    epochs : int
+        The most epochs a surviving worker finished: the others finish theirs at once (a
+        closing barrier can complete on some workers and be left by others).
+    lost_ranges : list of int
+        Ranges with no surviving copy.
+    resend : bool
+        Every surviving worker keeps its pushes (BSP/SSP): ranges drop their unapplied ones.
+    """
+
+    alive_ids: list
+    dead_ids: list
+    chains: list
+    holders: list
+    source_clock: np.ndarray
+    kept: np.ndarray
+    clocks: np.ndarray
+    examples: np.ndarray
+    lost_ranges: list
+    resend: bool
+    epochs: int = 0
+    last_epochs: np.ndarray | None = None
+
+    def base(self, reload_step: int = 0) -> np.ndarray:
+        """``base_r`` of every range; a lost range's source is the checkpoint step."""
+        src = self.source_clock.copy()
+        for r in self.lost_ranges:
+            src[r] = reload_step
+        return np.maximum(src, self.kept)
+
+    def lost_steps(self, reload_step: int = 0) -> np.ndarray:
+        """Steps of updates each range lost (non-zero only for reloaded ranges)."""
+        out = np.zeros(len(self.chains), dtype=np.int64)
+        for r in self.lost_ranges:
+            out[r] = max(0, int(self.kept[r]) - reload_step)
+        return out
+
+
+def report_row(report, n_ranges: int, n_old: int) -> np.ndarray:
+    """The int64 row a survivor contributes: ``[is_server, id, clock, per range (n_ranges),
+    three blocks per old worker (n_old each)]``. Servers: id = ring index, clock -1, copy
+    clocks, CLOCK counts, last examples, last epochs. Workers: epochs finished, own clock, kept
+    first steps (-1 each when it keeps nothing), zeros."""
+    row = np.zeros(_HEAD + n_ranges + 3 * n_old, dtype=np.int64)
+    if isinstance(report, ServerReport):
+        row[:_HEAD] = [1, report.server_id, -1]
+        row[_HEAD:_HEAD + n_ranges] = report.copies
+        w0 = _HEAD + n_ranges
+        row[w0:w0 + n_old] = report.clocks
+        row[w0 + n_old:w0 + 2 * n_old] = report.examples
+        if report.epochs is not None:
+            row[w0 + 2 * n_old:] = report.epochs
+    else:
+        row[:_HEAD] = [0, report.epochs, report.clock]
+        row[_HEAD:_HEAD + n_ranges] = -1 if report.kept is None else report.kept
+    return row
+
+
+def make_plan(rows: np.ndarray, n_ranges: int, replicas: int, n_old: int, old_ids,
+              worker_old_index) -> Plan:
+    """The recovery plan from the gathered rows (module docstring). Local and deterministic:
+    every survivor computes the same plan.
+
+    Parameters
+    ----------
+    rows : int64 ndarray (n_survivors, 3 + n_ranges + 3 n_old)
+        :func:`report_row` of every survivor.
+    n_ranges, replicas, n_old : int
+    old_ids : sequence of int
+        Original indices of the servers of the old layout.
+    worker_old_index : sequence of int
+        For each row, the old worker index of a worker row (ignored for servers).
+    """
+    srv = rows[rows[:, 0] == 1]
+    wrk_mask = rows[:, 0] == 0
+    wrk = rows[wrk_mask]
+    alive_ids = sorted(int(i) for i in srv[:, 1])
+    dead_ids = sorted(set(int(i) for i in old_ids) - set(alive_ids))
+    copies = srv[:, _HEAD:_HEAD + n_ranges]
+    holders = [{int(srv[i, 1]): int(copies[i, r]) for i in range(len(srv)) if copies[i, r] >= 0}
+               for r in range(n_ranges)]
+    chains = placement.chains(alive_ids, n_ranges, replicas, [list(h) for h in holders])
+    source = np.array([holders[r].get(chains[r][0], -1) if chains[r] else -1
+                       for r in range(n_ranges)], dtype=np.int64)
+    lost = [r for r in range(n_ranges) if not holders[r]]
+    kept = wrk[:, _HEAD:_HEAD + n_ranges]
+    resend = bool(len(wrk)) and bool((kept >= 0).all())
+    kept_max = kept.max(axis=0) if len(wrk) else np.full(n_ranges, -1, dtype=np.int64)
+    w0 = _HEAD + n_ranges
+    counts = srv[:, w0:w0 + n_old]
+    last = srv[:, w0 + n_old:w0 + 2 * n_old]
+    last_epoch = srv[:, w0 + 2 * n_old:w0 + 3 * n_old]
+    clocks = np.zeros(n_old, dtype=np.int64)
+    examples = np.zeros(n_old, dtype=np.int64)
+    last_epochs = np.zeros(n_old, dtype=np.int64)
+    if len(srv):
+        best = counts.argmax(axis=0)
+        clocks[:] = counts.max(axis=0)
+        examples[:] = last[best, np.arange(n_old)]
+        last_epochs[:] = last_epoch[best, np.arange(n_old)]
+    if resend:
+        own = np.asarray(worker_old_index)[wrk_mask]
+        for o, c in zip(own, wrk[:, 2]):
+            clocks[int(o)] = max(int(clocks[int(o)]), int(c))
+    return Plan(alive_ids=alive_ids, dead_ids=dead_ids, chains=chains, holders=holders,
+                source_clock=source, kept=kept_max, clocks=clocks, examples=examples,
+                lost_ranges=lost, resend=resend, epochs=int(wrk[:, 1].max()) if len(wrk) else 0,
+                last_epochs=last_epochs)
 
 
 @dataclass
@@ -40,7 +243,7 @@ class Recovery:
     dead_workers : list of int
         Worker indices (old layout) of the workers that died.
     clocks : int64 ndarray (n_old_workers,)
-        Steps each old worker finished, agreed by the servers (``C_w``).
+        Steps each old worker finished (``C_w``).
     examples : int64 ndarray (n_old_workers,)
         Examples of each old worker's last finished step.
     epochs : int64 ndarray (n_old_workers,)
@@ -53,6 +256,22 @@ class Recovery:
         The same ranks in the job's original numbering.
     failed_hosts : list of str
         Their hosts (when known).
+    seconds : float
+        Time the agreement took on this rank.
+    plan : Plan
+    dead_servers : list of int
+        Original indices of the servers that died.
+    owner_ranks : tuple of int
+        ``ps`` rank (new layout) of each range's primary: where workers send its requests.
+    base : int64 ndarray (n_ranges,)
+        Clock each range resumes at; surviving workers send their kept steps from it.
+    lost_steps : int64 ndarray (n_ranges,)
+        Steps of updates each range lost (reloaded ranges only).
+    reload_step : int or None
+        Step of the checkpoint the lost ranges are reloaded from (0 with no checkpoint:
+        initial values); None when no range was lost.
+    resend : bool
+        Surviving workers send their kept pushes again (BSP/SSP).
     """
 
     roles: core.Roles
@@ -65,6 +284,13 @@ class Recovery:
     failed_hosts: list = field(default_factory=list)
     seconds: float = 0.0
     epochs: np.ndarray = None
+    plan: Plan | None = None
+    dead_servers: list = field(default_factory=list)
+    owner_ranks: tuple = ()
+    base: np.ndarray | None = None
+    lost_steps: np.ndarray | None = None
+    reload_step: int | None = None
+    resend: bool = False
 
 
 @dataclass
@@ -81,9 +307,19 @@ class FTState:
         Original ``ps`` rank of every rank of the current ``roles.ps``.
     events : list of dict
         One record per failure: time, failed ranks and hosts, workers lost, examples
-        reassigned, recovery seconds.
+        reassigned, ranges moved or reloaded, steps lost, recovery seconds.
     recoveries : int
         Failures survived by this rank.
+    n_ranges : int
+        Key ranges of the partition (the servers of the launch).
+    replicas : int
+        Copies of each range (``[fault_tolerance] replicas``).
+    on_server_loss : str
+        ``"reload"`` or ``"restart"`` (``[fault_tolerance] on_server_loss``).
+    server_ids : list of int
+        Original index of each server of the current layout (server index order).
+    run_dir : path-like or None
+        Where the checkpoints are (to reload a lost range).
     """
 
     roles: core.Roles
@@ -91,20 +327,26 @@ class FTState:
     world_ranks: list = field(default_factory=list)
     events: list = field(default_factory=list)
     recoveries: int = 0
+    n_ranges: int = 1
+    replicas: int = 1
+    on_server_loss: str = "restart"
+    server_ids: list = field(default_factory=list)
+    run_dir: object = None
 
 
-def recover(state: FTState, server_clocks=None, server_examples=None, max_attempts: int = 5,
-            server_epochs=None) -> Recovery:
+def recover(state: FTState, report, reload_step_of=None, max_attempts: int = 5) -> Recovery:
     """Run the recovery protocol (module docstring). Collective over every survivor.
 
     Parameters
     ----------
     state : FTState
-        Updated in place: ``roles`` and ``world_ranks`` describe the survivors afterwards.
-    server_clocks, server_examples : int64 array (n_old_workers,), servers only
-        CLOCK messages received from each worker and the examples of the last one.
-    server_epochs : int64 array (n_old_workers,), servers only
-        The epoch of that last CLOCK (default 0).
+        Updated in place: ``roles``, ``world_ranks`` and ``server_ids`` describe the survivors
+        afterwards.
+    report : ServerReport or WorkerReport
+        This rank's row.
+    reload_step_of : callable() -> int, servers only
+        The step of the checkpoint a lost range is reloaded from (0: none, initial values);
+        called on the first surviving server only, when a range was lost.
 
     Returns
     -------
@@ -113,57 +355,66 @@ def recover(state: FTState, server_clocks=None, server_examples=None, max_attemp
     Raises
     ------
     hpcps.comm.ft.ServerLost
-        On every survivor, when a server died.
+        On every survivor, when a range has no surviving copy and ``on_server_loss`` is
+        ``"restart"`` (or no server survived).
     """
     t0 = time.perf_counter()
     for attempt in range(max_attempts):
         try:
-            return _recover_once(state, server_clocks, server_examples, server_epochs, t0)
+            return _recover_once(state, report, reload_step_of, t0)
         except Exception as e:          # noqa: BLE001 - only a new failure is retried
             if not ft.is_peer_failure(e) or attempt == max_attempts - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def _recover_once(state, server_clocks, server_examples, server_epochs, t0) -> Recovery:
+def _recover_once(state, report, reload_step_of, t0) -> Recovery:
     r = state.roles
     old_workers, old_servers = list(r.worker_ranks), list(r.server_ranks)
-    new_ps, failed = ft.shrink(r.ps, r.role_comm)
+    new_ps, failed = ft.shrink(r.ps)
+    n_old, n_ranges = len(old_workers), state.n_ranges
     is_server = r.role == core.SERVER
-    layout = ft.allgather_int64(new_ps, [1 if is_server else 0, r.index])
-    dead_servers = [old_servers.index(f) for f in failed if f in old_servers]
+    rows = allgather_rows(new_ps, report_row(report, n_ranges, n_old))
+    survivors = [f for f in range(r.ps.Get_size()) if f not in failed]
+    worker_old_index = [old_workers.index(o) if o in old_workers else -1 for o in survivors]
+    old_ids = state.server_ids or list(range(len(old_servers)))
+    plan = make_plan(rows, n_ranges, state.replicas, n_old, old_ids, worker_old_index)
     dead_workers = [old_workers.index(f) for f in failed if f in old_workers]
-    world_ranks = [state.world_ranks[f] for f in range(len(state.world_ranks)) if f not in failed] \
-        if state.world_ranks else []
-    if dead_servers:
-        def where(s):
-            w = state.world_ranks[old_servers[s]] if state.world_ranks else old_servers[s]
-            return f"server {s} (rank {w}{' on ' + state.hosts[w] if state.hosts else ''})"
-        hosts = ", ".join(where(s) for s in dead_servers)
-        raise ft.ServerLost(f"{hosts} died: its key range is lost ([fault_tolerance] mode = "
-                            "'continue' survives the loss of workers only); the job stops and "
-                            "resumes from its last checkpoint on a restart (hpcps run "
-                            "--max-restarts, or the Slurm script's requeue)")
-    roles = core.rebuild_roles(new_ps, r.role, r.index)
-    role_comm, workers = roles.role_comm, list(roles.worker_ranks)
-    n_old = len(old_workers)
-    agreed = np.zeros(3 * n_old, dtype=np.int64)       # clocks, examples, epochs
-    if is_server:
-        epochs = np.zeros(n_old, np.int64) if server_epochs is None else server_epochs
-        rows = ft.allgather_int64(role_comm, np.concatenate([server_clocks, server_examples, epochs]))
-        clocks = rows[:, :n_old]
-        best = clocks.argmax(axis=0)
-        agreed[:n_old] = clocks.max(axis=0)
-        for block in (1, 2):                           # the last CLOCK's, from the best server
-            agreed[block * n_old:(block + 1) * n_old] = rows[best, block * n_old + np.arange(n_old)]
-    agreed = ft.bcast_int64(new_ps, agreed, root=roles.server_ranks[0])
     failed_world = [state.world_ranks[f] for f in failed] if state.world_ranks else list(failed)
     failed_hosts = [state.hosts[w] for w in failed_world] if state.hosts else []
+    if plan.lost_ranges and (state.on_server_loss != "reload" or not plan.alive_ids):
+        raise ft.ServerLost(_lost_message(state, plan, failed_world))
+    reload_step = None
+    if plan.lost_ranges:
+        first = [i for i in range(len(rows)) if rows[i, 0] == 1 and rows[i, 1] == plan.alive_ids[0]][0]
+        step = 0
+        if is_server and int(report.server_id) == plan.alive_ids[0] and reload_step_of is not None:
+            step = int(reload_step_of())
+        reload_step = bcast_int(new_ps, step, root=first)
+    my_key = int(report.server_id) if is_server else r.index
+    roles = core.rebuild_roles(new_ps, r.role, my_key)
+    workers = list(roles.worker_ranks)
+    old_index = {new: worker_old_index[rank] for new, rank in enumerate(workers)}
+    owner_ranks = tuple(roles.server_ranks[plan.alive_ids.index(c[0])] for c in plan.chains)
     state.roles = roles
-    state.world_ranks = world_ranks
+    state.world_ranks = [state.world_ranks[f] for f in survivors] if state.world_ranks else []
+    state.server_ids = list(plan.alive_ids)
     state.recoveries += 1
-    old_index = {new: int(layout[rank, 1]) for new, rank in enumerate(workers)}
-    return Recovery(roles=roles, dead_workers=dead_workers, clocks=agreed[:n_old].copy(),
-                    examples=agreed[n_old:2 * n_old].copy(), old_index=old_index, failed_ranks=failed,
+    k = reload_step or 0
+    return Recovery(roles=roles, dead_workers=dead_workers, clocks=plan.clocks.copy(),
+                    examples=plan.examples.copy(), old_index=old_index, failed_ranks=failed,
                     failed_world_ranks=failed_world, failed_hosts=failed_hosts,
-                    seconds=time.perf_counter() - t0, epochs=agreed[2 * n_old:].copy())
+                    seconds=time.perf_counter() - t0, plan=plan, dead_servers=plan.dead_ids,
+                    owner_ranks=owner_ranks, base=plan.base(k), lost_steps=plan.lost_steps(k),
+                    reload_step=reload_step, resend=plan.resend, epochs=plan.last_epochs.copy())
+
+
+def _lost_message(state, plan, failed_world) -> str:
+    where = ", ".join(f"server {s}" for s in plan.dead_ids) or "a server"
+    ranks = ", ".join(map(str, failed_world))
+    why = ("[fault_tolerance] on_server_loss = 'restart'" if state.on_server_loss == "restart"
+           else "no server survived")
+    return (f"{where} (rank(s) {ranks}) died and key range(s) "
+            f"{', '.join(map(str, plan.lost_ranges))} have no surviving copy ({why}); the job "
+            "stops and resumes from its last checkpoint on a restart (hpcps run --max-restarts, "
+            "or the Slurm script's requeue)")

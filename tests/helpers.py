@@ -93,15 +93,17 @@ def write_job(path: Path, body: str) -> Path:
     return path
 
 
-def rank_pids(job_file: Path) -> dict:
-    """{world rank: pid} of the MPI ranks running ``job_file``."""
+def rank_pids(job_file: Path, marker: bytes = b"train") -> dict:
+    """{world rank: pid} of the MPI ranks running ``job_file`` (command lines with an argument
+    ``marker`` or ending in ``/marker``: ``hpcps train`` by default)."""
     found = {}
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         try:
             cmd = (p / "cmdline").read_bytes().split(b"\0")
-            if b"train" not in cmd or str(job_file).encode() not in cmd:
+            if (not any(c == marker or c.endswith(b"/" + marker) for c in cmd)
+                    or str(job_file).encode() not in cmd):
                 continue
             env = dict(kv.split(b"=", 1) for kv in (p / "environ").read_bytes().split(b"\0") if b"=" in kv)
             for var in (b"OMPI_COMM_WORLD_RANK", b"PMIX_RANK", b"PMI_RANK", b"SLURM_PROCID"):
@@ -111,6 +113,13 @@ def rank_pids(job_file: Path) -> dict:
         except (OSError, ValueError):
             continue
     return found
+
+
+def start_run(tmp_path, job, n: int, *extra):
+    """``python -m hpcps run -n N [extra] JOB`` in ``tmp_path``, output piped line by line."""
+    return subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", str(n), *extra, str(job)],
+                            cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
 
 
 def read_until(p, text, lines, timeout=180):
@@ -125,3 +134,10 @@ def read_until(p, text, lines, timeout=180):
         if text in line:
             return
     raise AssertionError(f"{text!r} not seen:\n{''.join(lines)[-3000:]}")
+
+
+def kill_rank(job, rank, marker=b"train"):
+    """``kill -9`` world rank ``rank`` of the job running ``job`` (see :func:`rank_pids`)."""
+    pids = rank_pids(job, marker)
+    assert rank in pids, f"rank {rank} not running ({pids})"
+    os.kill(pids[rank], signal.SIGKILL)

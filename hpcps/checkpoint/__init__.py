@@ -10,7 +10,8 @@ One directory per checkpoint, named by the step (worker clock) it was taken at::
         manifest.h5        written last, by worker 0; its presence marks the checkpoint
 
 ``shard-SSSS.h5`` (one per server; serial h5py)
-    attrs ``server``, ``n_servers``, ``clock`` (steps applied), ``hpcps_version``;
+    attrs ``server``, ``n_servers``, ``clock`` (steps applied), ``examples`` (training
+    examples whose updates it holds), ``hpcps_version``;
     per table a group ``tables/<name>`` with
 
     * ``rows``  (hi - lo, dim), the table dtype: the server's rows, in *permuted* key order
@@ -338,7 +339,8 @@ H5_OVERHEAD = 64 * 1024
 # ---------------------------------------------------------------------------- shards
 
 
-def write_shard(directory, server: int, n_servers: int, clock: int, tables: list) -> tuple[int, str]:
+def write_shard(directory, server: int, n_servers: int, clock: int, tables: list,
+                examples: int = 0) -> tuple[int, str]:
     """Write one server's shard file atomically. Local (not collective).
 
     Parameters
@@ -346,6 +348,9 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
     directory : path-like
         The checkpoint directory (``step_dir(run_dir, step)``).
     server, n_servers, clock : int
+    examples : int
+        Training examples whose updates the shard holds (the attribute ``examples``; a range
+        reloaded in place by a continue-mode job counts on from it).
     tables : list of dict
         Per table: ``name``, ``rows`` (n, dim) ndarray, ``keys`` (n,) int64, ``slots``
         (dict of name -> ndarray with n rows: (n, dim) or (n,), any numeric dtype; views
@@ -379,6 +384,7 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
         f.attrs["server"] = int(server)
         f.attrs["n_servers"] = int(n_servers)
         f.attrs["clock"] = int(clock)
+        f.attrs["examples"] = int(examples)
         f.attrs["hpcps_version"] = __version__
         for t in tables:
             g = f.create_group(f"tables/{t['name']}")
@@ -610,6 +616,16 @@ def prune(run_dir, keep: int, warn=None) -> list[Path]:
             if warn:
                 warn(f"could not remove old checkpoint {d}: {e}")
     return removed
+
+
+def shard_examples(directory, server: int) -> int:
+    """The ``examples`` attribute of ``shard-SSSS.h5`` (0 when absent: older checkpoints).
+    Local."""
+    try:
+        with h5py.File(Path(directory) / shard_name(server), "r") as f:
+            return int(f.attrs.get("examples", 0))
+    except (OSError, KeyError) as e:
+        raise CheckpointError(f"{directory}: unreadable shard {shard_name(server)} ({e})") from e
 
 
 # ------------------------------------------------------------------- re-sharded reads

@@ -1,7 +1,8 @@
 """Small collectives used by the roles, with buffer calls only (no pickle).
 
 Every function here is collective over the communicator passed in: all its ranks must call it,
-in the same order.
+in the same order. In continue mode each runs as its non-blocking form completed by a wait
+that notices failures (:func:`hpcps.comm.core.collective`).
 """
 
 from __future__ import annotations
@@ -9,14 +10,15 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .core import native_contiguous
+from .core import collective, native_contiguous
 
 
 def allreduce_sum(comm: MPI.Intracomm, values) -> np.ndarray:
     """Element-wise sum over ranks of a float64 or int64 array. Collective."""
     a = native_contiguous(values)
     out = np.empty_like(a)
-    comm.Allreduce(a, out, op=MPI.SUM)
+    collective(lambda: comm.Iallreduce(a, out, op=MPI.SUM),
+               lambda: comm.Allreduce(a, out, op=MPI.SUM), a, out)
     return out
 
 
@@ -24,7 +26,8 @@ def allreduce_max(comm: MPI.Intracomm, values) -> np.ndarray:
     """Element-wise maximum over ranks. Collective."""
     a = native_contiguous(values)
     out = np.empty_like(a)
-    comm.Allreduce(a, out, op=MPI.MAX)
+    collective(lambda: comm.Iallreduce(a, out, op=MPI.MAX),
+               lambda: comm.Allreduce(a, out, op=MPI.MAX), a, out)
     return out
 
 
@@ -34,14 +37,12 @@ def gatherv(comm: MPI.Intracomm, values: np.ndarray, root: int = 0):
     Returns the concatenation on ``root`` and ``None`` elsewhere.
     """
     a = native_contiguous(values).reshape(-1)
-    counts = np.zeros(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([a.size], dtype=np.int64), counts)
-    if comm.Get_rank() == root:
-        out = np.empty(int(counts.sum()), dtype=a.dtype)
-        comm.Gatherv(a, [out, counts.tolist()], root=root)
-        return out
-    comm.Gatherv(a, None, root=root)
-    return None
+    counts = allgather_rows(comm, [a.size])[:, 0]
+    out = np.empty(int(counts.sum()), dtype=a.dtype) if comm.Get_rank() == root else None
+    recv = [out, counts.tolist()] if out is not None else None
+    collective(lambda: comm.Igatherv(a, recv, root=root),
+               lambda: comm.Gatherv(a, recv, root=root), a, out)
+    return out
 
 
 def allgatherv(comm: MPI.Intracomm, values: np.ndarray) -> np.ndarray:
@@ -56,10 +57,10 @@ def allgatherv(comm: MPI.Intracomm, values: np.ndarray) -> np.ndarray:
     ndarray (sum of n_r,), same dtype
     """
     a = native_contiguous(values).reshape(-1)
-    counts = np.zeros(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([a.size], dtype=np.int64), counts)
+    counts = allgather_rows(comm, [a.size])[:, 0]
     out = np.empty(int(counts.sum()), dtype=a.dtype)
-    comm.Allgatherv(a, [out, counts.tolist()])
+    collective(lambda: comm.Iallgatherv(a, [out, counts.tolist()]),
+               lambda: comm.Allgatherv(a, [out, counts.tolist()]), a, out)
     return out
 
 
@@ -67,7 +68,8 @@ def gather_rows(comm: MPI.Intracomm, row: np.ndarray, root: int = 0):
     """Stack one fixed-length float64 row per rank on ``root`` → ``(size, n)``. Collective."""
     a = native_contiguous(np.asarray(row, dtype=np.float64)).reshape(-1)
     out = np.empty((comm.Get_size(), a.size), dtype=np.float64) if comm.Get_rank() == root else None
-    comm.Gather(a, out, root=root)
+    collective(lambda: comm.Igather(a, out, root=root), lambda: comm.Gather(a, out, root=root),
+               a, out)
     return out
 
 
@@ -75,14 +77,14 @@ def allgather_rows(comm: MPI.Intracomm, row) -> np.ndarray:
     """Stack one fixed-length int64 row per rank on every rank → ``(size, n)``. Collective."""
     a = native_contiguous(np.asarray(row, dtype=np.int64)).reshape(-1)
     out = np.empty((comm.Get_size(), a.size), dtype=np.int64)
-    comm.Allgather(a, out)
+    collective(lambda: comm.Iallgather(a, out), lambda: comm.Allgather(a, out), a, out)
     return out
 
 
 def bcast_int(comm: MPI.Intracomm, value: int, root: int = 0) -> int:
     """Broadcast one int64 from ``root``; returns it on every rank. Collective."""
     buf = np.array([value], dtype=np.int64)
-    comm.Bcast(buf, root=root)
+    collective(lambda: comm.Ibcast(buf, root=root), lambda: comm.Bcast(buf, root=root), buf)
     return int(buf[0])
 
 
@@ -160,4 +162,4 @@ def bcast_array(comm: MPI.Intracomm, values, dtype, root: int = 0) -> np.ndarray
 
 def barrier(comm: MPI.Intracomm) -> None:
     """``comm.Barrier()``. Collective."""
-    comm.Barrier()
+    collective(comm.Ibarrier, comm.Barrier)

@@ -117,14 +117,16 @@ def any_rank_failed(comm: MPI.Intracomm, failed: bool) -> bool:
     """True on every rank if ``failed`` is true on any. Collective (one Allreduce)."""
     flag = np.array([1 if failed else 0], dtype=np.int32)
     out = np.zeros(1, dtype=np.int32)
-    comm.Allreduce(flag, out, op=MPI.MAX)
+    collective(lambda: comm.Iallreduce(flag, out, op=MPI.MAX),
+               lambda: comm.Allreduce(flag, out, op=MPI.MAX), flag, out)
     return bool(out[0])
 
 
 def node_sum(comm: MPI.Intracomm, value: int) -> int:
     """Sum of an int over ``comm`` (e.g. the ranks of one node). Collective."""
-    out = np.zeros(1, dtype=np.int64)
-    comm.Allreduce(np.array([value], dtype=np.int64), out, op=MPI.SUM)
+    a, out = np.array([value], dtype=np.int64), np.zeros(1, dtype=np.int64)
+    collective(lambda: comm.Iallreduce(a, out, op=MPI.SUM),
+               lambda: comm.Allreduce(a, out, op=MPI.SUM), a, out)
     return int(out[0])
 
 
@@ -236,8 +238,9 @@ def split_roles(comm: MPI.Intracomm, n_servers: int) -> Roles:
 
 def rebuild_roles(ps: MPI.Intracomm, role: str, key: int, world=None) -> Roles:
     """Roles over a new communicator ``ps`` on which every rank keeps its role: after a
-    ``Shrink`` (survivors, :mod:`hpcps.recovery`) or a ``Spawn`` + ``Merge`` (the job plus
-    added workers, :mod:`hpcps.elastic`). Collective over ``ps`` (one Allgather, one Split).
+    ``Shrink`` (survivors, :func:`hpcps.comm.ft.shrink`, :mod:`hpcps.recovery`) or a
+    ``Spawn`` + ``Merge`` (the job plus added workers, :mod:`hpcps.elastic`). Collective over
+    ``ps`` (one Allgather, watched in continue mode, and one Split).
 
     Parameters
     ----------
@@ -258,8 +261,10 @@ def rebuild_roles(ps: MPI.Intracomm, role: str, key: int, world=None) -> Roles:
         ranks of ``ps``. The role communicator handles errors as ``ps`` does.
     """
     is_server = 1 if role == SERVER else 0
+    mine = np.array([is_server, key], dtype=np.int64)
     layout = np.empty((ps.Get_size(), 2), dtype=np.int64)
-    ps.Allgather(np.array([is_server, key], dtype=np.int64), layout)
+    collective(lambda: ps.Iallgather(mine, layout), lambda: ps.Allgather(mine, layout),
+               mine, layout)
     role_comm = ps.Split(is_server, key)
     handler = ps.Get_errhandler()
     role_comm.Set_errhandler(handler)
@@ -397,15 +402,14 @@ def send_array(comm: MPI.Comm, a: np.ndarray, dest: int, tag: int, max_bytes: in
     """Blocking chunked send of ``a`` (see :func:`isend_array`). Point-to-point."""
     reqs: list = []
     keep = isend_array(comm, a, dest, tag, max_bytes, reqs)
-    _waitall(reqs)
-    del keep
+    _waitall(reqs, keep)
 
 
 def recv_array(comm: MPI.Comm, out: np.ndarray, source: int, tag: int, max_bytes: int) -> None:
     """Blocking chunked receive into ``out`` (see :func:`irecv_array`). Point-to-point."""
     reqs: list = []
     irecv_array(comm, out, source, tag, max_bytes, reqs)
-    _waitall(reqs)
+    _waitall(reqs, out)
 
 
 #: Back-off of a polling wait (:func:`waitall` with ``spin``), seconds: doubles from MIN to MAX.
@@ -413,13 +417,20 @@ POLL_SLEEP_MIN = 2e-6
 POLL_SLEEP_MAX = 2e-4
 
 
-def waitall(requests: list, spin: float | None = None) -> None:
+def waitall(requests: list, *buffers, spin: float | None = None) -> None:
     """Complete a list of requests made by :func:`isend_array`/:func:`irecv_array`.
+
+    In continue mode (:data:`WATCH` set, :func:`hpcps.comm.ft.watch`) the wait polls instead of
+    blocking and raises as soon as any rank of the watched communicator has failed, even when
+    none of these requests involves it; the requests and ``buffers`` (arrays they read or
+    write) are then kept alive in :data:`ORPHANS`.
 
     Parameters
     ----------
     requests : list of MPI.Request
         Emptied on return.
+    *buffers : ndarray
+        The arrays the requests read or write (kept alive if a peer failed).
     spin : float or None
         None: ``MPI_Waitall`` (Open MPI busy-polls inside it). Else seconds to poll with
         ``MPI_Testall`` before sleeping between polls (doubling back-off up to
@@ -430,55 +441,71 @@ def waitall(requests: list, spin: float | None = None) -> None:
     Raises
     ------
     MPI.Exception
-        With the error class of the first failed request (not ``ERR_IN_STATUS``), so that a
-        failed peer is recognised (:func:`hpcps.comm.ft.is_peer_failure`).
+        With the error class of the first failed request (not ``ERR_IN_STATUS``), or the
+        failure the watch reported, so that a failed peer is recognised
+        (:func:`hpcps.comm.ft.is_peer_failure`).
     """
     if requests:
-        if spin is None:
-            _waitall(requests)
-        else:
-            _pollall(requests, spin)
+        _waitall(requests, *buffers, spin=spin)
         requests.clear()
 
 
-#: Requests left incomplete by a failed wait; :func:`hpcps.comm.ft.shrink` completes them once
-#: the communicator is revoked (then they finish at once), so none stays pending at
-#: MPI_Finalize and none is freed while MPI still uses its buffer.
+def collective(start, block, *buffers) -> None:
+    """Run one collective: ``block()`` (the blocking call), or in continue mode ``start()`` (its
+    non-blocking form, returning a request) completed by a watched :func:`waitall`, so that a
+    rank waiting for peers that went into recovery notices the failure instead of waiting for
+    ever. ``buffers``: the arrays the collective reads and writes (kept alive if it is
+    abandoned). Collective over the communicator the callables use."""
+    if WATCH:
+        waitall([start()], *buffers)
+    else:
+        block()
+
+
+#: Continue mode (``[fault_tolerance] mode = "continue"``): the parameter-server communicator
+#: whose failures interrupt every wait (set by :func:`hpcps.comm.ft.watch`); empty otherwise.
+WATCH: list = []
+#: A tag no message carries: probing it with ``MPI.ANY_SOURCE`` only reports failures.
+WATCH_TAG = 8
+
+#: Requests left incomplete by a failed wait, with the buffers they use: kept alive, never
+#: freed while MPI may still use them; :func:`hpcps.comm.ft.shrink` cancels what it can.
 ORPHANS: list = []
 
 
-def _abandon(reqs) -> None:
-    ORPHANS.extend(r for r in reqs if r != MPI.REQUEST_NULL)
+def abandon(reqs, *buffers) -> None:
+    """Keep ``reqs`` (those not complete) and ``buffers`` alive in :data:`ORPHANS`. Local."""
+    ORPHANS.append(([r for r in reqs if r != MPI.REQUEST_NULL], buffers))
 
 
-def _waitall(reqs) -> None:
-    statuses = [MPI.Status() for _ in reqs]
-    try:
-        MPI.Request.Waitall(reqs, statuses)
-    except MPI.Exception as e:
-        _failed(e, reqs, statuses)
-
-
-def _pollall(reqs, spin: float) -> None:
-    statuses = [MPI.Status() for _ in reqs]
-    t0 = time.perf_counter()
-    sleep = POLL_SLEEP_MIN
-    try:
-        while not MPI.Request.Testall(reqs, statuses):
-            if time.perf_counter() - t0 < spin:
-                continue
-            time.sleep(sleep)
-            sleep = min(2 * sleep, POLL_SLEEP_MAX)
-    except MPI.Exception as e:
-        _failed(e, reqs, statuses)
-
-
-def _failed(e, reqs, statuses):
-    """Raise the error of a failed wait, with the failed request's own error class."""
-    _abandon(reqs)       # a peer failed: nothing may stay pending until MPI_Finalize
+def _raise_failed(e: MPI.Exception, statuses) -> None:
     if e.Get_error_class() == MPI.ERR_IN_STATUS:
         for st in statuses:
             err = st.Get_error()
             if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
                 raise MPI.Exception(err) from None
     raise e
+
+
+def _waitall(reqs, *buffers, spin: float | None = None) -> None:
+    """Wait for ``reqs``: ``MPI_Waitall``; or, with ``spin`` or in continue mode, a
+    ``MPI_Testall`` loop that sleeps between polls (after ``spin`` seconds; continue mode:
+    at once, and it probes the watched communicator for a failed rank)."""
+    statuses = [MPI.Status() for _ in reqs]
+    watch = WATCH[0] if WATCH else None
+    try:
+        if watch is None and spin is None:
+            MPI.Request.Waitall(reqs, statuses)
+            return
+        t0 = time.perf_counter()
+        sleep = POLL_SLEEP_MIN
+        while not MPI.Request.Testall(reqs, statuses):
+            if watch is not None:
+                watch.Iprobe(source=MPI.ANY_SOURCE, tag=WATCH_TAG)    # raises on a failure
+                os.sched_yield()
+            elif time.perf_counter() - t0 >= spin:
+                time.sleep(sleep)
+                sleep = min(2 * sleep, POLL_SLEEP_MAX)
+    except MPI.Exception as e:
+        abandon(reqs, *buffers)   # a peer failed: nothing may stay pending until MPI_Finalize
+        _raise_failed(e, statuses)

@@ -4,15 +4,28 @@ et al., "Post-failure recovery of MPI communication capability", IJHPCA 27(3), 2
 With ``[fault_tolerance] mode = "continue"`` and an MPI built with ULFM (the Open MPI 5 wheel,
 launched with ``mpirun --with-ft ulfm``), hpcps communicators return errors instead of aborting
 (:func:`errors_return`). A dead peer then surfaces as an ``MPI.Exception`` of class
-``ERR_PROC_FAILED``/``ERR_PROC_FAILED_PENDING`` on a rank that talks to it, or ``ERR_REVOKED``
-on a rank whose communicator another survivor revoked. :func:`is_peer_failure` tells these
-apart from other errors without the caller importing mpi4py.
+``ERR_PROC_FAILED``/``ERR_PROC_FAILED_PENDING`` on a rank that talks to it;
+:func:`is_peer_failure` tells these apart from other errors without the caller importing
+mpi4py.
 
-Recovery (:func:`shrink`) is collective over the survivors: every one revokes the job's
-communicators (so that no survivor stays blocked in a receive from a dead rank or in a
-collective including it), ``Shrink`` builds a communicator of the survivors, and the failed
-ranks are found by comparing its group with the old one. The callers (server loop, worker loop)
-then agree on what the dead ranks had done and rebuild their endpoints.
+Detection without revoke. Every wait of a continue-mode job polls (:func:`watch`,
+:func:`hpcps.comm.core.waitall`): it tests its requests and probes the parameter-server
+communicator with ``MPI.ANY_SOURCE``, which raises ``ERR_PROC_FAILED`` on every rank as soon as
+any of its ranks is known to have failed (until the failure is acknowledged, which hpcps never
+does on that communicator). Worker collectives run as their non-blocking forms completed by
+the same watched wait (:func:`hpcps.comm.core.collective`). So every survivor leaves whatever
+it was waiting for, with or without a message from the dead rank, and no communicator is
+revoked. ``MPI_Comm_revoke`` is not used because, in Open MPI 5.0.x (seen with 5.0.11), a
+revoke while point-to-point messages are in flight on the communicator aborts the sender
+("Send error after request freed", ``MPI_ERRORS_ARE_FATAL`` on a NULL communicator): an eager
+send whose request the sender already completed gets the revoke's error when its fragment
+comes back, and an error on a freed request is fatal. ``tests/e2e/ulfm_revoke_repro.py``
+reproduces it with mpi4py alone.
+
+Recovery (:func:`shrink`) is collective over the survivors: ``Shrink`` builds a communicator of
+the survivors (it does not need a revoked communicator), and the failed ranks are found by
+comparing its group with the old one. The callers (server loop, worker loop) then agree on
+what the dead ranks had done and rebuild their endpoints (:mod:`hpcps.recovery`).
 
 RMA windows spanning a dead rank are not used after a failure (Open MPI's ``osc/sm`` is not
 tested for post-failure operation; see ``/work/shared`` notes): the continue mode uses
@@ -23,7 +36,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 from mpi4py import MPI
 
 _FAILURE_CLASSES = tuple(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
@@ -77,21 +89,17 @@ def is_mpi_error(exc: BaseException) -> bool:
     return isinstance(exc, MPI.Exception)
 
 
-def revoke(*comms) -> None:
-    """Revoke ``comms`` (errors ignored: another survivor may have revoked them). Not
-    collective: any one rank revoking is enough."""
-    for c in comms:
-        if c is None or c == MPI.COMM_NULL:
-            continue
-        try:
-            c.Revoke()
-        except MPI.Exception:
-            pass
+def watch(comm) -> None:
+    """Make every wait of this rank raise as soon as a rank of ``comm`` has failed (or stop
+    watching with ``None``); see the module docstring. Local."""
+    from . import core
+
+    core.WATCH[:] = [] if comm is None else [comm]
 
 
-def shrink(comm, *others):
-    """Revoke ``comm`` and ``others``, then build the communicator of the survivors.
-    Collective over the surviving ranks of ``comm``.
+def shrink(comm):
+    """Build the communicator of the survivors of ``comm`` and watch it. Collective over the
+    surviving ranks of ``comm``.
 
     Returns
     -------
@@ -100,10 +108,10 @@ def shrink(comm, *others):
     failed : list of int
         Ranks of ``comm`` that failed.
     """
-    revoke(comm, *others)
-    _drain_orphans()
+    _cancel_orphans()
     new = comm.Shrink()
     errors_return(new)
+    watch(new)
     old_group, new_group = comm.Get_group(), new.Get_group()
     alive = MPI.Group.Translate_ranks(new_group, list(range(new.Get_size())), old_group)
     failed = sorted(set(range(comm.Get_size())) - set(alive))
@@ -112,43 +120,26 @@ def shrink(comm, *others):
     return new, failed
 
 
-def _drain_orphans() -> None:
-    """Complete the requests a failed wait left behind (their communicator is revoked, so
-    each completes at once, with an error that is ignored)."""
+def _cancel_orphans() -> None:
+    """Cancel the requests failed waits left behind and complete those that can complete:
+    a receive must not write into its buffer (which the caller may reuse) after recovery.
+    Requests that cannot be cancelled (a send already on its way) stay referenced, with their
+    buffers, in :data:`hpcps.comm.core.ORPHANS`."""
     from . import core
 
-    while core.ORPHANS:
-        r = core.ORPHANS.pop()
-        try:
-            r.Wait()
-        except MPI.Exception:
-            pass
-
-
-def allgather_int64(comm, row) -> np.ndarray:
-    """Stack one fixed-length int64 row per rank on every rank → ``(size, n)``. Collective."""
-    a = np.ascontiguousarray(row, dtype=np.int64).reshape(-1)
-    out = np.empty((comm.Get_size(), a.size), dtype=np.int64)
-    comm.Allgather(a, out)
-    return out
-
-
-def bcast_int64(comm, values, root: int) -> np.ndarray:
-    """Broadcast an int64 array of a length every rank knows. Collective."""
-    a = np.ascontiguousarray(values, dtype=np.int64)
-    comm.Bcast(a, root=root)
-    return a
-
-
-def split(comm, color: int, key: int):
-    """``comm.Split`` with errors returned on the result. Collective."""
-    new = comm.Split(color, key)
-    errors_return(new)
-    return new
-
-
-def agree(comm, flag: int = 1) -> int:
-    """Fault-tolerant agreement (``MPI_Comm_agree``): the bitwise AND of ``flag`` over the
-    survivors; raises the same peer-failure error on every survivor if a rank of ``comm``
-    failed. Collective."""
-    return int(comm.Agree(int(flag)))
+    still = []
+    for reqs, buffers in core.ORPHANS:
+        left = []
+        for r in reqs:
+            try:
+                r.Cancel()
+            except MPI.Exception:
+                pass
+            try:
+                if not r.Test():
+                    left.append(r)
+            except MPI.Exception:
+                pass
+        if left:
+            still.append((left, buffers))
+    core.ORPHANS[:] = still

@@ -2,13 +2,21 @@
 
 Every request from a worker to a server is
 
-1. a header: 8 int64 ``[op, table, clock, n_keys, n_examples, seq, dim, 0]`` (tag ``TAG_REQ``),
+1. a header: 9 int64 ``[op, table, clock, n_keys, n_examples, seq, dim, aux, range]``
+   (tag ``TAG_REQ``),
 2. for ``PULL`` and ``PUSH``: the keys, int64 ``(n_keys,)`` (tag ``TAG_KEYS``),
 3. for ``PUSH``: the gradient rows, table dtype ``(n_keys, dim)`` (tag ``TAG_VALS``).
 
-``PULL`` and ``PULL_SHARD`` are answered with rows (tag ``TAG_REPLY``); a ``PULL`` reply is
-followed by the shard's int64 clock header (tag ``TAG_RHDR``, layout in
-:mod:`hpcps.consistency`), from which the worker learns the version it read. Header slot 7
+``range`` (``H_RANGE``) is the key range the request is for: the server index of the job's
+key partition. It equals the index of the server rank that receives it, except after a
+continue-mode job lost a server and another server took its range over (:mod:`hpcps.recovery`);
+a server rank may then hold several ranges.
+
+``PULL`` and ``PULL_SHARD`` are answered with rows (tag ``reply_tag(range)``); a ``PULL`` reply
+is followed by the shard's int64 clock header (tag ``reply_tag(range) + 1``, layout in
+:mod:`hpcps.consistency`), from which the worker learns the version it read. Each range has
+its own pair of reply tags, so that the replies of two ranges held by one server rank never
+match each other's receives, whatever order the server answers in. Header slot 7
 (``H_AUX``) is, for ``PULL``, 1 when the read must see every update of clocks below the
 request's clock whatever the consistency model (evaluation, final model), and for ``PUSH``
 the shard version the gradient was computed on (for staleness), for ``CLOCK`` the worker's
@@ -34,20 +42,46 @@ from mpi4py import MPI
 
 from .core import cores_dedicated, irecv_array, isend_array, recv_array, waitall
 
-# ops
+# ops (worker -> server; GROW: hpcps.elastic)
 PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
+# ops (server -> server: chain replication, hpcps.server.replica)
+REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE = 8, 9, 10, 11
 OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
-            CHECKPOINT: "checkpoint", GROW: "grow"}
+            CHECKPOINT: "checkpoint", GROW: "grow", REPLICATE: "replicate",
+            REPL_CLOCK: "replicate", REPL_ACK: "replicate", REPL_DONE: "replicate"}
 # tags
-TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 11, 12, 13, 14, 15
-HEADER_LEN = 8
-H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX = range(8)
+TAG_SNAP, TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 9, 11, 12, 13, 14, 15
+HEADER_LEN = 9
+H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX, H_RANGE = range(9)
 
 
 def make_header(op: int, table: int = 0, clock: int = 0, n_keys: int = 0,
-                n_examples: int = 0, seq: int = 0, dim: int = 0, aux: int = 0) -> np.ndarray:
-    """Build a request header, int64 ``(8,)``."""
-    return np.array([op, table, clock, n_keys, n_examples, seq, dim, aux], dtype=np.int64)
+                n_examples: int = 0, seq: int = 0, dim: int = 0, aux: int = 0,
+                rng: int = 0) -> np.ndarray:
+    """Build a request header, int64 ``(9,)``; ``rng`` is the key range (``H_RANGE``)."""
+    return np.array([op, table, clock, n_keys, n_examples, seq, dim, aux, rng], dtype=np.int64)
+
+
+def reply_tag(rng: int) -> int:
+    """Tag of the replies for key range ``rng`` (the clock header follows with tag + 1)."""
+    return TAG_REPLY + 2 * int(rng)
+
+
+def max_ranges(tag_ub: int) -> int:
+    """Largest number of key ranges whose reply tags fit under MPI's ``tag_ub``."""
+    return (int(tag_ub) - TAG_RHDR) // 2
+
+
+def check_ranges(comm: MPI.Comm, n_ranges: int) -> None:
+    """Raise :class:`hpcps.comm.core.LaunchError` when ``n_ranges`` key ranges need reply tags
+    beyond this MPI's ``MPI_TAG_UB`` (at least 32767 by the standard: 16376 ranges). Local."""
+    from .core import LaunchError
+
+    ub = comm.Get_attr(MPI.TAG_UB)
+    if ub is not None and n_ranges > max_ranges(ub):
+        raise LaunchError(f"{n_ranges} servers need message tags up to "
+                          f"{reply_tag(n_ranges - 1) + 1}, beyond this MPI's MPI_TAG_UB = {ub}; "
+                          f"use at most {max_ranges(ub)} servers")
 
 
 @dataclass
@@ -113,19 +147,23 @@ class WorkerEndpoint:
         self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
 
     def expect(self, server: int, out: np.ndarray, op: int = PULL) -> None:
-        """Post the receive of a reply from server index ``server`` into ``out``."""
-        irecv_array(self.comm, out, self.server_ranks[server], TAG_REPLY, self.max_bytes, self._reqs)
+        """Post the receive of a reply for key range ``server`` into ``out``."""
+        irecv_array(self.comm, out, self.server_ranks[server], reply_tag(server), self.max_bytes,
+                    self._reqs)
+        self._keep.append(out)
         self.stats.add(op, inn=out.nbytes)
 
     def expect_header(self, server: int, out: np.ndarray, op: int = PULL) -> None:
         """Post the receive of the shard clock header (int64) that follows a PULL reply."""
-        irecv_array(self.comm, out, self.server_ranks[server], TAG_RHDR, self.max_bytes, self._reqs)
+        irecv_array(self.comm, out, self.server_ranks[server], reply_tag(server) + 1,
+                    self.max_bytes, self._reqs)
+        self._keep.append(out)
         self.stats.add(op, inn=out.nbytes)
 
     def complete(self, op: int) -> None:
         """Wait for every started send and receive; time it under ``op``."""
         t0 = time.perf_counter()
-        waitall(self._reqs, self.wait_spin)
+        waitall(self._reqs, *self._keep, spin=self.wait_spin)  # buffers kept if a peer failed
         self._keep.clear()
         self.stats.add(op, seconds=time.perf_counter() - t0)
 
@@ -267,15 +305,17 @@ class ServerEndpoint:
         self.stats.add(op, inn=vals.nbytes)
         return vals
 
-    def reply(self, dest: int, values: np.ndarray, op: int, header: np.ndarray | None = None) -> None:
-        """Send reply rows to ``dest`` (which has posted the receive with ``expect``), then,
-        if given, the shard clock ``header`` (received with ``expect_header``)."""
+    def reply(self, dest: int, values: np.ndarray, op: int, header: np.ndarray | None = None,
+              rng: int = 0) -> None:
+        """Send reply rows for key range ``rng`` to ``dest`` (which has posted the receive with
+        ``expect``), then, if given, the shard clock ``header`` (``expect_header``)."""
         t0 = time.perf_counter()
         reqs: list = []
-        keep = isend_array(self.comm, values, dest, TAG_REPLY, self.max_bytes, reqs)
-        keep_h = None if header is None else isend_array(self.comm, header.copy(), dest, TAG_RHDR,
+        tag = reply_tag(rng)
+        keep = isend_array(self.comm, values, dest, tag, self.max_bytes, reqs)
+        keep_h = None if header is None else isend_array(self.comm, header.copy(), dest, tag + 1,
                                                          self.max_bytes, reqs)
-        waitall(reqs)
+        waitall(reqs, keep, keep_h)
         del keep, keep_h
         nbytes = values.nbytes + (0 if header is None else header.nbytes)
         self.stats.add(op, out=nbytes, seconds=time.perf_counter() - t0)

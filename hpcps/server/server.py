@@ -40,6 +40,48 @@ IDLE_SPIN = 5e-5
 IDLE_SPIN_DEDICATED = 1.0
 
 
+def serve_requests(poll, handle, finished, idle_spin: float, recover=None) -> None:
+    """The polling loop of a server rank: ``handle(*poll())`` until ``finished()``. Local.
+
+    When no request waits it keeps polling for ``idle_spin`` seconds after the last one, then
+    sleeps with a back-off doubling from ``IDLE_SLEEP_MIN`` to ``IDLE_SLEEP_MAX``. With
+    ``recover``, an MPI error from a failed or revoked peer
+    (:func:`hpcps.comm.ft.is_peer_failure`) calls ``recover()`` (collective over the
+    survivors) and the loop goes on; every other exception propagates.
+    """
+    sleep = IDLE_SLEEP_MIN
+    last = time.perf_counter()
+    while True:
+        try:
+            if finished():
+                return
+            msg = poll()
+            if msg is None:
+                if time.perf_counter() - last < idle_spin:
+                    continue
+                time.sleep(sleep)
+                sleep = min(sleep * 2, IDLE_SLEEP_MAX)
+                continue
+            sleep = IDLE_SLEEP_MIN
+            handle(*msg)
+            last = time.perf_counter()
+        except Exception as e:           # noqa: BLE001 - only a peer failure is recovered
+            if recover is None:
+                raise
+            from ..comm.ft import is_peer_failure
+
+            if not is_peer_failure(e):
+                raise
+            recover()
+
+
+def agreed_growth(asks: set, who: str) -> tuple[int, int, int]:
+    """The one ``(workers to add, oversubscribe, clock)`` every worker's GROW asked for."""
+    if len(asks) != 1:
+        raise RuntimeError(f"{who}: workers disagree on the growth: {sorted(asks)}")
+    return next(iter(asks))
+
+
 def rows_of(w: np.ndarray, rows: np.ndarray, pool=None) -> np.ndarray:
     """``w[rows]`` for a reply: a view (no copy) when ``rows`` is one ascending run of
     consecutive rows (a dense block), else the rows gathered into a buffer of ``pool``
@@ -77,15 +119,21 @@ class Shard:
 
 
 class ParameterServer:
-    """Server loop for one server rank.
+    """One key range's server: its shards, clocks and pending pushes, and the loop of a
+    server rank that holds only this range.
+
+    In continue mode (:class:`hpcps.server.replica.ServerGroup`) a server rank may hold
+    several ranges, one ``ParameterServer`` each, and the group's loop hands each request to
+    the range named in its header (:meth:`handle`).
 
     Parameters
     ----------
     endpoint : hpcps.comm.transport.ServerEndpoint
         This server's side of the protocol.
     index : int
-        Server index in ``[0, n_servers)``.
+        Key range (server index of the job's key partition) in ``[0, n_servers)``.
     n_servers : int
+        Number of key ranges of the partition.
     worker_ranks : sequence of int
         ``ps`` ranks of the workers, in worker-index order.
     tables : list of (TableSpec, Optimizer)
@@ -104,24 +152,36 @@ class ParameterServer:
         the rows of its key range from whichever old shards hold them, so the number of
         servers may differ from the checkpointed job's.
     ft_state : hpcps.recovery.FTState or None
-        With ``[fault_tolerance] mode = "continue"``: the loop survives the loss of workers
-        (:meth:`recover`); asynchronous pushes are then held until the worker's CLOCK of the
-        same step arrives, so that a dead worker's last step is applied entirely or not at all.
+        With ``[fault_tolerance] mode = "continue"``: asynchronous pushes are held until the
+        worker's CLOCK of the same step arrives, so that a dead worker's last step is applied
+        entirely or not at all (:meth:`settle`).
     idle_spin : float or None
         Seconds the loop polls without sleeping after a request (see :meth:`serve`);
         default from :func:`hpcps.comm.core.cores_dedicated`.
     elastic : hpcps.elastic.Elastic or None
         The job's membership: workers may be added while it runs (a GROW from every worker,
         :meth:`_grow`).
+    state : list of (w, slots) or None
+        Start from these arrays (one pair per table: the range's rows and optimizer state,
+        used as they are, not copied) instead of initial values or ``restore``: a backup
+        taking the range over.
+    clock : int or None
+        Start clock (default: ``restore``'s step, else 0).
+    order_key : list of int or None
+        Original index of each worker (the order of the deterministic sums; default
+        ``range(n_workers)``).
+    examples : int
+        Examples already applied to this range (for the run's counts).
     """
 
     def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0,
                  windows=None, run_dir=None, restore=None, ft_state=None, idle_spin=None,
-                 elastic=None):
+                 elastic=None, state=None, clock=None, order_key=None, examples=0):
         self.ep = endpoint
         self.ft = ft_state
         self.elastic = elastic
-        self.order_key = list(range(len(worker_ranks)))   # original worker index (sum order)
+        # original worker index of each worker (the order of the deterministic sums)
+        self.order_key = list(order_key) if order_key is not None else list(range(len(worker_ranks)))
         self.index = index
         if idle_spin is None:
             from ..comm.core import cores_dedicated
@@ -131,12 +191,19 @@ class ParameterServer:
         self.n_workers = len(worker_ranks)
         self.policy = policy
         self.shards: list[Shard] = []
+        start = int(restore[1]["step"]) if restore is not None else 0
+        if clock is not None:
+            start = int(clock)
+        # examples of the steps applied (BSP/SSP) or of the CLOCKs received (async)
+        self.examples_total = int(examples)
         for tid, (spec, opt) in enumerate(tables):
             part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
             lo, hi = part.shard_range(index)
             shape = (hi - lo, spec.dim)
             slots = None
-            if restore is not None:
+            if state is not None:                      # a copy held by this rank (a backup)
+                w, slots = state[tid]
+            elif restore is not None:
                 # every slot the optimizer has, by name, from whichever old shards hold it
                 w, saved = ckpt.read_range(restore[0], restore[1], spec.name, lo, hi,
                                            num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype,
@@ -147,7 +214,6 @@ class ParameterServer:
                 w = spec.initial_rows(part.shard_keys(index), seed)
             if slots is None:
                 slots = opt.init_slots(shape, spec.dtype, w=w)
-            start = int(restore[1]["step"]) if restore is not None else 0
             win = windows[tid] if windows else None
             hdr, w = _header_and_rows(w, win, header_len(self.n_workers))
             hdr[H_VERSION] = hdr[H_CLOCK] = start       # restored: start at the checkpoint
@@ -156,22 +222,27 @@ class ParameterServer:
             self.shards.append(Shard(spec, part, opt, lo, hi, w, slots, hdr, win))
         self.n_servers = n_servers
         self.run_dir = run_dir
-        start = int(restore[1]["step"]) if restore is not None else 0
         self.clock = start                   # steps applied from every worker
         self.worker_clock = [start] * self.n_workers
-        self.examples = {}                   # clock -> examples pushed in that step
+        self.step_examples = {}              # clock -> {order key: (examples, epoch) of that step}
         self.pending = {}                    # clock -> {table: [(worker, rows, grads)]}
         self.waiting_pulls = []              # (source, header, rows) deferred by the policy
         self.pushes_applied = [0] * self.n_workers    # PUSH messages per worker
         self.last_examples = [0] * self.n_workers      # examples of each worker's last CLOCK
         self.last_epoch = [0] * self.n_workers         # ... and its epoch
-        self.examples_total = 0                        # examples of every CLOCK received
-        self.examples_epoch: dict = {}                 # epoch (0-based) -> examples
+        self.examples_epoch: dict = {}                 # epoch (0-based) -> examples applied
         self.growing: dict = {}                        # worker -> (n, oversubscribe, clock)
         self.held = {}                                 # worker -> async pushes awaiting CLOCK
         self.stopped = set()
         self.staleness = StalenessHistogram()  # of every applied push
+        self.checkpoint_steps = [start] if restore is not None else []   # shards written
+        # chain replication (hpcps.server.replica): forward(range, clock, rows per table,
+        # examples) after each applied clock; pulls see only the clocks the backup has
+        # acknowledged (``acked``; None = no backup)
+        self.forward = None
+        self.acked = None
 
+    # ------------------------------------------------------------------ loop
     # ------------------------------------------------------------------ loop
     def serve(self) -> None:
         """Answer requests until every worker has sent STOP. Not collective.
@@ -183,26 +254,12 @@ class ParameterServer:
         most one rank per core on this node, else ``IDLE_SPIN`` (50 us), so that an
         oversubscribed server leaves the cores to the workers.
         """
-        sleep = IDLE_SLEEP_MIN
-        last = time.perf_counter()
-        while len(self.stopped) < self.n_workers:
-            try:
-                msg = self.ep.poll()
-                if msg is None:
-                    if time.perf_counter() - last < self.idle_spin:
-                        continue
-                    time.sleep(sleep)
-                    sleep = min(sleep * 2, IDLE_SLEEP_MAX)
-                    continue
-                sleep = IDLE_SLEEP_MIN
-                self.handle(*msg)
-                last = time.perf_counter()
-            except Exception as e:           # noqa: BLE001 - only a peer failure is recovered
-                from ..comm.ft import is_peer_failure
+        serve_requests(lambda: self.ep.poll(), self.handle,
+                       lambda: len(self.stopped) >= self.n_workers, self.idle_spin)
+        self.check_done()
 
-                if self.ft is None or not is_peer_failure(e):
-                    raise
-                self.recover()
+    def check_done(self) -> None:
+        """Raise if a pull is still deferred when every worker has stopped. Local."""
         if self.waiting_pulls:
             raise RuntimeError(f"server {self.index}: {len(self.waiting_pulls)} pull(s) still "
                                "waiting at shutdown")
@@ -251,14 +308,17 @@ class ParameterServer:
                 raise RuntimeError(f"server {self.index}: worker {w} clocked {c}, expected "
                                    f"{self.worker_clock[w]}")
             self.worker_clock[w] = c + 1
-            self._count(w, int(h[tp.H_NEX]), int(h[tp.H_AUX]))
+            self.last_examples[w], self.last_epoch[w] = int(h[tp.H_NEX]), int(h[tp.H_AUX])
+            if not self.policy.aggregate:
+                self._count(int(h[tp.H_NEX]), int(h[tp.H_AUX]))
             for shard, rows, grads, hp in self.held.pop(w, ()):
                 self._apply_now(shard, rows, grads, hp)   # held async pushes of this step
                 self.ep.pool.give(rows, grads)
             for shard in self.shards:
                 shard.hdr[H_WORKER0 + w] = c + 1     # advisory (progress line), no lock
             if self.policy.aggregate:
-                self.examples[c] = self.examples.get(c, 0) + int(h[tp.H_NEX])
+                self.step_examples.setdefault(c, {})[self.order_key[w]] = (int(h[tp.H_NEX]),
+                                                                           int(h[tp.H_AUX]))
                 self._advance()
             else:
                 self.clock = min(self.worker_clock)
@@ -267,8 +327,8 @@ class ParameterServer:
                 self._answer_waiting()
         elif op == tp.PULL_SHARD:
             shard = self._shard(h)
-            if self.clock >= int(h[tp.H_CLOCK]):
-                self.ep.reply(source, shard.w, op)
+            if self.visible_clock >= int(h[tp.H_CLOCK]):
+                self.ep.reply(source, shard.w, op, rng=self.index)
             else:
                 self.waiting_pulls.append((source, h, None))
         elif op == tp.CHECKPOINT:
@@ -293,9 +353,11 @@ class ParameterServer:
         """Apply every clock all workers have finished, then answer pulls now allowed."""
         while min(self.worker_clock) > self.clock:
             c = self.clock
-            n_ex = self.examples.pop(c, 0)
+            per_worker = self.step_examples.pop(c, {})
+            n_ex = sum(n for n, _ in per_worker.values())
             scale = 1.0 / n_ex if n_ex else 0.0
             pending = self.pending.pop(c, {})
+            touched = {}
             for tid, shard in enumerate(self.shards):   # table order, as before
                 pushes = pending.get(tid)
                 with shard.writing():
@@ -310,10 +372,17 @@ class ParameterServer:
                         grads = self._joined(parts)
                         shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
                         self._check_weights(shard, rows, c)
+                        if self.forward is not None:
+                            touched[tid] = rows.copy()
                         self.ep.pool.give(rows, grads, *(a for p in pushes for a in p[1:3]))
                     shard.hdr[H_VERSION] = c + 1
                     shard.hdr[H_CLOCK] = c + 1
             self.clock = c + 1
+            for n, epoch in per_worker.values():
+                self._count(n, epoch)
+            if self.forward is not None:
+                self.forward(self.index, c, touched, n_ex)
+        self._publish()
         self._answer_waiting()
 
     def _joined(self, arrays):
@@ -331,13 +400,35 @@ class ParameterServer:
             for pushes in tables.values():
                 self.ep.pool.give(*(a for p in pushes for a in p[1:3]))
         self.pending.clear()
-        self.examples.clear()
+        self.step_examples.clear()
 
     def _reply_rows(self, source: int, shard: Shard, rows, op: int) -> None:
         """Reply to a pull with the rows (gathered into a pooled buffer) and the shard header."""
         vals = rows_of(shard.w, rows, self.ep.pool)
-        self.ep.reply(source, vals, op, shard.hdr)
+        self.ep.reply(source, vals, op, shard.hdr, rng=self.index)
         self.ep.pool.give(vals)
+
+    @property
+    def visible_clock(self) -> int:
+        """The clock pulls may see: the applied clock, or with a backup the clock it has
+        acknowledged (a worker never reads a state its backup could not reproduce)."""
+        return self.clock if self.acked is None else min(self.clock, self.acked)
+
+    def _publish(self) -> None:
+        """Put the visible clock into the shard headers sent with pull replies."""
+        if self.acked is None:
+            return
+        v = self.visible_clock
+        for shard in self.shards:
+            shard.hdr[H_VERSION] = shard.hdr[H_CLOCK] = v
+
+    def acknowledge(self, clock: int) -> None:
+        """The backup holds every clock below ``clock``: publish it and answer the pulls it
+        allows. Local (called by the server loop on a ``REPL_ACK``)."""
+        if self.acked is not None and clock > self.acked:
+            self.acked = clock
+            self._publish()
+            self._answer_waiting()
 
     def _apply_now(self, shard: Shard, rows, grads, h) -> None:
         """Asynchronous push: apply on arrival, scaled by 1/examples (and 1/(staleness+1))."""
@@ -377,47 +468,57 @@ class ParameterServer:
                 "lower [optimizer] learning_rate or use model dtype float64")
 
     # ------------------------------------------------------------------ failures
-    def recover(self) -> None:
-        """Survive the loss of workers (see :mod:`hpcps.recovery`). Collective over every
-        surviving rank; called when the loop catches a peer failure.
+    def settle(self, rec, endpoint) -> None:
+        """Settle every old worker's last steps after a failure, then re-index the survivors
+        and continue on ``endpoint`` (the survivors' communicator). Local; the server loop
+        (:class:`hpcps.server.replica.ServerGroup`) calls it on each range it still serves
+        once the survivors agreed (:func:`hpcps.recovery.recover`).
 
-        Every old worker's last step is settled with the agreed step counts: pushes of a step
-        whose CLOCK this server missed are applied with the examples another server received,
-        pushes of unfinished steps are dropped; the survivors are re-indexed and the loop goes
-        on with the new communicator. Raises :class:`hpcps.comm.ft.ServerLost` if a server died.
+        Dead workers: the pushes of a step whose CLOCK this range missed but another server
+        received are applied with the examples that server received, pushes of unfinished
+        steps are dropped (``rec.clocks``). Surviving workers, when they keep their pushes
+        (``rec.resend``, BSP/SSP): every push and CLOCK of theirs not applied yet is dropped,
+        and they send them again from this range's clock (so nothing lost in flight and
+        nothing applied twice); otherwise (async) their steps are settled like a dead
+        worker's.
         """
-        from ..recovery import recover
-
         n_old = self.n_workers
-        rec = recover(self.ft, np.array(self.worker_clock, dtype=np.int64),
-                      np.array(self.last_examples, dtype=np.int64),
-                      server_epochs=np.array(self.last_epoch, dtype=np.int64))
         agreed = [int(c) for c in rec.clocks]
+        dead = set(rec.dead_workers)
         for w in range(n_old):
+            key = self.order_key[w]
+            if rec.resend and w not in dead:
+                for c in list(self.step_examples):
+                    self.step_examples[c].pop(key, None)
+                self.worker_clock[w] = self.clock
+                continue
             if self.worker_clock[w] < agreed[w]:          # its CLOCK reached another server only
                 c, nex = agreed[w] - 1, int(rec.examples[w])
-                self._count(w, nex, int(rec.epochs[w]))
                 if self.policy.aggregate:
-                    self.examples[c] = self.examples.get(c, 0) + nex
+                    self.step_examples.setdefault(c, {})[key] = (nex, int(rec.epochs[w]))
                 else:
+                    self._count(nex, int(rec.epochs[w]))
                     for shard, rows, grads, hp in self.held.get(w, ()):
                         self._apply_now(shard, rows, grads, hp)
-                self.worker_clock[w] = agreed[w]
+            self.worker_clock[w] = max(self.worker_clock[w], agreed[w])
         self.held = {}
-        old_of_key = {k: w for w, k in enumerate(self.order_key)}
+        keep = {self.order_key[w]: (self.clock if rec.resend and w not in dead else agreed[w])
+                for w in range(n_old)}
         for c, tables in self.pending.items():          # drop pushes of unfinished steps
             for tid in tables:
-                tables[tid] = [p for p in tables[tid] if c < agreed[old_of_key[p[0]]]]
+                tables[tid] = [p for p in tables[tid] if c < keep[p[0]]]
+        for c in [c for c, d in self.step_examples.items() if not d]:
+            del self.step_examples[c]
         n_new = len(rec.roles.worker_ranks)
         old = [rec.old_index[i] for i in range(n_new)]
         self.order_key = [self.order_key[o] for o in old]
-        self.worker_clock = [agreed[o] for o in old]
+        self.worker_clock = [self.worker_clock[o] for o in old]
         self.last_examples = [self.last_examples[o] for o in old]
         self.last_epoch = [self.last_epoch[o] for o in old]
         self.pushes_applied = [0] * n_new               # the workers reset their counts too
         self.waiting_pulls = []                          # the survivors repeat their requests
         self.growing = {}
-        self._bind(rec.roles)
+        self._bind(rec.roles, endpoint=endpoint)
         if self.policy.aggregate:
             self._advance()
         else:
@@ -425,19 +526,20 @@ class ParameterServer:
             for shard in self.shards:
                 shard.hdr[H_CLOCK] = self.clock
 
-    def _count(self, w: int, n_examples: int, epoch: int) -> None:
-        """Record the examples of a CLOCK of worker ``w`` in ``epoch`` (0-based)."""
-        self.last_examples[w], self.last_epoch[w] = n_examples, epoch
+    def _count(self, n_examples: int, epoch: int) -> None:
+        """Count ``n_examples`` applied examples of ``epoch`` (0-based): at a CLOCK (async) or
+        when its step is applied (BSP/SSP)."""
         self.examples_total += n_examples
         self.examples_epoch[epoch] = self.examples_epoch.get(epoch, 0) + n_examples
 
-    def _bind(self, roles, windows=None) -> None:
-        """Serve the workers of ``roles`` (after a recovery or a growth) over ``roles.ps``;
+    def _bind(self, roles, windows=None, endpoint=None) -> None:
+        """Serve the workers of ``roles`` (after a recovery or a growth) over ``roles.ps``
+        (through ``endpoint`` when given: one shared by the ranges of a server rank);
         ``worker_clock`` already lists them in index order. Shard headers are resized for the
         new number of workers; with ``windows`` (a growth under RMA pulls) each shard's header
         and rows move into the new window. Traffic counts are kept. Local."""
         stats = self.ep.stats
-        self.ep = tp.ServerEndpoint(roles.ps, self.ep.max_bytes)
+        self.ep = endpoint or tp.ServerEndpoint(roles.ps, self.ep.max_bytes)
         self.ep.stats = stats
         self.worker_of_rank = {r: i for i, r in enumerate(roles.worker_ranks)}
         self.n_workers = len(roles.worker_ranks)
@@ -464,37 +566,48 @@ class ParameterServer:
         workers' (a new order key each).
         """
         asks, self.growing = set(self.growing.values()), {}
-        if len(asks) != 1:
-            raise RuntimeError(f"server {self.index}: workers disagree on the growth: {sorted(asks)}")
-        ((n, oversubscribe, clock),) = asks
+        n, oversubscribe, clock = agreed_growth(asks, f"server {self.index}")
         if self.elastic is None:
             raise RuntimeError(f"server {self.index}: GROW received but this job cannot grow")
+        self.check_growth(clock)
+
+        def rebind(roles, windows):
+            self.add_workers(roles, clock, self.elastic.oversubscribed(), windows)
+
+        self.elastic.grow(n, clock, rebind, oversubscribe=bool(oversubscribe))
+
+    def state(self) -> list:
+        """``(w, slots)`` of every table (the arrays themselves, not copies)."""
+        return [(sh.w, sh.slots) for sh in self.shards]
+
+    def check_growth(self, clock: int) -> None:
+        """Raise unless every worker's requests up to ``clock`` are done here. Local."""
         if self.waiting_pulls or self.clock != clock or any(c != clock for c in self.worker_clock):
             raise RuntimeError(f"server {self.index}: GROW at clock {clock} while the server is at "
                                f"clock {self.clock} (workers {self.worker_clock}, "
                                f"{len(self.waiting_pulls)} request(s) waiting)")
 
-        def rebind(roles, windows):
-            from ..threads import usable_cores
-
-            if self.elastic.node_ranks > usable_cores():
-                self.idle_spin = min(self.idle_spin, IDLE_SPIN)   # leave cores to the workers
-            k = len(roles.worker_ranks) - self.n_workers
-            top = max(self.order_key) + 1
-            self.order_key += list(range(top, top + k))
-            self.worker_clock += [clock] * k
-            self.pushes_applied += [0] * k
-            self.last_examples += [0] * k
-            self.last_epoch += [0] * k
-            self._bind(roles, windows)
-
-        self.elastic.grow(n, clock, rebind, oversubscribe=bool(oversubscribe))
+    def add_workers(self, roles, clock: int, oversubscribed: bool, windows=None,
+                    endpoint=None) -> None:
+        """Serve the workers of ``roles``: the old ones, then those added at ``clock`` (a new
+        order key each, after every old one). ``oversubscribed``: the node now has more ranks
+        than cores (the loop then sleeps sooner). Local."""
+        if oversubscribed:
+            self.idle_spin = min(self.idle_spin, IDLE_SPIN)   # leave cores to the workers
+        k = len(roles.worker_ranks) - self.n_workers
+        top = max(self.order_key) + 1
+        self.order_key += list(range(top, top + k))
+        self.worker_clock += [clock] * k
+        self.pushes_applied += [0] * k
+        self.last_examples += [0] * k
+        self.last_epoch += [0] * k
+        self._bind(roles, windows, endpoint)
 
     def _pull_ready(self, h) -> bool:
         c = int(h[tp.H_CLOCK])
         if int(h[tp.H_AUX]):              # a read that must see every update below its clock
-            return self.clock >= c
-        return self.policy.pull_ready(self.clock, c)
+            return self.visible_clock >= c
+        return self.policy.pull_ready(self.visible_clock, c)
 
     def _answer_waiting(self) -> None:
         """Answer the deferred pulls that the server clock now allows."""
@@ -504,7 +617,7 @@ class ParameterServer:
             if op == tp.CHECKPOINT:
                 ready = self._cut_ready(h, rows)       # rows holds the expected push counts
             elif op == tp.PULL_SHARD:
-                ready = self.clock >= int(h[tp.H_CLOCK])
+                ready = self.visible_clock >= int(h[tp.H_CLOCK])
             else:
                 ready = self._pull_ready(h)
             if ready and op == tp.CHECKPOINT:
@@ -512,7 +625,7 @@ class ParameterServer:
             elif ready:
                 shard = self._shard(h)
                 if rows is None:
-                    self.ep.reply(source, shard.w, op)
+                    self.ep.reply(source, shard.w, op, rng=self.index)
                 else:
                     self._reply_rows(source, shard, rows, op)
             else:
@@ -539,11 +652,13 @@ class ParameterServer:
                        sparse=sh.spec.sparse, optimizer=sh.optimizer.name)
                   for sh in self.shards]
         nbytes, digest = ckpt.write_shard(ckpt.step_dir(self.run_dir, step), self.index,
-                                          self.n_servers, self.clock, tables)
+                                          self.n_servers, self.clock, tables,
+                                          examples=self.examples_total)
+        self.checkpoint_steps.append(step)
         reply = np.zeros(40, dtype=np.uint8)
         reply[:8] = np.frombuffer(np.array([nbytes], dtype="<i8").tobytes(), dtype=np.uint8)
         reply[8:] = np.frombuffer(bytes.fromhex(digest), dtype=np.uint8)
-        self.ep.reply(source, reply, tp.CHECKPOINT)
+        self.ep.reply(source, reply, tp.CHECKPOINT, rng=self.index)
 
     def _shard(self, h) -> Shard:
         tid = int(h[tp.H_TABLE])

@@ -58,10 +58,12 @@ class Checkpointer:
         #: rejected non-finite steps)
         self.extra = dict
 
-    def after_step(self, clock, epoch, step_in_epoch, plan, history) -> None:
-        """Called by every worker after each clock. Collective when ``every_seconds`` is set."""
+    def after_step(self, clock, epoch, step_in_epoch, plan, history, collective=True) -> None:
+        """Called by every worker after each clock. Collective when ``every_seconds`` is set
+        and ``collective`` (False: a worker catching up after a recovery, whose peers took
+        this step's decision already; only ``every_steps`` applies)."""
         due = bool(self.c.every_steps) and clock % self.c.every_steps == 0
-        if self.c.every_seconds:
+        if self.c.every_seconds and collective:
             flag = int(self.is_chief and time.perf_counter() - self.last_time >= self.c.every_seconds)
             due = due or bool(bcast_int(self.comm, flag))
         if due:

@@ -19,6 +19,17 @@ so that its next push can carry it (the server computes the update's staleness f
 
 No method is collective; each talks point-to-point to the servers that own the keys, or
 reads their windows.
+
+Key ranges and routing: the tables are partitioned into ``n_servers`` key ranges (one per
+server of the launch); requests for range ``s`` go to the rank ``endpoint.server_ranks[s]``.
+After a continue-mode job lost a server, another server holds its range and
+:meth:`PSClient.reroute` points the range there (several ranges may then share a rank).
+
+Kept pushes (continue mode, BSP/SSP, :meth:`PSClient.keep_pushes`): every push and CLOCK is
+kept until the range has shown, in the clock header of a pull reply, that it (and its
+backup) hold that step; after a failure the worker sends the kept steps a range asks for
+again (:meth:`PSClient.resend`), as a worker of Li et al. (OSDI 2014, §4.3) re-sends the
+requests a dead server had not acknowledged.
 """
 
 from __future__ import annotations
@@ -70,6 +81,81 @@ class PSClient:
         self.read_age_sum = 0
         self.reads = 0
         self.lead_max = 0              # max over reads of (my clock - slowest worker's clock)
+        #: kept pushes (keep_pushes): step -> [examples or None, [(range, header, keys, grads)], epoch]
+        self.kept = None
+        #: per range, the largest clock a pull reply showed (every step below it is held)
+        self.acked_seen = None
+        self.kept_bytes_max = 0
+
+    # ------------------------------------------------------------ kept pushes (continue mode)
+    def keep_pushes(self) -> None:
+        """Keep every push and CLOCK from now on until its range acknowledged the step (see
+        the module docstring). Local."""
+        self.kept = {}
+        self.acked_seen = np.full(self.n_servers, self.clock_value, dtype=np.int64)
+
+    def kept_from(self) -> np.ndarray | None:
+        """First step kept per range (int64 ``(n_servers,)``), None when nothing is kept."""
+        return None if self.kept is None else self.acked_seen.copy()
+
+    def _trim(self) -> None:
+        floor = int(self.acked_seen.min())
+        for c in [c for c in self.kept if c < floor]:
+            del self.kept[c]
+        for c, entry in self.kept.items():
+            if entry[1]:
+                entry[1] = [p for p in entry[1] if c >= self.acked_seen[p[0]]]
+        nbytes = sum(k.nbytes + g.nbytes for e in self.kept.values() for _, _, k, g in e[1])
+        self.kept_bytes_max = max(self.kept_bytes_max, nbytes)
+
+    def reroute(self, endpoint) -> None:
+        """Send from now on through ``endpoint`` (its ``server_ranks[s]`` holds range ``s``)."""
+        stats = self.ep.stats
+        self.ep = endpoint
+        self.ep.stats = stats
+
+    def rollback(self, clock: int) -> None:
+        """Forget kept steps ``>= clock`` (unfinished: they are computed again) and set the
+        clock. Local."""
+        self.clock_value = int(clock)
+        if self.kept is not None:
+            for c in [c for c in self.kept if c >= clock]:
+                del self.kept[c]
+
+    def resend(self, base) -> int:
+        """Send the kept pushes and CLOCKs of steps ``base[s] .. clock - 1`` to each range
+        ``s`` again, in step order (after a failure, :mod:`hpcps.recovery`). Point-to-point.
+
+        Returns
+        -------
+        int
+            Messages sent.
+
+        Raises
+        ------
+        RuntimeError
+            If a step a range asks for is no longer kept (a broken invariant).
+        """
+        base = np.asarray(base, dtype=np.int64)
+        sent = 0
+        for c in range(int(base.min()), self.clock_value):
+            entry = self.kept.get(c)
+            ranges = [s for s in range(self.n_servers) if base[s] <= c]
+            if not ranges:
+                continue
+            if entry is None or entry[0] is None:
+                raise RuntimeError(f"step {c} is asked for again by key range(s) {ranges} but "
+                                   f"this worker no longer keeps it (kept from "
+                                   f"{self.acked_seen.tolist()})")
+            for s, h, k, g in entry[1]:
+                if base[s] <= c:
+                    self.ep.send(s, h, k, g)
+                    sent += 1
+            for s in ranges:
+                self.ep.send(s, tp.make_header(tp.CLOCK, 0, c, 0, entry[0], aux=entry[2], rng=s))
+                sent += 1
+            self.ep.complete(tp.CLOCK)
+        return sent
 
     def _table(self, table) -> tuple[int, TableSpec, KeyPartition]:
         try:
@@ -167,7 +253,7 @@ class PSClient:
                 self.ep.expect(s, buf[a:b], tp.PULL)
                 self.ep.expect_header(s, hdrs[s], tp.PULL)
                 self.ep.send(s, tp.make_header(tp.PULL, tid, self.clock_value, b - a, seq=self.seq,
-                                               aux=int(fresh)), sorted_keys[a:b])
+                                               aux=int(fresh), rng=s), sorted_keys[a:b])
         self.seq += 1
 
     def _pull_rma(self, tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh) -> None:
@@ -200,6 +286,8 @@ class PSClient:
         """Record the shard header a read returned (version for pushes; ages for reports)."""
         self.read_version[tid][server] = hdr[H_VERSION]
         self.last_header = hdr
+        if self.acked_seen is not None and hdr[H_CLOCK] > self.acked_seen[server]:
+            self.acked_seen[server] = hdr[H_CLOCK]
         age = self.clock_value - int(hdr[H_CLOCK])
         self.read_age_max = max(self.read_age_max, age)
         self.read_age_sum += age
@@ -248,30 +336,42 @@ class PSClient:
             a, b = bounds[s], bounds[s + 1]
             if a == b:
                 continue
-            self.ep.send(s, tp.make_header(tp.PUSH, tid, self.clock_value, b - a, n_examples,
-                                           seq=self.seq, dim=spec.dim, aux=int(versions[s])),
-                         k[a:b], g[a:b])
+            h = tp.make_header(tp.PUSH, tid, self.clock_value, b - a, n_examples, seq=self.seq,
+                               dim=spec.dim, aux=int(versions[s]), rng=s)
+            self.ep.send(s, h, k[a:b], g[a:b])
             self.pushes_sent[s] += 1
+            if self.kept is not None:
+                self.kept.setdefault(self.clock_value, [None, [], 0])[1].append(
+                    (s, h, k[a:b].copy(), g[a:b].copy()))
         self.ep.complete(tp.PUSH)
         self.seq += 1
 
     def clock(self, n_examples: int, epoch: int = 0) -> int:
         """Finish this worker's step (``n_examples`` examples pushed in it, in ``epoch``,
         0-based); return the new clock."""
+        if self.kept is not None:
+            entry = self.kept.setdefault(self.clock_value, [None, [], 0])
+            entry[0], entry[2] = int(n_examples), int(epoch)
         for s in range(self.n_servers):
             self.ep.send(s, tp.make_header(tp.CLOCK, 0, self.clock_value, 0, n_examples,
-                                           aux=epoch))
+                                           aux=epoch, rng=s))
         self.ep.complete(tp.CLOCK)
         self.clock_value += 1
+        if self.kept is not None:
+            self._trim()
         return self.clock_value
 
     def grow(self, n_workers: int, oversubscribe: bool = False) -> None:
         """Tell every server that the workers add ``n_workers`` workers at this clock
         (:mod:`hpcps.elastic`); every worker sends it, after its last request of the clock, so
-        a server that has it from all workers holds no request of theirs. Point-to-point."""
-        for s in range(self.n_servers):
+        a server that has it from all workers holds no request of theirs. One message per
+        server rank (after a server loss one rank may hold several key ranges). Point-to-point."""
+        first_range = {}
+        for s, rank in enumerate(self.ep.server_ranks):
+            first_range.setdefault(rank, s)
+        for s in first_range.values():
             self.ep.send(s, tp.make_header(tp.GROW, 0, self.clock_value, int(oversubscribe),
-                                           aux=n_workers))
+                                           aux=n_workers, rng=s))
         self.ep.complete(tp.GROW)
 
     def rebind(self, ps, server_ranks, n_workers: int, windows=None) -> None:
@@ -300,7 +400,7 @@ class PSClient:
             shards.append(buf)
             if hi > lo:
                 self.ep.expect(s, buf, tp.PULL_SHARD)
-                self.ep.send(s, tp.make_header(tp.PULL_SHARD, tid, self.clock_value))
+                self.ep.send(s, tp.make_header(tp.PULL_SHARD, tid, self.clock_value, rng=s))
         self.ep.complete(tp.PULL_SHARD)
         out = np.empty((spec.num_keys, spec.dim), dtype=spec.dtype)
         for s, buf in enumerate(shards):
@@ -330,10 +430,10 @@ class PSClient:
         for s in range(self.n_servers):
             self.ep.expect(s, replies[s], tp.CHECKPOINT)
             if pushes is None:
-                self.ep.send(s, tp.make_header(tp.CHECKPOINT, 0, step))
+                self.ep.send(s, tp.make_header(tp.CHECKPOINT, 0, step, rng=s))
             else:
                 col = np.ascontiguousarray(pushes[:, s], dtype=np.int64)
-                self.ep.send(s, tp.make_header(tp.CHECKPOINT, 0, step, col.size), col)
+                self.ep.send(s, tp.make_header(tp.CHECKPOINT, 0, step, col.size, rng=s), col)
         self.ep.complete(tp.CHECKPOINT)
         return [(int(np.frombuffer(r[:8].tobytes(), dtype="<i8")[0]), r[8:].tobytes().hex())
                 for r in replies]
@@ -341,7 +441,7 @@ class PSClient:
     def stop(self) -> None:
         """Tell every server this worker is done (after its last pull)."""
         for s in range(self.n_servers):
-            self.ep.send(s, tp.make_header(tp.STOP))
+            self.ep.send(s, tp.make_header(tp.STOP, rng=s))
         self.ep.complete(tp.STOP)
 
 

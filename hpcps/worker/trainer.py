@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..comm.collectives import Vote, allgather_rows, allreduce_max, allreduce_sum, gatherv
+from ..comm.collectives import Vote, allgather_rows, allreduce_max, allreduce_sum, barrier, gatherv
 from ..consistency import BSP
 from .steps import NonFiniteGuard, make_steps
 
@@ -187,6 +187,9 @@ class Trainer:
         self.steps = make_steps(self.policy, client, model, index, step_hook, self.guard)
         self._t_clock = time.time()       # when this worker last finished a step
         self._gap_event = None            # failure record waiting for the next step's time
+        self._catch_up_to = None          # clock the others had reached at the last recovery
+        self.epochs_done = 0              # epochs whose closing barrier completed here
+        self._epochs_agreed = 0           # the most any worker had finished, at the last recovery
 
     def run(self, restore=None, checkpointer=None, join=None) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
@@ -254,6 +257,7 @@ class Trainer:
             self.vote = self._make_vote()
         if checkpointer is not None and self.guard.agree is not None:
             checkpointer.extra = lambda: {"nonfinite_rejected": self.guard.rejected}
+        self.epochs_done = start_epoch
         total_steps = steps_full * t.epochs
         examples_per_step = n_train / max(1, math.ceil(n_train / (t.batch_size * self.n_workers)))
         t0 = last = time.perf_counter()
@@ -278,7 +282,7 @@ class Trainer:
                 plan = []
                 order = epoch_order(X.shape[0], cfg.seed, self.index, epoch, t.shuffle)
                 Xe, ye, steps = X, y, steps_full
-            loss_sum, n_ex = 0.0, 0
+            loss_sum, n_ex, rec = 0.0, 0, None
             first = start_step if epoch == start_epoch else 0
             seg_clock0 = self.client.clock_value - first      # clock at this segment's start
             while True:
@@ -289,7 +293,14 @@ class Trainer:
                     self.steps.begin_epoch(Xe, ye, order, steps, t.batch_size)
                     for step in range(first, steps):
                         rows = order[step * t.batch_size:(step + 1) * t.batch_size]
-                        loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
+                        # after a recovery, a worker behind the others runs the steps they
+                        # finished without the per-step votes (they voted on them already)
+                        solo = self._catch_up_to is not None and self.client.clock_value < self._catch_up_to
+                        agree, self.guard.agree = self.guard.agree, (None if solo else self.guard.agree)
+                        try:
+                            loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
+                        finally:
+                            self.guard.agree = agree
                         used = 0 if self.steps.last_rejected else int(rows.size)  # rejected step
                         self.client.clock(used, epoch)
                         n_ex += used
@@ -298,7 +309,10 @@ class Trainer:
                             ev, self._gap_event = self._gap_event, None
                             ev["gap_seconds"] = round(self._t_clock - ev["last_step_time"], 3)
                         if checkpointer is not None:
-                            checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan, self.history)
+                            checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan,
+                                                    self.history, collective=not solo)
+                        if solo:
+                            continue
                         stop, grow, oversubscribe = self._decide(
                             final=epoch == t.epochs - 1 and step == steps - 1)
                         if stop:
@@ -330,16 +344,25 @@ class Trainer:
                         if not self.stopped_by_signal:
                             rec = self._evaluate(epoch, Xt, yt, loss_sum, n_ex, time.perf_counter() - t0)
                             if self.ft is not None:
-                                self._agree_epoch_done()
-                            if rec is not None:
-                                self.history.append(rec)
-                                if self.on_epoch:
-                                    self.on_epoch(rec)
+                                barrier(self.comm)     # every worker finished the epoch
+                                self.epochs_done = epoch + 1
+                            self._record(rec)
                         break
                 except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
                     if self.ft is None or not _peer_failure(e):
                         raise
-                    new_seg = self._recover(epoch, seg_clock0, steps, plan, checkpointer)
+                    new_seg, first_after, done_ex = self._recover(epoch, seg_clock0, steps, plan,
+                                                                  checkpointer)
+                    n_ex += done_ex
+                    if self._epochs_agreed > epoch:
+                        # the closing barrier completed on other workers, not here: the epoch is
+                        # over (the chief had its record then: the others waited for it)
+                        self.epochs_done = epoch + 1
+                        self._record(rec)
+                        break
+                    if new_seg is None:       # the same workers: each goes on from its own step
+                        first = first_after
+                        continue
                 # the layout changed (a worker lost, workers added): the rest of the epoch
                 Xe, ye, order, steps, plan = new_seg.Xe, new_seg.ye, new_seg.order, new_seg.steps, new_seg.plan
                 X, y, Xt, yt, steps_full = new_seg.X, new_seg.y, new_seg.Xt, new_seg.yt, new_seg.steps_full
@@ -411,57 +434,130 @@ class Trainer:
             return [b - a for a, b in (block_bounds(n_rows, p, n_parts) for p in range(n_parts))]
         return [self.model.load("train", p, n_parts)[0].shape[0] for p in range(n_parts)]
 
-    def _agree_epoch_done(self) -> None:
-        """Fault-tolerant agreement that every worker finished the epoch (continue mode): it
-        fails the same way on every survivor if a worker died, so no survivor goes on to the
-        next epoch while another recovers in this one. Collective over the workers."""
-        from ..comm.ft import agree
-
-        agree(self.comm, 1)
+    def _record(self, rec) -> None:
+        """Keep an epoch's metrics record (the chief's; None elsewhere) and report it."""
+        if rec is not None:
+            self.history.append(rec)
+            if self.on_epoch:
+                self.on_epoch(rec)
 
     def _recover(self, epoch, seg_clock0, steps, plan, checkpointer):
-        """Recover from the loss of workers in the middle of ``epoch`` (see
-        :mod:`hpcps.recovery`); returns the :class:`Segment` of the rest of the epoch.
-        Collective over every survivor (servers included)."""
-        from ..recovery import recover
+        """Recover from the loss of workers or servers in the middle of ``epoch`` (see
+        :mod:`hpcps.recovery`). Collective over every survivor (servers included).
+
+        The client re-routes each key range to its primary now and sends the kept pushes the
+        ranges ask for. When no worker died every worker goes on with its own rows from its
+        own step (the run is the same as without the failure); otherwise the survivors
+        re-plan the rows nobody reached (:meth:`_regroup`).
+
+        Returns
+        -------
+        (Segment or None, int, int)
+            The rest of the epoch when workers died (None: the segment goes on), the step of
+            the segment to go on from (when it goes on), and the examples of steps found
+            finished (their CLOCK reached the servers before the failure interrupted this
+            worker).
+        """
+        from ..recovery import WorkerReport, recover
 
         t_fail = time.time()
         n_old, old_me = self.n_workers, self.index
-        rec = recover(self.ft)
-        self._rebind(rec.roles, checkpointer)
-        self.client.clock_value = int(rec.clocks[old_me])
+        rec = recover(self.ft, WorkerReport(self.client.clock_value, self.client.kept_from(),
+                                            self.epochs_done))
+        self._epochs_agreed = rec.plan.epochs
+        self._rebind(rec.roles, checkpointer, server_ranks=rec.owner_ranks)
+        mine = int(rec.clocks[old_me])
+        done_ex = 0
+        if self.client.kept is not None:
+            for c in range(self.client.clock_value, mine):
+                done_ex += int(self.client.kept.get(c, [0])[0] or 0)
+        self.client.rollback(mine)
         self.client.pushes_sent[:] = 0
-        # what each old worker finished of this segment; the survivors re-plan the rest
-        done = [int(min(max(0, c - seg_clock0), steps)) for c in rec.clocks]
-        seg = self._regroup_or_recover(epoch, plan + [[n_old, done]], checkpointer)  # another loss
+        resent = self.client.resend(rec.base) if rec.resend else 0
         t = self.cfg.train
-        reassigned = 0
+        event = {"time": t_fail, "epoch": epoch + 1,
+                 "failed_ranks": rec.failed_world_ranks, "failed_hosts": rec.failed_hosts,
+                 "dead_workers": rec.dead_workers, "dead_servers": rec.dead_servers,
+                 "messages_resent": resent, "last_step_time": self._t_clock}
+        if rec.dead_servers or rec.plan.lost_ranges:
+            event.update(self._range_event(rec))
+        seg, first = None, 0
         if rec.dead_workers:
+            # what each old worker finished of this segment; the survivors re-plan the rest
+            done = [int(min(max(0, c - seg_clock0), steps)) for c in rec.clocks]
+            seg = self._regroup_or_recover(epoch, plan + [[n_old, done]], checkpointer)
             prev = epoch_rows(seg.sizes, plan, n_old, self.cfg.seed, epoch, t.shuffle, t.batch_size)
             reassigned = int(sum(max(0, prev[w].size - done[w] * t.batch_size)
                                  for w in rec.dead_workers))
-        target = self.client.clock_value
-        event = {"time": t_fail, "epoch": epoch + 1,
-                 "failed_ranks": rec.failed_world_ranks, "failed_hosts": rec.failed_hosts,
-                 "dead_workers": rec.dead_workers, "worker_steps_done": done,
-                 "examples_reassigned": reassigned, "survivors": self.n_workers,
-                 "recovery_seconds": round(time.time() - t_fail, 3), "clock": target,
-                 "last_step_time": self._t_clock}
-        self._gap_event = event       # gap_seconds: last step before → first step after
+            target = self.client.clock_value
+            event.update(worker_steps_done=done, examples_reassigned=reassigned)
+        else:                       # same workers, same rows: each goes on from its own step
+            target = int(allreduce_max(self.comm, np.array([self.client.clock_value], dtype=np.int64))[0])
+            first = self.client.clock_value - seg_clock0
+            self._catch_up_to = target
+            event["examples_reassigned"] = 0
+        event.update(survivors=self.n_workers, clock=target,
+                     recovery_seconds=round(time.time() - t_fail, 3))
+        self._gap_event = event       # gap_seconds: last step before -> first step after
         self.ft.events.append(event)
         if self.is_chief:
-            self._say(f"hpcps: worker(s) {', '.join(map(str, rec.dead_workers))} (rank(s) "
-                      f"{', '.join(map(str, rec.failed_world_ranks))}) lost at clock "
-                      f"~{target} (epoch {epoch + 1}); {self.n_workers} worker(s) continue, "
-                      f"{reassigned} example(s) of the epoch reassigned; recovered in "
-                      f"{event['recovery_seconds']:.2f} s")
-        return seg
+            self._say_recovery(rec, event)
+        return seg, first, done_ex
 
-    def _rebind(self, roles, checkpointer, windows=None) -> None:
+    def _range_event(self, rec) -> dict:
+        """The event fields of a server loss: where each range went, what was reloaded."""
+        plan = rec.plan
+        moved = {}
+        for r, chain in enumerate(plan.chains):
+            if chain and r not in plan.lost_ranges and chain[0] != r:
+                moved[str(r)] = chain[0]
+        lost = {str(r): int(rec.lost_steps[r]) for r in plan.lost_ranges}
+        return {"ranges_moved": moved, "ranges_reloaded": [int(r) for r in plan.lost_ranges],
+                "reload_step": rec.reload_step, "lost_steps": lost,
+                "resumed_at": {str(r): int(rec.base[r]) for r in plan.lost_ranges},
+                "backups": {str(r): (c[1] if len(c) > 1 else None)
+                            for r, c in enumerate(plan.chains) if c}}
+
+    def _say_recovery(self, rec, ev) -> None:
+        """The chief's lines about a recovery (log; the same facts are in the metrics)."""
+        where = f"at clock ~{ev['clock']} (epoch {ev['epoch']})"
+        ranks = ", ".join(map(str, rec.failed_world_ranks))
+        if rec.dead_workers:
+            self._say(f"hpcps: worker(s) {', '.join(map(str, rec.dead_workers))} (rank(s) "
+                      f"{ranks}) lost {where}; {self.n_workers} worker(s) continue, "
+                      f"{ev['examples_reassigned']} example(s) of the epoch reassigned")
+        if rec.dead_servers:
+            self._say(f"hpcps: server(s) {', '.join(map(str, rec.dead_servers))} (rank(s) "
+                      f"{ranks}) lost {where}")
+        for r, s in ev.get("ranges_moved", {}).items():
+            self._say(f"hpcps: key range {r} taken over by server {s} from its backup copy "
+                      "(nothing lost)")
+        for r in ev.get("ranges_reloaded", []):
+            k, lost, base = ev["reload_step"], ev["lost_steps"][str(r)], ev["resumed_at"][str(r)]
+            src = f"checkpoint step {k}" if k else "its initial values (no checkpoint yet)"
+            self._say(f"hpcps: key range {r} had no copy left: reloaded from {src} onto server "
+                      f"{rec.plan.chains[r][0]}; {lost} step(s) of updates to that range lost "
+                      f"(steps {k}..{base - 1}), it resumes at clock {base}"
+                      if lost else
+                      f"hpcps: key range {r} had no copy left: reloaded from {src} onto server "
+                      f"{rec.plan.chains[r][0]}; 0 steps lost (every later step was resent)")
+        no_backup = [r for r, b in ev.get("backups", {}).items() if b is None]
+        if no_backup and self.ft.replicas > 1:
+            self._say(f"hpcps: warning: key range(s) {', '.join(no_backup)} have no backup "
+                      "(too few servers left)")
+        self._say(f"hpcps: recovered in {ev['recovery_seconds']:.2f} s")
+
+    def _rebind(self, roles, checkpointer, windows=None, server_ranks=None) -> None:
         """Work in the layout ``roles`` (after a recovery or a growth): the client's
         endpoint, this worker's index and communicator, the checkpointer's. Local; the
-        steps runner drops what it held (flushed before a growth)."""
-        self.client.rebind(roles.ps, roles.server_ranks, roles.n_workers, windows)
+        steps runner drops what it held (flushed before a growth).
+
+        ``server_ranks``: the ``roles.ps`` rank holding each key range (default: the routing
+        the client has, continue mode — a growth keeps every old rank's number —, else
+        ``roles.server_ranks``)."""
+        if server_ranks is None:
+            server_ranks = self.client.ep.server_ranks if self.ft is not None else roles.server_ranks
+        self.client.rebind(roles.ps, server_ranks, roles.n_workers, windows)
         self.comm, self.index, self.n_workers = roles.role_comm, roles.index, roles.n_workers
         self.is_chief = roles.is_chief
         self.guard.index = self.index
@@ -514,7 +610,9 @@ class Trainer:
         except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
             if self.ft is None or not _peer_failure(e):
                 raise
-            return self._recover(epoch, self.client.clock_value, 0, plan, checkpointer)
+            seg, _, _ = self._recover(epoch, self.client.clock_value, 0, plan, checkpointer)
+            # a server only: the same workers regroup as planned
+            return seg if seg is not None else self._regroup_or_recover(epoch, plan, checkpointer)
 
     def _grow(self, epoch, seg_clock0, steps, plan, checkpointer, n, oversubscribe):
         """Add ``n`` workers at this clock (:mod:`hpcps.elastic`); returns the
@@ -538,7 +636,8 @@ class Trainer:
                             job_text=cfg.text, job_path=str(cfg.path),
                             output_dir=str(cfg.output.dir), pull=cfg.consistency.pull,
                             tables=JoinPlan.layout(self.client.specs),
-                            nonfinite_rejected=self.guard.rejected)
+                            nonfinite_rejected=self.guard.rejected,
+                            range_ranks=list(self.client.ep.server_ranks) if self.ft else [])
         event = self.elastic.grow(n, clock, lambda roles, windows: self._rebind(roles, checkpointer, windows),
                                   oversubscribe=oversubscribe, join=join)
         if event is None:

@@ -9,11 +9,11 @@ import json
 
 from tests.helpers import hpcps
 
-NAMES = ["kernels", "pushpull", "rma", "rma_fanin", "checkpoint", "e2e", "scaling"]
+NAMES = ["kernels", "pushpull", "rma", "rma_fanin", "checkpoint", "e2e", "scaling", "recovery"]
 
 
 def test_bench_quick_runs_every_script_and_writes_the_table(tmp_path):
-    proc, seconds = hpcps(["bench", "--quick", "--out", tmp_path], timeout=300)
+    proc, seconds = hpcps(["bench", "--quick", "--out", tmp_path], timeout=480)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["quick"] is True and res["machine"]["cores"] >= 1 and "mpi" in res["machine"]
@@ -28,6 +28,7 @@ def test_bench_quick_runs_every_script_and_writes_the_table(tmp_path):
     goals = {r["name"]: [x["goal"] for x in r["ratios"] if x["goal"] is not None] for r in res["reports"]}
     assert 5 in goals["kernels"] and 0.5 in goals["kernels"] and 0.8 in goals["pushpull"]
     assert 0.8 in goals["rma"] and 0.7 in goals["checkpoint"]
+    assert 0.5 in goals["recovery"] and 2.0 in goals["recovery"]
     md = (tmp_path / "results.md").read_text()
     assert "| benchmark | ratio | measured | goal |" in md and "(--quick" in md
     for name in NAMES:

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from hpcps.output import read_model
-from tests.helpers import DATA, hpcps, mpi_env, read_until
+from tests.helpers import DATA, hpcps, mpi_env, read_until, start_run
 
 JOB = """
 name = "{name}"
@@ -194,17 +194,11 @@ def join_pids(cwd):
     return found
 
 
-def start(tmp_path, job, n):
-    return subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", str(n), str(job)],
-                            cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-
-
 def test_added_worker_killed_in_continue_mode_job_finishes_every_example_once(tmp_path):
     """kill -9 of a spawned worker after it joined: the job survives (continue mode, ULFM) on
     the launch's workers, and every example of every epoch is still applied once."""
     job = write(tmp_path, "ck", elastic=ADD + CONTINUE, progress=0.000001, every=0)
-    p = start(tmp_path, job, 4)
+    p = start_run(tmp_path, job, 4)
     lines: list = []
     try:
         read_until(p, "worker(s) added at clock 40", lines)
@@ -228,7 +222,7 @@ def test_added_worker_dead_before_joining_aborts_within_join_timeout(tmp_path):
     """A spawned process killed before MPI_Init would leave every rank in MPI_Comm_spawn
     (Open MPI 5): the job aborts after [elastic] join_timeout instead of hanging."""
     job = write(tmp_path, "dead", elastic=ADD + "join_timeout = 15.0\n", every=0)
-    p = start(tmp_path, job, 4)
+    p = start_run(tmp_path, job, 4)
     try:
         deadline = time.time() + 300
         while not join_pids(tmp_path) and time.time() < deadline and p.poll() is None:

@@ -4,25 +4,22 @@ real ``kill -9``, launched with ``hpcps run`` (which adds ``--with-ft ulfm``).
 * a worker killed mid-epoch under BSP and under async: the job finishes without a restart,
   the servers applied every example of every epoch exactly once (their count), test AUC
   within 0.005 of the same job without a failure;
-* a worker then a server: the worker is survived in place; the server's loss stops the job,
-  which ``--max-restarts`` relaunches from the last checkpoint to the end.
+* a worker then a server, with ``on_server_loss = "restart"``: the worker is survived in
+  place; the server's loss stops the job (its key range has no copy, and the job asks for a
+  restart), which ``--max-restarts`` relaunches from the last checkpoint to the end.
 """
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.helpers import DATA, hpcps, mpi_env, rank_pids, read_until
+from tests.helpers import DATA, hpcps, kill_rank, read_until, start_run
 
 JOB = """
 name = "{name}"
 [cluster]
-servers = 1
+servers = {servers}
 [data]
 format = "adult_csv"
 path = "{data}"
@@ -39,15 +36,18 @@ model = "{model}"
 every_steps = {every}
 [fault_tolerance]
 mode = "continue"
+on_server_loss = "{on_loss}"
 [output]
 dir = "{name}"
 """
 ROWS = 12000
 
 
-def write(tmp_path, name, model="bsp", every=0):
+def write(tmp_path, name, model="bsp", every=0, servers=1, on_loss=None):
     p = tmp_path / f"{name}.toml"
-    p.write_text(JOB.format(name=name, data=DATA, rows=ROWS, model=model, every=every))
+    on_loss = on_loss or ("restart" if model == "async" else "reload")
+    p.write_text(JOB.format(name=name, data=DATA, rows=ROWS, model=model, every=every,
+                            servers=servers, on_loss=on_loss))
     return p
 
 
@@ -56,15 +56,7 @@ def metrics(tmp_path, name):
 
 
 def start(tmp_path, job, *extra):
-    return subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", *extra, str(job)],
-                            cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-
-
-def kill_rank(job, rank):
-    pids = rank_pids(job)
-    assert rank in pids, f"rank {rank} not running ({pids})"
-    os.kill(pids[rank], signal.SIGKILL)
+    return start_run(tmp_path, job, 4, *extra)
 
 
 @pytest.mark.parametrize("model", ["bsp", "async"])
@@ -101,7 +93,7 @@ def test_worker_killed_mid_epoch_job_finishes_every_example_once(tmp_path, model
 
 
 def test_worker_then_server_lost_server_loss_restarts_from_checkpoint(tmp_path):
-    job = write(tmp_path, "two", every=40)
+    job = write(tmp_path, "two", every=40, servers=2, on_loss="restart")
     p = start(tmp_path, job, "--max-restarts", "1")
     lines: list = []
     read_until(p, "epoch 1/2  step 20/", lines)
@@ -109,7 +101,7 @@ def test_worker_then_server_lost_server_loss_restarts_from_checkpoint(tmp_path):
     read_until(p, "worker(s) continue", lines)
     read_until(p, "epoch 2/2  step", lines)
     t_kill = time.time()
-    kill_rank(job, 3)                                  # the server: stop, relaunch, resume
+    kill_rank(job, 3)                                  # server 1: stop, relaunch, resume
     read_until(p, "ServerLost", lines)
     assert time.time() - t_kill < 60                   # no hang after the server's loss
     out, _ = p.communicate(timeout=300)
