@@ -331,6 +331,11 @@ class Elastic:
     def _handshake(self, inter, r, n, clock, rebind, join, event, t0, world_ranks):
         """Steps 3-6 on the parents' side (:meth:`grow`); collective with the new workers."""
         event["spawn_seconds"] = round(time.perf_counter() - t0, 3)
+        with ft.unwatched():            # the new workers' collectives are blocking ones
+            return self._meet(inter, r, n, clock, rebind, join, event, t0, world_ranks)
+
+    def _meet(self, inter, r, n, clock, rebind, join, event, t0, world_ranks):
+        """:meth:`_handshake` after the spawn. Collective with the new workers."""
         try:
             merged = spawn.merge(inter, high=False)
             ft.errors_return(merged)                  # a process lost now: an error, not a hang

@@ -34,6 +34,7 @@ point-to-point pulls.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from mpi4py import MPI
@@ -95,6 +96,23 @@ def watch(comm) -> None:
     from . import core
 
     core.WATCH[:] = [] if comm is None else [comm]
+
+
+@contextlib.contextmanager
+def unwatched():
+    """Blocking collectives in the body, as ranks that watch nothing use (processes added with
+    ``MPI_Comm_spawn`` before they know the job: MPI never matches a blocking collective with
+    a non-blocking one). A :func:`watch` made in the body stays; else the old one is restored.
+    Local."""
+    from . import core
+
+    saved = core.WATCH[:]
+    core.WATCH[:] = []
+    try:
+        yield
+    finally:
+        if not core.WATCH:
+            core.WATCH[:] = saved
 
 
 def shrink(comm):
