@@ -324,6 +324,15 @@ class ServerGroup:
         for ps in self.primaries.values():
             ps.check_growth(clock)
 
+        # replication of the last clock finishes on the old communicator: after the growth
+        # every rank listens on the merged one only (an acknowledgement left behind would
+        # hold every pull of the next clock for ever)
+        def settled():
+            return (all(ps.acked is None or ps.acked >= clock for ps in self.primaries.values())
+                    and all(rep.clock >= clock for rep in self.backups.values()))
+
+        serve_requests(lambda: self.ep.poll(), self.handle, settled, 0.0)
+
         def rebind(roles, windows):
             stats = self.ep.stats
             self.ep = tp.ServerEndpoint(roles.ps, self.ep.max_bytes)

@@ -48,6 +48,7 @@ keep = 20
 [fault_tolerance]
 mode = "continue"
 replicas = {replicas}
+{extra}
 [output]
 dir = "{name}"
 """
@@ -57,9 +58,9 @@ STEP_EXAMPLES = 3 * 32         # every step is full: 3200 rows per worker, batch
 SERVER1 = 4                    # world rank of server 1
 
 
-def write(tmp_path, name, replicas=2, every=0):
+def write(tmp_path, name, replicas=2, every=0, extra=""):
     p = tmp_path / f"{name}.toml"
-    p.write_text(JOB.format(name=name, data=DATA, replicas=replicas, every=every))
+    p.write_text(JOB.format(name=name, data=DATA, replicas=replicas, every=every, extra=extra))
     return p
 
 
@@ -159,6 +160,28 @@ def test_worker_then_server_killed_every_example_once(tmp_path):
     assert second["epoch"] == 2 and second["survivors"] == 2
     check_every_example_once(s)
     assert [r["epoch"] for r in m["epochs"]] == [1, 2] and m["epochs"][-1]["test_auc"] > 0.88
+
+
+@pytest.mark.timeout(600)
+def test_server_killed_then_workers_added_every_example_once(tmp_path):
+    """Growth after a server loss: the added workers learn which rank holds each key range
+    (server 2 holds ranges 1 and 2) from the join plan, and every range still applies every
+    example of every epoch once."""
+    job = write(tmp_path, "grow", extra="[elastic]\nadd_workers = 2\nat_step = 60\n")
+    p = start(tmp_path, job)
+    lines: list = []
+    read_until(p, "epoch 1/2  step 20/", lines)
+    kill_rank(job, SERVER1)
+    read_until(p, "recovered in", lines)
+    out = finish(p, lines)
+    assert p.returncode == 0, out[-3000:]
+    assert "worker(s) added at clock 60" in out, out[-3000:]
+    s = metrics(tmp_path, "grow")["summary"]
+    (event,) = s["failures"]
+    assert event["dead_servers"] == [1] and event["clock"] < 60
+    assert s["growth"][0]["workers"] == 5 and len(s["workers"]) == 5
+    assert [r["server"] for r in s["ranges"]] == [0, 2, 2]
+    check_every_example_once(s)
 
 
 @pytest.mark.timeout(600)
