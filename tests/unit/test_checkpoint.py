@@ -107,7 +107,7 @@ def _corrupt_garbage_manifest(d):
 
 
 @pytest.mark.parametrize("corrupt,reason", [
-    (_corrupt_truncate, "truncated"), (_corrupt_flip, "SHA-256"), (_corrupt_no_manifest, "incomplete"),
+    (_corrupt_truncate, "truncated"), (_corrupt_flip, "checksum does not match"), (_corrupt_no_manifest, "incomplete"),
     (_corrupt_missing_shard, "missing"), (_corrupt_garbage_manifest, "unreadable manifest")])
 def test_newest_bad_checkpoint_falls_back_to_previous(tmp_path, corrupt, reason):
     good, full, *_ = make_checkpoint(tmp_path, 10, 3, seed=1)
