@@ -10,7 +10,7 @@ Sources
 A *source* names one set of model parameters (:func:`resolve`):
 
 * a checkpoint directory ``runs/NAME/ckpt/step-XXXXXXXX/`` or its ``manifest.h5`` — checked
-  with :func:`hpcps.checkpoint.verify` (every shard present, with the size and SHA-256 the
+  with :func:`hpcps.checkpoint.verify` (every shard present, with the size and checksum the
   manifest records) before anything is read;
 * a run directory ``runs/NAME/`` — its newest valid checkpoint (invalid newer ones are
   listed with the reason), or its final ``model.h5`` if no checkpoint is valid;
@@ -214,7 +214,7 @@ def resolve(path) -> Source:
         return _checkpoint(p.parent)
     try:
         with h5py.File(p, "r") as f:
-            is_manifest = ckpt.attr_value(f.attrs.get("format")) == ckpt.FORMAT
+            is_manifest = ckpt.attr_value(f.attrs.get("format")) in ckpt.READ_FORMATS
     except OSError as e:
         raise AnalysisError(f"{p}: not a readable HDF5 file ({_one_line(e)})") from None
     return _checkpoint(p.parent) if is_manifest else _model(p)
@@ -377,7 +377,7 @@ def inspect(path) -> dict:
             raise AnalysisError(f"{mpath}: cannot read the tables ({_one_line(e)})") from None
         nbytes = sum(int(b) for b in m["shards"]["bytes"])
         integrity = (f"OK: manifest and {len(m['shards']['files'])} shard(s), {nbytes / 1e6:,.2f} MB, "
-                     "sizes and SHA-256 match the manifest")
+                     f"sizes and {m['shards']['checksum']} checksums match the manifest")
     else:
         try:
             with h5py.File(src.path, "r") as f:

@@ -424,7 +424,8 @@ class PSClient:
 
         Returns
         -------
-        list of (nbytes, sha256 hex) per server, in server order.
+        list of (nbytes, digest field hex) per server, in server order, as
+        :func:`hpcps.checkpoint.write_shard` returned them on each server.
         """
         replies = [np.empty(40, dtype=np.uint8) for _ in range(self.n_servers)]
         for s in range(self.n_servers):

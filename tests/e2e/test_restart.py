@@ -4,6 +4,7 @@ Under deterministic BSP (float64) a run that is killed and resumed — on the sa
 number of servers — must end with weights bit-identical to an uninterrupted run.
 """
 
+import hashlib
 import json
 import os
 import random
@@ -138,6 +139,49 @@ def test_adam_and_ftrl_resume_on_another_server_count_is_bit_identical(tmp_path,
     proc, _ = launch(5, ["train", other], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.returncode
     assert proc.stderr.count("was another optimizer used?") == 5, proc.stderr[-2000:]
+
+
+def to_format1(directory) -> None:
+    """Rewrite a checkpoint's manifest as manifest format 1 wrote it: ``format``
+    "hpcps-checkpoint-1" and ``shards/sha256`` (SHA-256 of each file) instead of
+    ``shards/checksum`` and ``shards/digest`` (the only differences between the two formats)."""
+    d = Path(directory)
+    with h5py.File(d / ck.MANIFEST, "r+") as f:
+        sh = f["shards"].attrs
+        files = [ck.attr_value(x) for x in sh["files"]]
+        f.attrs["format"] = "hpcps-checkpoint-1"
+        del sh["checksum"], sh["digest"]
+        sh["sha256"] = [hashlib.sha256((d / n).read_bytes()).hexdigest() for n in files]
+
+
+def test_resume_from_a_format1_checkpoint_is_bit_identical(tmp_path):
+    """A checkpoint whose manifest records SHA-256 (format 1, before the XXH3-128 checksum) is
+    verified with SHA-256 and resumed; a flipped bit in one of its shards is still caught."""
+    ref = job(tmp_path, "ref", servers=2)
+    proc, _ = launch(4, ["train", ref], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = weights(tmp_path / "ref")
+    old = job(tmp_path, "old", servers=2, epochs=1, keep=1)    # one checkpoint, end of epoch 1
+    proc, _ = launch(4, ["train", old], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (step,) = ck.list_steps(tmp_path / "old")
+    to_format1(ck.step_dir(tmp_path / "old", step))
+    bad = tmp_path / "bad"
+    shutil.copytree(tmp_path / "old", bad)
+    shard = ck.step_dir(bad, step) / "shard-0001.h5"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ck.CheckpointError, match="sha256 checksum does not match"):
+        ck.verify(ck.step_dir(bad, step))
+    j = job(tmp_path, "old", servers=2, epochs=2)
+    proc, _ = launch(4, ["train", j], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"resumed from checkpoint step {step}" in proc.stdout, proc.stdout[-2000:]
+    assert_identical(weights(tmp_path / "old"), want)
+    # the checkpoints written after the resume are format 2
+    m = ck.verify(ck.step_dir(tmp_path / "old", ck.list_steps(tmp_path / "old")[-1]))
+    assert m["format"] == ck.FORMAT and m["shards"]["checksum"] == "xxh3_128"
 
 
 def test_resume_mid_epoch_on_fewer_workers_reads_every_row_once(tmp_path):

@@ -281,7 +281,7 @@ def _half_manifest(d):
 
 @pytest.mark.parametrize("damage, target, message", [
     (_truncate, ".", "truncated"),
-    (_flip, ".", "SHA-256 does not match"),
+    (_flip, ".", "xxh3_128 checksum does not match"),
     (lambda d: (d / "shard-0002.h5").unlink(), ".", "shard shard-0002.h5 is missing"),
     (lambda d: (d / "manifest.h5").unlink(), ".", "checkpoint incomplete"),
     (_garbage_manifest, ".", "unreadable manifest"),
@@ -542,7 +542,7 @@ def test_hdf5_tools_read_manifest_and_shards(svm_run, tmp_path):
     out = subprocess.run(["h5dump", "-H", man], capture_output=True, text=True, cwd=tmp_path, check=True).stdout
     assert 'DATASET "weights"' in out and "( 50, 1 )" in out and 'ATTRIBUTE "format"' in out
     out = subprocess.run(["h5dump", "-a", "/format", man], capture_output=True, text=True, check=True).stdout
-    assert '"hpcps-checkpoint-1"' in out
+    assert f'"{ckpt.FORMAT}"' in out
     # the virtual dataset's data really comes from the shards, run from another directory
     out = subprocess.run(["h5dump", "-d", "/tables/weights_keys", "-y", "-w", "0", man],
                          capture_output=True, text=True, cwd=tmp_path, check=True).stdout

@@ -1,14 +1,19 @@
 """Checkpoint files (hpcps.checkpoint): layout, validation and fallback, re-sharded reads,
 and the epoch plan that keeps every row read once when the worker count changes."""
 
+import hashlib
 import os
+import shutil
+from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpcps import analysis
 from hpcps import checkpoint as ck
 from hpcps.tables import KeyPartition
 from hpcps.worker.trainer import epoch_rows, epoch_order
@@ -107,7 +112,7 @@ def _corrupt_garbage_manifest(d):
 
 
 @pytest.mark.parametrize("corrupt,reason", [
-    (_corrupt_truncate, "truncated"), (_corrupt_flip, "SHA-256"), (_corrupt_no_manifest, "incomplete"),
+    (_corrupt_truncate, "truncated"), (_corrupt_flip, "checksum does not match"), (_corrupt_no_manifest, "incomplete"),
     (_corrupt_missing_shard, "missing"), (_corrupt_garbage_manifest, "unreadable manifest")])
 def test_newest_bad_checkpoint_falls_back_to_previous(tmp_path, corrupt, reason):
     good, full, *_ = make_checkpoint(tmp_path, 10, 3, seed=1)
@@ -144,6 +149,120 @@ def test_write_error_names_the_file(tmp_path):
     (ro / "ckpt").write_text("a file where the checkpoint directory should be")
     with pytest.raises(ck.CheckpointError, match="cannot write"):
         ck.write_shard(ck.step_dir(ro, 1), 0, 1, 1, [])
+
+
+# ------------------------------------------------------------------ shard checksums
+
+#: a real format-1 checkpoint (manifest ``shards/sha256``), written by hpcps at commit dd32fcf:
+#: table 'w' of 40 keys x 2 float64 on 2 servers, w[key, j] = 10 key + j, AdaGrad
+#: accumulator[key, j] = key + 0.25, step 7 (see its README.md)
+FORMAT1 = Path(__file__).resolve().parent.parent / "data" / "ckpt_format1"
+
+
+def _flip_byte(path, offset):
+    b = bytearray(Path(path).read_bytes())
+    b[offset] ^= 0x01
+    Path(path).write_bytes(bytes(b))
+
+
+def _rows_offset(path, table="w"):
+    """Byte offset of the first row of ``table`` in a shard file (a data byte, not metadata)."""
+    with h5py.File(path, "r") as f:
+        return int(f[f"tables/{table}/rows"].id.get_offset())
+
+
+def test_manifest_records_the_xxh3_128_of_every_shard_file(tmp_path):
+    d, *_ = make_checkpoint(tmp_path, 12, 3)
+    with h5py.File(d / ck.MANIFEST, "r") as f:
+        sh = {k: ck.attr_value(v) for k, v in f["shards"].attrs.items()}
+    assert sh["checksum"] == "xxh3_128" and "sha256" not in sh
+    assert sh["digest"] == [xxhash.xxh3_128((d / n).read_bytes()).hexdigest() for n in sh["files"]]
+    assert all(len(x) == 32 for x in sh["digest"])
+
+
+def test_digest_hashed_while_writing_is_the_files_across_many_pieces(tmp_path):
+    """Arrays of several pieces (``_PIECE`` = 1 MiB) and uneven tails: the digest returned with
+    the write equals the XXH3-128 of the file read back, in the 32-byte field servers send."""
+    n = 3 * (ck._PIECE // 8) + 12345
+    rng = np.random.default_rng(3)
+    nbytes, field = ck.write_shard(tmp_path, 0, 1, 4, [dict(
+        name="w", rows=rng.standard_normal((n, 1)), keys=np.arange(n), lo=0, hi=n, num_keys=n,
+        slots={"accumulator": rng.random((n, 1)).astype(np.float32)}, multiplier=1,
+        sparse=True, optimizer="adagrad")])
+    data = (tmp_path / ck.shard_name(0)).read_bytes()
+    assert nbytes == len(data) > 3 * ck._PIECE
+    assert len(field) == 2 * ck.DIGEST_FIELD
+    assert field == xxhash.xxh3_128(data).hexdigest() + "0" * 32
+
+
+@pytest.mark.parametrize("where", ["first byte", "first row", "last byte"])
+def test_one_flipped_bit_in_a_shard_is_caught_on_restore(tmp_path, where):
+    """A single bit flipped in a real shard (in the superblock, in a row of the table, at the
+    end) is caught by the checksum; the data byte is one h5py reads without complaint."""
+    good, *_ = make_checkpoint(tmp_path, 10, 3, seed=1)
+    bad, *_ = make_checkpoint(tmp_path, 20, 3, seed=2)
+    shard = bad / "shard-0001.h5"
+    offset = {"first byte": 0, "first row": _rows_offset(shard),
+              "last byte": shard.stat().st_size - 1}[where]
+    _flip_byte(shard, offset)
+    if where == "first row":
+        with h5py.File(shard, "r") as f:
+            f["tables/w/rows"][()]                       # HDF5 itself does not notice
+    with pytest.raises(ck.CheckpointError, match="shard-0001.h5: xxh3_128 checksum does not match"):
+        ck.verify(bad)
+    warnings = []
+    assert ck.latest_valid(tmp_path, warn=warnings.append)[0] == good
+    assert len(warnings) == 1 and "step-00000020" in warnings[0] and "checksum" in warnings[0]
+
+
+def test_format1_checkpoint_with_sha256_still_restores(tmp_path):
+    shutil.copytree(FORMAT1, tmp_path / "ckpt")
+    with h5py.File(FORMAT1 / "step-00000007" / ck.MANIFEST, "r") as f:
+        assert f.attrs["format"] == "hpcps-checkpoint-1" and "checksum" not in f["shards"].attrs
+    d, m = ck.latest_valid(tmp_path)
+    assert d == ck.step_dir(tmp_path, 7) and m["step"] == 7
+    assert m["shards"]["checksum"] == "sha256"
+    assert m["shards"]["digest"] == [hashlib.sha256((d / n).read_bytes()).hexdigest()
+                                     for n in m["shards"]["files"]]
+    part = KeyPartition(40, 3)                                  # restored on 3 servers
+    keys = np.concatenate([part.shard_keys(s) for s in range(3)])
+    rows, slots = zip(*(ck.read_range(d, m, "w", *part.shard_range(s), num_keys=40, dim=2,
+                                      dtype="float64", multiplier=part.multiplier,
+                                      slots=["accumulator"]) for s in range(3)))
+    w = np.empty((40, 2))
+    w[keys] = np.concatenate(rows)
+    acc = np.empty((40, 2))
+    acc[keys] = np.concatenate([s["accumulator"] for s in slots])
+    np.testing.assert_array_equal(w, 10.0 * np.arange(40)[:, None] + np.arange(2))
+    np.testing.assert_array_equal(acc, np.arange(40)[:, None] + 0.25 + np.zeros(2))
+    assert "sha256 checksums match" in analysis.inspect(d)["integrity"]
+
+
+def test_format1_corrupt_shard_is_caught_with_sha256(tmp_path):
+    shutil.copytree(FORMAT1, tmp_path / "ckpt")
+    d = ck.step_dir(tmp_path, 7)
+    _flip_byte(d / "shard-0000.h5", _rows_offset(d / "shard-0000.h5"))
+    with pytest.raises(ck.CheckpointError, match="shard-0000.h5: sha256 checksum does not match"):
+        ck.verify(d)
+    assert ck.latest_valid(tmp_path) is None
+
+
+def test_unknown_checksum_in_a_manifest_is_refused_by_name(tmp_path):
+    d, *_ = make_checkpoint(tmp_path, 5, 1)
+    with h5py.File(d / ck.MANIFEST, "r+") as f:
+        f["shards"].attrs["checksum"] = "md4"
+    with pytest.raises(ck.CheckpointError, match="shards/checksum 'md4' is not one this hpcps"):
+        ck.verify(d)
+
+
+def test_write_manifest_refuses_a_digest_field_it_did_not_write(tmp_path):
+    """A server of another version replying with a full 32-byte SHA-256 (no zero padding)."""
+    with pytest.raises(ck.CheckpointError, match="shard-0000.h5: digest .* is not a xxh3_128"):
+        ck.write_manifest(tmp_path, cfg_text="", job_name="t", step=1, epoch=0, step_in_epoch=1,
+                          steps_per_epoch=1, n_workers=1, worker_clocks=[1], last_push_seq=[0],
+                          shards=[(100, hashlib.sha256(b"x").hexdigest())], partitions={},
+                          history=[])
+    assert not (tmp_path / ck.MANIFEST).exists()
 
 
 @settings(max_examples=120, deadline=None)
