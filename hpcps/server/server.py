@@ -641,7 +641,8 @@ class ParameterServer:
 
     def _checkpoint(self, source, h) -> None:
         """Write this server's shard for the checkpoint at step ``h[clock]``; reply with the
-        file's size and SHA-256 (uint8 (40,): little-endian int64 size, 32 digest bytes)."""
+        file's size and checksum (uint8 (40,): little-endian int64 size, then the digest
+        zero-padded to :data:`hpcps.checkpoint.DIGEST_FIELD` bytes)."""
         step = int(h[tp.H_CLOCK])
         if self.clock != step:
             raise RuntimeError(f"server {self.index}: checkpoint for step {step} requested at "
