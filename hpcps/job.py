@@ -391,7 +391,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             server is not None, roles.index, server.staleness if server else None, client,
             trainer.steps if trainer else None, windows))
         free_windows(windows)                        # collective; normal exit path
-        survived = survived_failure(ft_state)
+        # any rank (workers added after a failure never saw it): all leave the same way
+        survived = any_rank_failed(world, survived_failure(ft_state))
         if survived:
             barrier(roles.ps)                        # every survivor is done with MPI
     finally:
