@@ -162,32 +162,10 @@ def test_worker_then_server_killed_every_example_once(tmp_path):
     assert [r["epoch"] for r in m["epochs"]] == [1, 2] and m["epochs"][-1]["test_auc"] > 0.88
 
 
-@pytest.mark.timeout(600)
-def test_server_killed_then_workers_added_every_example_once(tmp_path):
-    """Growth after a server loss: the added workers learn which rank holds each key range
-    (server 2 holds ranges 1 and 2) from the join plan, and every range still applies every
-    example of every epoch once."""
-    job = write(tmp_path, "grow", extra="[elastic]\nadd_workers = 2\nat_step = 60\n")
-    p = start(tmp_path, job)
-    lines: list = []
-    read_until(p, "epoch 1/2  step 20/", lines)
-    kill_rank(job, SERVER1)
-    read_until(p, "recovered in", lines)
-    out = finish(p, lines)
-    assert p.returncode == 0, out[-3000:]
-    assert "worker(s) added at clock 60" in out, out[-3000:]
-    s = metrics(tmp_path, "grow")["summary"]
-    (event,) = s["failures"]
-    assert event["dead_servers"] == [1] and event["clock"] < 60
-    assert s["growth"][0]["workers"] == 5 and len(s["workers"]) == 5
-    assert [r["server"] for r in s["ranges"]] == [0, 2, 2]
-    check_every_example_once(s)
-
-
-@pytest.mark.timeout(600)
-def test_server_killed_without_replica_range_reloaded_steps_lost_reported(tmp_path):
-    every, kill_clock = 20, 50
-    job = write(tmp_path, "reload", replicas=1, every=every)
+def kill_while_paused(tmp_path, job, kill_clock):
+    """Run ``job`` with every worker waiting at ``kill_clock`` (``pause_driver.py``), kill
+    server 1 then (every range has applied exactly ``kill_clock`` steps), let the workers go
+    on; return (exit status, output)."""
     flag = tmp_path / "go"
     driver = ROOT / "tests" / "e2e" / "pause_driver.py"
     cmd = [mpirun(), "-n", str(RANKS), "--with-ft", "ulfm", sys.executable, str(driver),
@@ -200,13 +178,39 @@ def test_server_killed_without_replica_range_reloaded_steps_lost_reported(tmp_pa
             assert time.time() < deadline and p.poll() is None, "the workers did not pause"
             time.sleep(0.05)
         time.sleep(0.5)                                # the servers apply the last CLOCKs
-        kill_rank(job, SERVER1, b"pause_driver.py")     # every range has applied 50 steps
+        kill_rank(job, SERVER1, b"pause_driver.py")
         flag.touch()
         out = finish(p, [])
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 0, out[-3000:]
+    return p.returncode, out
+
+
+@pytest.mark.timeout(600)
+def test_server_killed_then_workers_added_every_example_once(tmp_path):
+    """Growth after a server loss: the added workers learn from the join plan which rank
+    holds each key range (server 2 holds ranges 1 and 2), and every range still applies every
+    example of every epoch once."""
+    job = write(tmp_path, "grow", extra="[elastic]\nadd_workers = 2\nat_step = 60\n")
+    code, out = kill_while_paused(tmp_path, job, 30)
+    assert code == 0, out[-3000:]
+    assert "key range 1 taken over by server 2" in out, out[-3000:]
+    assert "worker(s) added at clock 60" in out, out[-3000:]
+    s = metrics(tmp_path, "grow")["summary"]
+    (event,) = s["failures"]
+    assert event["dead_servers"] == [1] and event["clock"] == 30
+    assert s["growth"][0]["workers"] == 5 and len(s["workers"]) == 5
+    assert [r["server"] for r in s["ranges"]] == [0, 2, 2]
+    check_every_example_once(s)
+
+
+@pytest.mark.timeout(600)
+def test_server_killed_without_replica_range_reloaded_steps_lost_reported(tmp_path):
+    every, kill_clock = 20, 50
+    job = write(tmp_path, "reload", replicas=1, every=every)
+    code, out = kill_while_paused(tmp_path, job, kill_clock)   # every range applied 50 steps
+    assert code == 0, out[-3000:]
     k = kill_clock // every * every                    # the newest checkpoint before the kill
     assert (tmp_path / "reload" / "ckpt" / f"step-{k:08d}" / "manifest.h5").exists()
     lost = kill_clock - k
