@@ -111,6 +111,9 @@ class JoinPlan:
         after a server loss is not always ``server_ranks[r]`` (empty otherwise).
     server_ids : list of int
         Continue mode: original indices of the servers alive (empty otherwise).
+    hosts : list of str
+        Continue mode: the host of every original rank number before the growth (empty
+        otherwise).
     nonfinite_rejected : int
         Steps rejected so far by the workers' vote on non-finite values (BSP), which every
         worker counts alike.
@@ -129,6 +132,7 @@ class JoinPlan:
     nonfinite_rejected: int = 0
     range_ranks: list = field(default_factory=list)
     server_ids: list = field(default_factory=list)
+    hosts: list = field(default_factory=list)
 
     @staticmethod
     def layout(specs) -> np.ndarray:
@@ -159,7 +163,7 @@ class JoinPlan:
                 "plan": plan.plan, "job_text": plan.job_text, "job_path": plan.job_path,
                 "output_dir": plan.output_dir, "pull": plan.pull,
                 "world_ranks": plan.world_ranks, "range_ranks": list(plan.range_ranks),
-                "server_ids": list(plan.server_ids),
+                "server_ids": list(plan.server_ids), "hosts": list(plan.hosts),
                 "nonfinite_rejected": plan.nonfinite_rejected}).encode(), dtype=np.uint8)
         ints = bcast_array(comm, ints, np.int64, root)
         blob = bcast_array(comm, blob, np.uint8, root)
@@ -170,7 +174,7 @@ class JoinPlan:
                    job_text=d["job_text"], job_path=d["job_path"], output_dir=d["output_dir"],
                    pull=d["pull"], tables=ints[4:].reshape(-1, 4).copy(),
                    world_ranks=list(d["world_ranks"]), range_ranks=list(d["range_ranks"]),
-                   server_ids=list(d["server_ids"]),
+                   server_ids=list(d["server_ids"]), hosts=list(d["hosts"]),
                    nonfinite_rejected=int(d["nonfinite_rejected"]))
 
 
@@ -308,11 +312,13 @@ class Elastic:
         t0 = time.perf_counter()
         world_ranks = []                              # continue mode: numbers of the new layout
         if self.ft is not None:
-            top = max(self.ft.world_ranks, default=-1) + 1
+            # new numbers after every number ever used (a dead rank's too: its host is kept)
+            top = max(max(self.ft.world_ranks, default=-1) + 1, len(self.ft.hosts))
             world_ranks = list(self.ft.world_ranks) + list(range(top, top + n))
             if join is not None:
                 join.world_ranks = world_ranks
                 join.server_ids = list(self.ft.server_ids)
+                join.hosts = list(self.ft.hosts)
         event = {"time": time.time(), "clock": int(clock), "workers_requested": int(n),
                  "trigger": "request" if self.request is not None else "job file"}
         if core.any_rank_failed(r.ps, self.unavailable is not None):
@@ -346,6 +352,8 @@ class Elastic:
                 merged.Free()
                 spawn.disconnect(inter)
                 return self._refused(event, "the new workers could not start (their error is above)")
+            hosts = core.allgather_hostnames(merged) if self.ft is not None else []
+            n_before = r.ps.Get_size()
             roles, windows = self._settle(merged, r.role, r.index, rebind)
         except Exception as e:                        # noqa: BLE001 - see GrowthFailed
             raise _failed(e, clock) from e
@@ -356,6 +364,7 @@ class Elastic:
         self.intercomms.append(inter)
         if self.ft is not None:
             self.ft.world_ranks = world_ranks
+            self.ft.hosts = list(self.ft.hosts) + hosts[n_before:]
         self.roles, self.windows = roles, windows
         event.update(workers_added=int(n), workers=roles.n_workers,
                      seconds=round(time.perf_counter() - t0, 3))
@@ -442,7 +451,9 @@ class Elastic:
         if cfg.fault_tolerance.mode == "continue" and plan.world_ranks:
             from .recovery import FTState
             f = cfg.fault_tolerance
-            ft_state = FTState(roles=None, hosts=[], world_ranks=list(plan.world_ranks),
+            hosts = core.allgather_hostnames(merged)    # as the running job does
+            ft_state = FTState(roles=None, world_ranks=list(plan.world_ranks),
+                               hosts=list(plan.hosts) + hosts[parent.Get_remote_size():],
                                n_ranges=len(plan.range_ranks), replicas=f.replicas,
                                on_server_loss=f.on_server_loss,
                                server_ids=list(plan.server_ids), run_dir=Path(plan.output_dir))

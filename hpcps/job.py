@@ -414,6 +414,14 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
     if ft_state is not None:
         summary["failures"] = list(ft_state.events)
+        if ft_state.events and summary["servers"]:
+            # the survivors' own counts leave out what dead workers had done: the examples
+            # applied are the servers' count (every server applies every example's step)
+            applied = max(d["examples"] for d in summary["servers"])
+            summary["examples_counted_by_surviving_workers"] = summary["examples"]
+            summary["examples"] = applied
+            t = summary["train_seconds"]
+            summary["examples_per_second"] = applied / t if t else 0.0
     if elastic.events:
         summary["growth"] = list(elastic.events)
     if ft_state is not None:
@@ -471,7 +479,8 @@ def _fault_tolerance(cfg, roles, world, out):
     ft.watch(roles.ps)              # every wait notices a failed rank (no revoke)
     n = world.Get_size()
     f = cfg.fault_tolerance
-    return FTState(roles=roles, hosts=[], world_ranks=list(range(n)), n_ranges=roles.n_servers,
+    return FTState(roles=roles, hosts=core.allgather_hostnames(roles.ps),
+                   world_ranks=list(range(n)), n_ranges=roles.n_servers,
                    replicas=f.replicas, on_server_loss=f.on_server_loss,
                    server_ids=list(range(roles.n_servers)), run_dir=cfg.output.dir)
 

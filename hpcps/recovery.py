@@ -381,7 +381,8 @@ def _recover_once(state, report, reload_step_of, t0) -> Recovery:
     plan = make_plan(rows, n_ranges, state.replicas, n_old, old_ids, worker_old_index)
     dead_workers = [old_workers.index(f) for f in failed if f in old_workers]
     failed_world = [state.world_ranks[f] for f in failed] if state.world_ranks else list(failed)
-    failed_hosts = [state.hosts[w] for w in failed_world] if state.hosts else []
+    failed_hosts = [state.hosts[w] if w < len(state.hosts) else "" for w in failed_world] \
+        if state.hosts else []
     if plan.lost_ranges and (state.on_server_loss != "reload" or not plan.alive_ids):
         raise ft.ServerLost(_lost_message(state, plan, failed_world))
     reload_step = None

@@ -130,6 +130,21 @@ def node_sum(comm: MPI.Intracomm, value: int) -> int:
     return int(out[0])
 
 
+#: Bytes of a host name in :func:`allgather_hostnames` (longer names are cut).
+HOSTNAME_BYTES = 256
+
+
+def allgather_hostnames(comm: MPI.Intracomm) -> list:
+    """The host name of every rank of ``comm``, in rank order (for failure records).
+    Collective (one Allgather of fixed-width bytes; watched in continue mode)."""
+    mine = np.zeros(HOSTNAME_BYTES, dtype=np.uint8)
+    name = hostname().encode()[:HOSTNAME_BYTES]
+    mine[:len(name)] = np.frombuffer(name, dtype=np.uint8)
+    out = np.empty((comm.Get_size(), HOSTNAME_BYTES), dtype=np.uint8)
+    collective(lambda: comm.Iallgather(mine, out), lambda: comm.Allgather(mine, out), mine, out)
+    return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in out]
+
+
 def node_size(comm: MPI.Intracomm) -> int:
     """Ranks of ``comm`` on this rank's node (shared memory). Collective (one ``Split_type``)."""
     node = comm.Split_type(SHARED, key=comm.Get_rank())

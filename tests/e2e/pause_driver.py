@@ -1,11 +1,11 @@
 """Run a job like ``hpcps train`` does, but make every worker wait at one clock until a file
 appears (a test harness, launched under ``mpirun --with-ft ulfm``).
 
-    python tests/e2e/pause_driver.py JOB CLOCK FLAG
+    python tests/e2e/pause_driver.py JOB CLOCK[,CLOCK...] FLAG
 
-Each worker, at clock ``CLOCK`` (after computing that step's gradient, before pushing it:
+Each worker, at each clock ``CLOCK`` (after computing that step's gradient, before pushing it:
 :func:`hpcps.job.run_job`'s ``step_hook``), creates ``FLAG.<worker>`` and waits until ``FLAG``
-exists. Under BSP every range has then applied exactly ``CLOCK`` steps, so a test that kills a
+exists (for the second and later clocks ``FLAG-<clock>.<worker>`` and ``FLAG-<clock>``). Under BSP every range has then applied exactly ``CLOCK`` steps, so a test that kills a
 server while the workers wait knows the step of the kill exactly.
 """
 
@@ -23,14 +23,16 @@ from hpcps.job import run_job  # noqa: E402
 
 
 def main() -> None:
-    job, clock, flag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    job, flag = sys.argv[1], sys.argv[3]
+    clocks = [int(c) for c in sys.argv[2].split(",")]
     paused = set()
 
     def hook(worker, c):
-        if c == clock and worker not in paused:
-            paused.add(worker)
-            Path(f"{flag}.{worker}").touch()
-            while not os.path.exists(flag):
+        if c in clocks and c not in paused:
+            paused.add(c)
+            name = flag if c == clocks[0] else f"{flag}-{c}"
+            Path(f"{name}.{worker}").touch()
+            while not os.path.exists(name):
                 time.sleep(0.02)
 
     comm = world()

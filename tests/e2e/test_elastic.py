@@ -216,6 +216,7 @@ def test_added_worker_killed_in_continue_mode_job_finishes_every_example_once(tm
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
     assert s["growth"][0]["workers"] == 5
     assert {3, 4} & set(s["failures"][0]["dead_workers"])
+    assert s["failures"][0]["failed_hosts"] == [socket.gethostname()]   # an added rank's host
 
 
 def test_added_worker_dead_before_joining_aborts_within_join_timeout(tmp_path):

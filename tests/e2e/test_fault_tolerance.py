@@ -10,6 +10,7 @@ real ``kill -9``, launched with ``hpcps run`` (which adds ``--with-ft ulfm``).
 """
 
 import json
+import socket
 import time
 
 import pytest
@@ -86,6 +87,10 @@ def test_worker_killed_mid_epoch_job_finishes_every_example_once(tmp_path, model
     (event,) = s["failures"]
     assert event["dead_workers"] == [2] and event["failed_ranks"] == [2]
     assert event["examples_reassigned"] > 0 and event["survivors"] == 2
+    assert event["failed_hosts"] == [socket.gethostname()]       # one node: the host of rank 2
+    # the run's count is the servers' (the survivors alone did not see the dead worker's steps)
+    assert s["examples"] == n_train_epochs
+    assert 0 < s["examples_counted_by_surviving_workers"] < n_train_epochs
     # last step before the failure -> first step after the recovery (on the chief)
     assert 0 < event["recovery_seconds"] <= event["gap_seconds"] < 120
     assert [r["epoch"] for r in m["epochs"]] == [1, 2]

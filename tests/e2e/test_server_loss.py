@@ -140,15 +140,10 @@ def test_server_killed_backup_takes_over_bit_identical(tmp_path):
 @pytest.mark.timeout(600)
 def test_worker_then_server_killed_every_example_once(tmp_path):
     job = write(tmp_path, "two")
-    p = start(tmp_path, job)
-    lines: list = []
-    read_until(p, "epoch 1/2  step 20/", lines)
-    kill_rank(job, 1)                                  # worker 1
-    read_until(p, "worker(s) continue", lines)
-    read_until(p, "epoch 2/2  step 10/", lines)
-    kill_rank(job, SERVER1)                            # then server 1
-    out = finish(p, lines)
-    assert p.returncode == 0, out[-3000:]
+    # worker 1 at clock 20 (epoch 1), then server 1 at clock 200: epoch 2 (with 2 workers
+    # the rest of epoch 1 ends at clock 20 + 7680 / 64 = 140)
+    code, out = kill_while_paused(tmp_path, job, [(20, 1, 3), (200, SERVER1, 2)])
+    assert code == 0, out[-3000:]
     assert "key range 1 taken over by server 2" in out, out[-3000:]
     m = metrics(tmp_path, "two")
     s = m["summary"]
@@ -162,24 +157,26 @@ def test_worker_then_server_killed_every_example_once(tmp_path):
     assert [r["epoch"] for r in m["epochs"]] == [1, 2] and m["epochs"][-1]["test_auc"] > 0.88
 
 
-def kill_while_paused(tmp_path, job, kill_clock):
-    """Run ``job`` with every worker waiting at ``kill_clock`` (``pause_driver.py``), kill
-    server 1 then (every range has applied exactly ``kill_clock`` steps), let the workers go
-    on; return (exit status, output)."""
+def kill_while_paused(tmp_path, job, kills):
+    """Run ``job`` under ``pause_driver.py``: at each ``(clock, world rank, workers alive)`` of
+    ``kills`` every worker waits, the rank is killed (every range has then applied exactly
+    ``clock`` steps), and the workers go on. Returns (exit status, output)."""
     flag = tmp_path / "go"
     driver = ROOT / "tests" / "e2e" / "pause_driver.py"
     cmd = [mpirun(), "-n", str(RANKS), "--with-ft", "ulfm", sys.executable, str(driver),
-           str(job), str(kill_clock), str(flag)]
+           str(job), ",".join(str(c) for c, _, _ in kills), str(flag)]
     p = subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 180
-        while not all(Path(f"{flag}.{w}").exists() for w in range(3)):
-            assert time.time() < deadline and p.poll() is None, "the workers did not pause"
-            time.sleep(0.05)
-        time.sleep(0.5)                                # the servers apply the last CLOCKs
-        kill_rank(job, SERVER1, b"pause_driver.py")
-        flag.touch()
+        for i, (clock, victim, alive) in enumerate(kills):
+            name = flag if i == 0 else Path(f"{flag}-{clock}")
+            deadline = time.time() + 180
+            while len(list(tmp_path.glob(f"{Path(name).name}.*"))) < alive:
+                assert time.time() < deadline and p.poll() is None, "the workers did not pause"
+                time.sleep(0.05)
+            time.sleep(0.5)                            # the servers apply the last CLOCKs
+            kill_rank(job, victim, b"pause_driver.py")
+            name.touch()
         out = finish(p, [])
     finally:
         if p.poll() is None:
@@ -193,7 +190,7 @@ def test_server_killed_then_workers_added_every_example_once(tmp_path):
     holds each key range (server 2 holds ranges 1 and 2), and every range still applies every
     example of every epoch once."""
     job = write(tmp_path, "grow", extra="[elastic]\nadd_workers = 2\nat_step = 60\n")
-    code, out = kill_while_paused(tmp_path, job, 30)
+    code, out = kill_while_paused(tmp_path, job, [(30, SERVER1, 3)])
     assert code == 0, out[-3000:]
     assert "key range 1 taken over by server 2" in out, out[-3000:]
     assert "worker(s) added at clock 60" in out, out[-3000:]
@@ -209,7 +206,7 @@ def test_server_killed_then_workers_added_every_example_once(tmp_path):
 def test_server_killed_without_replica_range_reloaded_steps_lost_reported(tmp_path):
     every, kill_clock = 20, 50
     job = write(tmp_path, "reload", replicas=1, every=every)
-    code, out = kill_while_paused(tmp_path, job, kill_clock)   # every range applied 50 steps
+    code, out = kill_while_paused(tmp_path, job, [(kill_clock, SERVER1, 3)])
     assert code == 0, out[-3000:]
     k = kill_clock // every * every                    # the newest checkpoint before the kill
     assert (tmp_path / "reload" / "ckpt" / f"step-{k:08d}" / "manifest.h5").exists()
