@@ -58,18 +58,6 @@ def _bytes(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
-def touched_rows(rows: np.ndarray, n_rows: int) -> np.ndarray:
-    """Distinct local rows of an update, ascending int64. Local.
-
-    A boolean mask when the update covers at least 1/8 of the shard (linear in the shard),
-    else ``np.unique`` (sorts the update)."""
-    if rows.size * 8 >= n_rows:
-        mask = np.zeros(n_rows, dtype=bool)
-        mask[rows] = True
-        return np.flatnonzero(mask).astype(np.int64)
-    return np.unique(rows)
-
-
 class Replica:
     """A backup copy of one key range: every table's rows and optimizer state at ``clock``.
 
@@ -205,9 +193,8 @@ class ServerGroup:
         reqs, keep = [], []
         mb = self.ep.max_bytes
         nbytes = 0
-        for tid, rows in touched.items():
+        for tid, u in touched.items():          # distinct rows, ascending (touched_rows)
             sh = ps.shards[tid]
-            u = touched_rows(rows, sh.w.shape[0])
             parts = [u, np.take(sh.w, u, axis=0)]
             if sh.slots is not None:
                 parts.append(_bytes(np.take(sh.slots, u, axis=0)))

@@ -82,6 +82,18 @@ def agreed_growth(asks: set, who: str) -> tuple[int, int, int]:
     return next(iter(asks))
 
 
+def touched_rows(rows: np.ndarray, n_rows: int) -> np.ndarray:
+    """Distinct local rows of an update, ascending int64. Local.
+
+    A boolean mask when the update covers at least 1/8 of the shard (linear in the shard),
+    else ``np.unique`` (sorts the update)."""
+    if rows.size * 8 >= n_rows:
+        mask = np.zeros(n_rows, dtype=bool)
+        mask[rows] = True
+        return np.flatnonzero(mask).astype(np.int64)
+    return np.unique(rows)
+
+
 def rows_of(w: np.ndarray, rows: np.ndarray, pool=None) -> np.ndarray:
     """``w[rows]`` for a reply: a view (no copy) when ``rows`` is one ascending run of
     consecutive rows (a dense block), else the rows gathered into a buffer of ``pool``
@@ -373,7 +385,7 @@ class ParameterServer:
                         shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
                         self._check_weights(shard, rows, c)
                         if self.forward is not None:
-                            touched[tid] = rows.copy()
+                            touched[tid] = touched_rows(rows, shard.w.shape[0])
                         self.ep.pool.give(rows, grads, *(a for p in pushes for a in p[1:3]))
                     shard.hdr[H_VERSION] = c + 1
                     shard.hdr[H_CLOCK] = c + 1

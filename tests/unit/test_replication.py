@@ -7,7 +7,7 @@ import pytest
 from hpcps.config import ConfigError, load_job
 from hpcps.placement import chain, chains, ring_from
 from hpcps.recovery import Plan, ServerReport, WorkerReport, make_plan, report_row
-from hpcps.server.replica import touched_rows
+from hpcps.server.server import touched_rows
 
 JOB = """\
 name = "t"
