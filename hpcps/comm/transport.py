@@ -7,6 +7,14 @@ Every request from a worker to a server is
 2. for ``PULL`` and ``PUSH``: the keys, int64 ``(n_keys,)`` (tag ``TAG_KEYS``),
 3. for ``PUSH``: the gradient rows, table dtype ``(n_keys, dim)`` (tag ``TAG_VALS``).
 
+``PUSH_CLOCK`` is a worker's whole step for one key range in one request: the pushes of
+every table it touched and its ``CLOCK`` (one trip through the server loop instead of one per
+table plus one; :meth:`hpcps.worker.client.PSClient.clock`). Its header is the CLOCK's
+(``n_examples``, ``aux`` = epoch) with ``table`` = the number of pushes ``P``; then an int64
+``(P, PART_LEN)`` array, per push ``[table, n_keys, n_examples, dim, version]`` (tag
+``TAG_KEYS``), then each push's keys and rows as in 2. and 3.; the server handles it as those
+PUSHes followed by the CLOCK.
+
 ``range`` (``H_RANGE``) is the key range the request is for: the server index of the job's
 key partition. It equals the index of the server rank that receives it, except after a
 continue-mode job lost a server and another server took its range over (:mod:`hpcps.recovery`);
@@ -44,10 +52,11 @@ from .core import cores_dedicated, irecv_array, isend_array, recv_array, waitall
 
 # ops (worker -> server; GROW: hpcps.elastic)
 PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
+PUSH_CLOCK = 12
 # ops (server -> server: chain replication, hpcps.server.replica)
 REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE = 8, 9, 10, 11
 OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
-            CHECKPOINT: "checkpoint", GROW: "grow", REPLICATE: "replicate",
+            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", REPLICATE: "replicate",
             REPL_CLOCK: "replicate", REPL_ACK: "replicate", REPL_DONE: "replicate"}
 # tags
 TAG_SNAP, TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 9, 11, 12, 13, 14, 15
@@ -60,6 +69,22 @@ def make_header(op: int, table: int = 0, clock: int = 0, n_keys: int = 0,
                 rng: int = 0) -> np.ndarray:
     """Build a request header, int64 ``(9,)``; ``rng`` is the key range (``H_RANGE``)."""
     return np.array([op, table, clock, n_keys, n_examples, seq, dim, aux, rng], dtype=np.int64)
+
+
+#: int64 values describing one push of a ``PUSH_CLOCK``: table, n_keys, n_examples, dim, version
+PART_LEN = 5
+
+
+def part_of(h: np.ndarray) -> list:
+    """The ``PUSH_CLOCK`` description (``PART_LEN`` values) of the PUSH with header ``h``."""
+    return [int(h[H_TABLE]), int(h[H_NKEYS]), int(h[H_NEX]), int(h[H_DIM]), int(h[H_AUX])]
+
+
+def part_header(h: np.ndarray, part) -> np.ndarray:
+    """The PUSH header of push ``part`` (``PART_LEN`` values) of the ``PUSH_CLOCK`` ``h``."""
+    table, n_keys, n_examples, dim, version = (int(v) for v in part)
+    return make_header(PUSH, table, int(h[H_CLOCK]), n_keys, n_examples, int(h[H_SEQ]), dim,
+                       version, int(h[H_RANGE]))
 
 
 def reply_tag(rng: int) -> int:
@@ -134,17 +159,23 @@ class WorkerEndpoint:
 
     def send(self, server: int, header: np.ndarray, keys=None, values=None) -> None:
         """Start sending one request (header, then keys, then values) to server index ``server``."""
-        dest = self.server_ranks[server]
         op = int(header[H_OP])
-        nbytes = header.nbytes
-        self._keep.append(isend_array(self.comm, header, dest, TAG_REQ, self.max_bytes, self._reqs))
-        if keys is not None:
-            self._keep.append(isend_array(self.comm, keys, dest, TAG_KEYS, self.max_bytes, self._reqs))
-            nbytes += keys.nbytes
-        if values is not None:
-            self._keep.append(isend_array(self.comm, values, dest, TAG_VALS, self.max_bytes, self._reqs))
-            nbytes += values.nbytes
-        self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+        self._keep.append(isend_array(self.comm, header, self.server_ranks[server], TAG_REQ,
+                                      self.max_bytes, self._reqs))
+        self.stats.add(op, messages=1, out=header.nbytes, keys=int(header[H_NKEYS]))
+        self.send_parts(server, keys, values, op)
+
+    def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
+        """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to
+        server index ``server``: the parts of the request whose header was sent last (a
+        ``PUSH_CLOCK`` sends one pair per push after its header)."""
+        dest = self.server_ranks[server]
+        nbytes = 0
+        for a, tag in ((keys, TAG_KEYS), (values, TAG_VALS)):
+            if a is not None:
+                self._keep.append(isend_array(self.comm, a, dest, tag, self.max_bytes, self._reqs))
+                nbytes += a.nbytes
+        self.stats.add(op, out=nbytes)
 
     def expect(self, server: int, out: np.ndarray, op: int = PULL) -> None:
         """Post the receive of a reply for key range ``server`` into ``out``."""

@@ -18,7 +18,7 @@ import operator
 
 import numpy as np
 
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 
 cdef extern from *:
     """
@@ -68,7 +68,7 @@ cdef extern from *:
     uint64_t hpcps_div_fixed(uint64_t x, uint64_t n, uint64_t m) nogil
 
 __all__ = ["permute_keys", "permute_keys_into", "choose_multiplier", "inverse_multiplier",
-           "route_keys", "local_rows_into"]
+           "route_keys", "local_rows_into", "unique_inverse"]
 
 _INT64_MAX = (1 << 63) - 1
 # 1 / phi = 0.6180339887498948482045868343656..., scaled by 10**19 (rounded down).
@@ -467,3 +467,101 @@ def local_rows_into(keys, num_keys, multiplier, lo, hi, out):
         raise ValueError(f"key {keys[bad]} does not belong to this server (key range "
                          f"[{lo}, {hi}) of the permuted space)")
     return out
+
+
+# --------------------------------------------------------------------------------------
+# distinct keys of a minibatch
+# --------------------------------------------------------------------------------------
+
+ctypedef fused col_t:
+    int32_t
+    int64_t
+
+
+cdef Py_ssize_t _collect(const col_t[::1] cols, int32_t[::1] marks, int64_t[::1] uniq) noexcept nogil:
+    """First pass: mark each column once, collect the distinct ones (unsorted); returns their
+    number, or -1 - position of the first column outside ``[0, marks.size)``."""
+    cdef Py_ssize_t j, u = 0, n = marks.shape[0]
+    cdef int64_t c
+    for j in range(cols.shape[0]):
+        c = cols[j]
+        if c < 0 or c >= n:
+            for c in range(u):          # leave the marks clean
+                marks[uniq[c]] = 0
+            return -1 - j
+        if marks[c] == 0:
+            marks[c] = 1
+            uniq[u] = c
+            u += 1
+    return u
+
+
+cdef void _renumber(const col_t[::1] cols, int32_t[::1] marks, const int64_t[::1] keys,
+                    int64_t[::1] local) noexcept nogil:
+    """Second pass: ``local[j]`` = position of ``cols[j]`` in the sorted ``keys``; then the
+    marks are zero again."""
+    cdef Py_ssize_t i, j
+    for i in range(keys.shape[0]):
+        marks[keys[i]] = <int32_t>(i + 1)
+    for j in range(cols.shape[0]):
+        local[j] = marks[cols[j]] - 1
+    for i in range(keys.shape[0]):
+        marks[keys[i]] = 0
+
+
+def unique_inverse(cols, marks):
+    """Distinct keys of a minibatch and its columns renumbered into them, in two linear
+    passes over ``cols`` instead of a sort of them (``np.unique(cols, return_inverse=True)``
+    sorts all ``nnz`` entries; here only the distinct keys are sorted). Local; no MPI.
+
+    Parameters
+    ----------
+    cols : int32 or int64 array (nnz,)
+        Column (feature) ids of the batch, e.g. a CSR matrix's ``indices``; in
+        ``[0, marks.size)``.
+    marks : int32 array (n_features,), C-contiguous, all zeros
+        Scratch space the caller keeps between calls (one entry per feature); zeros again on
+        return, also after an error.
+
+    Returns
+    -------
+    keys : int64 (m,), ascending, the distinct values of ``cols``
+    local : int64 (nnz,), ``keys[local] == cols``
+
+    Raises
+    ------
+    ValueError
+        For a column outside ``[0, marks.size)`` (naming its position), or ``marks`` that is
+        not a C-contiguous int32 vector of fewer than 2**31 entries.
+    TypeError
+        For ``cols`` of another dtype than int32/int64.
+
+    Notes
+    -----
+    The same result as ``np.unique(cols, return_inverse=True)`` (tested against it); a
+    counting (bucket) renumbering, Knuth, TAOCP vol. 3, §5.2 (distribution counting).
+    """
+    cols = np.ascontiguousarray(cols).reshape(-1)
+    if cols.dtype != np.int32 and cols.dtype != np.int64:
+        raise TypeError(f"cols must be int32 or int64, got {cols.dtype}")
+    if (not isinstance(marks, np.ndarray) or marks.dtype != np.int32 or marks.ndim != 1
+            or not marks.flags.c_contiguous or not marks.flags.writeable
+            or marks.shape[0] >= 2**31):
+        raise ValueError("marks must be a writeable C-contiguous int32 vector of fewer than "
+                         "2**31 entries (all zeros)")
+    uniq = np.empty(cols.shape[0], dtype=np.int64)
+    cdef Py_ssize_t u
+    if cols.dtype == np.int32:
+        u = _collect[int32_t](cols, marks, uniq)
+    else:
+        u = _collect[int64_t](cols, marks, uniq)
+    if u < 0:
+        j = -1 - u
+        raise ValueError(f"column {int(cols[j])} at position {j} is outside [0, {marks.shape[0]})")
+    keys = np.sort(uniq[:u])
+    local = np.empty(cols.shape[0], dtype=np.int64)
+    if cols.dtype == np.int32:
+        _renumber[int32_t](cols, marks, keys, local)
+    else:
+        _renumber[int64_t](cols, marks, keys, local)
+    return keys, local

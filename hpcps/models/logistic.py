@@ -33,10 +33,16 @@ class LogisticRegression(Model):
         return load_split(self.cfg.data, split, part, n_parts)
 
     def batch_keys(self, X) -> dict:
-        return {lr.WEIGHTS: np.unique(X.indices).astype(np.int64, copy=False),
-                lr.BIAS: np.zeros(1, dtype=np.int64)}
+        if getattr(self, "_marks", None) is None or self._marks.size != X.shape[1]:
+            self._marks = lr.new_marks(X.shape[1])
+        keys, local = lr.batch_keys(X, self._marks)
+        self._last = (X, local)         # loss_grad/predict of this batch reuse the renumbering
+        return {lr.WEIGHTS: keys, lr.BIAS: np.zeros(1, dtype=np.int64)}
 
     def _local(self, X, keys):
+        last = getattr(self, "_last", None)
+        if last is not None and last[0] is X:
+            return last[1]
         return np.searchsorted(keys[lr.WEIGHTS], X.indices).astype(np.int64, copy=False)
 
     def loss_grad(self, X, y, keys, params):

@@ -287,56 +287,17 @@ class ParameterServer:
             else:
                 self.waiting_pulls.append((source, h, rows.copy()))
         elif op == tp.PUSH:
-            shard = self._shard(h)
-            n = int(h[tp.H_NKEYS])
-            # keys and values land in pooled buffers (kept until the push is applied, then
-            # given back): a new array of many MiB would page-fault on every push
-            keys = self.ep.recv_keys(source, n, op, pooled=True)
-            grads = self.ep.recv_values(source, (n, shard.spec.dim), shard.spec.dtype, op,
-                                        pooled=True)
-            rows = shard.part.local_rows(keys, self.index, out=keys)     # in place
-            c = int(h[tp.H_CLOCK])
-            check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
-                         f"{self.worker_of_rank[source]} at clock {c}", grads)
-            self.pushes_applied[self.worker_of_rank[source]] += 1
-            if not self.policy.aggregate and self.ft is not None:
-                self.held.setdefault(self.worker_of_rank[source], []).append((shard, rows, grads, h))
-                return
-            if not self.policy.aggregate:
-                self._apply_now(shard, rows, grads, h)
-                self.ep.pool.give(rows, grads)
-                if self.waiting_pulls:
-                    self._answer_waiting()           # a checkpoint may wait for this push
-                return
-            if c < self.clock:
-                raise RuntimeError(f"server {self.index}: push for clock {c} from worker "
-                                   f"{self.worker_of_rank[source]} after clock {self.clock} was applied")
-            self.pending.setdefault(c, {}).setdefault(int(h[tp.H_TABLE]), []).append(
-                (self.order_key[self.worker_of_rank[source]], rows, grads, int(h[tp.H_AUX])))
+            self._on_push(source, h)
         elif op == tp.CLOCK:
-            w = self.worker_of_rank[source]
-            c = int(h[tp.H_CLOCK])
-            if c != self.worker_clock[w]:
-                raise RuntimeError(f"server {self.index}: worker {w} clocked {c}, expected "
-                                   f"{self.worker_clock[w]}")
-            self.worker_clock[w] = c + 1
-            self.last_examples[w], self.last_epoch[w] = int(h[tp.H_NEX]), int(h[tp.H_AUX])
-            if not self.policy.aggregate:
-                self._count(int(h[tp.H_NEX]), int(h[tp.H_AUX]))
-            for shard, rows, grads, hp in self.held.pop(w, ()):
-                self._apply_now(shard, rows, grads, hp)   # held async pushes of this step
-                self.ep.pool.give(rows, grads)
-            for shard in self.shards:
-                shard.hdr[H_WORKER0 + w] = c + 1     # advisory (progress line), no lock
-            if self.policy.aggregate:
-                self.step_examples.setdefault(c, {})[self.order_key[w]] = (int(h[tp.H_NEX]),
-                                                                           int(h[tp.H_AUX]))
-                self._advance()
-            else:
-                self.clock = min(self.worker_clock)
-                for shard in self.shards:
-                    shard.hdr[H_CLOCK] = self.clock
-                self._answer_waiting()
+            self._on_clock(source, h)
+        elif op == tp.PUSH_CLOCK:
+            # a step's pushes of every table and its CLOCK in one request (PSClient.clock)
+            parts = self.ep.recv_keys(source, tp.PART_LEN * int(h[tp.H_TABLE]), op)
+            for meta in parts.reshape(-1, tp.PART_LEN):
+                self._on_push(source, tp.part_header(h, meta))
+            self._on_clock(source, tp.make_header(tp.CLOCK, 0, int(h[tp.H_CLOCK]), 0,
+                                                  int(h[tp.H_NEX]), aux=int(h[tp.H_AUX]),
+                                                  rng=int(h[tp.H_RANGE])))
         elif op == tp.PULL_SHARD:
             shard = self._shard(h)
             if self.visible_clock >= int(h[tp.H_CLOCK]):
@@ -359,6 +320,63 @@ class ParameterServer:
                 self._grow()
         else:
             raise RuntimeError(f"server {self.index}: unknown op {op} from rank {source}")
+
+
+    def _on_push(self, source: int, h: np.ndarray) -> None:
+        """A PUSH (header ``h``) from ``source``: receive its keys and rows; queue them for
+        their clock (BSP/SSP) or apply them (async)."""
+        shard = self._shard(h)
+        n = int(h[tp.H_NKEYS])
+        # keys and values land in pooled buffers (kept until the push is applied, then
+        # given back): a new array of many MiB would page-fault on every push
+        keys = self.ep.recv_keys(source, n, tp.PUSH, pooled=True)
+        grads = self.ep.recv_values(source, (n, shard.spec.dim), shard.spec.dtype, tp.PUSH,
+                                    pooled=True)
+        rows = shard.part.local_rows(keys, self.index, out=keys)     # in place
+        c = int(h[tp.H_CLOCK])
+        check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
+                     f"{self.worker_of_rank[source]} at clock {c}", grads)
+        self.pushes_applied[self.worker_of_rank[source]] += 1
+        if not self.policy.aggregate and self.ft is not None:
+            self.held.setdefault(self.worker_of_rank[source], []).append((shard, rows, grads, h))
+            return
+        if not self.policy.aggregate:
+            self._apply_now(shard, rows, grads, h)
+            self.ep.pool.give(rows, grads)
+            if self.waiting_pulls:
+                self._answer_waiting()           # a checkpoint may wait for this push
+            return
+        if c < self.clock:
+            raise RuntimeError(f"server {self.index}: push for clock {c} from worker "
+                               f"{self.worker_of_rank[source]} after clock {self.clock} was applied")
+        self.pending.setdefault(c, {}).setdefault(int(h[tp.H_TABLE]), []).append(
+            (self.order_key[self.worker_of_rank[source]], rows, grads, int(h[tp.H_AUX])))
+
+    def _on_clock(self, source: int, h: np.ndarray) -> None:
+        """A CLOCK (header ``h``) from ``source``: the worker finished step ``h[clock]``."""
+        w = self.worker_of_rank[source]
+        c = int(h[tp.H_CLOCK])
+        if c != self.worker_clock[w]:
+            raise RuntimeError(f"server {self.index}: worker {w} clocked {c}, expected "
+                               f"{self.worker_clock[w]}")
+        self.worker_clock[w] = c + 1
+        self.last_examples[w], self.last_epoch[w] = int(h[tp.H_NEX]), int(h[tp.H_AUX])
+        if not self.policy.aggregate:
+            self._count(int(h[tp.H_NEX]), int(h[tp.H_AUX]))
+        for shard, rows, grads, hp in self.held.pop(w, ()):
+            self._apply_now(shard, rows, grads, hp)   # held async pushes of this step
+            self.ep.pool.give(rows, grads)
+        for shard in self.shards:
+            shard.hdr[H_WORKER0 + w] = c + 1     # advisory (progress line), no lock
+        if self.policy.aggregate:
+            self.step_examples.setdefault(c, {})[self.order_key[w]] = (int(h[tp.H_NEX]),
+                                                                       int(h[tp.H_AUX]))
+            self._advance()
+        else:
+            self.clock = min(self.worker_clock)
+            for shard in self.shards:
+                shard.hdr[H_CLOCK] = self.clock
+            self._answer_waiting()
 
     # ------------------------------------------------------------------ BSP/SSP
     def _advance(self) -> None:

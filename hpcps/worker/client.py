@@ -86,6 +86,9 @@ class PSClient:
         #: per range, the largest clock a pull reply showed (every step below it is held)
         self.acked_seen = None
         self.kept_bytes_max = 0
+        #: pushes held for this step's PUSH_CLOCK (push(..., defer=True)): range -> [(header,
+        #: keys, grads)]
+        self.staged: dict = {}
 
     # ------------------------------------------------------------ kept pushes (continue mode)
     def keep_pushes(self) -> None:
@@ -118,6 +121,7 @@ class PSClient:
         """Forget kept steps ``>= clock`` (unfinished: they are computed again) and set the
         clock. Local."""
         self.clock_value = int(clock)
+        self.staged = {}
         if self.kept is not None:
             for c in [c for c in self.kept if c >= clock]:
                 del self.kept[c]
@@ -199,6 +203,7 @@ class PSClient:
         per table. Arguments and errors as :meth:`pull` (``outs``: ``{table: out}``).
         Point-to-point; not collective.
         """
+        self.send_staged()
         # check and group every request first: a bad key raises before anything is sent
         todo = [self._pull_prepare(table, keys, outs.get(table) if outs else None)
                 for table, keys in requests.items()]
@@ -301,7 +306,8 @@ class PSClient:
         n = int(self.last_header[H_NWORKERS])
         return self.last_header[H_WORKER0:H_WORKER0 + n].copy()
 
-    def push(self, table, keys, grads, n_examples: int = 0, versions=None) -> None:
+    def push(self, table, keys, grads, n_examples: int = 0, versions=None,
+             defer: bool = False) -> None:
         """Send gradient sums ``grads`` for ``keys`` to the servers owning them.
 
         Parameters
@@ -314,6 +320,12 @@ class PSClient:
             BSP/SSP the count goes with :meth:`clock` instead.
         versions : int64 array (n_servers,), optional
             Shard versions the gradients were computed on (default: the last ones read).
+        defer : bool
+            Hold the push and send it with this step's :meth:`clock`: one request per server
+            for the pushes of every table and the CLOCK (``PUSH_CLOCK``), which the server
+            loop handles in one trip. ``keys`` and ``grads`` must then stay unchanged until
+            the clock (they may be sent from in place). Any other request sends held pushes
+            first, as plain PUSHes.
 
         Raises
         ------
@@ -338,24 +350,56 @@ class PSClient:
                 continue
             h = tp.make_header(tp.PUSH, tid, self.clock_value, b - a, n_examples, seq=self.seq,
                                dim=spec.dim, aux=int(versions[s]), rng=s)
-            self.ep.send(s, h, k[a:b], g[a:b])
-            self.pushes_sent[s] += 1
+            if defer:
+                self.staged.setdefault(s, []).append((h, k[a:b], g[a:b]))
+            else:
+                self.ep.send(s, h, k[a:b], g[a:b])
+                self.pushes_sent[s] += 1
             if self.kept is not None:
                 self.kept.setdefault(self.clock_value, [None, [], 0])[1].append(
                     (s, h, k[a:b].copy(), g[a:b].copy()))
-        self.ep.complete(tp.PUSH)
+        if not defer:
+            self.ep.complete(tp.PUSH)
         self.seq += 1
+
+    def send_staged(self) -> None:
+        """Send the pushes held by ``push(..., defer=True)`` now, as plain PUSHes (before any
+        request other than the step's clock). Point-to-point."""
+        if not self.staged:
+            return
+        for s, parts in self.staged.items():
+            for h, k, g in parts:
+                self.ep.send(s, h, k, g)
+                self.pushes_sent[s] += 1
+        self.staged = {}
+        self.ep.complete(tp.PUSH)
 
     def clock(self, n_examples: int, epoch: int = 0) -> int:
         """Finish this worker's step (``n_examples`` examples pushed in it, in ``epoch``,
-        0-based); return the new clock."""
+        0-based); return the new clock. Point-to-point, one request per key range.
+
+        A range with pushes held by ``push(..., defer=True)`` gets them and the CLOCK in one
+        ``PUSH_CLOCK`` request. The sends are not waited for here: the next request's wait
+        completes them (their buffers are kept until then), so the worker goes on to its
+        next minibatch while the servers receive.
+        """
         if self.kept is not None:
             entry = self.kept.setdefault(self.clock_value, [None, [], 0])
             entry[0], entry[2] = int(n_examples), int(epoch)
+        staged, self.staged = self.staged, {}
         for s in range(self.n_servers):
-            self.ep.send(s, tp.make_header(tp.CLOCK, 0, self.clock_value, 0, n_examples,
-                                           aux=epoch, rng=s))
-        self.ep.complete(tp.CLOCK)
+            parts = staged.get(s)
+            if not parts:
+                self.ep.send(s, tp.make_header(tp.CLOCK, 0, self.clock_value, 0, n_examples,
+                                               aux=epoch, rng=s))
+                continue
+            desc = np.array([tp.part_of(h) for h, _, _ in parts], dtype=np.int64)
+            self.ep.send(s, tp.make_header(tp.PUSH_CLOCK, len(parts), self.clock_value,
+                                           sum(int(h[tp.H_NKEYS]) for h, _, _ in parts),
+                                           n_examples, self.seq, aux=epoch, rng=s), desc)
+            for _, k, g in parts:
+                self.ep.send_parts(s, k, g)
+            self.pushes_sent[s] += len(parts)
         self.clock_value += 1
         if self.kept is not None:
             self._trim()
@@ -366,6 +410,7 @@ class PSClient:
         (:mod:`hpcps.elastic`); every worker sends it, after its last request of the clock, so
         a server that has it from all workers holds no request of theirs. One message per
         server rank (after a server loss one rank may hold several key ranges). Point-to-point."""
+        self.send_staged()
         first_range = {}
         for s, rank in enumerate(self.ep.server_ranks):
             first_range.setdefault(rank, s)
@@ -392,6 +437,7 @@ class PSClient:
         Sends one ``PULL_SHARD`` to each server (answered once the server's clock has reached
         this worker's clock) and un-permutes the shards.
         """
+        self.send_staged()
         tid, spec, part = self._table(table)
         shards = []
         for s in range(self.n_servers):
@@ -427,6 +473,7 @@ class PSClient:
         list of (nbytes, digest field hex) per server, in server order, as
         :func:`hpcps.checkpoint.write_shard` returned them on each server.
         """
+        self.send_staged()
         replies = [np.empty(40, dtype=np.uint8) for _ in range(self.n_servers)]
         for s in range(self.n_servers):
             self.ep.expect(s, replies[s], tp.CHECKPOINT)
@@ -441,6 +488,7 @@ class PSClient:
 
     def stop(self) -> None:
         """Tell every server this worker is done (after its last pull)."""
+        self.send_staged()
         for s in range(self.n_servers):
             self.ep.send(s, tp.make_header(tp.STOP, rng=s))
         self.ep.complete(tp.STOP)

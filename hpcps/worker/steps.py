@@ -160,8 +160,8 @@ class SyncSteps:
             return 0.0
         if self.step_hook is not None:
             self.step_hook(self.index, self.client.clock_value)
-        for t, k in keys.items():
-            self.client.push(t, k, _as_rows(grads[t], k.size))
+        for t, k in keys.items():     # sent with the step's clock: one request per server
+            self.client.push(t, k, _as_rows(grads[t], k.size), defer=True)
         return loss
 
     def report(self) -> dict:
@@ -292,10 +292,10 @@ class DownpourSteps:
                 self.acc_grads.setdefault(t, []).append(_as_rows(grads[t], k.size))
             self.acc_n += rows.size
         if self.policy.push_due(i) or i == self.steps - 1 or final:
-            self._push(final)
+            self._push(final, defer=True)      # sent with the step's clock
         return loss
 
-    def _push(self, final: bool) -> None:
+    def _push(self, final: bool, defer: bool = False) -> None:
         if self.acc_n == 0 and not (final and self.filters):
             return
         versions = self.acc_versions if self.acc_versions is not None else \
@@ -317,10 +317,12 @@ class DownpourSteps:
                     # each step's gradient was finite; their sum may still overflow the dtype
                     check_finite(f"worker {self.index} at clock {self.client.clock_value}: "
                                  f"accumulated gradient of table {t!r}", cast)
-                    self.client.push(t, keys, cast, n_examples=self.acc_n, versions=v)
+                    self.client.push(t, keys, cast, n_examples=self.acc_n, versions=v,
+                                     defer=defer)
             else:
                 k, vals = f.filter(keys, sums / n, flush=final)
-                self.client.push(t, k, vals.astype(spec.dtype), n_examples=1, versions=v)
+                self.client.push(t, k, vals.astype(spec.dtype), n_examples=1, versions=v,
+                                 defer=defer)
         self._reset()
 
     def flush(self) -> None:

@@ -119,6 +119,64 @@ def test_pooled_push_buffers_reused_across_clocks(mode):
 
 
 @pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", ["bsp", "async"])
+def test_deferred_pushes_go_with_the_clock_in_one_request_per_server(mode):
+    """push(..., defer=True) then clock() sends one PUSH_CLOCK per server per step (the
+    pushes of both tables and the CLOCK): the tables end bit-identical to immediate pushes,
+    each server handled exactly one request per worker per step, and a deferred push that a
+    pull overtakes before the clock is sent first (as a plain PUSH), not lost."""
+    from hpcps.consistency import Async
+
+    comm = MPI.COMM_WORLD
+    steps = 4
+    sparse = TableSpec("w", 3001, 2, "float64", sparse=True)
+    dense = TableSpec("b", 1, 1, "float32", sparse=False)
+    # BSP applies a clock's pushes in worker order: bit-identical even with AdaGrad; async
+    # applies them on arrival, so SGD (order changes only the rounding)
+    rule = "adagrad" if mode == "bsp" else "sgd"
+    tables = [(sparse, Optimizer(rule, 0.5)), (dense, Optimizer("sgd", 1.0))]
+    policy = BSP() if mode == "bsp" else Async()
+    n_servers = 1 if comm.size == 3 else 2
+
+    def run(defer):
+        def work(client, roles):
+            rng = np.random.default_rng(roles.index)
+            for step in range(steps):
+                keys = rng.integers(0, 3001, 500)            # duplicates, on every server
+                client.push("w", keys, rng.standard_normal((500, 2)), n_examples=3, defer=defer)
+                client.push("b", [0], rng.standard_normal((1, 1)), n_examples=3, defer=defer)
+                if step == 2:       # a pull before the clock: the held pushes go first
+                    client.pull("w", keys[:5])
+                client.clock(3)
+            # answered once every worker's clocks are in (BSP and async alike)
+            return client.pull_table("w"), client.pull_table("b")
+
+        def counted(server):
+            m = server.ep.stats.messages
+            return m.get("push", 0) + m.get("clock", 0)
+
+        return _ps(comm, n_servers, tables, work, policy=policy, server_fn=counted)
+
+    roles, now = run(defer=False)
+    _, later = run(defer=True)
+    if roles.role == core.WORKER:
+        for a, b in zip(now, later):
+            if mode == "bsp":
+                np.testing.assert_array_equal(a, b)
+            else:
+                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        assert np.abs(later[0]).sum() > 0
+    else:
+        nw = roles.n_workers
+        # immediate: every push and CLOCK is a request; deferred: one per worker and step,
+        # plus the pushes the pull at step 2 overtook (sent alone, then a CLOCK)
+        own_b = roles.index == 0                  # the dense 1-row table lives on server 0
+        extra = nw * (1 + int(own_b))             # step 2: w (and b) pushed before the pull
+        assert later == steps * nw + extra
+        assert now == steps * nw * (2 + int(own_b))
+
+
+@pytest.mark.mpi(min_size=3)
 def test_pull_many_equals_one_pull_per_table():
     """pull_many posts every table's requests before waiting: the rows are those of one pull
     per table (sparse and dense tables, an empty key set, keys on every server), and a bad

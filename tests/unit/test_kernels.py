@@ -758,3 +758,52 @@ def test_modules_export_documented_api():
             f = getattr(mod, name)
             doc = f.__doc__ or ""
             assert "Parameters" in doc and "Raises" in doc and "Notes" in doc, name
+
+
+# ------------------------------------------------------------------ unique_inverse
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 999), max_size=400), st.booleans())
+def test_unique_inverse_equals_numpy_unique(cols, i32):
+    marks = np.zeros(1000, dtype=np.int32)
+    cols = np.array(cols, dtype=np.int32 if i32 else np.int64)
+    keys, local = kkeys.unique_inverse(cols, marks)
+    want_keys, want_local = np.unique(cols, return_inverse=True)
+    np.testing.assert_array_equal(keys, want_keys)
+    np.testing.assert_array_equal(local, want_local.reshape(-1))
+    assert keys.dtype == np.int64 and local.dtype == np.int64
+    assert not marks.any()                      # scratch is clean for the next batch
+
+
+def test_unique_inverse_errors_leave_marks_clean():
+    marks = np.zeros(100, dtype=np.int32)
+    for bad, pos in (([3, 5, 100, 3], 2), ([1, -1], 1)):
+        with pytest.raises(ValueError, match=rf"column {bad[pos]} at position {pos} is outside \[0, 100\)"):
+            kkeys.unique_inverse(np.array(bad), marks)
+        assert not marks.any()
+    with pytest.raises(TypeError, match="int32 or int64"):
+        kkeys.unique_inverse(np.array([1.0]), marks)
+    with pytest.raises(ValueError, match="marks must be"):
+        kkeys.unique_inverse(np.array([1]), np.zeros(100, dtype=np.int64))
+
+
+def test_logistic_model_renumbering_cache_matches_search():
+    """The logistic model reuses batch_keys' renumbering in loss_grad for the same batch and
+    searches the keys for any other matrix: both give the same loss and gradient."""
+    import scipy.sparse as sp
+
+    from hpcps.models.logistic import LogisticRegression
+
+    rng = np.random.default_rng(3)
+    X = sp.random(64, 5000, density=0.01, format="csr", random_state=4, dtype=np.float64)
+    y = (rng.random(64) < 0.5).astype(np.float64)
+    m = LogisticRegression.__new__(LogisticRegression)      # no job: the methods need none
+    keys = m.batch_keys(X)
+    params = {"weights": rng.standard_normal((keys["weights"].size, 1)),
+              "bias": np.array([[0.3]])}
+    cached = m.loss_grad(X, y, keys, params)
+    assert m._last[0] is X
+    X2 = X.copy()                                # another object: searched, not cached
+    searched = m.loss_grad(X2, y, keys, params)
+    assert cached[0] == searched[0]
+    for t in ("weights", "bias"):
+        np.testing.assert_array_equal(cached[1][t], searched[1][t])
