@@ -9,7 +9,8 @@ communication pattern with the real parts (:class:`hpcps.worker.client.PSClient`
 :class:`hpcps.server.server.ParameterServer`): every worker walks its block of the featurized
 training rows in batches of 256, and per step pulls the batch's distinct feature keys from the
 2^20-row float32 weight table, pushes one gradient row per key (values are stand-ins; no
-model compute is timed) and clocks; servers apply SGD at every clock. Measured per layout:
+model compute is timed) and clocks — the push goes with the clock in one ``PUSH_CLOCK``
+request per server, as ``hpcps train`` sends it; servers apply SGD at every clock. Measured per layout:
 steps/s, examples/s, and per step and server the requests and bytes in/out (the servers'
 own counters) — the inputs of ``docs/cost_model.md``.
 
@@ -18,10 +19,10 @@ step grows with the total work of all ranks; the curve shows the per-rank costs 
 each server carries, not how a cluster of many nodes scales. The cost model turns the
 measured per-message and per-byte costs into a prediction for many nodes.
 
-The model: one BSP step costs each server ``W x 3`` requests (pull, push, clock) plus
+The model: one BSP step costs each server ``W x 2`` requests (pull; push with clock) plus
 ``W x K / S`` keys each way (K distinct keys per worker batch, 12 B per key: 8 B key + 4 B
-value), so ``T_server = 3 W a + (W K / S) c``; a worker sends ``3 S`` requests of
-``K / S`` keys, ``T_worker = 3 S a + K c``; a BSP step takes about ``T_server + T_worker``
+value), so ``T_server = 2 W a + (W K / S) c``; a worker sends ``2 S`` requests of
+``K / S`` keys, ``T_worker = 2 S a + K c``; a BSP step takes about ``T_server + T_worker``
 with dedicated cores (the worker's next pull waits for the server's last answer). ``a`` (seconds per request) and ``c`` (seconds per key) are fitted to
 the push/pull benchmark's sparse cases when ``--pushpull-json`` is given, else to this run.
 """
@@ -47,6 +48,7 @@ LAYOUTS = [(1, 1), (2, 1), (4, 1), (8, 1), (4, 2), (4, 4), (8, 2), (8, 4)]
 QUICK_LAYOUTS = [(1, 1), (2, 1), (2, 2)]
 BATCH = 256
 KEY_BYTES = 12        # 8 B key + 4 B float32 value, each direction of a pull/push
+REQUESTS = 2          # per worker, step and server: PULL, then PUSH_CLOCK (push + clock)
 
 
 # ------------------------------------------------------------------------- MPI part
@@ -86,7 +88,7 @@ def mpi_part(args) -> int:
         t0 = MPI.Wtime()
         for ks in keysets:
             c.pull("sparse", ks)
-            c.push("sparse", ks, grads[ks.size])
+            c.push("sparse", ks, grads[ks.size], defer=True)     # sent with the clock
             c.clock(BATCH)
         el[0] = MPI.Wtime() - t0
         b.end_block()
@@ -119,7 +121,7 @@ def fit_costs(pushpull: dict | None, runs: list) -> dict:
     From the push/pull benchmark's sparse cases (hpcps time of one request with n keys:
     ``a + n c``; the fastest repetition of each, i.e. the cost when no other process took the
     core, since the machine is shared) when available, else from the 1-server layouts of this
-    run (server time per step ``3 W a + W K c``, taking the step time as the server's).
+    run (server time per step ``2 W a + W K c``, taking the step time as the server's).
     """
     if pushpull:
         cases = [x for x in pushpull["details"]["cases"] if x["table"] == "sparse"]
@@ -129,7 +131,7 @@ def fit_costs(pushpull: dict | None, runs: list) -> dict:
                "1 k ... 1 M keys")
     else:
         one = [r for r in runs if r["servers"] == 1]
-        A = np.array([[3.0 * r["workers"], r["workers"] * r["keys_per_worker_step"]] for r in one])
+        A = np.array([[REQUESTS * r["workers"], r["workers"] * r["keys_per_worker_step"]] for r in one])
         t = np.array([r["step_ms"] * 1e-3 for r in one])
         src = "this run's 1-server layouts"
     # relative error (rows scaled by 1/t): the 1 M-key cases must not drown the small ones,
@@ -139,13 +141,14 @@ def fit_costs(pushpull: dict | None, runs: list) -> dict:
 
 
 def predict(W, S, K, a_us, c_ns) -> dict:
-    """Step time (ms) with dedicated cores: a server's share (its 3 W requests and W K / S
-    keys, one after the other) plus a worker's own (3 S requests sent together, K keys);
+    """Step time (ms) with dedicated cores: a server's share (its 2 W requests and W K / S
+    keys, one after the other) plus a worker's own (2 S requests sent together, K keys);
     BSP serialises them: a worker's next pull waits for the server's last answer."""
-    t_srv = 3 * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
-    t_wrk = 3 * S * a_us * 1e-6 + K * c_ns * 1e-9
+    t_srv = REQUESTS * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
+    t_wrk = REQUESTS * S * a_us * 1e-6 + K * c_ns * 1e-9
     return {"server_ms": 1e3 * t_srv, "worker_ms": 1e3 * t_wrk, "step_ms": 1e3 * (t_srv + t_wrk),
-            "bytes_per_server_step": W * K / S * KEY_BYTES * 2 + 3 * W * 64}
+            # headers (64 B per request) and the PUSH_CLOCK's push description (40 B)
+            "bytes_per_server_step": W * K / S * KEY_BYTES * 2 + REQUESTS * W * 64 + W * 40}
 
 
 def main(argv=None) -> int:

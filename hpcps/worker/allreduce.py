@@ -86,8 +86,10 @@ class AllReduceClient:
         """``{table: keys}`` -> ``{table: rows}``, as :meth:`pull` per table."""
         return {t: self.pull(t, k, fresh) for t, k in requests.items()}
 
-    def push(self, table, keys, grads, n_examples: int = 0, versions=None) -> None:
-        """Hold gradient sums for ``keys`` until this step's :meth:`clock`."""
+    def push(self, table, keys, grads, n_examples: int = 0, versions=None,
+             defer: bool = True) -> None:
+        """Hold gradient sums for ``keys`` until this step's :meth:`clock` (every push here
+        is deferred; ``defer`` is accepted as :meth:`PSClient.push` takes it)."""
         tid, spec = self._table(table)
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
         grads = np.asarray(grads, dtype=spec.dtype).reshape(keys.size, spec.dim)
