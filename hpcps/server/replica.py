@@ -292,8 +292,10 @@ class ServerGroup:
         """Answer requests and replicate until the job ends, surviving failures (module
         docstring). Not collective, except for the recoveries (collective over every
         survivor)."""
-        spin = next(iter(self.primaries.values())).idle_spin
-        serve_requests(lambda: self.ep.poll(), self.handle, self._finished, spin,
+        # asked after each request: a growth that oversubscribes the node lowers the
+        # ranges' idle_spin (ParameterServer.add_workers) while this loop runs
+        serve_requests(lambda: self.ep.poll(), self.handle, self._finished,
+                       lambda: min(ps.idle_spin for ps in self.primaries.values()),
                        recover=self.recover)
         for ps in self.primaries.values():
             ps.check_done()

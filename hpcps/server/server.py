@@ -40,24 +40,28 @@ IDLE_SPIN = 5e-5
 IDLE_SPIN_DEDICATED = 1.0
 
 
-def serve_requests(poll, handle, finished, idle_spin: float, recover=None) -> None:
+def serve_requests(poll, handle, finished, idle_spin, recover=None) -> None:
     """The polling loop of a server rank: ``handle(*poll())`` until ``finished()``. Local.
 
     When no request waits it keeps polling for ``idle_spin`` seconds after the last one, then
-    sleeps with a back-off doubling from ``IDLE_SLEEP_MIN`` to ``IDLE_SLEEP_MAX``. With
+    sleeps with a back-off doubling from ``IDLE_SLEEP_MIN`` to ``IDLE_SLEEP_MAX``.
+    ``idle_spin`` is a float, or a function returning it, asked again after each request (a
+    growth that oversubscribes the node lowers it while the loop runs). With
     ``recover``, an MPI error from a failed or revoked peer
     (:func:`hpcps.comm.ft.is_peer_failure`) calls ``recover()`` (collective over the
     survivors) and the loop goes on; every other exception propagates.
     """
     sleep = IDLE_SLEEP_MIN
     last = time.perf_counter()
+    spin_of = idle_spin if callable(idle_spin) else None
+    spin = spin_of() if spin_of else float(idle_spin)
     while True:
         try:
             if finished():
                 return
             msg = poll()
             if msg is None:
-                if time.perf_counter() - last < idle_spin:
+                if time.perf_counter() - last < spin:
                     continue
                 time.sleep(sleep)
                 sleep = min(sleep * 2, IDLE_SLEEP_MAX)
@@ -65,6 +69,8 @@ def serve_requests(poll, handle, finished, idle_spin: float, recover=None) -> No
             sleep = IDLE_SLEEP_MIN
             handle(*msg)
             last = time.perf_counter()
+            if spin_of is not None:
+                spin = spin_of()
         except Exception as e:           # noqa: BLE001 - only a peer failure is recovered
             if recover is None:
                 raise
@@ -267,7 +273,7 @@ class ParameterServer:
         oversubscribed server leaves the cores to the workers.
         """
         serve_requests(lambda: self.ep.poll(), self.handle,
-                       lambda: len(self.stopped) >= self.n_workers, self.idle_spin)
+                       lambda: len(self.stopped) >= self.n_workers, lambda: self.idle_spin)
         self.check_done()
 
     def check_done(self) -> None:
