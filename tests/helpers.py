@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,13 +21,33 @@ def mpirun() -> str:
     return str(local) if local.exists() else "mpirun"
 
 
+def session_dir_base() -> str:
+    """A new empty directory for Open MPI's session directories, removed (with whatever a
+    killed launch left in it) when this process exits.
+
+    Open MPI 5's mpirun (PRRTE) keeps its session directory in ``BASE/ompi.<its pid>``
+    (``BASE``: ``PRTE_MCA_prte_tmpdir_base``, else ``$TMPDIR``, else ``/tmp``). An mpirun
+    killed with SIGKILL leaves that directory behind, and a later mpirun that gets the same
+    pid (pids wrap at 32768 here) finds the old PMIx rendezvous files (``pmix.vm.tool*``) in
+    it and exits at once with status 213: "The PMIx server's listener thread failed to start".
+    Test launches are killed often on a shared machine (timeouts, other sessions), so /tmp
+    holds tens of such directories; one failed a CI run (a launch of test_server_loss.py that
+    exited 213 within 50 ms). A private base per launch has none in the way.
+    """
+    path = tempfile.mkdtemp(prefix="hpcps-ompi-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def mpi_env(**extra) -> dict:
-    """Environment for test launches: run-as-root (when root) and oversubscription."""
+    """Environment for test launches: run-as-root (when root), oversubscription, and a private
+    base for Open MPI's session directories (:func:`session_dir_base`)."""
     env = dict(os.environ)
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+    env["PRTE_MCA_prte_tmpdir_base"] = session_dir_base()
     env.update(extra)
     return env
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.helpers import run_in_session  # noqa: E402  (the checkout, not an installed copy)
+from tests.helpers import run_in_session, session_dir_base  # noqa: E402  (the checkout, not an installed copy)
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED: list = []
@@ -40,6 +40,13 @@ def mpi_env() -> dict:
     env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     return env
+
+
+def with_session_dir(env: dict) -> dict:
+    """``env`` with a private base for Open MPI's session directories, new for each launch
+    (tests.helpers.session_dir_base: a directory left by a killed mpirun whose pid is reused
+    makes the new mpirun exit with status 213)."""
+    return dict(env, PRTE_MCA_prte_tmpdir_base=session_dir_base())
 
 
 def counts(text: str) -> tuple[int, int]:
@@ -89,7 +96,7 @@ def main() -> int:
             cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no", target]
             if args.k:
                 cmd += ["-k", args.k]
-            _, p, f = run(cmd, env, target)
+            _, p, f = run(cmd, with_session_dir(env), target)
             total_p += p
             total_f += f
     if not args.no_mpi:
@@ -99,7 +106,7 @@ def main() -> int:
             for k in (m.group(1).split() if m else ["2"]):
                 cmd = [mpirun, "-n", k, py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no",
                        "--with-mpi", str(path.relative_to(ROOT))]
-                _, p, f = run(cmd, env, f"{path.name} on {k} ranks")
+                _, p, f = run(cmd, with_session_dir(env), f"{path.name} on {k} ranks")
                 # every rank prints its own summary line; count rank 0's (the last line seen)
                 total_p += p
                 total_f += f
