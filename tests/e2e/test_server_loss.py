@@ -187,9 +187,6 @@ def kill_while_paused(tmp_path, job, kills):
     return p.returncode, out
 
 
-@pytest.mark.skip(reason="failed once in CI (2026-12-01: the launch exited 213 before the "
-                         "workers paused at clock 30; passed in 6 runs here, cause not found): "
-                         "kept out of CI until diagnosed")
 @pytest.mark.timeout(600)
 def test_server_killed_then_workers_added_every_example_once(tmp_path):
     """Growth after a server loss: the added workers learn from the join plan which rank
@@ -202,7 +199,10 @@ def test_server_killed_then_workers_added_every_example_once(tmp_path):
     assert "worker(s) added at clock 60" in out, out[-3000:]
     s = metrics(tmp_path, "grow")["summary"]
     (event,) = s["failures"]
-    assert event["dead_servers"] == [1] and event["clock"] == 30
+    # the kill lands while every worker waits at clock 30; a worker notices it when a send of
+    # that step fails or, since step 30's pushes leave with its CLOCK unanswered (step
+    # folding), at the pull of step 31
+    assert event["dead_servers"] == [1] and event["clock"] in (30, 31), event
     assert s["growth"][0]["workers"] == 5 and len(s["workers"]) == 5
     assert [r["server"] for r in s["ranges"]] == [0, 2, 2]
     check_every_example_once(s)
