@@ -10,6 +10,9 @@
 * forwards SIGINT, SIGUSR1 and SIGUSR2 to mpirun (which passes them to the ranks); the first
   SIGTERM is sent on as SIGUSR1 (Open MPI's mpirun kills the ranks on SIGTERM, while hpcps
   ranks take SIGUSR1 as "checkpoint and exit with status 75"), a second one as SIGTERM;
+* removes, just before mpirun starts, a session directory that an earlier, killed Open MPI
+  mpirun with the same process id left (it would make mpirun exit with status 213 at once:
+  :func:`clear_stale_session_dir`);
 * returns mpirun's exit status.
 """
 
@@ -122,14 +125,62 @@ def build_launch(n: int, program, *, mpirun: str, flavour=("unknown", 0), cores=
 forwarded: list = []
 
 
+def session_dir(pid: int, environ=None) -> Path:
+    """Where Open MPI 5's mpirun with process id ``pid`` keeps its session directory:
+    ``BASE/ompi.<pid>``, ``BASE`` being ``PRTE_MCA_prte_tmpdir_base``, else ``TMPDIR``,
+    ``TEMP`` or ``TMP``, else ``/tmp`` (``mpirun`` execs ``prterun``, which keeps the pid).
+    Local; no MPI."""
+    env = os.environ if environ is None else environ
+    base = next((env[k] for k in ("PRTE_MCA_prte_tmpdir_base", "TMPDIR", "TEMP", "TMP")
+                 if env.get(k)), "/tmp")
+    return Path(base) / f"ompi.{int(pid)}"
+
+
+def clear_stale_session_dir(pid: int, environ=None) -> Path | None:
+    """Remove the session directory of a dead mpirun that had process id ``pid``, if it left
+    PMIx rendezvous files (``pmix.vm.tool*``); return it, or None when there was none.
+    Local; no MPI. Call it only while ``pid`` is a process of yours that is not an mpirun
+    yet (:func:`run` does, in the child between ``fork`` and ``exec``): no live mpirun can
+    own that directory then.
+
+    An mpirun killed with SIGKILL cannot remove its session directory. When process ids wrap
+    (at 32768 by default on Linux) a later mpirun gets the same id, finds those files, and
+    exits at once with status 213 after "The PMIx server's listener thread failed to start"
+    (Open MPI 5.0.11; measured: any one of the three ``pmix.vm.tool*`` files is enough, an
+    empty directory is not; the failed mpirun then removes the directory, so it fails one
+    launch only). The directory name has no host name: the base must be local to the node,
+    as ``/tmp`` is.
+    """
+    d = session_dir(pid, environ)
+    try:
+        if not any(d.glob("pmix.vm.tool*")):
+            return None
+    except OSError:
+        return None
+    shutil.rmtree(d, ignore_errors=True)
+    return d
+
+
 def run(cmd: list[str], env_extra: dict) -> int:
     """Run ``cmd``, forwarding signals; return its exit status (128 + signal if killed).
 
-    The signals forwarded are recorded in :data:`forwarded`.
+    In the child, before ``cmd`` starts, a session directory left under the child's process
+    id by a killed Open MPI mpirun is removed (:func:`clear_stale_session_dir`), saying so
+    on stderr. The signals forwarded are recorded in :data:`forwarded`.
     """
     env = dict(os.environ, **env_extra)
     forwarded.clear()
-    proc = subprocess.Popen(cmd, env=env)
+
+    def before_exec():                # in the child: single-threaded, its pid is final
+        try:
+            d = clear_stale_session_dir(os.getpid(), env)
+            if d is not None:
+                os.write(2, f"hpcps run: removed {d}, left by an earlier mpirun with the same "
+                            "process id that was killed (it would stop this one)\n".encode())
+        except Exception:             # noqa: BLE001 - never keep mpirun from starting
+            pass
+
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=before_exec)
 
     def forward(signum, _frame):
         first_term = signum == signal.SIGTERM and signal.SIGTERM not in forwarded

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 from hpcps import launch
 from hpcps.cli import QUICKSTART, build_parser
@@ -101,3 +102,24 @@ def test_default_rank_count_follows_the_mode(capsys):
 
             n = load_job(root / "jobs" / job).cluster.servers + 4
         assert got == n, job
+
+
+def test_session_dir_is_under_prrte_base_then_tmpdir(tmp_path):
+    assert launch.session_dir(7, {}) == launch.Path("/tmp/ompi.7")
+    assert launch.session_dir(7, {"TMPDIR": "/t"}) == launch.Path("/t/ompi.7")
+    assert launch.session_dir(7, {"TMPDIR": "/t", "PRTE_MCA_prte_tmpdir_base": "/b"}) == \
+        launch.Path("/b/ompi.7")
+
+
+def test_stale_session_dir_removed_only_with_rendezvous_files(tmp_path):
+    env = {"PRTE_MCA_prte_tmpdir_base": str(tmp_path)}
+    assert launch.clear_stale_session_dir(41, env) is None         # no directory
+    d = tmp_path / "ompi.41"
+    (d / "1").mkdir(parents=True)
+    (d / "hwloc.sm").write_bytes(b"x")
+    assert launch.clear_stale_session_dir(41, env) is None         # no rendezvous file: kept
+    assert d.exists()
+    (d / "pmix.vm.tool.41").write_text("prterun-vm-41@0.0;tcp4://127.0.0.1:1\n")
+    assert launch.clear_stale_session_dir(42, env) is None         # another pid's: kept
+    assert launch.clear_stale_session_dir(41, env) == d
+    assert not d.exists() and list(tmp_path.iterdir()) == []
