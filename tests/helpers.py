@@ -164,3 +164,106 @@ def kill_rank(job, rank, marker=b"train"):
     pids = rank_pids(job, marker)
     assert rank in pids, f"rank {rank} not running ({pids})"
     os.kill(pids[rank], signal.SIGKILL)
+
+
+# ------------------------------------------------ continue-mode jobs with kills at known clocks
+
+CONTINUE_JOB = """
+name = "{name}"
+{seed}
+[cluster]
+servers = {servers}
+[data]
+format = "adult_csv"
+path = "{data}"
+max_rows = {rows}
+[model]
+l2 = 1e-5
+{dtype}
+[train]
+epochs = 2
+batch_size = 32
+progress_seconds = 0.000001
+[consistency]
+model = "{consistency}"
+[checkpoint]
+every_steps = {every}
+keep = 20
+[fault_tolerance]
+mode = "continue"
+{fault_tolerance}
+{extra}
+[output]
+dir = "{name}"
+"""
+
+
+def write_continue_job(tmp_path: Path, name: str, *, servers: int, consistency: str = "bsp",
+                       every: int = 0, rows: int = 12000, seed: int | None = None,
+                       dtype: str | None = None, fault_tolerance: str = "",
+                       extra: str = "") -> Path:
+    """``tmp_path/NAME.toml``: a 2-epoch continue-mode (ULFM) job on the first ``rows`` rows
+    of UCI Adult, batch 32, checkpoints every ``every`` steps (0: none), its run directory
+    ``NAME`` (relative to the launch directory). ``fault_tolerance``: more lines of that
+    section (``replicas = 2``); ``extra``: more sections."""
+    p = tmp_path / f"{name}.toml"
+    p.write_text(CONTINUE_JOB.format(
+        name=name, data=DATA, servers=servers, rows=rows, consistency=consistency, every=every,
+        seed="" if seed is None else f"seed = {seed}",
+        dtype="" if dtype is None else f'dtype = "{dtype}"',
+        fault_tolerance=fault_tolerance, extra=extra))
+    return p
+
+
+def finish(p, lines=(), timeout=300) -> str:
+    """Wait for ``p`` (a Popen with text stdout, started in a session of its own) and return
+    its whole output (``lines`` read before, then the rest); on timeout every process of its
+    session is killed (mpirun and its ranks) and AssertionError raised with the output's
+    tail."""
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(p.pid)
+        out, _ = p.communicate()
+        raise AssertionError(f"no exit within {timeout} s:\n{(''.join(lines) + out)[-3000:]}")
+    return "".join(lines) + out
+
+
+def kill_while_paused(tmp_path: Path, job: Path, ranks: int, kills, timeout=300):
+    """Run ``job`` on ``ranks`` ranks under ``mpirun --with-ft ulfm`` and
+    ``tests/e2e/pause_driver.py``: at each ``(clock, world rank, workers alive)`` of ``kills``
+    every live worker waits (after that step's gradient, before its push), the rank is killed
+    with SIGKILL, and the workers go on. Under BSP every key range has then applied exactly
+    ``clock`` steps; under SSP/async each worker is at its own ``clock``. Either way the kill
+    lands at a known clock, not wherever the run has got to when a line of its output is read
+    (a fast run could be past its last step).
+
+    Returns (exit status, output, the time.time() of each kill).
+    """
+    flag = tmp_path / "go"
+    driver = ROOT / "tests" / "e2e" / "pause_driver.py"
+    cmd = [mpirun(), "-n", str(ranks), "--with-ft", "ulfm", sys.executable, str(driver),
+           str(job), ",".join(str(c) for c, _, _ in kills), str(flag)]
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    times = []
+    try:
+        for i, (clock, victim, alive) in enumerate(kills):
+            name = flag if i == 0 else Path(f"{flag}-{clock}")
+            deadline = time.time() + 180
+            while len(list(tmp_path.glob(f"{name.name}.*"))) < alive:
+                if time.time() > deadline or p.poll() is not None:
+                    kill_session(p.pid)
+                    raise AssertionError(f"the workers did not pause at clock {clock} (exit "
+                                         f"{p.poll()}):\n{p.communicate()[0][-4000:]}")
+                time.sleep(0.05)
+            time.sleep(0.5)                            # the servers apply the last CLOCKs
+            kill_rank(job, victim, b"pause_driver.py")
+            times.append(time.time())
+            name.touch()
+        out = finish(p, timeout=timeout)
+    finally:
+        if p.poll() is None:
+            kill_session(p.pid)
+            p.wait()
+    return p.returncode, out, times

@@ -13,45 +13,14 @@ real ``mpirun --with-ft ulfm`` launches, real ``kill -9``, 3 workers + 3 servers
 """
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from tests.helpers import DATA, ROOT, kill_rank, mpi_env, mpirun, read_until, start_run
+from tests.helpers import finish, kill_while_paused, start_run, write_continue_job
 
-JOB = """
-name = "{name}"
-seed = 3
-[cluster]
-servers = 3
-[data]
-format = "adult_csv"
-path = "{data}"
-max_rows = 12000
-[model]
-dtype = "float64"
-l2 = 1e-5
-[train]
-epochs = 2
-batch_size = 32
-progress_seconds = 0.000001
-[consistency]
-model = "bsp"
-[checkpoint]
-every_steps = {every}
-keep = 20
-[fault_tolerance]
-mode = "continue"
-replicas = {replicas}
-{extra}
-[output]
-dir = "{name}"
-"""
 RANKS = 6                      # 3 workers (ranks 0-2) + 3 servers (ranks 3-5)
 EXAMPLES = 2 * 9600            # 2 epochs of the 9600 training rows (80 % of 12000)
 STEP_EXAMPLES = 3 * 32         # every step is full: 3200 rows per worker, batch 32
@@ -59,27 +28,18 @@ SERVER1 = 4                    # world rank of server 1
 
 
 def write(tmp_path, name, replicas=2, every=0, extra=""):
-    p = tmp_path / f"{name}.toml"
-    p.write_text(JOB.format(name=name, data=DATA, replicas=replicas, every=every, extra=extra))
-    return p
+    return write_continue_job(tmp_path, name, servers=3, every=every, seed=3, dtype="float64",
+                              fault_tolerance=f"replicas = {replicas}", extra=extra)
 
 
 def metrics(tmp_path, name):
     return json.loads((tmp_path / name / "metrics.json").read_text())
 
 
-def start(tmp_path, job):
-    return start_run(tmp_path, job, RANKS, "--resume", "never")
-
-
-def finish(p, lines, timeout=300):
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate()
-        raise AssertionError(f"no exit within {timeout} s:\n{(''.join(lines) + out)[-3000:]}")
-    return "".join(lines) + out
+def paused(tmp_path, job, kills):
+    """:func:`tests.helpers.kill_while_paused` on this file's 6 ranks: (exit status, output)."""
+    code, out, _ = kill_while_paused(tmp_path, job, RANKS, kills)
+    return code, out
 
 
 def arrays(run_dir: Path) -> dict:
@@ -105,19 +65,15 @@ def check_every_example_once(s):
 @pytest.mark.timeout(600)
 def test_server_killed_backup_takes_over_bit_identical(tmp_path):
     ref = write(tmp_path, "ref")
-    p = start(tmp_path, ref)
-    out = finish(p, [])
+    p = start_run(tmp_path, ref, RANKS, "--resume", "never")
+    out = finish(p)
     assert p.returncode == 0, out[-3000:]
     assert "--with-ft ulfm" in out
     check_every_example_once(metrics(tmp_path, "ref")["summary"])
 
     job = write(tmp_path, "kill")
-    p = start(tmp_path, job)
-    lines: list = []
-    read_until(p, "epoch 1/2  step 40/", lines)
-    kill_rank(job, SERVER1)
-    out = finish(p, lines)
-    assert p.returncode == 0, out[-3000:]
+    code, out = paused(tmp_path, job, [(40, SERVER1, 3)])      # server 1 at clock 40
+    assert code == 0, out[-3000:]
     assert "server(s) 1 (rank(s) 4) lost" in out, out[-3000:]
     assert "key range 1 taken over by server 2 from its backup copy" in out
     assert "restart" not in out
@@ -142,7 +98,7 @@ def test_worker_then_server_killed_every_example_once(tmp_path):
     job = write(tmp_path, "two")
     # worker 1 at clock 20 (epoch 1), then server 1 at clock 200: epoch 2 (with 2 workers
     # the rest of epoch 1 ends at clock 20 + 7680 / 64 = 140)
-    code, out = kill_while_paused(tmp_path, job, [(20, 1, 3), (200, SERVER1, 2)])
+    code, out = paused(tmp_path, job, [(20, 1, 3), (200, SERVER1, 2)])
     assert code == 0, out[-3000:]
     assert "key range 1 taken over by server 2" in out, out[-3000:]
     m = metrics(tmp_path, "two")
@@ -157,43 +113,13 @@ def test_worker_then_server_killed_every_example_once(tmp_path):
     assert [r["epoch"] for r in m["epochs"]] == [1, 2] and m["epochs"][-1]["test_auc"] > 0.88
 
 
-def kill_while_paused(tmp_path, job, kills):
-    """Run ``job`` under ``pause_driver.py``: at each ``(clock, world rank, workers alive)`` of
-    ``kills`` every worker waits, the rank is killed (every range has then applied exactly
-    ``clock`` steps), and the workers go on. Returns (exit status, output)."""
-    flag = tmp_path / "go"
-    driver = ROOT / "tests" / "e2e" / "pause_driver.py"
-    cmd = [mpirun(), "-n", str(RANKS), "--with-ft", "ulfm", sys.executable, str(driver),
-           str(job), ",".join(str(c) for c, _, _ in kills), str(flag)]
-    p = subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    try:
-        for i, (clock, victim, alive) in enumerate(kills):
-            name = flag if i == 0 else Path(f"{flag}-{clock}")
-            deadline = time.time() + 180
-            while len(list(tmp_path.glob(f"{Path(name).name}.*"))) < alive:
-                if time.time() > deadline or p.poll() is not None:
-                    p.kill()
-                    raise AssertionError(f"the workers did not pause at clock {clock} (exit "
-                                         f"{p.poll()}):\n{p.communicate()[0][-4000:]}")
-                time.sleep(0.05)
-            time.sleep(0.5)                            # the servers apply the last CLOCKs
-            kill_rank(job, victim, b"pause_driver.py")
-            name.touch()
-        out = finish(p, [])
-    finally:
-        if p.poll() is None:
-            p.kill()
-    return p.returncode, out
-
-
 @pytest.mark.timeout(600)
 def test_server_killed_then_workers_added_every_example_once(tmp_path):
     """Growth after a server loss: the added workers learn from the join plan which rank
     holds each key range (server 2 holds ranges 1 and 2), and every range still applies every
     example of every epoch once."""
     job = write(tmp_path, "grow", extra="[elastic]\nadd_workers = 2\nat_step = 60\n")
-    code, out = kill_while_paused(tmp_path, job, [(30, SERVER1, 3)])
+    code, out = paused(tmp_path, job, [(30, SERVER1, 3)])
     assert code == 0, out[-3000:]
     assert "key range 1 taken over by server 2" in out, out[-3000:]
     assert "worker(s) added at clock 60" in out, out[-3000:]
@@ -212,7 +138,7 @@ def test_server_killed_then_workers_added_every_example_once(tmp_path):
 def test_server_killed_without_replica_range_reloaded_steps_lost_reported(tmp_path):
     every, kill_clock = 20, 50
     job = write(tmp_path, "reload", replicas=1, every=every)
-    code, out = kill_while_paused(tmp_path, job, [(kill_clock, SERVER1, 3)])
+    code, out = paused(tmp_path, job, [(kill_clock, SERVER1, 3)])
     assert code == 0, out[-3000:]
     k = kill_clock // every * every                    # the newest checkpoint before the kill
     assert (tmp_path / "reload" / "ckpt" / f"step-{k:08d}" / "manifest.h5").exists()
