@@ -1,11 +1,14 @@
 """Continue mode through the loss of a server (``[fault_tolerance] mode = "continue"``, ULFM):
 real ``mpirun --with-ft ulfm`` launches, real ``kill -9``, 3 workers + 3 servers.
 
-* ``replicas = 2``, deterministic BSP in float64: a server killed mid-epoch; its backup takes
-  the key range over; the final model and the final checkpoint (rows and optimizer state)
-  are bit-identical to an uninterrupted run;
+* ``replicas = 2``, deterministic BSP in float64: a server killed mid-epoch (at clock 40,
+  while every worker waits: :func:`tests.helpers.kill_while_paused`, as every kill here);
+  its backup takes the key range over; the final model and the final checkpoint (rows and
+  optimizer state) are bit-identical to an uninterrupted run;
 * a worker, then a server: both survived; every key range applied every training example of
   every epoch exactly once (the ranges' own counts);
+* a server, then 2 workers added: the added workers learn where each key range lives, and
+  every range still applies every example once;
 * ``replicas = 1``: the lost range is reloaded from the last checkpoint; every worker waits at
   a known clock while the server is killed, so the steps lost are known exactly:
   ``kill clock - checkpoint step``, and the range's example count is short by exactly the
