@@ -257,10 +257,14 @@ class DownpourSteps:
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
         self.cache_keys = None            # the first step of an epoch (or of a resume) fetches
+        self._fetched = None              # (step, rows' matrix) of a fetch for one step
 
     def _fetch(self, i: int) -> None:
         span = self.order[i * self.B:min(i + self.policy.n_fetch, self.steps) * self.B]
-        keys = self.model.batch_keys(self.X[span]) if span.size else {}
+        Xs = self.X[span] if span.size else None
+        keys = self.model.batch_keys(Xs) if span.size else {}
+        # n_fetch = 1: the fetch read exactly step i's rows; the step reuses them and their keys
+        self._fetched = (i, Xs) if self.policy.n_fetch == 1 and span.size else None
         self.cache_keys = keys
         self.cache = self.client.pull_many(keys)
         self.cache_versions = {t: self.client.read_version[self.client.ids[t]].copy() for t in keys}
@@ -273,10 +277,14 @@ class DownpourSteps:
         loss = 0.0
         self.last_rejected = False
         if rows.size:
-            Xb, yb = self.X[rows], self.y[rows]
-            keys = self.model.batch_keys(Xb)
-            params = {t: self.cache[t][np.searchsorted(self.cache_keys[t], k)]
-                      for t, k in keys.items()}
+            yb = self.y[rows]
+            if self._fetched is not None and self._fetched[0] == i:
+                Xb, keys, params = self._fetched[1], self.cache_keys, self.cache
+            else:
+                Xb = self.X[rows]
+                keys = self.model.batch_keys(Xb)
+                params = {t: self.cache[t][np.searchsorted(self.cache_keys[t], k)]
+                          for t, k in keys.items()}
             loss, grads = self.model.loss_grad(Xb, yb, keys, params)
             if not self.guard.check(self.client.clock_value,
                                     self.guard.code(loss, grads, self.dtypes)):
@@ -301,10 +309,18 @@ class DownpourSteps:
         versions = self.acc_versions if self.acc_versions is not None else \
             getattr(self, "cache_versions", {})
         n = max(1, self.acc_n)
+
+        def f_none(t):
+            return t not in self.filters
+
         tables = list(self.acc_keys) + [t for t in self.filters if t not in self.acc_keys]
         for t in tables:
             spec = self.client.specs[self.client.ids[t]]
-            if t in self.acc_keys:
+            if t in self.acc_keys and len(self.acc_keys[t]) == 1 and f_none(t):
+                # one step's gradient: pushed as it is (a duplicate key would be summed by
+                # the server); merging it would only round-trip it through float64
+                keys, sums = self.acc_keys[t][0], self.acc_grads[t][0]
+            elif t in self.acc_keys:
                 keys, sums = merge_duplicates(np.concatenate(self.acc_keys[t]),
                                               np.concatenate(self.acc_grads[t]).astype(np.float64))
             else:
@@ -313,7 +329,7 @@ class DownpourSteps:
             f = self.filters.get(t)
             if f is None:
                 if keys.size:
-                    cast = sums.astype(spec.dtype)
+                    cast = sums.astype(spec.dtype, copy=False)
                     # each step's gradient was finite; their sum may still overflow the dtype
                     check_finite(f"worker {self.index} at clock {self.client.clock_value}: "
                                  f"accumulated gradient of table {t!r}", cast)

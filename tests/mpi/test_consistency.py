@@ -86,6 +86,22 @@ def test_ssp0_and_rma_are_bit_identical_to_bsp(mpi_tmp_path):
     assert ref["consistency"]["staleness"]["updates"] > 0
 
 
+@pytest.mark.mpi(min_size=5)
+def test_async_with_one_worker_is_bit_identical_to_bsp(mpi_tmp_path):
+    """One worker (and 4 servers): async Downpour with n_fetch = n_push = 1 reads, before
+    each step, every update of the steps before it (its pushes leave with its clock, ahead of
+    the next fetch), so it is BSP. The step reuses the fetch's rows and keys and pushes its
+    gradient unmerged: the model must be the same bit for bit (AdaGrad, float64)."""
+    ref, m_ref = _run(mpi_tmp_path, "bsp1", 'model = "bsp"', servers=4, opt="adagrad", lr=0.1)
+    s, m = _run(mpi_tmp_path, "async1", 'model = "async"', servers=4, opt="adagrad", lr=0.1)
+    assert s["consistency"]["staleness"]["max"] == 0
+    assert s["examples"] == ref["examples"] > 0
+    if MPI.COMM_WORLD.rank == 0:
+        assert np.abs(m["weights"]).max() > 1e-3
+        for name in ("weights", "bias"):
+            assert np.array_equal(m[name], m_ref[name]), name
+
+
 def _slow_worker_1(index, clock):
     if index == 1:
         time.sleep(0.03)
