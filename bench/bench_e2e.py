@@ -5,11 +5,14 @@ Run it with plain ``python`` (it launches what it needs)::
 
     python bench/bench_e2e.py                 # 3 workers + 1 server, 2 epochs
 
-* **hpcps**: one ``mpirun`` of ``workers + 1`` ranks runs this script's MPI part, which trains
-  the job under each variant in turn (``hpcps.job.run_job``, the code ``hpcps train`` runs),
-  ``--reps`` times, interleaved (the order rotates). The data is featurized once per rank and
+* **hpcps**: an ``mpirun`` of ``workers + 1`` ranks runs this script's MPI part, which trains
+  the job under each variant in turn (``hpcps.job.run_job``, the code ``hpcps train`` runs;
+  the order rotates from one launch to the next). The data is featurized once per rank and
   reused by every variant (the featurizer is not what is measured; the training loop and its
   per-epoch evaluations are).
+* **Interleaving**: ``--reps`` rounds, each one torch run and one hpcps launch, in the order
+  torch, hpcps, hpcps, torch, ... so that both sides see the same drift in the machine's load;
+  every row reports the median over its runs.
 * **AllReduce** (``[cluster] mode = "allreduce"``): the same ranks, all workers, gradients
   summed with ``MPI.Allreduce``; included when this hpcps implements the mode, otherwise the
   row says so.
@@ -116,7 +119,7 @@ def mpi_part(args) -> int:
         variants["AllReduce"] = dict(cluster=dataclasses.replace(base.cluster, mode="allreduce"))
     results = {v: [] for v in variants}
     for rep in range(args.reps):
-        for name in benchlib.rotate(variants, rep):
+        for name in benchlib.rotate(variants, rep + args.rotate):
             out_dir = base.output.dir / f"{name.replace(' ', '_')}-{rep}"
             cfg = dataclasses.replace(base, output=dataclasses.replace(base.output, dir=out_dir),
                                       **variants[name])
@@ -186,8 +189,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=2, help="hpcps repetitions per variant")
-    ap.add_argument("--torch-reps", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=2,
+                    help="rounds: one torch run and one hpcps launch (every variant) each")
+    ap.add_argument("--rotate", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--target", type=float, default=TARGET_LOGLOSS, help="test log-loss to reach")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--mpi-part", action="store_true", help=argparse.SUPPRESS)
@@ -210,10 +214,14 @@ def main(argv=None) -> int:
         job = write_job(d, args.epochs, args.quick)
         mpirun = launch.find_mpirun()
         out = d / "hpcps.json"
-        cmd, env = launch.build_launch(args.workers + 1, [
-            sys.executable, str(HERE / "bench_e2e.py"), "--mpi-part", "--job", str(job),
-            "--mpi-out", str(out), "--reps", str(args.reps)] + (["--allreduce"] if ar else []),
-            mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
+
+        def hpcps_cmd(i):
+            return launch.build_launch(args.workers + 1, [
+                sys.executable, str(HERE / "bench_e2e.py"), "--mpi-part", "--job", str(job),
+                "--mpi-out", str(out), "--reps", "1", "--rotate", str(i)]
+                + (["--allreduce"] if ar else []),
+                mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
+
         torch_runs = []
         torch_cmd = [sys.executable, str(HERE / "bench_torch_ps.py"), str(job), "--workers",
                      str(args.workers), "--epochs", str(args.epochs), "--json", str(d / "torch.json")]
@@ -224,28 +232,33 @@ def main(argv=None) -> int:
 
             save_npz(job, d / "data.npz")
             torch_cmd += ["--data-npz", str(d / "data.npz")]
-        for i in range(max(1, args.torch_reps)):
-            # torch first on odd rounds, hpcps first on even ones (interleaved)
-            if not skipped:
-                print(f"e2e: torch rpc PS run {i + 1}", flush=True)
-                p = subprocess.run(torch_cmd, capture_output=True, text=True)
-                if p.returncode != 0:
-                    sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
-                    raise SystemExit("bench_e2e.py: the torch rpc PS run failed")
-                t = json.loads((d / "torch.json").read_text())
-                if t["details"].get("skipped"):
-                    skipped = True
-                    print(p.stdout.strip().splitlines()[-1])
-                else:
-                    torch_runs.append(t["details"])
-            if i == 0:
-                print(f"e2e: hpcps: {' '.join(cmd)}", flush=True)
-                p = subprocess.run(cmd, env={**os.environ, **env},
-                                   capture_output=True, text=True)
-                if p.returncode != 0:
-                    sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
-                    raise SystemExit("bench_e2e.py: the hpcps runs failed")
-                hp = json.loads(out.read_text())
+        hp: dict = {}
+        rounds = max(1, args.reps)
+        for i in range(rounds):
+            # torch, hpcps, hpcps, torch, ...: both sides see the same drift of the load
+            for side in (("torch", "hpcps") if i % 2 == 0 else ("hpcps", "torch")):
+                if side == "torch" and not skipped:
+                    print(f"e2e: torch rpc PS run {i + 1}/{rounds}", flush=True)
+                    p = subprocess.run(torch_cmd, capture_output=True, text=True)
+                    if p.returncode != 0:
+                        sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+                        raise SystemExit("bench_e2e.py: the torch rpc PS run failed")
+                    t = json.loads((d / "torch.json").read_text())
+                    if t["details"].get("skipped"):
+                        skipped = True
+                        print(p.stdout.strip().splitlines()[-1])
+                    else:
+                        torch_runs.append(t["details"])
+                elif side == "hpcps":
+                    cmd, env = hpcps_cmd(i)
+                    print(f"e2e: hpcps run {i + 1}/{rounds}: {' '.join(cmd)}", flush=True)
+                    p = subprocess.run(cmd, env={**os.environ, **env},
+                                       capture_output=True, text=True)
+                    if p.returncode != 0:
+                        sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+                        raise SystemExit("bench_e2e.py: the hpcps runs failed")
+                    for name, runs in json.loads(out.read_text()).items():
+                        hp.setdefault(name, []).extend(runs)
     rows = {name: summarize(runs, args.target) for name, runs in hp.items()}
     if torch_runs:
         tr = [{"examples_per_second": t["examples_per_second"], "epochs": t["epochs"]} for t in torch_runs]

@@ -97,14 +97,18 @@ class Report:
         Path(path).write_text(json.dumps(data, indent=1, default=_jsonable))
 
     def last_line(self) -> str:
-        """The headline ratio as one line (each script prints it last)."""
-        heads = [r for r in self.ratios if r["headline"]] or self.ratios[:1]
-        parts = []
-        for r in heads:
+        """Every ratio that has a goal, one per line with "met" or "MISSED", then the headline
+        ratio(s) as the last line (each script prints this last), so that a script run alone
+        shows every goal it measures, missed ones included."""
+        def fmt(r, mark=True):
             v = "n/a" if r["value"] is None else f"{r['value']:.2f}{r['unit'] if r['unit'] != 'x' else ''}"
             goal = f" (goal {r['goal_text']})" if r["goal_text"] else ""
-            parts.append(f"{r['what']}: {v}{goal}")
-        return "; ".join(parts)
+            flag = "" if not mark or r["met"] is None else ("  met" if r["met"] else "  MISSED")
+            return f"{r['what']}: {v}{goal}{flag}"
+
+        heads = [r for r in self.ratios if r["headline"]] or self.ratios[:1]
+        others = [fmt(r) for r in self.ratios if r["goal"] is not None and r not in heads]
+        return "\n".join(others + ["; ".join(fmt(r, mark=False) for r in heads)])
 
 
 def _jsonable(o):
