@@ -299,7 +299,8 @@ def main(argv=None) -> int:
     h = head[0]
     tag = f"{h['rule']}, {h['rows'] / 2**20:g} Mi rows" if h["rows"] >= 2**20 else f"{h['rule']}, {h['rows']:,} rows"
     rep.ratio(f"kernel {tag}: best numpy / ours", h["numpy_over_ours"], 5, headline=True)
-    rep.ratio(f"kernel {tag}: ours / bandwidth ceiling", h["ceiling_over_ours"], 0.5, headline=True)
+    rep.ratio(f"kernel {tag}: ours / bandwidth ceiling", h["ceiling_over_ours"], 0.5, headline=True,
+              bound=1.0)
     worst_np = min(results, key=lambda r: r["numpy_over_ours"])
     rep.ratio(f"kernel worst case ({worst_np['rule']}, {worst_np['rows']:,} rows, Zipf {worst_np['zipf']}): "
               "best numpy / ours", worst_np["numpy_over_ours"], 5)

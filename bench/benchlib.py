@@ -70,17 +70,24 @@ class Report:
         self.t0 = time.perf_counter()
 
     def ratio(self, what: str, value, goal: float | None = None, *, higher_is_better=True,
-              unit: str = "x", headline: bool = False) -> dict:
-        """Record one ratio; ``goal`` None means "reported, no goal".
+              unit: str = "x", headline: bool = False, bound: float | None = None) -> dict:
+        """Record one ratio; ``goal`` None means "reported, no goal". ``bound``: a value no
+        real measurement can exceed (e.g. 1 for a fraction of a bandwidth ceiling); a value
+        above it means the baseline was disturbed (another process took the core while it
+        ran), so the goal is neither met nor missed and a note says so.
 
         Returns the record (``met`` is None without a goal or without a value).
         """
         met = None
-        if goal is not None and value is not None:
+        disturbed = bound is not None and value is not None and value > bound
+        if goal is not None and value is not None and not disturbed:
             met = bool(value >= goal) if higher_is_better else bool(value <= goal)
+        if disturbed:
+            self.note(f"{what}: {float(value):.2f} is above {bound:g}, which no real "
+                      "measurement can reach: the baseline was disturbed; not counted, rerun")
         rec = {"what": what, "value": None if value is None else float(value), "goal": goal,
                "goal_text": None if goal is None else f"{'>=' if higher_is_better else '<='} {goal:g}",
-               "unit": unit, "met": met, "headline": headline}
+               "unit": unit, "met": met, "headline": headline, "disturbed": disturbed}
         self.ratios.append(rec)
         return rec
 
@@ -103,7 +110,8 @@ class Report:
         def fmt(r, mark=True):
             v = "n/a" if r["value"] is None else f"{r['value']:.2f}{r['unit'] if r['unit'] != 'x' else ''}"
             goal = f" (goal {r['goal_text']})" if r["goal_text"] else ""
-            flag = "" if not mark or r["met"] is None else ("  met" if r["met"] else "  MISSED")
+            flag = ("  DISTURBED (above its bound: rerun)" if r.get("disturbed") else
+                    "" if not mark or r["met"] is None else ("  met" if r["met"] else "  MISSED"))
             return f"{r['what']}: {v}{goal}{flag}"
 
         heads = [r for r in self.ratios if r["headline"]] or self.ratios[:1]

@@ -215,7 +215,8 @@ def markdown(results: dict) -> str:
             lines.append(f"| {r['name']} | (failed, exit {r['exit']}) | | | |")
             continue
         for x in r["ratios"]:
-            mark = "" if x["met"] is None else ("met" if x["met"] else "**missed**")
+            mark = ("disturbed: rerun" if x.get("disturbed") else
+                    "" if x["met"] is None else ("met" if x["met"] else "**missed**"))
             lines.append(f"| {r['name']} | {x['what']} | {_fmt(x['value'], x['unit'])} | "
                          f"{x['goal_text'] or ''} | {mark} |")
         notes += [f"{r['name']}: {n}" for n in r.get("notes", [])]

@@ -1,0 +1,31 @@
+"""Benchmark reports: ratios against goals, a bound no real measurement can pass."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import benchlib  # noqa: E402
+
+from hpcps.bench import markdown  # noqa: E402
+
+
+def test_a_ratio_above_its_bound_is_disturbed_not_met():
+    """A kernel at 2.31x its bandwidth ceiling (a disturbed ceiling measurement, seen in a
+    run on a loaded machine) was marked "met"; it is now neither met nor missed."""
+    rep = benchlib.Report("kernels", argv=[])
+    bad = rep.ratio("ours / bandwidth ceiling", 2.31, 0.5, headline=True, bound=1.0)
+    ok = rep.ratio("ours / bandwidth ceiling, small", 0.71, 0.5, bound=1.0)
+    low = rep.ratio("numpy / ours", 1.6, 5)
+    assert bad["met"] is None and bad["disturbed"]
+    assert ok["met"] is True and not ok["disturbed"]
+    assert low["met"] is False
+    assert any("2.31 is above 1" in n for n in rep.notes)
+    lines = rep.last_line().splitlines()
+    assert lines[-1].startswith("ours / bandwidth ceiling: 2.31") and "DISTURBED" in lines[-1]
+    assert "numpy / ours: 1.60 (goal >= 5)  MISSED" in lines
+    md = markdown({"date": "d", "machine": {}, "load_average_before": [1, 1, 1],
+                   "load_average_after": [1, 1, 1], "total_seconds": 1, "quick": False,
+                   "reports": [{"name": "kernels", "ratios": rep.ratios, "notes": rep.notes}]})
+    assert "| 2.31x | >= 0.5 | disturbed: rerun |" in md
+    assert "| 0.71x | >= 0.5 | met |" in md and "| **missed** |" in md
