@@ -179,6 +179,9 @@ def report(todo, times, hl, args):
     for x in small:
         rep.ratio(f"{x['label']}: per-message overhead of hpcps", x["overhead_us"], None,
                   unit=" us")
+        if x["overhead_us"] < 0:
+            rep.note(f"{x['label']}: the raw exchange took longer than hpcps's (overhead "
+                     f"{x['overhead_us']:.0f} us < 0): disturbed by other processes; rerun")
     rep.write(args.json)
     print(rep.last_line())
 
