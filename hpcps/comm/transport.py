@@ -191,6 +191,11 @@ class WorkerEndpoint:
         self._keep.append(out)
         self.stats.add(op, inn=out.nbytes)
 
+    @property
+    def pending(self) -> int:
+        """Requests started and not waited for yet (a step's deferred ``PUSH_CLOCK``)."""
+        return len(self._reqs)
+
     def complete(self, op: int) -> None:
         """Wait for every started send and receive; time it under ``op``."""
         t0 = time.perf_counter()

@@ -381,8 +381,12 @@ class PSClient:
         A range with pushes held by ``push(..., defer=True)`` gets them and the CLOCK in one
         ``PUSH_CLOCK`` request. The sends are not waited for here: the next request's wait
         completes them (their buffers are kept until then), so the worker goes on to its
-        next minibatch while the servers receive.
+        next minibatch while the servers receive. Sends still pending from the previous
+        clock (RMA pulls involve no wait of this endpoint) are waited for first, so at most
+        one step's buffers are held.
         """
+        if self.ep.pending:
+            self.ep.complete(tp.PUSH)
         if self.kept is not None:
             entry = self.kept.setdefault(self.clock_value, [None, [], 0])
             entry[0], entry[2] = int(n_examples), int(epoch)

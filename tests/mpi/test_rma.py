@@ -108,6 +108,33 @@ def test_rma_pull_equals_p2p_pull(dtype, policy):
 
 
 @pytest.mark.mpi(min_size=3)
+def test_deferred_pushes_are_not_held_across_steps_with_rma_pulls():
+    """With RMA pulls nothing of the endpoint waits between clocks: the deferred PUSH_CLOCK
+    sends of a step must still be completed by the next clock, not kept (with their
+    gradient buffers) until the end of the run; and every push arrives."""
+    comm = MPI.COMM_WORLD
+    spec = TableSpec("w", 2000, 1, "float64", sparse=True)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+
+    def work(client, roles):
+        held = []
+        for t in range(30):
+            client.pull("w", np.arange(0, 2000, 7))                # an RMA read
+            client.push("w", np.arange(2000), np.ones((2000, 1)), defer=True)
+            client.clock(1)
+            held.append(client.ep.pending)
+        w = client.pull("w", np.arange(2000), fresh=True)
+        return held, w
+
+    roles, res = _ps(comm, 1, tables, BSP(), work)
+    if roles.role == core.WORKER:
+        held, w = res
+        # one step's sends at most (header, part description, keys, values per server)
+        assert max(held) <= 4 * roles.n_servers, held
+        np.testing.assert_allclose(w, -30.0)       # 30 steps of -1 (mean over the workers)
+
+
+@pytest.mark.mpi(min_size=3)
 def test_rma_pull_completes_while_server_applies_a_large_update():
     """Worker 0 pushes 8 M keys (async: applied on arrival); worker 1 waits until the server's
     busy flag is up, then does an RMA pull and sees the flag still up afterwards."""
