@@ -163,8 +163,9 @@ def test_deferred_pushes_go_with_the_clock_in_one_request_per_server(mode):
         for a, b in zip(now, later):
             if mode == "bsp":
                 np.testing.assert_array_equal(a, b)
-            else:
-                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+            else:       # arrival order changes the rounding only (b is float32)
+                tol = 1e-12 if a.dtype == np.float64 else 1e-5
+                np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
         assert np.abs(later[0]).sum() > 0
     else:
         nw = roles.n_workers
