@@ -34,7 +34,7 @@ AdaGrad ratios on the 64 M-row table (or the largest table run).
 
 Usage::
 
-    python bench/bench_kernels.py                  # 1 M and 64 M rows (~1-2 min, ~3 GB RAM)
+    python bench/bench_kernels.py                  # 1 M and 64 M rows (~1-2 min; ~7.8 GB RAM at peak in a user's run)
     python bench/bench_kernels.py --tables 1000000 --zipf 1.1 2.0
 """
 

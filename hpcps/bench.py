@@ -238,7 +238,9 @@ def update_readme(path: Path, md: str) -> None:
 def register(sub) -> None:
     """Add ``hpcps bench`` to the command-line parser's subcommands."""
     b = sub.add_parser("bench", help="run the benchmark suite (bench/) and write its results table")
-    b.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test (< 1 min)")
+    b.add_argument("--quick", action="store_true",
+                   help="tiny sizes: a smoke test, not a measurement (about 1-2 min; 76 s in a "
+                        "user's run)")
     b.add_argument("--only", nargs="+", metavar="NAME",
                    help="run only these: kernels pushpull rma rma_fanin checkpoint e2e scaling "
                         "recovery")
