@@ -144,11 +144,19 @@ def predict(W, S, K, a_us, c_ns) -> dict:
     """Step time (ms) with dedicated cores: a server's share (its 2 W requests and W K / S
     keys, one after the other) plus a worker's own (2 S requests sent together, K keys);
     BSP serialises them: a worker's next pull waits for the server's last answer."""
+    from hpcps.comm.transport import HEADER_LEN, PART_LEN
+    from hpcps.consistency import header_len
+
     t_srv = REQUESTS * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
     t_wrk = REQUESTS * S * a_us * 1e-6 + K * c_ns * 1e-9
+    # per worker: the keys and values both ways, a request header per request (72 B), the
+    # PUSH_CLOCK's push description (40 B), and the shard clock header of the pull reply
+    # (8 B x header_len(W): it grows with W, so a server's share grows as W**2)
+    clock_headers = W * 8 * header_len(W)
     return {"server_ms": 1e3 * t_srv, "worker_ms": 1e3 * t_wrk, "step_ms": 1e3 * (t_srv + t_wrk),
-            # headers (64 B per request) and the PUSH_CLOCK's push description (40 B)
-            "bytes_per_server_step": W * K / S * KEY_BYTES * 2 + REQUESTS * W * 64 + W * 40}
+            "bytes_per_server_step": (W * K / S * KEY_BYTES * 2 + REQUESTS * W * 8 * HEADER_LEN
+                                      + W * 8 * PART_LEN + clock_headers),
+            "clock_header_bytes_per_server_step": clock_headers}
 
 
 def main(argv=None) -> int:
