@@ -309,14 +309,10 @@ class DownpourSteps:
         versions = self.acc_versions if self.acc_versions is not None else \
             getattr(self, "cache_versions", {})
         n = max(1, self.acc_n)
-
-        def f_none(t):
-            return t not in self.filters
-
         tables = list(self.acc_keys) + [t for t in self.filters if t not in self.acc_keys]
         for t in tables:
             spec = self.client.specs[self.client.ids[t]]
-            if t in self.acc_keys and len(self.acc_keys[t]) == 1 and f_none(t):
+            if t in self.acc_keys and len(self.acc_keys[t]) == 1 and t not in self.filters:
                 # one step's gradient: pushed as it is (a duplicate key would be summed by
                 # the server); merging it would only round-trip it through float64
                 keys, sums = self.acc_keys[t][0], self.acc_grads[t][0]
