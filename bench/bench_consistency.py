@@ -33,7 +33,7 @@ except ImportError:  # run from a source checkout built with ``setup.py build_ex
 
 from hpcps.comm.core import abort_on_error, world
 from hpcps.config import ConsistencyConfig
-from hpcps.job import run_job
+from hpcps.runtime.job import run_job
 
 VARIANTS = {
     "bsp p2p": dict(model="bsp"),

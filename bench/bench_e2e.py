@@ -6,7 +6,7 @@ Run it with plain ``python`` (it launches what it needs)::
     python bench/bench_e2e.py                 # 3 workers + 1 server, 2 epochs
 
 * **hpcps**: an ``mpirun`` of ``workers + 1`` ranks runs this script's MPI part, which trains
-  the job under each variant in turn (``hpcps.job.run_job``, the code ``hpcps train`` runs;
+  the job under each variant in turn (``hpcps.runtime.job.run_job``, the code ``hpcps train`` runs;
   the order rotates from one launch to the next). The data is featurized once per rank and
   reused by every variant (the featurizer is not what is measured; the training loop and its
   per-epoch evaluations are).
@@ -108,7 +108,7 @@ def mpi_part(args) -> int:
     """Every rank: train each variant ``reps`` times (collective over the world)."""
     from hpcps.comm.core import abort_on_error, world
     from hpcps.config import ClusterConfig, ConsistencyConfig, load_job
-    from hpcps.job import run_job
+    from hpcps.runtime.job import run_job
 
     _cache_data()
     comm = world()
@@ -153,7 +153,7 @@ def _cache_data():
         return memo[key]
 
     source.load_split = load_split
-    for mod in ("hpcps.models.logistic", "hpcps.worker.trainer", "hpcps.job"):
+    for mod in ("hpcps.models.logistic", "hpcps.worker.trainer", "hpcps.runtime.job"):
         try:
             m = __import__(mod, fromlist=["load_split"])
         except ImportError:
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.mpi_part:
         return mpi_part(args)
-    from hpcps import launch
+    from hpcps.runtime import launch
 
     if args.quick:
         args.epochs, args.reps, args.workers = 1, 1, 2

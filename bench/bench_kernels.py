@@ -2,8 +2,8 @@
 
 A push of ``--updates`` keys (Zipf-skewed: hot keys repeat many times) with one float32
 gradient row each is applied to a table of 1 M and of 64 M rows (dim 1) by every update rule
-``hpcps.optim.RULES`` lists (SGD, AdaGrad, Adam, FTRL), through
-``hpcps.optim.Optimizer.apply`` — the server's own call: merge duplicate keys, then one step
+``hpcps.core.optim.RULES`` lists (SGD, AdaGrad, Adam, FTRL), through
+``hpcps.core.optim.Optimizer.apply`` — the server's own call: merge duplicate keys, then one step
 per distinct row (Adam's and FTRL's state packed in one record per row; the merge keeps its
 zeroed scratch buffers between calls, so ``ours`` runs once untimed first, as a server has
 applied pushes before). Contenders, timed in the same run, interleaved, median of ``--reps``:
@@ -49,7 +49,7 @@ import benchlib
 
 benchlib.ensure_importable()
 
-from hpcps import optim  # noqa: E402
+from hpcps.core import optim  # noqa: E402
 from hpcps.kernels import optim as K  # noqa: E402
 
 LR, L2, SCALE, EPS = 0.1, 1e-4, 1.0 / 1024, 1e-8

@@ -5,9 +5,9 @@ Run it with plain ``python`` (it launches what it needs)::
     python bench/bench_recovery.py              # 3 workers + 3 servers, Adult, BSP float64
 
 The job: Adult (12,000 rows, the quick-start features), 3 workers + 3 servers, BSP, float64,
-batch 32, AdaGrad; every launch is ``mpirun --with-ft ulfm`` (``hpcps.launch``).
+batch 32, AdaGrad; every launch is ``mpirun --with-ft ulfm`` (``hpcps.runtime.launch``).
 
-* **Throughput** (one launch, ``hpcps.job.run_job`` in the ranks, the variants interleaved and
+* **Throughput** (one launch, ``hpcps.runtime.job.run_job`` in the ranks, the variants interleaved and
   rotated, ``--reps`` times, medians): ``[fault_tolerance] mode = "restart"`` (no failure
   handling), ``"continue"`` with ``replicas = 1`` and with ``replicas = 2``. Ratios: examples/s
   with replicas = 2 / replicas = 1 (the cost of chain replication: one server-to-server round
@@ -116,7 +116,7 @@ def mpi_throughput(args) -> int:
 
     from hpcps.comm.core import abort_on_error, world
     from hpcps.config import load_job
-    from hpcps.job import run_job
+    from hpcps.runtime.job import run_job
 
     _cache_data()
     comm = world()
@@ -142,7 +142,7 @@ def mpi_kill(args) -> int:
     """Every rank: run one scenario; the chief kills rank ``--victim`` at clock ``--at``."""
     from hpcps.comm.core import abort_on_error, world
     from hpcps.config import load_job
-    from hpcps.job import run_job
+    from hpcps.runtime.job import run_job
 
     comm = world()
     pids = comm.allgather(os.getpid())           # start-up only, not the measured path
@@ -181,7 +181,7 @@ def launch_mpi(program: list, timeout: float = 600,
     ulfm`` for continue-mode jobs (``ulfm``), without it for restart-mode ones (a lost rank
     then ends the launch at once; under ULFM the runtime leaves that to the ranks, and
     PRRTE was seen to hang with two dead ranks left unreaped)."""
-    from hpcps import launch
+    from hpcps.runtime import launch
 
     mpirun = launch.find_mpirun()
     cmd, env = launch.build_launch(RANKS, program, mpirun=mpirun,

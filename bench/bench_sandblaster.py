@@ -37,7 +37,7 @@ except ImportError:  # run from a source checkout built with ``setup.py build_ex
 
 from hpcps.comm.collectives import bcast_int
 from hpcps.comm.core import abort_on_error, world
-from hpcps.job import run_job
+from hpcps.runtime.job import run_job
 
 SLOW = 1
 

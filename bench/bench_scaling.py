@@ -145,7 +145,7 @@ def predict(W, S, K, a_us, c_ns) -> dict:
     keys, one after the other) plus a worker's own (2 S requests sent together, K keys);
     BSP serialises them: a worker's next pull waits for the server's last answer."""
     from hpcps.comm.transport import HEADER_LEN, PART_LEN
-    from hpcps.consistency import header_len
+    from hpcps.core.consistency import header_len
 
     t_srv = REQUESTS * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
     t_wrk = REQUESTS * S * a_us * 1e-6 + K * c_ns * 1e-9
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.mpi_part:
         return mpi_part(args)
-    from hpcps import launch
+    from hpcps.runtime import launch
 
     layouts = QUICK_LAYOUTS if args.quick else LAYOUTS
     steps = 5 if args.quick else args.steps

@@ -107,7 +107,7 @@ class ParameterServer(nn.Module if torch is not None else object):
 
     def evaluate(self):
         """Test log-loss and AUC of the current model (the server holds the test split)."""
-        from hpcps.model import binary_metrics
+        from hpcps.models.logistic_math import binary_metrics
 
         if self.test is None:
             indptr, indices, data, y, _ = load(self.job, "test", 0, 1, self.npz)

@@ -30,10 +30,10 @@ benchlib.ensure_importable()
 from hpcps.comm.core import DEFAULT_MAX_MESSAGE_BYTES, split_roles  # noqa: E402
 from hpcps.comm.rma import allocate_windows, free_windows  # noqa: E402
 from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint  # noqa: E402
-from hpcps.consistency import BSP, header_len  # noqa: E402
-from hpcps.optim import Optimizer  # noqa: E402
+from hpcps.core.consistency import BSP, header_len  # noqa: E402
+from hpcps.core.optim import Optimizer  # noqa: E402
 from hpcps.server.server import ParameterServer, window_sizes  # noqa: E402
-from hpcps.tables import TableSpec  # noqa: E402
+from hpcps.core.tables import TableSpec  # noqa: E402
 from hpcps.worker.client import PSClient  # noqa: E402
 
 DENSE_DIM = 256

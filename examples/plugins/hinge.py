@@ -20,8 +20,8 @@ import numpy as np
 
 from hpcps.data.source import load_split
 from hpcps.models.base import Model
-from hpcps.optim import Optimizer
-from hpcps.tables import TableSpec
+from hpcps.core.optim import Optimizer
+from hpcps.core.tables import TableSpec
 
 
 class LinearSVM(Model):

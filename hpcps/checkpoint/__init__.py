@@ -15,7 +15,7 @@ One directory per checkpoint, named by the step (worker clock) it was taken at::
     per table a group ``tables/<name>`` with
 
     * ``rows``  (hi - lo, dim), the table dtype: the server's rows, in *permuted* key order
-      (row i holds permuted position lo + i, see :mod:`hpcps.tables`);
+      (row i holds permuted position lo + i, see :mod:`hpcps.core.tables`);
     * ``keys``  (hi - lo,) int64: the original key of each row;
     * ``slots/<slot>`` (hi - lo, ...): optimizer state, one entry per row in the order of
       ``rows`` — ``accumulator`` (AdaGrad), ``m``, ``v`` and ``step`` (Adam; ``step`` is
@@ -53,7 +53,7 @@ Atomic commit
 -------------
 Every file is written under a temporary name in the same directory, flushed, fsync'ed,
 moved into place with ``os.replace`` and the directory fsync'ed; files get mode
-``0666 & ~umask`` and directories ``0777 & ~umask`` (:mod:`hpcps.files`). The manifest is
+``0666 & ~umask`` and directories ``0777 & ~umask`` (:mod:`hpcps.core.files`). The manifest is
 written last and names the size and checksum of every shard, so a checkpoint is *complete*
 only when its manifest exists and every shard matches it. :func:`latest_valid` skips (with a warning)
 any newer checkpoint that is incomplete, truncated or corrupt; a process killed at any
@@ -89,8 +89,8 @@ import h5py
 import numpy as np
 import xxhash
 
-from .. import __version__
-from ..files import make_temp
+from hpcps import __version__
+from hpcps.core.files import make_temp
 
 FORMAT = "hpcps-checkpoint-2"
 #: manifest formats :func:`read_manifest` accepts: format 1 recorded SHA-256 (``shards/sha256``)
@@ -122,9 +122,9 @@ def check_compatible(directory, manifest: dict, tables, slots=None) -> None:
 
     Parameters
     ----------
-    tables : sequence of hpcps.tables.TableSpec
+    tables : sequence of hpcps.core.tables.TableSpec
     slots : dict of table name -> sequence of str, optional
-        The optimizer slots this job needs per table (:attr:`hpcps.optim.Optimizer.slot_names`);
+        The optimizer slots this job needs per table (:attr:`hpcps.core.optim.Optimizer.slot_names`);
         each must be in the checkpoint.
 
     Raises
@@ -467,7 +467,7 @@ def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch:
         sparse, ranges=(n_servers, 2) int64, slots)
         ``slots``: the optimizer slots, either a list of names (each shaped like the rows)
         or a dict ``{name: (shape after the row axis, dtype name)}``
-        (:meth:`hpcps.optim.Optimizer.slot_specs`).
+        (:meth:`hpcps.core.optim.Optimizer.slot_specs`).
     history : list of dict
         Per-epoch metrics so far (stored as JSON text).
     extra : dict of str -> str or int, optional

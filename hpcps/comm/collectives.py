@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .core import collective, native_contiguous
+from hpcps.comm.core import collective, native_contiguous
 
 
 def allreduce_sum(comm: MPI.Intracomm, values) -> np.ndarray:

@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
-from ..exitcodes import EXIT_FAILED, status_for
+from hpcps.core.exitcodes import EXIT_FAILED, status_for
 
 #: Default largest single MPI message in bytes; larger arrays are sent in chunks so that no
 #: element count reaches 2**31 (MPI's int counts), whatever the datatype.
@@ -253,8 +253,8 @@ def split_roles(comm: MPI.Intracomm, n_servers: int) -> Roles:
 
 def rebuild_roles(ps: MPI.Intracomm, role: str, key: int, world=None) -> Roles:
     """Roles over a new communicator ``ps`` on which every rank keeps its role: after a
-    ``Shrink`` (survivors, :func:`hpcps.comm.ft.shrink`, :mod:`hpcps.recovery`) or a
-    ``Spawn`` + ``Merge`` (the job plus added workers, :mod:`hpcps.elastic`). Collective over
+    ``Shrink`` (survivors, :func:`hpcps.comm.ft.shrink`, :mod:`hpcps.resilience.recovery`) or a
+    ``Spawn`` + ``Merge`` (the job plus added workers, :mod:`hpcps.resilience.elastic`). Collective over
     ``ps`` (one Allgather, watched in continue mode, and one Split).
 
     Parameters
@@ -321,7 +321,7 @@ def abort_on_error(comm: MPI.Comm, stream=None):
 
     Prints ``hpcps: rank R on HOST: <traceback>`` to ``stream`` (stderr) and calls
     ``comm.Abort(code)``, so that no other rank is left waiting in a collective or a receive;
-    ``code`` is :func:`hpcps.exitcodes.status_for` of the exception (65 for bad data, 74 for a
+    ``code`` is :func:`hpcps.core.exitcodes.status_for` of the exception (65 for bad data, 74 for a
     failed write, 1 for the unexpected), which mpirun returns and launchers use to decide
     whether a relaunch can help.
     Not collective: only the raising rank calls ``Abort``. ``SystemExit`` with code 0 passes.

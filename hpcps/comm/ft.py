@@ -25,7 +25,7 @@ reproduces it with mpi4py alone.
 Recovery (:func:`shrink`) is collective over the survivors: ``Shrink`` builds a communicator of
 the survivors (it does not need a revoked communicator), and the failed ranks are found by
 comparing its group with the old one. The callers (server loop, worker loop) then agree on
-what the dead ranks had done and rebuild their endpoints (:mod:`hpcps.recovery`).
+what the dead ranks had done and rebuild their endpoints (:mod:`hpcps.resilience.recovery`).
 
 RMA windows spanning a dead rank are not used after a failure (Open MPI's ``osc/sm`` is not
 tested for post-failure operation; see ``/work/shared`` notes): the continue mode uses
@@ -93,7 +93,7 @@ def is_mpi_error(exc: BaseException) -> bool:
 def watch(comm) -> None:
     """Make every wait of this rank raise as soon as a rank of ``comm`` has failed (or stop
     watching with ``None``); see the module docstring. Local."""
-    from . import core
+    from hpcps.comm import core
 
     core.WATCH[:] = [] if comm is None else [comm]
 
@@ -104,7 +104,7 @@ def unwatched():
     ``MPI_Comm_spawn`` before they know the job: MPI never matches a blocking collective with
     a non-blocking one). A :func:`watch` made in the body stays; else the old one is restored.
     Local."""
-    from . import core
+    from hpcps.comm import core
 
     saved = core.WATCH[:]
     core.WATCH[:] = []
@@ -143,7 +143,7 @@ def _cancel_orphans() -> None:
     a receive must not write into its buffer (which the caller may reuse) after recovery.
     Requests that cannot be cancelled (a send already on its way) stay referenced, with their
     buffers, in :data:`hpcps.comm.core.ORPHANS`."""
-    from . import core
+    from hpcps.comm import core
 
     still = []
     for reqs, buffers in core.ORPHANS:

@@ -16,7 +16,7 @@ MPICH 4/5                              no, on every window kind     ``MPIR_CVAR_
 
 :func:`rma_progress_advice` turns that table into a decision from the library version
 string and the environment; other MPIs are not judged (no advice). :func:`library_version`
-asks MPI for the string. The job (:func:`hpcps.job.run_job`) warns once and, with
+asks MPI for the string. The job (:func:`hpcps.runtime.job.run_job`) warns once and, with
 ``[consistency] rma_fallback = true``, pulls by messages instead.
 """
 

@@ -1,7 +1,7 @@
 """One-sided access to server shards: MPI windows made with ``MPI.Win.Allocate``.
 
 Each server exposes its shard of every table in one window per table: an int64 *header*
-(the shard's clocks, written by the server; layout in :mod:`hpcps.consistency`) followed by
+(the shard's clocks, written by the server; layout in :mod:`hpcps.core.consistency`) followed by
 the shard's rows (``(rows, dim)``, table dtype, C order). The server's optimizer updates this
 memory in place, so there is one copy of the parameters. Workers read it with passive-target
 ``Lock(SHARED)`` / ``Get`` / ``Unlock`` and send no message to the server.
@@ -37,8 +37,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..kernels.optim import take_rows
-from .core import chunk_slices, mpi_type
+from hpcps.kernels.optim import take_rows
+from hpcps.comm.core import chunk_slices, mpi_type
 
 #: Back-off of a reader waiting for a fresh enough shard, seconds (doubles up to the max).
 RETRY_SLEEP_MIN = 2e-6

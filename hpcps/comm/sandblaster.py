@@ -12,7 +12,7 @@ mode (:func:`hpcps.comm.core.role_map`, where rank 0 is worker 0) because Sandbl
 coordinator is a process of its own: it holds the L-BFGS history as scalars, hands out work
 units and is the only rank that writes outputs. Server ``s`` (0-based, in rank order) holds
 the same key range of the weights as server ``s`` of the parameter-server mode
-(:class:`hpcps.tables.KeyPartition`).
+(:class:`hpcps.core.tables.KeyPartition`).
 
 Communicators (:class:`SandblasterRoles`)
     ``p2p``  a duplicate of the world for point-to-point traffic (work units, parameters,
@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from .core import LaunchError, irecv_array, isend_array, native_contiguous
+from hpcps.comm.core import LaunchError, irecv_array, isend_array, native_contiguous
 
 COORDINATOR, WORKER, SERVER = "coordinator", "worker", "server"
 

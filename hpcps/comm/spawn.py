@@ -1,6 +1,6 @@
 """Dynamic processes: add worker ranks to a running job with ``MPI_Comm_spawn`` (MPI 4.1 §11.8).
 
-:mod:`hpcps.elastic` decides when and how many; this module holds the MPI calls. Behaviour of
+:mod:`hpcps.resilience.elastic` decides when and how many; this module holds the MPI calls. Behaviour of
 the Open MPI 5 wheel measured on the test machine with a minimal reproducer (parents ``Dup``
 their world, ``Spawn`` children running the same Python, both sides ``Merge`` the
 intercommunicator, ``Bcast`` and ``Allreduce`` over the merged communicator, ``Disconnect``):
@@ -34,7 +34,7 @@ import sys
 
 from mpi4py import MPI
 
-from .core import any_rank_failed
+from hpcps.comm.core import any_rank_failed
 
 #: Arguments after the Python executable that start an added worker (``hpcps join``).
 JOIN_ARGS = ("-m", "hpcps", "join")

@@ -17,19 +17,19 @@ PUSHes followed by the CLOCK.
 
 ``range`` (``H_RANGE``) is the key range the request is for: the server index of the job's
 key partition. It equals the index of the server rank that receives it, except after a
-continue-mode job lost a server and another server took its range over (:mod:`hpcps.recovery`);
+continue-mode job lost a server and another server took its range over (:mod:`hpcps.resilience.recovery`);
 a server rank may then hold several ranges.
 
 ``PULL`` and ``PULL_SHARD`` are answered with rows (tag ``reply_tag(range)``); a ``PULL`` reply
 is followed by the shard's int64 clock header (tag ``reply_tag(range) + 1``, layout in
-:mod:`hpcps.consistency`), from which the worker learns the version it read. Each range has
+:mod:`hpcps.core.consistency`), from which the worker learns the version it read. Each range has
 its own pair of reply tags, so that the replies of two ranges held by one server rank never
 match each other's receives, whatever order the server answers in. Header slot 7
 (``H_AUX``) is, for ``PULL``, 1 when the read must see every update of clocks below the
 request's clock whatever the consistency model (evaluation, final model), and for ``PUSH``
 the shard version the gradient was computed on (for staleness), for ``CLOCK`` the worker's
 epoch (0-based; servers count examples per epoch), for ``GROW`` the number of workers to add
-(:mod:`hpcps.elastic`; its ``n_keys`` slot is 1 to let them share cores). MPI keeps messages of
+(:mod:`hpcps.resilience.elastic`; its ``n_keys`` slot is 1 to let them share cores). MPI keeps messages of
 one (source, tag, communicator) in order, so the parts of a request are matched by the server
 right after its header. Arrays over ``max_message_bytes`` go in several messages (see
 :func:`hpcps.comm.core.chunk_slices`). All traffic uses the ``ps`` communicator of
@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from .core import cores_dedicated, irecv_array, isend_array, recv_array, waitall
+from hpcps.comm.core import cores_dedicated, irecv_array, isend_array, recv_array, waitall
 
-# ops (worker -> server; GROW: hpcps.elastic)
+# ops (worker -> server; GROW: hpcps.resilience.elastic)
 PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
 PUSH_CLOCK = 12
 # ops (server -> server: chain replication, hpcps.server.replica)
@@ -100,7 +100,7 @@ def max_ranges(tag_ub: int) -> int:
 def check_ranges(comm: MPI.Comm, n_ranges: int) -> None:
     """Raise :class:`hpcps.comm.core.LaunchError` when ``n_ranges`` key ranges need reply tags
     beyond this MPI's ``MPI_TAG_UB`` (at least 32767 by the standard: 16376 ranges). Local."""
-    from .core import LaunchError
+    from hpcps.comm.core import LaunchError
 
     ub = comm.Get_attr(MPI.TAG_UB)
     if ub is not None and n_ranges > max_ranges(ub):

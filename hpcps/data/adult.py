@@ -38,8 +38,8 @@ import scipy.sparse as sp
 from sklearn.exceptions import NotFittedError
 from sklearn.feature_extraction import FeatureHasher
 
-from . import DataError
-from .partition_rows import block_bounds, check_part
+from hpcps.data import DataError
+from hpcps.data.partition_rows import block_bounds, check_part
 
 __all__ = [
     "FEATURE_COLUMNS",

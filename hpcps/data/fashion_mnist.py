@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import DataError
+from hpcps.data import DataError
 
 #: Where ``apt-get install dataset-fashion-mnist`` puts the files.
 DEFAULT_SOURCE = Path("/usr/share/datasets/fashion-mnist")
@@ -150,7 +150,7 @@ def read_split(src_dir, split: str):
 def source_digest(src_dir) -> str:
     """SHA-256 (hex) of the concatenated SHA-256 hex digests of the four files in
     :data:`FILES` order — one fingerprint of the source that a prepared file records."""
-    from .prepared import sha256_file
+    from hpcps.data.prepared import sha256_file
 
     h = hashlib.sha256()
     for split in ("train", "test"):
@@ -186,7 +186,7 @@ def prepare_fashion_mnist(src_dir=DEFAULT_SOURCE, out="data/fashion-mnist.h5",
         A file is missing, unreadable or malformed (see :func:`read_split`); the message
         names it.
     """
-    from .prepared import write_prepared
+    from hpcps.data.prepared import write_prepared
 
     src_dir = Path(src_dir)
     if not src_dir.is_dir():

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import DataError
+from hpcps.data import DataError
 
 DATASET = "movielens-100k"
 RECBOLE_FILE = ("dataset_example", "ml-100k", "ml-100k.inter")
@@ -205,7 +205,7 @@ def prepare_movielens_100k(src=None, out="data/movielens-100k.h5", seed: int = 0
     ValueError
         ``test_fraction`` outside (0, 1).
     """
-    from .prepared import sha256_file, write_prepared
+    from hpcps.data.prepared import sha256_file, write_prepared
 
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")

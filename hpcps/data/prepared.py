@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import DataError
-from .partition_rows import block_bounds
+from hpcps.data import DataError
+from hpcps.data.partition_rows import block_bounds
 
 FORMAT = "prepared-v1"
 SPLITS = ("train", "test")

@@ -26,7 +26,7 @@ def load_split(data_cfg, split: str, part: int, n_parts: int):
         ``duplicate_indices``.
     """
     if data_cfg.format == "adult_csv":
-        from .adult import load_adult_partition
+        from hpcps.data.adult import load_adult_partition
 
         return load_adult_partition(
             data_cfg.path, split, part, n_parts,
@@ -35,14 +35,14 @@ def load_split(data_cfg, split: str, part: int, n_parts: int):
             split_seed=data_cfg.split_seed, max_rows=data_cfg.max_rows,
         )
     if data_cfg.format == "svmlight":
-        from .svmlight import read_svmlight_part
+        from hpcps.data.svmlight import read_svmlight_part
 
         path = data_cfg.path if split == "train" else data_cfg.test_path
         return read_svmlight_part(path, part, n_parts, n_features=data_cfg.num_features,
                                   index_base=data_cfg.index_base,
                                   duplicates=data_cfg.duplicate_indices)
     if data_cfg.format == "prepared":
-        from .prepared import read_part
+        from hpcps.data.prepared import read_part
 
         return read_part(data_cfg.path, split, part, n_parts, max_rows=data_cfg.max_rows)
     raise ValueError(f"unknown data format {data_cfg.format!r}")

@@ -34,9 +34,9 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.datasets import dump_svmlight_file
 
-from ..kernels.svmlight import SvmlightSyntaxError, parse_svmlight
-from . import DataError
-from .partition_rows import check_part
+from hpcps.kernels.svmlight import SvmlightSyntaxError, parse_svmlight
+from hpcps.data import DataError
+from hpcps.data.partition_rows import check_part
 
 __all__ = ["DUPLICATES", "byte_ranges", "read_svmlight_part", "write_svmlight"]
 

@@ -7,9 +7,9 @@
   int64 indices.
 """
 
-from .keys import choose_multiplier, inverse_multiplier, permute_keys, permute_keys_into
-from .logistic import logistic_loss_grad, logistic_predict
-from .optim import (
+from hpcps.kernels.keys import choose_multiplier, inverse_multiplier, permute_keys, permute_keys_into
+from hpcps.kernels.logistic import logistic_loss_grad, logistic_predict
+from hpcps.kernels.optim import (
     OPTIMIZERS,
     apply_sparse,
     dense_adagrad,

@@ -1277,7 +1277,7 @@ def sparse_ftrl(w, state, rows, grads, alpha, beta=1.0, lambda1=0.0, lambda2=0.0
     ----------
     w : ndarray of float32 or float64, shape (R, dim), C-contiguous, writeable
         The table, updated in place. Before a row's first update it must equal the closed
-        form of its ``(z, n)`` (zero for zero state; ``hpcps.optim.Optimizer.init_slots``
+        form of its ``(z, n)`` (zero for zero state; ``hpcps.core.optim.Optimizer.init_slots``
         builds ``z`` for non-zero initial weights).
     state : ndarray, shape (R,), dtype ``state_dtype("ftrl", dim, w.dtype)``, writeable
         Per-coordinate ``z`` and ``n`` (like ``w``), updated in place.

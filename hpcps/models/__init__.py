@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Model
+from hpcps.models.base import Model
 
 BUILTIN = {
     "logistic": "hpcps.models.logistic:LogisticRegression",

@@ -58,13 +58,13 @@ class Model:
     def tables(self) -> list:
         """The parameter tables, in table-id order.
 
-        Build each optimizer with ``hpcps.optim.Optimizer.from_config(self.cfg.optimizer,
+        Build each optimizer with ``hpcps.core.optim.Optimizer.from_config(self.cfg.optimizer,
         l2=..., regularize=...)`` so that the job's rule and every key of it (Adam's betas,
         FTRL's l1/l2, ...) apply.
 
         Returns
         -------
-        list of (hpcps.tables.TableSpec, hpcps.optim.Optimizer)
+        list of (hpcps.core.tables.TableSpec, hpcps.core.optim.Optimizer)
         """
         raise NotImplementedError
 

@@ -8,8 +8,8 @@ worker under BSP, without the parameter server around it. Each step does what
     loss, grads = model.loss_grad(Xb, yb, keys, {t: w[t][keys[t]] for t in keys})
     optimizer[t].apply(w[t], slots[t], keys[t], grads[t], scale=1 / len(Xb))
 
-with the tables started from :meth:`hpcps.tables.TableSpec.initial_rows` and the same
-:class:`hpcps.optim.Optimizer` (Cython kernels) the servers run. Tables are indexed by key
+with the tables started from :meth:`hpcps.core.tables.TableSpec.initial_rows` and the same
+:class:`hpcps.core.optim.Optimizer` (Cython kernels) the servers run. Tables are indexed by key
 directly (no key permutation: that only decides which server holds a row).
 """
 
@@ -23,7 +23,7 @@ class LocalTables:
 
     Parameters
     ----------
-    tables : list of (hpcps.tables.TableSpec, hpcps.optim.Optimizer)
+    tables : list of (hpcps.core.tables.TableSpec, hpcps.core.optim.Optimizer)
         As returned by :meth:`hpcps.models.base.Model.tables`.
     seed : int
         The job seed (initial values).

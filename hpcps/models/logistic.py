@@ -1,16 +1,16 @@
 """Sparse logistic regression as an hpcps model (no MPI).
 
 Tables ``weights`` (sparse, one float per feature) and ``bias`` (dense, one row); loss and
-gradient by the Cython kernels of :mod:`hpcps.kernels.logistic` via :mod:`hpcps.model`.
+gradient by the Cython kernels of :mod:`hpcps.kernels.logistic` via :mod:`hpcps.models.logistic_math`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import model as lr
-from ..data.source import load_split
-from .base import Model
+from hpcps.models import logistic_math as lr
+from hpcps.data.source import load_split
+from hpcps.models.base import Model
 
 
 class LogisticRegression(Model):

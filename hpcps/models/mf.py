@@ -21,7 +21,7 @@ size and the number of workers. The loss the workers report is the squared error
 
 Tables (:meth:`MatrixFactorization.tables`), all sparse and keyed by the prepared file's
 indices: ``user_factors`` (n_users × k) and ``item_factors`` (n_items × k), drawn from
-N(0, init_scale²) per key (:meth:`hpcps.tables.TableSpec.initial_rows`), ``user_bias`` and
+N(0, init_scale²) per key (:meth:`hpcps.core.tables.TableSpec.initial_rows`), ``user_bias`` and
 ``item_bias`` (dim 1) at zero.
 
 Ids seen only in the test split (indices ``>= n_users`` / ``>= n_items``,
@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data.prepared import PreparedError, file_attrs, read_part
-from ..kernels.optim import merge_duplicates
-from ..optim import Optimizer
-from ..tables import TableSpec
-from .base import Model
+from hpcps.data.prepared import PreparedError, file_attrs, read_part
+from hpcps.kernels.optim import merge_duplicates
+from hpcps.core.optim import Optimizer
+from hpcps.core.tables import TableSpec
+from hpcps.models.base import Model
 
 USER_FACTORS, ITEM_FACTORS, USER_BIAS, ITEM_BIAS = ("user_factors", "item_factors",
                                                     "user_bias", "item_bias")

@@ -29,9 +29,9 @@ import math
 
 import numpy as np
 
-from ..optim import Optimizer
-from ..tables import TableSpec
-from .base import Model
+from hpcps.core.optim import Optimizer
+from hpcps.core.tables import TableSpec
+from hpcps.models.base import Model
 
 #: Rows per chunk in :meth:`MLP.predict` (bounds the activations' memory).
 PREDICT_CHUNK = 8192
@@ -106,13 +106,13 @@ class MLP(Model):
 
     @staticmethod
     def _data_sizes(cfg):
-        from ..config import ConfigError
+        from hpcps.config import ConfigError
 
         if cfg.data.format != "prepared":
             raise ConfigError(cfg.path, "data.format", f"model type 'mlp' needs a prepared data "
                               f"set ('prepared', written by `hpcps data prepare`), got "
                               f"{cfg.data.format!r}")
-        from ..data.prepared import file_attrs
+        from hpcps.data.prepared import file_attrs
 
         attrs = file_attrs(cfg.data.path)
         nf, nc = int(attrs.get("n_features", 0)), int(attrs.get("n_classes", 0))
@@ -140,7 +140,7 @@ class MLP(Model):
 
         Returns
         -------
-        list of (hpcps.tables.TableSpec, hpcps.optim.Optimizer)
+        list of (hpcps.core.tables.TableSpec, hpcps.core.optim.Optimizer)
         """
         o = self.cfg.optimizer
         dt = self.cfg.model.dtype
@@ -172,8 +172,8 @@ class MLP(Model):
             The file's rows are not ``n_features`` wide, or a label is not an integer in
             ``[0, n_classes)`` (names the file, split and row).
         """
-        from ..data import DataError
-        from ..data.source import load_split
+        from hpcps.data import DataError
+        from hpcps.data.source import load_split
 
         X, y = load_split(self.cfg.data, split, part, n_parts)
         path = self.cfg.data.path

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .linesearch import strong_wolfe
-from .program import EVAL_MAXES, EVAL_SUMS, Program
+from hpcps.sandblaster.linesearch import strong_wolfe
+from hpcps.sandblaster.program import EVAL_MAXES, EVAL_SUMS, Program
 
 #: Fixed slots: parameters, gradient, direction, trial point, trial gradient.
 X, G, D, XT, GT = range(5)

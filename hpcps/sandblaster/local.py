@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.keys import permute_keys
-from ..tables import KeyPartition
-from .lbfgs import Reply, X
-from .program import EVAL, GATHER, Program
-from .shard import ShardVectors, compact_bounds, shard_layouts
-from .units import WorkUnits
+from hpcps.kernels.keys import permute_keys
+from hpcps.core.tables import KeyPartition
+from hpcps.sandblaster.lbfgs import Reply, X
+from hpcps.sandblaster.program import EVAL, GATHER, Program
+from hpcps.sandblaster.shard import ShardVectors, compact_bounds, shard_layouts
+from hpcps.sandblaster.units import WorkUnits
 
 
 def to_original_order(w_compact: np.ndarray, active: np.ndarray, num_features: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """A Sandblaster L-BFGS job on MPI ranks: the coordinator, server and worker loops.
 
-Selected by ``[cluster] mode = "sandblaster"``; :func:`hpcps.job.run_job` hands the job to
+Selected by ``[cluster] mode = "sandblaster"``; :func:`hpcps.runtime.job.run_job` hands the job to
 :func:`run_sandblaster`. Roles (:mod:`hpcps.comm.sandblaster`): world rank 0 coordinates,
 the last ``[cluster] servers`` ranks serve, the ranks in between work.
 
@@ -33,22 +33,22 @@ import time
 
 import numpy as np
 
-from .. import __version__
-from ..checkpoint import ResumeError
-from ..comm import core
-from ..comm.collectives import gather_rows
-from ..comm.sandblaster import (CMD_EVAL, CMD_STOP, COORDINATOR, SERVER, CoordinatorLink,
+from hpcps import __version__
+from hpcps.checkpoint import ResumeError
+from hpcps.comm import core
+from hpcps.comm.collectives import gather_rows
+from hpcps.comm.sandblaster import (CMD_EVAL, CMD_STOP, COORDINATOR, SERVER, CoordinatorLink,
                                 ServerLink, WorkerLink, node_total, split_sandblaster)
-from ..config import check_world, to_dict
-from ..output import write_metrics, write_model
-from ..signals import EXIT_REQUEUE
-from ..tables import KeyPartition
-from .baseline import objective, sklearn_solution
-from .lbfgs import LBFGS, Reply, X, n_slots
-from .local import to_original_order
-from .program import EVAL, GATHER, STOP, TAIL_OPS, Program
-from .shard import ShardVectors, bias_server, compact_bounds, shard_layouts
-from .units import UnitScheduler, WorkUnits
+from hpcps.config import check_world, to_dict
+from hpcps.runtime.output import write_metrics, write_model
+from hpcps.core.signals import EXIT_REQUEUE
+from hpcps.core.tables import KeyPartition
+from hpcps.sandblaster.baseline import objective, sklearn_solution
+from hpcps.sandblaster.lbfgs import LBFGS, Reply, X, n_slots
+from hpcps.sandblaster.local import to_original_order
+from hpcps.sandblaster.program import EVAL, GATHER, STOP, TAIL_OPS, Program
+from hpcps.sandblaster.shard import ShardVectors, bias_server, compact_bounds, shard_layouts
+from hpcps.sandblaster.units import UnitScheduler, WorkUnits
 
 #: Width of the float64 rows workers send to the coordinator (setup fingerprint, and per
 #: evaluation: loss sum, rows, units, busy seconds, waiting seconds, stop flag).
@@ -79,7 +79,7 @@ def run_sandblaster(cfg, world, out=None, resume="auto", stop=None, step_hook=No
         Progress and summary (coordinator only); default stdout.
     resume : str
         ``"auto"`` or ``"never"`` (equivalent here: there are no checkpoints).
-    stop : hpcps.signals.StopRequest or None
+    stop : hpcps.core.signals.StopRequest or None
         A stop signal on any rank ends the run after the current iteration; the model reached
         so far is written and ``stopped_by_signal`` is true.
     step_hook : callable(worker_index, evaluation) or None
@@ -95,7 +95,7 @@ def run_sandblaster(cfg, world, out=None, resume="auto", stop=None, step_hook=No
     ------
     hpcps.config.ConfigError, hpcps.comm.core.LaunchError, hpcps.checkpoint.ResumeError
         Before any traffic, identically on every rank (world too small, ``--resume DIR``).
-    hpcps.job.ResourceError
+    hpcps.runtime.job.ResourceError
         On every rank when the servers' vectors do not fit a node's memory.
     DataMismatchError
         On the coordinator when workers read different data (the job is then aborted by
@@ -141,7 +141,7 @@ def run_sandblaster(cfg, world, out=None, resume="auto", stop=None, step_hook=No
 def _check_memory(cfg, roles, need: int) -> None:
     """Refuse the job when the ranks of one node need more than its ``MemAvailable``.
     Collective over ``roles.world``; raises ``ResourceError`` on every rank."""
-    from ..job import ResourceError, available_memory
+    from hpcps.runtime.job import ResourceError, available_memory
 
     here = node_total(roles.world, need)
     have = available_memory()
@@ -321,7 +321,7 @@ def _server(cfg, roles, link, stop) -> tuple[int, int]:
 def _worker(cfg, roles, link, stop, step_hook) -> tuple[int, int]:
     """A worker's loop (worker ranks only): read the data, then compute work units at every
     evaluation until ``CMD_STOP``. Returns (bytes of its vectors, active keys)."""
-    from ..data.source import load_split
+    from hpcps.data.source import load_split
 
     nf, k = cfg.data.num_features, roles.n_servers
     Xtr, ytr = load_split(cfg.data, "train", 0, 1)
@@ -378,8 +378,8 @@ def _worker(cfg, roles, link, stop, step_hook) -> tuple[int, int]:
 def _finish(cfg, state, rows, link, out, wall) -> dict:
     """Coordinator only, after the other ranks are done: test metrics, baseline, model and
     metrics files, printed summary."""
-    from ..data.source import load_split
-    from ..model import binary_metrics, predict
+    from hpcps.data.source import load_split
+    from hpcps.models.logistic_math import binary_metrics, predict
 
     res, machine, sched = state["result"], state["machine"], state["scheduler"]
     wts, bias = state["weights"], state["bias"]
@@ -445,8 +445,8 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
 
 def _baseline(cfg, wts, bias, f_ours, Xt, yt) -> dict:
     """scikit-learn's solution (tol 1e-8 and its default 1e-4) and the objective gaps. Local."""
-    from ..data.source import load_split
-    from ..model import binary_metrics
+    from hpcps.data.source import load_split
+    from hpcps.models.logistic_math import binary_metrics
 
     X, y = load_split(cfg.data, "train", 0, 1)
     l2 = cfg.model.l2

@@ -4,7 +4,7 @@ Layout
 ------
 The model is ``x = (w, b)``: one weight per feature (``num_features``) and the bias ``b``.
 Server ``s`` of ``K`` owns the weights of the same key range as in the parameter-server mode:
-positions ``[lo_s, hi_s)`` of the permuted key space of :class:`hpcps.tables.KeyPartition`
+positions ``[lo_s, hi_s)`` of the permuted key space of :class:`hpcps.core.tables.KeyPartition`
 (``permute=True``, as for the sparse ``weights`` table); the server that holds the dense
 ``bias`` table in that mode (server 0) also holds ``b``.
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..tables import KeyPartition
-from .program import (AXPY, COPY, DOT, EVAL, EVAL_MAXES, EVAL_SUMS, LINCOMB, OP_NAMES, SCALE,
+from hpcps.core.tables import KeyPartition
+from hpcps.sandblaster.program import (AXPY, COPY, DOT, EVAL, EVAL_MAXES, EVAL_SUMS, LINCOMB, OP_NAMES, SCALE,
                       SWAP, TAIL_OPS)
 
 

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..model import batch_keys, loss_and_gradient
+from hpcps.models.logistic_math import batch_keys, loss_and_gradient
 
 
 @dataclass(frozen=True)
 class Unit:
-    """One work unit, ready for :func:`hpcps.model.loss_and_gradient`.
+    """One work unit, ready for :func:`hpcps.models.logistic_math.loss_and_gradient`.
 
     Attributes
     ----------

@@ -2,7 +2,7 @@
 replication, and the recovery of the server side (``[fault_tolerance] mode = "continue"``).
 
 Layout. Range ``r`` of the key partition starts on server ``r``; with ``replicas = 2`` the
-next server on the ring (:mod:`hpcps.placement`) holds a backup copy. A server rank runs one
+next server on the ring (:mod:`hpcps.core.placement`) holds a backup copy. A server rank runs one
 :class:`ServerGroup`: a :class:`~hpcps.server.server.ParameterServer` per range it serves
 (primary) and a :class:`Replica` per range it backs up. Workers name the range in every
 request header (``H_RANGE``); the group hands the request to that range.
@@ -23,7 +23,7 @@ per-row step counts) and it needs no pending-push bookkeeping of its own. It cos
 per touched row) instead of the gradient's ``8 + dim x itemsize``; the duplicate keys of
 several workers are sent once.
 
-Failures (:mod:`hpcps.recovery`). After the survivors agree on a plan, each group:
+Failures (:mod:`hpcps.resilience.recovery`). After the survivors agree on a plan, each group:
 
 * keeps settling the ranges it still serves (:meth:`ParameterServer.settle`);
 * takes over a range whose primary died and whose copy it holds: the backup becomes a
@@ -44,13 +44,13 @@ import time
 
 import numpy as np
 
-from .. import checkpoint as ckpt
-from ..comm import core
-from ..comm import transport as tp
-from ..comm.core import irecv_array, isend_array, send_array, waitall
-from ..consistency import H_CLOCK, H_VERSION, StalenessHistogram
-from ..recovery import ServerReport, recover
-from .server import IDLE_SPIN, ParameterServer, agreed_growth, serve_requests
+from hpcps import checkpoint as ckpt
+from hpcps.comm import core
+from hpcps.comm import transport as tp
+from hpcps.comm.core import irecv_array, isend_array, send_array, waitall
+from hpcps.core.consistency import H_CLOCK, H_VERSION, StalenessHistogram
+from hpcps.resilience.recovery import ServerReport, recover
+from hpcps.server.server import IDLE_SPIN, ParameterServer, agreed_growth, serve_requests
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -97,7 +97,7 @@ class ServerGroup:
     Parameters
     ----------
     endpoint : hpcps.comm.transport.ServerEndpoint
-    ft_state : hpcps.recovery.FTState
+    ft_state : hpcps.resilience.recovery.FTState
         The job's communicators; ``n_ranges``, ``replicas``, ``on_server_loss``, ``run_dir``.
     server_id : int
         This server's original index (its place on the ring; range ``server_id`` is its own).
@@ -109,7 +109,7 @@ class ServerGroup:
         The checkpoint the job starts from (every range held here is read from it).
     idle_spin : float or None
         As :class:`~hpcps.server.server.ParameterServer`.
-    elastic : hpcps.elastic.Elastic or None
+    elastic : hpcps.resilience.elastic.Elastic or None
         The job's membership, when workers may be added while it runs (GROW, :meth:`_grow`).
 
     Construction is local; the caller makes the ranks meet (a barrier is not needed: the
@@ -303,7 +303,7 @@ class ServerGroup:
     # ------------------------------------------------------------------ growth
     def _grow(self) -> None:
         """Every worker sent GROW (once to each server rank) at the same clock: take part in
-        adding the workers (:meth:`hpcps.elastic.Elastic.grow`); every range served here then
+        adding the workers (:meth:`hpcps.resilience.elastic.Elastic.grow`); every range served here then
         serves them too. Backups are unaffected (the server ranks keep their ``ps`` ranks:
         the added ranks come after them). Collective over every rank of the job."""
         asks, self.growing = set(self.growing.values()), {}
@@ -371,7 +371,7 @@ class ServerGroup:
 
     def recover(self) -> None:
         """Survive lost ranks (module docstring). Collective over every survivor."""
-        from ..comm.transport import ServerEndpoint
+        from hpcps.comm.transport import ServerEndpoint
 
         for entries in self.inflight.values():          # never freed while MPI may use them
             for _, reqs, keep in entries:
@@ -523,7 +523,7 @@ class ServerGroup:
 
 
 class _Fresh:
-    """A :class:`~hpcps.recovery.Recovery` seen by a range that was just taken over or
+    """A :class:`~hpcps.resilience.recovery.Recovery` seen by a range that was just taken over or
     reloaded: the dead workers' unfinished steps are not settled there (their pushes were
     on the dead server), the surviving workers send theirs again."""
 
@@ -536,6 +536,6 @@ class _Fresh:
 
 
 def _range_bounds(spec, n_ranges: int, r: int) -> tuple[int, int]:
-    from ..tables import KeyPartition
+    from hpcps.core.tables import KeyPartition
 
     return KeyPartition(spec.num_keys, n_ranges, permute=spec.sparse).shard_range(r)

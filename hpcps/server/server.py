@@ -2,7 +2,7 @@
 
 The loop polls for requests without blocking (it keeps entering MPI, which one-sided pulls
 need for progress on some MPIs) and backs off with short sleeps when idle. Update rules are
-injected (:class:`hpcps.optim.Optimizer` per table); the consistency policy decides when a
+injected (:class:`hpcps.core.optim.Optimizer` per table); the consistency policy decides when a
 pull may be answered and whether pushes are aggregated per clock (BSP/SSP) or applied on
 arrival (asynchronous Downpour).
 
@@ -10,7 +10,7 @@ With RMA pulls (``windows`` given) each shard's rows and clock header live in th
 an MPI window (:mod:`hpcps.comm.rma`) and the optimizer updates that memory in place: one copy
 of the parameters. Under BSP/SSP every write to a window happens inside the server's
 exclusive lock epoch on it, so an RMA reader sees a clock's update whole or not at all.
-Every applied push records its staleness (:mod:`hpcps.consistency`).
+Every applied push records its staleness (:mod:`hpcps.core.consistency`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import checkpoint as ckpt
-from ..comm import transport as tp
-from ..consistency import (H_BUSY, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0,
+from hpcps import checkpoint as ckpt
+from hpcps.comm import transport as tp
+from hpcps.core.consistency import (H_BUSY, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0,
                            StalenessHistogram, header_len)
-from ..kernels.optim import take_rows
-from ..optim import NonFiniteError, all_finite, check_finite
-from ..tables import KeyPartition, TableSpec
+from hpcps.kernels.optim import take_rows
+from hpcps.core.optim import NonFiniteError, all_finite, check_finite
+from hpcps.core.tables import KeyPartition, TableSpec
 
 #: Idle back-off of the server loop, seconds (doubles from MIN to MAX while no request waits).
 IDLE_SLEEP_MIN = 2e-6
@@ -74,7 +74,7 @@ def serve_requests(poll, handle, finished, idle_spin, recover=None) -> None:
         except Exception as e:           # noqa: BLE001 - only a peer failure is recovered
             if recover is None:
                 raise
-            from ..comm.ft import is_peer_failure
+            from hpcps.comm.ft import is_peer_failure
 
             if not is_peer_failure(e):
                 raise
@@ -124,7 +124,7 @@ class Shard:
     hi: int
     w: np.ndarray
     slots: object
-    hdr: np.ndarray = None      # int64 clock header (see hpcps.consistency)
+    hdr: np.ndarray = None      # int64 clock header (see hpcps.core.consistency)
     window: object = None       # hpcps.comm.rma.ShardWindow holding hdr and w, or None
 
     def writing(self):
@@ -156,7 +156,7 @@ class ParameterServer:
         ``ps`` ranks of the workers, in worker-index order.
     tables : list of (TableSpec, Optimizer)
         Tables in table-id order.
-    policy : consistency policy (e.g. :class:`hpcps.consistency.BSP`)
+    policy : consistency policy (e.g. :class:`hpcps.core.consistency.BSP`)
     seed : int
         Job seed (initial values of tables with ``init_std > 0``).
     windows : list of hpcps.comm.rma.ShardWindow, optional
@@ -169,14 +169,14 @@ class ParameterServer:
         Checkpoint to start from (:func:`hpcps.checkpoint.latest_valid`); this server reads
         the rows of its key range from whichever old shards hold them, so the number of
         servers may differ from the checkpointed job's.
-    ft_state : hpcps.recovery.FTState or None
+    ft_state : hpcps.resilience.recovery.FTState or None
         With ``[fault_tolerance] mode = "continue"``: asynchronous pushes are held until the
         worker's CLOCK of the same step arrives, so that a dead worker's last step is applied
         entirely or not at all (:meth:`settle`).
     idle_spin : float or None
         Seconds the loop polls without sleeping after a request (see :meth:`serve`);
         default from :func:`hpcps.comm.core.cores_dedicated`.
-    elastic : hpcps.elastic.Elastic or None
+    elastic : hpcps.resilience.elastic.Elastic or None
         The job's membership: workers may be added while it runs (a GROW from every worker,
         :meth:`_grow`).
     state : list of (w, slots) or None
@@ -202,7 +202,7 @@ class ParameterServer:
         self.order_key = list(order_key) if order_key is not None else list(range(len(worker_ranks)))
         self.index = index
         if idle_spin is None:
-            from ..comm.core import cores_dedicated
+            from hpcps.comm.core import cores_dedicated
             idle_spin = IDLE_SPIN_DEDICATED if cores_dedicated() else IDLE_SPIN
         self.idle_spin = float(idle_spin)
         self.worker_of_rank = {r: i for i, r in enumerate(worker_ranks)}
@@ -484,7 +484,7 @@ class ParameterServer:
         shard.hdr[H_BUSY] = 0
 
     def _check_weights(self, shard: Shard, rows, clock: int) -> None:
-        """Stop (:class:`~hpcps.optim.NonFiniteError`) when an update made weights NaN/inf.
+        """Stop (:class:`~hpcps.core.optim.NonFiniteError`) when an update made weights NaN/inf.
 
         The pushes were finite (checked on arrival), so the optimizer's arithmetic overflowed
         the table dtype. The rows are already written and the other servers may have applied
@@ -508,7 +508,7 @@ class ParameterServer:
         """Settle every old worker's last steps after a failure, then re-index the survivors
         and continue on ``endpoint`` (the survivors' communicator). Local; the server loop
         (:class:`hpcps.server.replica.ServerGroup`) calls it on each range it still serves
-        once the survivors agreed (:func:`hpcps.recovery.recover`).
+        once the survivors agreed (:func:`hpcps.resilience.recovery.recover`).
 
         Dead workers: the pushes of a step whose CLOCK this range missed but another server
         received are applied with the examples that server received, pushes of unfinished
@@ -594,7 +594,7 @@ class ParameterServer:
     # ------------------------------------------------------------------ growth
     def _grow(self) -> None:
         """Every worker sent GROW at the same clock: take part in adding the workers
-        (:meth:`hpcps.elastic.Elastic.grow`). Collective over every rank of the job.
+        (:meth:`hpcps.resilience.elastic.Elastic.grow`). Collective over every rank of the job.
 
         The workers sent GROW after every other request of their clock, so nothing of theirs
         is pending here: under every policy the server clock equals every worker's clock.
@@ -737,7 +737,7 @@ def _header_and_rows(w: np.ndarray, win, nh: int):
 
 def window_sizes(specs, server: int, n_servers: int, n_workers: int) -> list[int]:
     """Bytes of each table's RMA window on server ``server``: the int64 clock header
-    (:func:`hpcps.consistency.header_len`) followed by the shard's rows, C order. Local."""
+    (:func:`hpcps.core.consistency.header_len`) followed by the shard's rows, C order. Local."""
     out = []
     for spec in specs:
         lo, hi = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).shard_range(server)

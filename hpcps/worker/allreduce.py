@@ -14,7 +14,7 @@ architectures and can be compared side by side. Per step (:meth:`AllReduceClient
   move the whole table every step), concatenated in rank order;
 * the example count: one ``Allreduce``.
 
-Then every rank applies the same update with the same :class:`hpcps.optim.Optimizer` kernel
+Then every rank applies the same update with the same :class:`hpcps.core.optim.Optimizer` kernel
 (scale 1/examples), in rank order — the order in which a BSP server sums the workers' pushes —
 so plain SGD in float64 matches BSP with servers (up to the Allreduce's summation order for
 dense tables).
@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from ..comm.collectives import allgatherv, allreduce_sum
+from hpcps.comm.collectives import allgatherv, allreduce_sum
 
 
 class AllReduceClient:
@@ -36,7 +36,7 @@ class AllReduceClient:
     ----------
     comm : MPI.Intracomm
         All ranks of the job (each is a worker).
-    tables : list of (hpcps.tables.TableSpec, hpcps.optim.Optimizer)
+    tables : list of (hpcps.core.tables.TableSpec, hpcps.core.optim.Optimizer)
     seed : int
         Job seed, for tables with ``init_std > 0`` (drawn per key, identically on every rank
         and as the servers draw them).

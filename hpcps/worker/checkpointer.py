@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from .. import checkpoint as ckpt
-from ..comm.collectives import allgather_rows, barrier, bcast_int
+from hpcps import checkpoint as ckpt
+from hpcps.comm.collectives import allgather_rows, barrier, bcast_int
 
 
 class Checkpointer:
@@ -31,7 +31,7 @@ class Checkpointer:
     n_workers : int
     slot_names : list of dict or of sequence of str
         Optimizer slots per table (table-id order): ``{name: (shape after the row axis,
-        dtype)}`` (:meth:`hpcps.optim.Optimizer.slot_specs`), or names of slots shaped like
+        dtype)}`` (:meth:`hpcps.core.optim.Optimizer.slot_specs`), or names of slots shaped like
         the rows.
     out : text stream for the one-line reports (worker 0).
     """

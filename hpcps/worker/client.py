@@ -38,9 +38,9 @@ import numpy as np
 
 import time
 
-from ..comm import transport as tp
-from ..consistency import BSP, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0, header_len
-from ..tables import KeyPartition, TableSpec
+from hpcps.comm import transport as tp
+from hpcps.core.consistency import BSP, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0, header_len
+from hpcps.core.tables import KeyPartition, TableSpec
 
 
 class PSClient:
@@ -52,7 +52,7 @@ class PSClient:
     tables : list of TableSpec
         In table-id order, identical on every rank.
     n_servers : int
-    policy : hpcps.consistency.Policy, optional
+    policy : hpcps.core.consistency.Policy, optional
         Freshness required of reads (default BSP).
     n_workers : int, optional
         Number of workers (the shard header length); required with ``windows``.
@@ -128,7 +128,7 @@ class PSClient:
 
     def resend(self, base) -> int:
         """Send the kept pushes and CLOCKs of steps ``base[s] .. clock - 1`` to each range
-        ``s`` again, in step order (after a failure, :mod:`hpcps.recovery`). Point-to-point.
+        ``s`` again, in step order (after a failure, :mod:`hpcps.resilience.recovery`). Point-to-point.
 
         Returns
         -------
@@ -411,7 +411,7 @@ class PSClient:
 
     def grow(self, n_workers: int, oversubscribe: bool = False) -> None:
         """Tell every server that the workers add ``n_workers`` workers at this clock
-        (:mod:`hpcps.elastic`); every worker sends it, after its last request of the clock, so
+        (:mod:`hpcps.resilience.elastic`); every worker sends it, after its last request of the clock, so
         a server that has it from all workers holds no request of theirs. One message per
         server rank (after a server loss one rank may hold several key ranges). Point-to-point."""
         self.send_staged()

@@ -16,7 +16,7 @@ Both check the loss and gradients for NaN/inf — after the cast to the table dt
 float64 gradient that overflows float32 counts too — before anything is pushed, through a
 :class:`NonFiniteGuard`: a step with a non-finite value is *rejected* (its gradient is not
 pushed) and, after more than ``[train] max_nonfinite_steps`` rejected steps, every worker
-stops with :class:`hpcps.optim.NonFiniteError`. Under BSP with a positive limit the workers
+stops with :class:`hpcps.core.optim.NonFiniteError`. Under BSP with a positive limit the workers
 vote every step (one ``Allgather`` of an int64), so a step is rejected on all of them and no
 server applies any part of it; under SSP and async the worker that produced the value drops
 its own gradient (the other workers' updates of that clock are kept) and counts its own
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.optim import merge_duplicates
-from ..optim import NonFiniteError, check_finite
+from hpcps.kernels.optim import merge_duplicates
+from hpcps.core.optim import NonFiniteError, check_finite
 
 
 def _as_rows(grad, n: int) -> np.ndarray:
@@ -90,7 +90,7 @@ class NonFiniteGuard:
 
         Raises
         ------
-        hpcps.optim.NonFiniteError
+        hpcps.core.optim.NonFiniteError
             On the rejected step number ``max_steps + 1`` — on every worker at once under a
             vote — naming the worker(s), the clock and what was non-finite.
         """
@@ -225,7 +225,7 @@ class DownpourSteps:
     client : hpcps.worker.client.PSClient
     model : hpcps.models.base.Model
     index : int
-    policy : hpcps.consistency.Async
+    policy : hpcps.core.consistency.Async
     step_hook : callable(worker_index, clock) or None
         See :class:`SyncSteps`.
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..comm.collectives import Vote, allgather_rows, allreduce_max, allreduce_sum, barrier, gatherv
-from ..consistency import BSP
-from .steps import NonFiniteGuard, make_steps
+from hpcps.comm.collectives import Vote, allgather_rows, allreduce_max, allreduce_sum, barrier, gatherv
+from hpcps.core.consistency import BSP
+from hpcps.worker.steps import NonFiniteGuard, make_steps
 
 #: Test rows evaluated per pull when the model is evaluated at the end of an epoch.
 EVAL_CHUNK = 8192
@@ -46,7 +46,7 @@ def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size) ->
     plan : list of [n_workers, steps_done]
         The epoch's earlier segments, oldest first; ``steps_done`` is one count for all the
         segment's workers or a list of one count per worker (a segment ended by the loss of a
-        worker, :mod:`hpcps.recovery`).
+        worker, :mod:`hpcps.resilience.recovery`).
     n_workers : int
         Workers of the segment about to run.
 
@@ -114,7 +114,7 @@ def _done_max(done) -> int:
 
 
 def _peer_failure(e: BaseException) -> bool:
-    from ..comm.ft import is_peer_failure
+    from hpcps.comm.ft import is_peer_failure
 
     return is_peer_failure(e)
 
@@ -139,16 +139,16 @@ class Trainer:
         Worker 0 prints progress and collects the metrics.
     on_epoch : callable(dict) or None
         Called on the chief with each epoch's metrics record.
-    policy : hpcps.consistency.Policy, optional
+    policy : hpcps.core.consistency.Policy, optional
         Consistency policy (default BSP); picks the step runner (:mod:`hpcps.worker.steps`).
     step_hook : callable(worker_index, clock) or None
         Called in every step after the gradient is computed and before it is pushed (tests
         use it to slow one worker's computation down).
     model : hpcps.models.base.Model
         The model (default: the one ``cfg.model.type`` names).
-    ft_state : hpcps.recovery.FTState or None
+    ft_state : hpcps.resilience.recovery.FTState or None
         Continue mode: survive the loss of workers (collective recovery with the servers).
-    elastic : hpcps.elastic.Elastic or None
+    elastic : hpcps.resilience.elastic.Elastic or None
         Workers may be added while the job runs (``[elastic]``, ``hpcps grow``).
     """
 
@@ -161,7 +161,7 @@ class Trainer:
         self._stop_target = None          # clock at which the workers act on a vote
         self._pending = None
         if model is None:
-            from ..models import make_model
+            from hpcps.models import make_model
 
             model = make_model(cfg)
         self.model = model
@@ -174,7 +174,7 @@ class Trainer:
         self.on_epoch = on_epoch
         self.out = out or sys.stdout
         self.history: list[dict] = []
-        self.stop = stop                  # hpcps.signals.StopRequest or None
+        self.stop = stop                  # hpcps.core.signals.StopRequest or None
         self.stopped_by_signal = False
         self.policy = policy or BSP()
         self.step_hook = step_hook
@@ -203,7 +203,7 @@ class Trainer:
             the new workers (:func:`epoch_rows`), so every row is still read once per epoch.
         checkpointer : hpcps.worker.checkpointer.Checkpointer or None
             Consulted after every step (collective when ``every_seconds`` is set).
-        join : hpcps.elastic.JoinPlan or None
+        join : hpcps.resilience.elastic.JoinPlan or None
             This worker was added to the running job (``hpcps join``): it starts at the plan's
             clock, in its epoch, on its share of the rows nobody has read yet — the same
             re-plan the other workers make at that clock (:meth:`_grow`).
@@ -223,11 +223,11 @@ class Trainer:
             Xt, yt = self.model.load("test", self.index, self.n_workers)
             n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([X.shape[0], Xt.shape[0]], dtype=np.int64)))
             if n_train == 0:
-                from ..data import DataError
+                from hpcps.data import DataError
                 raise DataError(f"{cfg.data.path}: no training rows (empty file, or only comments "
                                 "and blank lines)")
             if n_test == 0:       # every epoch is evaluated on the test rows: none is a mistake
-                from ..data import DataError
+                from hpcps.data import DataError
                 where = cfg.data.test_path or f"{cfg.data.path} (its test split)"
                 raise DataError(f"{where}: no test rows (empty file, or only comments and blank "
                                 "lines)")
@@ -422,13 +422,13 @@ class Trainer:
 
     def _blocks(self) -> bool:
         """True when training partition ``p`` of ``P`` is block ``p`` of the split's rows."""
-        from ..data.source import block_partitioned
+        from hpcps.data.source import block_partitioned
 
         return block_partitioned(self.cfg.data) and getattr(self.model, "block_partitioned", True)
 
     def _part_sizes(self, n_rows: int, n_parts: int) -> list:
         """Rows of each of ``n_parts`` training partitions (their concatenation is the split)."""
-        from ..data.partition_rows import block_bounds
+        from hpcps.data.partition_rows import block_bounds
 
         if self._blocks():
             return [b - a for a, b in (block_bounds(n_rows, p, n_parts) for p in range(n_parts))]
@@ -443,7 +443,7 @@ class Trainer:
 
     def _recover(self, epoch, seg_clock0, steps, plan, checkpointer):
         """Recover from the loss of workers or servers in the middle of ``epoch`` (see
-        :mod:`hpcps.recovery`). Collective over every survivor (servers included).
+        :mod:`hpcps.resilience.recovery`). Collective over every survivor (servers included).
 
         The client re-routes each key range to its primary now and sends the kept pushes the
         ranges ask for. When no worker died every worker goes on with its own rows from its
@@ -458,7 +458,7 @@ class Trainer:
             finished (their CLOCK reached the servers before the failure interrupted this
             worker).
         """
-        from ..recovery import WorkerReport, recover
+        from hpcps.resilience.recovery import WorkerReport, recover
 
         t_fail = time.time()
         n_old, old_me = self.n_workers, self.index
@@ -588,7 +588,7 @@ class Trainer:
         if t.max_steps:
             steps = min(steps, max(0, t.max_steps - sum(_done_max(n) for _, n in plan)))
         if self._blocks():                            # this worker's block: no second read
-            from ..data.partition_rows import block_bounds
+            from hpcps.data.partition_rows import block_bounds
             a, b = block_bounds(X_all.shape[0], self.index, self.n_workers)
             X, y = X_all[a:b], y_all[a:b]
         else:
@@ -616,10 +616,10 @@ class Trainer:
             return seg if seg is not None else self._regroup_or_recover(epoch, plan, checkpointer)
 
     def _grow(self, epoch, seg_clock0, steps, plan, checkpointer, n, oversubscribe):
-        """Add ``n`` workers at this clock (:mod:`hpcps.elastic`); returns the
+        """Add ``n`` workers at this clock (:mod:`hpcps.resilience.elastic`); returns the
         :class:`Segment` of the rest of the epoch, or None when they could not be added (the
         job goes on as it was). Collective over every rank of the job."""
-        from ..elastic import JoinPlan
+        from hpcps.resilience.elastic import JoinPlan
 
         t_start = time.time()
         clock = self.client.clock_value

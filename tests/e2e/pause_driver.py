@@ -4,7 +4,7 @@ appears (a test harness, launched under ``mpirun --with-ft ulfm``).
     python tests/e2e/pause_driver.py JOB CLOCK[,CLOCK...] FLAG
 
 Each worker, at each clock ``CLOCK`` (after computing that step's gradient, before pushing it:
-:func:`hpcps.job.run_job`'s ``step_hook``), creates ``FLAG.<worker>`` and waits until ``FLAG``
+:func:`hpcps.runtime.job.run_job`'s ``step_hook``), creates ``FLAG.<worker>`` and waits until ``FLAG``
 exists (for the second and later clocks ``FLAG-<clock>.<worker>`` and ``FLAG-<clock>``). Under BSP every range has then applied exactly ``CLOCK`` steps, so a test that kills a
 server while the workers wait knows the step of the kill exactly.
 """
@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from hpcps.comm.core import abort_on_error, world  # noqa: E402
 from hpcps.config import load_job  # noqa: E402
-from hpcps.job import run_job  # noqa: E402
+from hpcps.runtime.job import run_job  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
         res = run_job(load_job(job), comm, resume="never", step_hook=hook)
     sys.stdout.flush()
     sys.stderr.flush()
-    if res and res.get("skip_finalize"):   # as hpcps train: see hpcps.cli.cmd_train
+    if res and res.get("skip_finalize"):   # as hpcps train: see hpcps.cli.main.cmd_train
         os._exit(0)
 
 

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from hpcps.output import read_model
+from hpcps.runtime.output import read_model
 from tests.helpers import DATA, hpcps, mpi_env, read_until, start_run
 
 JOB = """

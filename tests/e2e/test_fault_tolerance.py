@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from hpcps.exitcodes import restartable
+from hpcps.core.exitcodes import restartable
 from tests.helpers import hpcps, kill_while_paused, write_continue_job
 
 RANKS = 4

@@ -1,6 +1,6 @@
 """A session directory left by a killed ``mpirun`` (Open MPI 5): the cause of the exit status
 213 that once failed a test launch in CI, and ``hpcps run``'s removal of such directories
-(:func:`hpcps.launch.clear_stale_session_dir`).
+(:func:`hpcps.runtime.launch.clear_stale_session_dir`).
 
 Real launches: an ``mpirun`` is killed with SIGKILL and leaves its session directory with its
 PMIx rendezvous files; those files are then put where a new ``mpirun`` looks for its own,
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcps import launch
+from hpcps.runtime import launch
 from tests.helpers import kill_session, mpi_env, mpirun
 
 #: Writes the old mpirun's files under its own pid, then execs mpirun (which keeps the pid).

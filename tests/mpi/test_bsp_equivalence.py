@@ -2,7 +2,7 @@
 """BSP with N workers equals one process doing minibatch SGD on the concatenated minibatches.
 
 float64 tables, plain SGD, real data (a subset of UCI Adult with hashed crosses); the whole
-job runs through :func:`hpcps.job.run_job` and the final model file is compared with a numpy
+job runs through :func:`hpcps.runtime.job.run_job` and the final model file is compared with a numpy
 reference computed on rank 0 (≤ 1e-12 relative).
 """
 
@@ -14,8 +14,8 @@ from mpi4py import MPI
 
 from hpcps.config import parse_job
 from hpcps.data.source import load_split
-from hpcps.job import run_job
-from hpcps.output import read_model
+from hpcps.runtime.job import run_job
+from hpcps.runtime.output import read_model
 
 ROWS = 1500
 JOB = """

@@ -1,5 +1,5 @@
 # mpi-ranks: 5
-"""Consistency models end to end through :func:`hpcps.job.run_job` on real data (UCI Adult).
+"""Consistency models end to end through :func:`hpcps.runtime.job.run_job` on real data (UCI Adult).
 
 * SSP with s = 0, and BSP/SSP(0) with RMA pulls, give bit-identical float64 models to BSP
   with p2p pulls;
@@ -17,9 +17,9 @@ import pytest
 from mpi4py import MPI
 
 from hpcps.config import parse_job
-from hpcps.job import run_job
-from hpcps.signals import StopRequest
-from hpcps.output import read_model
+from hpcps.runtime.job import run_job
+from hpcps.core.signals import StopRequest
+from hpcps.runtime.output import read_model
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "adult.csv.gz"
 JOB = """

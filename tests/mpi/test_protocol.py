@@ -12,10 +12,10 @@ from mpi4py import MPI
 
 from hpcps.comm import core
 from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint
-from hpcps.consistency import BSP
-from hpcps.optim import Optimizer
+from hpcps.core.consistency import BSP
+from hpcps.core.optim import Optimizer
 from hpcps.server.server import ParameterServer
-from hpcps.tables import TableSpec
+from hpcps.core.tables import TableSpec
 from hpcps.worker.client import PSClient
 
 
@@ -77,7 +77,7 @@ def test_pooled_push_buffers_reused_across_clocks(mode):
     one clock are reused by the next), one larger than every pooled buffer: every duplicate
     key is summed, across workers and clocks, and the pool did reuse buffers."""
     from hpcps.comm.transport import POOL_MIN_BYTES
-    from hpcps.consistency import Async
+    from hpcps.core.consistency import Async
 
     comm = MPI.COMM_WORLD
     num_keys, dim = 4000, 2
@@ -125,7 +125,7 @@ def test_deferred_pushes_go_with_the_clock_in_one_request_per_server(mode):
     pushes of both tables and the CLOCK): the tables end bit-identical to immediate pushes,
     each server handled exactly one request per worker per step, and a deferred push that a
     pull overtakes before the clock is sent first (as a plain PUSH), not lost."""
-    from hpcps.consistency import Async
+    from hpcps.core.consistency import Async
 
     comm = MPI.COMM_WORLD
     steps = 4

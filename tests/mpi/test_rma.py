@@ -16,10 +16,10 @@ from mpi4py import MPI
 from hpcps.comm import core
 from hpcps.comm.rma import ShardWindow, WindowFreedError, allocate_windows, free_windows
 from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint
-from hpcps.consistency import BSP, H_BUSY, H_VERSION, SSP, Async, header_len
-from hpcps.optim import Optimizer
+from hpcps.core.consistency import BSP, H_BUSY, H_VERSION, SSP, Async, header_len
+from hpcps.core.optim import Optimizer
 from hpcps.server.server import ParameterServer, window_sizes
-from hpcps.tables import TableSpec
+from hpcps.core.tables import TableSpec
 from hpcps.worker.client import PSClient
 
 

@@ -1,5 +1,5 @@
 # mpi-ranks: 3
-"""The start-up check of RMA progress (hpcps.job.check_rma_progress) on a real world
+"""The start-up check of RMA progress (hpcps.runtime.job.check_rma_progress) on a real world
 communicator: rank 0 judges, warns once, and every rank takes the same path."""
 
 import io
@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcps.config import parse_job
-from hpcps.job import check_rma_progress
+from hpcps.runtime.job import check_rma_progress
 from tests.unit.test_rma_progress import MPICH, OMPI5
 
 JOB = """

@@ -1,5 +1,5 @@
 # mpi-ranks: 5
-"""Sandblaster L-BFGS through :func:`hpcps.job.run_job` on real MPI ranks and real data (UCI
+"""Sandblaster L-BFGS through :func:`hpcps.runtime.job.run_job` on real MPI ranks and real data (UCI
 Adult subset): the objective reached matches scikit-learn's ``LogisticRegression`` (≤ 1e-4
 relative, the requirement; in practice ~1e-8), a slowed worker gets fewer work units, and a
 stop signal on one worker ends the run on every rank.
@@ -18,15 +18,15 @@ from mpi4py import MPI
 from hpcps.comm import sandblaster as csb
 from hpcps.config import parse_job
 from hpcps.data.source import load_split
-from hpcps.job import run_job
-from hpcps.output import read_model
+from hpcps.runtime.job import run_job
+from hpcps.runtime.output import read_model
 from hpcps.sandblaster import program
 from hpcps.sandblaster.baseline import objective
 from hpcps.sandblaster.lbfgs import LBFGS, n_slots
 from hpcps.sandblaster.local import LocalMachine
 from hpcps.sandblaster.units import WorkUnits
-from hpcps.signals import StopRequest
-from hpcps.tables import KeyPartition
+from hpcps.core.signals import StopRequest
+from hpcps.core.tables import KeyPartition
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "adult.csv.gz"
 JOB = """

@@ -1,8 +1,8 @@
-"""Offline analysis (hpcps.analysis, hpcps inspect/eval/export/plot/diff) on real files.
+"""Offline analysis (hpcps.analysis.offline, hpcps inspect/eval/export/plot/diff) on real files.
 
 Checkpoints are written with the public hpcps.checkpoint.write_shard / write_manifest exactly as
 servers and worker 0 write them (shards in permuted key order, from
-hpcps.tables.KeyPartition); model and metrics files with hpcps.output.
+hpcps.core.tables.KeyPartition); model and metrics files with hpcps.runtime.output.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from scipy.special import expit
 from sklearn.datasets import dump_svmlight_file, load_svmlight_file
 from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
 
-from hpcps import analysis
+from hpcps.analysis import offline as analysis
 from hpcps import checkpoint as ckpt
-from hpcps.cli_analysis import main as cli
+from hpcps.cli.analysis import main as cli
 from hpcps.config import parse_job
-from hpcps.output import write_metrics, write_model
-from hpcps.tables import KeyPartition
+from hpcps.runtime.output import write_metrics, write_model
+from hpcps.core.tables import KeyPartition
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT = ROOT / "data" / "adult.csv.gz"
@@ -128,9 +128,9 @@ def svm_run(tmp_path):
 
 
 def run_cli(args, cwd=None):
-    """``python -m hpcps.cli_analysis ARGS`` in a fresh process that cannot import mpi4py."""
+    """``python -m hpcps.cli.analysis ARGS`` in a fresh process that cannot import mpi4py."""
     code = ("import sys; sys.modules['mpi4py'] = None\n"
-            "from hpcps.cli_analysis import main\n"
+            "from hpcps.cli.analysis import main\n"
             "rc = main(sys.argv[1:])\n"
             "assert 'mpi4py' not in [m.split('.')[0] for m in sys.modules if sys.modules[m]]\n"
             "sys.exit(rc)\n")
@@ -559,14 +559,14 @@ def test_hdf5_tools_read_manifest_and_shards(svm_run, tmp_path):
 
 
 def test_hpcps_command_has_the_analysis_subcommands(svm_run):
-    from hpcps import cli
+    from hpcps.cli import main as cli
 
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
     if "inspect" not in sub.choices:
-        pytest.skip("hpcps.cli.build_parser does not call hpcps.cli_analysis.register yet")
+        pytest.skip("hpcps.cli.main.build_parser does not call hpcps.cli.analysis.register yet")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     code = ("import sys; sys.modules['mpi4py'] = None\n"
-            "from hpcps.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+            "from hpcps.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
     proc = subprocess.run([sys.executable, "-c", code, "inspect", svm_run["c2"]], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import benchlib  # noqa: E402
 
-from hpcps.bench import markdown  # noqa: E402
+from hpcps.cli.bench import markdown  # noqa: E402
 
 
 def test_a_ratio_above_its_bound_is_disturbed_not_met():

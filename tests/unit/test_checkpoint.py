@@ -13,9 +13,9 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcps import analysis
+from hpcps.analysis import offline as analysis
 from hpcps import checkpoint as ck
-from hpcps.tables import KeyPartition
+from hpcps.core.tables import KeyPartition
 from hpcps.worker.trainer import epoch_rows, epoch_order
 
 NUM_KEYS, DIM = 1000, 2
@@ -292,7 +292,7 @@ def test_every_row_read_exactly_once_across_worker_count_changes(sizes, plan_tai
        data=st.data(), batch=st.integers(1, 7), shuffle=st.booleans())
 def test_every_row_read_once_when_workers_die_at_different_steps(sizes, data, batch, shuffle):
     """A segment ended by a lost worker: each old worker finished its own number of steps
-    (``done`` per worker, as agreed in hpcps.recovery); the survivors read the rest, once."""
+    (``done`` per worker, as agreed in hpcps.resilience.recovery); the survivors read the rest, once."""
     n = len(sizes)
     done = data.draw(st.lists(st.integers(0, 8), min_size=n, max_size=n))
     n_next = data.draw(st.integers(1, max(1, n)))

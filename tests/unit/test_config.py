@@ -813,7 +813,7 @@ def test_optimizer_errors_name_the_key(jobdir, kv, key, message):
 
 
 def test_optimizer_tables_get_the_rule_and_regularisation(jobdir):
-    from hpcps.model import logistic_tables
+    from hpcps.models.logistic_math import logistic_tables
 
     cfg = job(jobdir, with_key(_opt(name='"ftrl"', learning_rate="0.3", l1="0.01", l2="0.5"),
                                "model.l2", "0.001"))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hpcps.consistency import (BSP, H_CLOCK, SSP, Async, StalenessHistogram, header_len,
+from hpcps.core.consistency import (BSP, H_CLOCK, SSP, Async, StalenessHistogram, header_len,
                                make_policy, policy_from_config)
 from hpcps.worker.steps import PushFilter
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hpcps import checkpoint as ck
-from hpcps.output import write_metrics
+from hpcps.runtime.output import write_metrics
 from tests.unit.test_checkpoint import make_checkpoint
 
 
@@ -115,7 +115,7 @@ def _cfg():
 def test_model_too_large_for_the_free_space_leaves_the_old_model(small_fs):
     """Before: HDF5 met ENOSPC half-way and crashed (SIGSEGV) or raised a RuntimeError;
     now the file is built in memory and refused before a byte is written."""
-    from hpcps.output import OutputError, read_model, write_model
+    from hpcps.runtime.output import OutputError, read_model, write_model
 
     d, _ = small_fs
     old = write_model(d / "model.h5", {"w": np.zeros((10, 1))}, _cfg(), 1, 0)
@@ -128,7 +128,7 @@ def test_model_too_large_for_the_free_space_leaves_the_old_model(small_fs):
 
 
 def test_model_on_a_read_only_file_system(small_fs):
-    from hpcps.output import OutputError, write_model
+    from hpcps.runtime.output import OutputError, write_model
 
     d, remount = small_fs
     remount("ro")

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcps import grow_request as G
+from hpcps.resilience import grow_request as G
 from hpcps.config import ConfigError, parse_job
 from hpcps.worker.trainer import epoch_order, epoch_rows
 
@@ -224,8 +224,8 @@ def test_hpcps_grow_cli_on_finished_run_exits_2(tmp_path):
 
 
 def test_join_plan_layout_mismatch_names_the_table():
-    from hpcps.elastic import JoinPlan
-    from hpcps.tables import TableSpec
+    from hpcps.resilience.elastic import JoinPlan
+    from hpcps.core.tables import TableSpec
 
     specs = [TableSpec("w", 100, 1, "float32", sparse=True), TableSpec("b", 1, 1, "float32", sparse=False)]
     plan = JoinPlan(clock=3, epoch=0, n_old=2, plan=[[2, 3]], job_text="", job_path="",

@@ -1,15 +1,15 @@
-"""Exit statuses: which errors a relaunch can cure (hpcps.exitcodes)."""
+"""Exit statuses: which errors a relaunch can cure (hpcps.core.exitcodes)."""
 
 import pytest
 
-from hpcps import exitcodes as xc
+from hpcps.core import exitcodes as xc
 from hpcps.checkpoint import CheckpointError, ResumeError
 from hpcps.config import ConfigError
 from hpcps.data import DataError
 from hpcps.data.prepared import PreparedError
-from hpcps.job import ResourceError
-from hpcps.optim import NonFiniteError
-from hpcps.output import OutputError
+from hpcps.runtime.job import ResourceError
+from hpcps.core.optim import NonFiniteError
+from hpcps.runtime.output import OutputError
 
 
 @pytest.mark.parametrize("exc, code", [

@@ -1,4 +1,4 @@
-"""Files follow the user's umask (hpcps.files) and a run directory outside the working
+"""Files follow the user's umask (hpcps.core.files) and a run directory outside the working
 directory is announced (hpcps.config.output_note)."""
 
 import os
@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from hpcps.config import parse_job
-from hpcps.files import current_umask, make_temp
+from hpcps.core.files import current_umask, make_temp
 
 
 @pytest.fixture

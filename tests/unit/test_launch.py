@@ -5,8 +5,8 @@ import subprocess
 import sys
 import time
 
-from hpcps import launch
-from hpcps.cli import QUICKSTART, build_parser
+from hpcps.runtime import launch
+from hpcps.cli.main import QUICKSTART, build_parser
 
 
 def test_oversubscribe_only_when_more_ranks_than_cores():
@@ -66,7 +66,7 @@ def test_default_job_is_the_quickstart_with_three_workers(capsys):
 
 def test_run_options_after_the_job_go_to_train_and_mpirun_args_after_dashes(capsys):
     """Bug: `hpcps run JOB --resume never` passed --resume to mpirun, which refused it."""
-    from hpcps.cli import main
+    from hpcps.cli.main import main
 
     assert main(["run", "--dry-run", str(QUICKSTART), "--resume", "never", "--", "--host", "a,b"]) == 0
     cmd = capsys.readouterr().out.strip().splitlines()[-1].split()
@@ -90,7 +90,7 @@ def test_local_rank_count_from_each_launcher_and_dedicated_cores():
 
 def test_default_rank_count_follows_the_mode(capsys):
     """Bug: an allreduce job launched 4 ranks by default (servers + 3) though it has no servers."""
-    from hpcps.cli import main
+    from hpcps.cli.main import main
 
     root = QUICKSTART.parents[1]
     for job, n in (("adult_allreduce.toml", 3), ("adult_lbfgs.toml", None), ("adult_lr.toml", 4)):

@@ -129,7 +129,7 @@ def test_missing_input_file(tmp_path):
 def test_cli_prepare_default_out_and_errors(tmp_path, capsys, monkeypatch):
     """``hpcps data prepare movielens-100k`` writes data/movielens-100k.h5 under the current
     directory; a bad --from is one error line and exit status 1."""
-    from hpcps.cli import main
+    from hpcps.cli.main import main
 
     _recbole()
     monkeypatch.chdir(tmp_path)

@@ -5,7 +5,7 @@ tests/e2e/test_nonfinite.py under mpirun."""
 import numpy as np
 import pytest
 
-from hpcps.optim import NonFiniteError
+from hpcps.core.optim import NonFiniteError
 from hpcps.worker.steps import BAD_GRADIENT, BAD_LOSS, OK, NonFiniteGuard
 
 F32 = {"weights": "float32", "bias": "float32"}
@@ -64,7 +64,7 @@ def test_without_a_vote_only_the_own_gradient_is_dropped():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_all_finite_sum_shortcut_and_overflowing_finite_values(dtype):
-    from hpcps.optim import all_finite
+    from hpcps.core.optim import all_finite
 
     big = np.full(1000, np.finfo(dtype).max / 2, dtype=dtype)   # finite; the sum overflows
     assert all_finite(big)

@@ -20,8 +20,8 @@ from hpcps.kernels.optim import (
     sparse_ftrl,
     state_dtype,
 )
-from hpcps.optim import Optimizer
-from hpcps.tables import KeyPartition, TableSpec
+from hpcps.core.optim import Optimizer
+from hpcps.core.tables import KeyPartition, TableSpec
 
 DTYPES = [np.float32, np.float64]
 HYP = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])

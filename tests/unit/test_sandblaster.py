@@ -11,7 +11,7 @@ import scipy.optimize
 
 from hpcps.config import DataConfig
 from hpcps.data.source import load_split
-from hpcps.model import batch_keys, loss_and_gradient
+from hpcps.models.logistic_math import batch_keys, loss_and_gradient
 from hpcps.sandblaster import program as P
 from hpcps.sandblaster.baseline import objective, sklearn_solution
 from hpcps.sandblaster.lbfgs import D, G, LBFGS, n_slots, s_slot, y_slot
@@ -20,7 +20,7 @@ from hpcps.sandblaster.local import LocalMachine, to_original_order
 from hpcps.sandblaster.shard import (ShardVectors, bias_server, compact_bounds, shard_layouts,
                                      ShardLayout)
 from hpcps.sandblaster.units import UnitScheduler, WorkUnits, unit_bounds
-from hpcps.tables import KeyPartition
+from hpcps.core.tables import KeyPartition
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "adult.csv.gz"
 

@@ -1,11 +1,11 @@
-"""The key → server map (hpcps.tables.KeyPartition) and table declarations."""
+"""The key → server map (hpcps.core.tables.KeyPartition) and table declarations."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcps.tables import KeyPartition, TableSpec
+from hpcps.core.tables import KeyPartition, TableSpec
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,11 +1,11 @@
-"""Tests of hpcps.threads: each rank's share of BLAS threads."""
+"""Tests of hpcps.core.threads: each rank's share of BLAS threads."""
 
 from __future__ import annotations
 
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from hpcps.threads import blas_threads_for, limit_blas_threads, usable_cores
+from hpcps.core.threads import blas_threads_for, limit_blas_threads, usable_cores
 
 
 def test_share_of_cores_per_rank():

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels.keys import unique_inverse
-from .kernels.logistic import logistic_loss_grad, logistic_predict
-from .optim import Optimizer
-from .tables import TableSpec
+from hpcps.kernels.keys import unique_inverse
+from hpcps.kernels.logistic import logistic_loss_grad, logistic_predict
+from hpcps.core.optim import Optimizer
+from hpcps.core.tables import TableSpec
 
 WEIGHTS, BIAS = "weights", "bias"
 

@@ -4,7 +4,7 @@ Each rank fills one float64 row (:func:`local_row`); the rows are gathered with 
 other statistics and turned into the ``summary["consistency"]`` record of ``metrics.json``
 (:func:`summarize`) and a few summary lines (:func:`lines`). No MPI here.
 
-Units: staleness is counted in shard versions (see :mod:`hpcps.consistency`): clocks under
+Units: staleness is counted in shard versions (see :mod:`hpcps.core.consistency`): clocks under
 BSP/SSP, applied updates under asynchronous training. A read's *age* is the reading worker's
 clock minus the server clock of what it read; a worker's *lead* is its clock minus the
 slowest worker's clock as seen by the server it read from.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .consistency import StalenessHistogram, format_histogram
+from hpcps.core.consistency import StalenessHistogram, format_histogram
 
 WORKER_FIELDS = ("read_age_max", "read_age_mean", "lead_max", "rma_reads", "rma_retries",
                  "filter_sent", "filter_offered")
@@ -43,7 +43,7 @@ def summarize(rows, policy, pull_mode: str, value_bytes: int) -> dict:
     Parameters
     ----------
     rows : float64 (ranks, width)
-    policy : hpcps.consistency.Policy
+    policy : hpcps.core.consistency.Policy
     pull_mode : {"p2p", "rma"}
     value_bytes : int
         Bytes of one pushed entry (key + value), for the push filter's savings.

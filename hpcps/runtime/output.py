@@ -11,7 +11,7 @@ Metrics file ``<run dir>/metrics.json``
 
 Both are written to a temporary name in the same directory and moved into place with
 ``os.replace``, so a reader never sees half a file; their mode follows the umask
-(:mod:`hpcps.files`).
+(:mod:`hpcps.core.files`).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from . import __version__
-from .files import make_temp
+from hpcps import __version__
+from hpcps.core.files import make_temp
 
 
 class OutputError(OSError):
     """The model or metrics file could not be written (disk full, read-only, quota, ...).
 
     An :class:`OSError` with the errno of the failure; the message names the file, the bytes
-    it needs and the bytes free. The job exits with status 74 (:mod:`hpcps.exitcodes`).
+    it needs and the bytes free. The job exits with status 74 (:mod:`hpcps.core.exitcodes`).
     """
 
 

@@ -14,7 +14,7 @@ peer failure (:func:`hpcps.comm.ft.is_peer_failure`):
    still keeps (:class:`hpcps.worker.client.PSClient` keeps every push and CLOCK until the
    range's backup has acknowledged that step);
 3. every survivor computes the same :class:`Plan` from the rows (:func:`make_plan`): where
-   each range lives now (:mod:`hpcps.placement`: the backup of a dead primary takes over, a
+   each range lives now (:mod:`hpcps.core.placement`: the backup of a dead primary takes over, a
    new backup is named for every range that lost one), which ranges have no copy left, and
    the steps each worker finished;
 4. a range with no copy left stops the job (:class:`hpcps.comm.ft.ServerLost`, on every
@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import placement
-from .comm import core, ft
-from .comm.collectives import allgather_rows, bcast_int
+from hpcps.core import placement
+from hpcps.comm import core, ft
+from hpcps.comm.collectives import allgather_rows, bcast_int
 
 #: Row fields before the per-range and per-worker blocks (see :func:`report_row`).
 _HEAD = 3

@@ -22,7 +22,7 @@ The same table is in the README ("Troubleshooting") and in ``slurm/train.sbatch`
 
 from __future__ import annotations
 
-from .signals import EXIT_REQUEUE
+from hpcps.core.signals import EXIT_REQUEUE
 
 EXIT_OK = 0
 EXIT_FAILED = 1

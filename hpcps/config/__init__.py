@@ -213,7 +213,7 @@ class DataConfig:
         if self.format == "svmlight":
             return int(self.n_features)
         if self.format == "prepared":
-            from .data.prepared import file_attrs
+            from hpcps.data.prepared import file_attrs
 
             return int(file_attrs(self.path).get("n_features", 0))
         return 2**self.hash_bits
@@ -437,7 +437,7 @@ class FaultToleranceConfig:
         ``"restart"`` (default): the job stops and is relaunched from its last checkpoint
         (``hpcps run --max-restarts``, or the Slurm script's requeue). ``"continue"``: with an
         MPI that has ULFM, the survivors shrink the job and keep training through the loss of
-        workers and of servers (:mod:`hpcps.comm.ft`, :mod:`hpcps.recovery`).
+        workers and of servers (:mod:`hpcps.comm.ft`, :mod:`hpcps.resilience.recovery`).
     replicas : int
         Copies of every server's key range (1 or 2; continue mode only). With 2, each range is
         also held by the next server in ring order, kept exactly in step by chain replication
@@ -501,7 +501,7 @@ class LbfgsConfig:
 @dataclass(frozen=True, kw_only=True)
 class ElasticConfig:
     """``[elastic]``: workers added to the running job (``[cluster] mode = "ps"`` only;
-    :mod:`hpcps.elastic`). ``hpcps grow RUN_DIR --workers N`` adds workers to a running job
+    :mod:`hpcps.resilience.elastic`). ``hpcps grow RUN_DIR --workers N`` adds workers to a running job
     without this section.
 
     Attributes
@@ -873,7 +873,7 @@ def _data(ck: _Checker, doc: dict) -> DataConfig:
     test_path = vals.pop("test_path", "")
     test_path = ck.input_file(test_path, "data.test_path") if fmt == "svmlight" else None
     if fmt == "svmlight":
-        from .data.svmlight import COMPRESSED
+        from hpcps.data.svmlight import COMPRESSED
         UNPACK = {".gz": "gunzip", ".bz2": "bunzip2", ".xz": "unxz", ".zst": "unzstd"}
 
         for key, p in (("data.path", path), ("data.test_path", test_path)):
@@ -882,7 +882,7 @@ def _data(ck: _Checker, doc: dict) -> DataConfig:
                                     f"byte ranges for the workers; decompress it first "
                                     f"(e.g. `{UNPACK[p.suffix]} -k {p.name}`)")
     if fmt == "prepared":
-        from .data.prepared import PreparedError, file_attrs
+        from hpcps.data.prepared import PreparedError, file_attrs
 
         try:
             file_attrs(path)

@@ -1,4 +1,4 @@
-"""The offline analysis subcommands of ``hpcps`` (no MPI; logic in :mod:`hpcps.analysis`).
+"""The offline analysis subcommands of ``hpcps`` (no MPI; logic in :mod:`hpcps.analysis.offline`).
 
 ``hpcps inspect SOURCE``                       position, layout, table statistics, integrity
 ``hpcps eval SOURCE --data FILE [--job JOB]``  test log-loss, AUC, accuracy of the model
@@ -20,10 +20,10 @@ SOURCE_HELP = "checkpoint directory, manifest.h5, run directory (newest valid ch
 
 
 def _errors():
-    from .analysis import AnalysisError
-    from .checkpoint import CheckpointError
-    from .config import ConfigError
-    from .data import DataError
+    from hpcps.analysis.offline import AnalysisError
+    from hpcps.checkpoint import CheckpointError
+    from hpcps.config import ConfigError
+    from hpcps.data import DataError
 
     return (AnalysisError, CheckpointError, ConfigError, DataError, OSError)
 
@@ -47,7 +47,7 @@ def _guard(func):
 
 @_guard
 def cmd_inspect(args) -> int:
-    """``hpcps inspect``: print :func:`hpcps.analysis.inspect`'s report.
+    """``hpcps inspect``: print :func:`hpcps.analysis.offline.inspect`'s report.
 
     Parameters
     ----------
@@ -59,7 +59,7 @@ def cmd_inspect(args) -> int:
     int
         Exit status: 0, or 1 (one-line error on stderr) if a source cannot be used.
     """
-    from . import analysis
+    from hpcps.analysis import offline as analysis
 
     print(analysis.format_inspect(analysis.inspect(args.source)))
     return 0
@@ -67,7 +67,7 @@ def cmd_inspect(args) -> int:
 
 @_guard
 def cmd_eval(args) -> int:
-    """``hpcps eval``: print :func:`hpcps.analysis.evaluate`'s metrics.
+    """``hpcps eval``: print :func:`hpcps.analysis.offline.evaluate`'s metrics.
 
     Parameters
     ----------
@@ -79,7 +79,7 @@ def cmd_eval(args) -> int:
     int
         Exit status: 0, or 1 (one-line error on stderr) if a source cannot be used.
     """
-    from . import analysis
+    from hpcps.analysis import offline as analysis
 
     print(analysis.format_evaluate(analysis.evaluate(args.source, args.data, job=args.job)))
     return 0
@@ -87,7 +87,7 @@ def cmd_eval(args) -> int:
 
 @_guard
 def cmd_export(args) -> int:
-    """``hpcps export``: write the tables with :func:`hpcps.analysis.export_npz`.
+    """``hpcps export``: write the tables with :func:`hpcps.analysis.offline.export_npz`.
 
     Parameters
     ----------
@@ -101,7 +101,7 @@ def cmd_export(args) -> int:
     """
     import numpy as np
 
-    from . import analysis
+    from hpcps.analysis import offline as analysis
 
     src = analysis.resolve(args.source)
     path = analysis.export_npz(src, args.output)
@@ -113,7 +113,7 @@ def cmd_export(args) -> int:
 
 @_guard
 def cmd_plot(args) -> int:
-    """``hpcps plot``: draw the run's curves with :func:`hpcps.analysis.plot_run`.
+    """``hpcps plot``: draw the run's curves with :func:`hpcps.analysis.offline.plot_run`.
 
     Parameters
     ----------
@@ -125,7 +125,7 @@ def cmd_plot(args) -> int:
     int
         Exit status: 0, or 1 (one-line error on stderr) if a source cannot be used.
     """
-    from . import analysis
+    from hpcps.analysis import offline as analysis
 
     path, panels = analysis.plot_run(args.run, args.output)
     print(f"wrote {path} ({len(panels)} panels: {', '.join(panels)})")
@@ -134,7 +134,7 @@ def cmd_plot(args) -> int:
 
 @_guard
 def cmd_diff(args) -> int:
-    """``hpcps diff``: print :func:`hpcps.analysis.diff`'s table (exit 0 whatever differs).
+    """``hpcps diff``: print :func:`hpcps.analysis.offline.diff`'s table (exit 0 whatever differs).
 
     Parameters
     ----------
@@ -146,7 +146,7 @@ def cmd_diff(args) -> int:
     int
         Exit status: 0, or 1 (one-line error on stderr) if a source cannot be used.
     """
-    from . import analysis
+    from hpcps.analysis import offline as analysis
 
     print(analysis.format_diff(analysis.diff(args.a, args.b)))
     return 0

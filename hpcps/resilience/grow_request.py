@@ -1,5 +1,5 @@
 """The run-directory side of ``hpcps grow`` (no MPI): how a user asks a running job for more
-workers, and how the job answers (:mod:`hpcps.elastic` acts on it).
+workers, and how the job answers (:mod:`hpcps.resilience.elastic` acts on it).
 
 Files in the run directory (JSON, written to a temporary name and renamed into place)
     ``running.json``
@@ -25,7 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .output import write_metrics
+from hpcps.runtime.output import write_metrics
 
 RUNNING = "running.json"
 REQUEST = "grow-request.json"

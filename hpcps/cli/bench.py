@@ -1,7 +1,7 @@
 """``hpcps bench``: run the benchmark suite in ``bench/`` and write its results table.
 
 Runs each script of the suite in its own process — under ``mpirun`` (with what this machine
-needs, from :mod:`hpcps.launch`) where it needs ranks — collects the JSON report each writes
+needs, from :mod:`hpcps.runtime.launch`) where it needs ranks — collects the JSON report each writes
 (``--json``), and writes
 
 * ``results.json``: date, machine (CPU, cores, memory, OS, Python, numpy, MPI, torch), load
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 README_BEGIN = "<!-- bench-results:begin -->"
 README_END = "<!-- bench-results:end -->"
@@ -77,7 +77,7 @@ def machine() -> dict:
 
     info["numpy"] = numpy.__version__
     try:
-        from .comm.info import mpi_versions
+        from hpcps.comm.info import mpi_versions
 
         info["mpi4py"], info["mpi"] = mpi_versions()
     except Exception as e:  # noqa: BLE001 - reported, not fatal
@@ -98,7 +98,7 @@ def _command(step: dict, mpirun: str | None, flavour) -> tuple[list[str], dict]:
     program = [sys.executable, str(BENCH / step["script"]), *step["args"]]
     if not step["ranks"]:
         return program, {}
-    from . import launch
+    from hpcps.runtime import launch
 
     return launch.build_launch(step["ranks"], program, mpirun=mpirun, flavour=flavour)
 
@@ -120,7 +120,7 @@ def run_suite(quick: bool = False, out_dir=None, only=None, readme: bool = False
     readme : bool
         Replace the results table in README.md.
     """
-    from . import launch
+    from hpcps.runtime import launch
 
     out = stream or sys.stdout
     if not BENCH.is_dir():

@@ -1,6 +1,6 @@
 """Where each key range lives: a primary and its backups on a ring of servers (no MPI).
 
-The job's key partition (:class:`hpcps.tables.KeyPartition`) has one key range per server of
+The job's key partition (:class:`hpcps.core.tables.KeyPartition`) has one key range per server of
 the launch, and range ``r`` starts on server ``r``. Servers keep their original index (their
 place on the ring) for the whole job. With ``replicas = k`` the range is held by the first
 ``k`` live servers met going round the ring from ``r``: the first is its *primary* (it

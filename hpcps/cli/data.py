@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .cli_analysis import _guard
+from hpcps.cli.analysis import _guard
 
 
 def _movielens_100k(src, out) -> dict:
-    from .data.movielens import prepare_movielens_100k
+    from hpcps.data.movielens import prepare_movielens_100k
 
     return prepare_movielens_100k(src, out)
 
 
 def _fashion_mnist(src, out) -> dict:
-    from .data.fashion_mnist import DEFAULT_SOURCE, prepare_fashion_mnist
-    from .data.prepared import file_attrs, split_rows
+    from hpcps.data.fashion_mnist import DEFAULT_SOURCE, prepare_fashion_mnist
+    from hpcps.data.prepared import file_attrs, split_rows
 
     path = prepare_fashion_mnist(src if src is not None else DEFAULT_SOURCE, out)
     return {**file_attrs(path), "train_rows": split_rows(path, "train"),

@@ -3,10 +3,10 @@
 ``hpcps train JOB``         run a job inside an MPI launch (every rank runs this)
 ``hpcps run [-n N] [JOB]``  start mpirun for JOB (default: the shipped quick-start job)
 ``hpcps check [JOB]``       run JOB and compare its test AUC with scikit-learn's
-``hpcps grow RUN_DIR -w N`` add N workers to the job running in RUN_DIR (:mod:`hpcps.elastic`)
+``hpcps grow RUN_DIR -w N`` add N workers to the job running in RUN_DIR (:mod:`hpcps.resilience.elastic`)
 ``hpcps info``              versions of hpcps, MPI, mpi4py, h5py
-``hpcps data prepare NAME`` write a prepared data set (:mod:`hpcps.cli_data`)
-``hpcps bench [--quick]``   run the benchmark suite in bench/ (hpcps.bench)
+``hpcps data prepare NAME`` write a prepared data set (:mod:`hpcps.cli.data`)
+``hpcps bench [--quick]``   run the benchmark suite in bench/ (hpcps.cli.bench)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-QUICKSTART = Path(__file__).resolve().parent.parent / "jobs" / "adult_lr.toml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "jobs" / "adult_lr.toml"
 QUICKSTART_WORKERS = 3
 
 
@@ -40,10 +40,10 @@ def cmd_train(args) -> int:
     # The ranks then agree (one Allreduce) so that a bad job file — or a data path missing on
     # one node only — makes *every* rank print an error and exit 2 together, instead of the
     # first rank to exit getting the others killed before they said anything.
-    from .signals import EXIT_REQUEUE, StopRequest
+    from hpcps.core.signals import EXIT_REQUEUE, StopRequest
 
     stop = StopRequest().install()      # first: a stop signal may come during start-up
-    from .config import ConfigError, check_output_writable, load_job
+    from hpcps.config import ConfigError, check_output_writable, load_job
 
     error = None
     try:
@@ -51,9 +51,9 @@ def cmd_train(args) -> int:
         check_output_writable(cfg)
     except ConfigError as e:
         error = str(e)
-    from .checkpoint import ResumeError
-    from .comm import core
-    from .job import ResourceError, run_job
+    from hpcps.checkpoint import ResumeError
+    from hpcps.comm import core
+    from hpcps.runtime.job import ResourceError, run_job
 
     world = core.world()
     try:
@@ -64,7 +64,7 @@ def cmd_train(args) -> int:
         _fail(error or "a job-file error was reported by another rank (see its message)")
         core.barrier_before_exit(world)
         return 2
-    from .config import output_note
+    from hpcps.config import output_note
 
     note = output_note(cfg) if world.Get_rank() == 0 else None
     if note:
@@ -91,12 +91,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_join(args) -> int:
-    # started by MPI_Comm_spawn from a running job (hpcps.elastic), never by a user
-    from .signals import EXIT_REQUEUE, StopRequest
+    # started by MPI_Comm_spawn from a running job (hpcps.resilience.elastic), never by a user
+    from hpcps.core.signals import EXIT_REQUEUE, StopRequest
 
     stop = StopRequest().install()
-    from .comm import core, spawn
-    from .job import join_job
+    from hpcps.comm import core, spawn
+    from hpcps.runtime.job import join_job
 
     if spawn.parent() is None:
         return _fail("`hpcps join` is started by a running job to add workers to it (hpcps "
@@ -107,7 +107,7 @@ def cmd_join(args) -> int:
 
 
 def cmd_grow(args) -> int:
-    from .grow_request import ANSWER, REQUEST, GrowError, running_job, submit_request, wait_answer
+    from hpcps.resilience.grow_request import ANSWER, REQUEST, GrowError, running_job, submit_request, wait_answer
 
     run_dir = Path(args.run_dir)
     try:
@@ -162,9 +162,9 @@ def _default_job(job):
 
 
 def cmd_run(args) -> int:
-    from . import launch
-    from .config import ConfigError, load_job
-    from .exitcodes import describe, restartable
+    from hpcps.runtime import launch
+    from hpcps.config import ConfigError, load_job
+    from hpcps.core.exitcodes import describe, restartable
 
     job = _default_job(args.job)
     try:
@@ -205,7 +205,7 @@ def cmd_run(args) -> int:
         print(f"hpcps run: mpirun exited with status {rc} ({describe(rc)}): not restarting, "
               "a relaunch would fail the same way", flush=True)
     restarts = 0
-    # a job-file, data or disk error would fail again (hpcps.exitcodes); a forwarded signal
+    # a job-file, data or disk error would fail again (hpcps.core.exitcodes); a forwarded signal
     # means stop
     while restartable(rc) and restarts < args.max_restarts and not launch.forwarded:
         restarts += 1
@@ -220,7 +220,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .config import ConfigError, load_job
+    from hpcps.config import ConfigError, load_job
 
     rc = cmd_run(args)
     if rc != 0:
@@ -245,7 +245,9 @@ def cmd_info(args) -> int:
     import h5py
     import numpy
 
-    from . import __version__, launch
+    from hpcps import __version__
+
+    from hpcps.runtime import launch
 
     print(f"hpcps {__version__}; numpy {numpy.__version__}; h5py {h5py.__version__} "
           f"(HDF5 {h5py.version.hdf5_version})")
@@ -255,7 +257,7 @@ def cmd_info(args) -> int:
         print(f"mpirun: {mpirun} ({kind} {major or '?'})")
     except FileNotFoundError as e:
         print(e)
-    from .comm.info import mpi_versions
+    from hpcps.comm.info import mpi_versions
 
     mpi4py_version, library = mpi_versions()
     print(f"mpi4py {mpi4py_version}")
@@ -304,11 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     j.set_defaults(func=cmd_join)
     i = sub.add_parser("info", help="versions and the MPI in use")
     i.set_defaults(func=cmd_info)
-    from .cli_analysis import register as register_analysis
+    from hpcps.cli.analysis import register as register_analysis
     register_analysis(sub)  # inspect, eval, export, plot, diff (no MPI)
-    from .cli_data import register as register_data
+    from hpcps.cli.data import register as register_data
     register_data(sub)  # data prepare (no MPI)
-    from .bench import register as register_bench
+    from hpcps.cli.bench import register as register_bench
     register_bench(sub)     # the benchmark suite (bench/)
     return p
 

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from .kernels import optim as _k
+from hpcps.kernels import optim as _k
 
 RULES = ("sgd", "adagrad", "adam", "ftrl")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels.keys import (choose_multiplier, inverse_multiplier, local_rows_into, permute_keys,
+from hpcps.kernels.keys import (choose_multiplier, inverse_multiplier, local_rows_into, permute_keys,
                           route_keys)
 
 

@@ -12,25 +12,25 @@ import time
 
 import numpy as np
 
-from . import __version__
-from . import checkpoint as ckpt
-from . import consistency_report
-from .comm import core
-from .comm.collectives import allreduce_max, barrier, bcast_int, gather_rows
-from .comm.progress import library_version, rma_progress_advice
-from .comm.core import any_rank_failed
-from .comm.rma import allocate_windows, free_windows
-from .comm.transport import ServerEndpoint, WorkerEndpoint, check_ranges
-from .config import ConfigError, check_world, to_dict
-from .consistency import policy_from_config
-from .elastic import Elastic
-from .output import write_metrics, write_model
-from .server.replica import ServerGroup
-from .server.server import ParameterServer, window_sizes
-from .signals import EXIT_REQUEUE
-from .worker.checkpointer import Checkpointer
-from .worker.client import PSClient
-from .worker.trainer import Trainer
+from hpcps import __version__
+from hpcps import checkpoint as ckpt
+from hpcps.analysis import consistency_report
+from hpcps.comm import core
+from hpcps.comm.collectives import allreduce_max, barrier, bcast_int, gather_rows
+from hpcps.comm.progress import library_version, rma_progress_advice
+from hpcps.comm.core import any_rank_failed
+from hpcps.comm.rma import allocate_windows, free_windows
+from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint, check_ranges
+from hpcps.config import ConfigError, check_world, to_dict
+from hpcps.core.consistency import policy_from_config
+from hpcps.resilience.elastic import Elastic
+from hpcps.runtime.output import write_metrics, write_model
+from hpcps.server.replica import ServerGroup
+from hpcps.server.server import ParameterServer, window_sizes
+from hpcps.core.signals import EXIT_REQUEUE
+from hpcps.worker.checkpointer import Checkpointer
+from hpcps.worker.client import PSClient
+from hpcps.worker.trainer import Trainer
 
 # per-rank statistics row gathered at the end (float64); meaning depends on the role; then the
 # examples each server counted per epoch ([train] epochs entries)
@@ -97,7 +97,7 @@ def available_memory() -> int | None:
 
 def server_bytes(tables, n_servers: int) -> tuple[int, list[str]]:
     """Bytes of the largest server's shards (rows and optimizer slots) and the arithmetic."""
-    from .tables import KeyPartition
+    from hpcps.core.tables import KeyPartition
 
     total, parts = 0, []
     for spec, opt in tables:
@@ -150,11 +150,11 @@ def check_memory(cfg, tables, world) -> None:
 
 
 def limit_threads(world, ranks_on_node: int | None = None) -> int | None:
-    """Give each rank its share of its node's cores for BLAS (:mod:`hpcps.threads`), unless
+    """Give each rank its share of its node's cores for BLAS (:mod:`hpcps.core.threads`), unless
     the user set ``OMP_NUM_THREADS`` or the like. Collective over ``world`` (one
     ``Split_type``) unless the caller counted the node's ranks (``ranks_on_node``). Returns the
     thread count set, or ``None``."""
-    from .threads import blas_threads_for, limit_blas_threads
+    from hpcps.core.threads import blas_threads_for, limit_blas_threads
 
     n = blas_threads_for(core.node_size(world) if ranks_on_node is None else ranks_on_node)
     if n is not None:
@@ -166,8 +166,8 @@ def load_model(cfg):
     """The job's model (:func:`hpcps.models.make_model`); a model that cannot be loaded is a
     :class:`~hpcps.config.ConfigError` on key ``model.type``, a data file the model cannot
     use (e.g. a prepared file of another kind) one on ``data.path``. Local; every rank calls it."""
-    from .data import DataError
-    from .models import ModelLoadError, make_model
+    from hpcps.data import DataError
+    from hpcps.models import ModelLoadError, make_model
 
     try:
         return make_model(cfg)
@@ -224,7 +224,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
 
     Returns the summary dict on the chief (world rank 0), ``{"stopped_by_signal": bool}``
     elsewhere. ``resume`` is ``"auto"``, ``"never"`` or a checkpoint directory
-    (:func:`find_restore`). ``stop`` (:class:`hpcps.signals.StopRequest`) lets a signal end
+    (:func:`find_restore`). ``stop`` (:class:`hpcps.core.signals.StopRequest`) lets a signal end
     the training after one checkpoint. ``step_hook(worker_index, clock)``, if given, is called
     by every worker in each step between computing the gradient and pushing it (tests slow a
     worker down with it).
@@ -241,7 +241,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     if cfg.cluster.mode == "allreduce":
         return run_allreduce(cfg, world, out, stop=stop, step_hook=step_hook)
     if cfg.cluster.mode == "sandblaster":        # batch L-BFGS (hpcps.sandblaster)
-        from .sandblaster.run import run_sandblaster
+        from hpcps.sandblaster.run import run_sandblaster
         return run_sandblaster(cfg, world, out, resume=resume, stop=stop, step_hook=step_hook)
     cfg = check_rma_progress(cfg, world, out)
     policy = policy_from_config(cfg.consistency)
@@ -268,7 +268,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
 
 def join_job(out=None, stop=None) -> dict:
     """Run as a worker added to a running job (``hpcps join``, started by
-    :meth:`hpcps.elastic.Elastic.grow`): meet the job, then train as its other workers do.
+    :meth:`hpcps.resilience.elastic.Elastic.grow`): meet the job, then train as its other workers do.
     Collective with every rank of the running job.
 
     Returns
@@ -399,7 +399,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
         if roles.is_chief:
             elastic.clear_running()
         if ft_state is not None:
-            from .comm import ft
+            from hpcps.comm import ft
             ft.watch(None)
         roles.free()
     if not survived:
@@ -444,7 +444,7 @@ def _closing_barrier(comm) -> None:
     Blocking and unwatched: a rank that left it first exits at once, and a watched wait of a
     slower rank would report that exit as a failure (seen under load in 1 of 3 benchmark
     runs). A peer failure here is ignored: every rank has written its outputs already."""
-    from .comm import ft
+    from hpcps.comm import ft
 
     try:
         with ft.unwatched():
@@ -460,13 +460,13 @@ def survived_failure(ft_state) -> bool:
 
 
 def _fault_tolerance(cfg, roles, world, out):
-    """The :class:`hpcps.recovery.FTState` of a continue-mode job, or ``None`` (restart mode,
+    """The :class:`hpcps.resilience.recovery.FTState` of a continue-mode job, or ``None`` (restart mode,
     or an MPI without ULFM: then rank 0 says so and a failure stops the job as usual). Local
     decision, identical on every rank (same environment and library)."""
     if cfg.fault_tolerance.mode != "continue":
         return None
-    from .comm import ft
-    from .recovery import FTState
+    from hpcps.comm import ft
+    from hpcps.resilience.recovery import FTState
 
     ok, why = ft.ulfm_available()
     if not ok:
@@ -502,7 +502,7 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
     hpcps.config.ConfigError
         If ``[consistency] model`` is not ``"bsp"`` (identically on every rank).
     """
-    from .worker.allreduce import AllReduceClient
+    from hpcps.worker.allreduce import AllReduceClient
 
     out = out or sys.stdout
     if cfg.consistency.model != "bsp":
@@ -656,8 +656,8 @@ def sklearn_baseline(cfg) -> dict:
     """Fit scikit-learn ``LogisticRegression`` on the job's own features; test metrics. Local."""
     from sklearn.linear_model import LogisticRegression
 
-    from .data.source import load_split
-    from .model import binary_metrics
+    from hpcps.data.source import load_split
+    from hpcps.models.logistic_math import binary_metrics
 
     t0 = time.perf_counter()
     X, y = load_split(cfg.data, "train", 0, 1)

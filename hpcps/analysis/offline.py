@@ -2,7 +2,7 @@
 
 Everything here runs in a single process without MPI (h5py, numpy, matplotlib; never
 ``mpi4py``), so it works on a login node or a laptop with a copied run directory. The
-``hpcps inspect|eval|export|plot|diff`` commands (:mod:`hpcps.cli_analysis`) are thin
+``hpcps inspect|eval|export|plot|diff`` commands (:mod:`hpcps.cli.analysis`) are thin
 wrappers around the public functions below.
 
 Sources
@@ -14,11 +14,11 @@ A *source* names one set of model parameters (:func:`resolve`):
   manifest records) before anything is read;
 * a run directory ``runs/NAME/`` — its newest valid checkpoint (invalid newer ones are
   listed with the reason), or its final ``model.h5`` if no checkpoint is valid;
-* a final model file ``runs/NAME/model.h5`` (:mod:`hpcps.output`).
+* a final model file ``runs/NAME/model.h5`` (:mod:`hpcps.runtime.output`).
 
 Key order
 ---------
-Checkpoint shards store sparse tables in *permuted* key order (:mod:`hpcps.tables`); the
+Checkpoint shards store sparse tables in *permuted* key order (:mod:`hpcps.core.tables`); the
 manifest's virtual datasets ``tables/<name>`` and ``tables/<name>_keys`` give the rows and
 each row's original key, so :func:`read_tables` un-permutes with ``out[keys] = rows``. Every
 table this module returns or writes is in **original key order** (row ``k`` is key ``k``),
@@ -45,8 +45,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from . import checkpoint as ckpt
-from .files import make_temp
+from hpcps import checkpoint as ckpt
+from hpcps.core.files import make_temp
 
 __all__ = [
     "AnalysisError",
@@ -580,7 +580,7 @@ def job_config(source, data, job=None):
     hpcps.config.ConfigError
         If the configuration is invalid.
     """
-    from .config import parse_job
+    from hpcps.config import parse_job
 
     src = source if isinstance(source, Source) else resolve(source)
     data = Path(data)
@@ -631,7 +631,7 @@ def evaluate(source, data, job=None) -> dict:
     -------
     dict
         ``source`` (:class:`Source`), ``data`` (Path), ``format``, ``rows``, ``positives``,
-        ``logloss``, ``auc``, ``accuracy`` (:func:`hpcps.model.binary_metrics`).
+        ``logloss``, ``auc``, ``accuracy`` (:func:`hpcps.models.logistic_math.binary_metrics`).
 
     Raises
     ------
@@ -642,8 +642,8 @@ def evaluate(source, data, job=None) -> dict:
     hpcps.config.ConfigError, hpcps.data.DataError
         For an invalid configuration or malformed data.
     """
-    from .data.source import load_split
-    from .model import BIAS, WEIGHTS, batch_keys, binary_metrics, predict
+    from hpcps.data.source import load_split
+    from hpcps.models.logistic_math import BIAS, WEIGHTS, batch_keys, binary_metrics, predict
 
     src = source if isinstance(source, Source) else resolve(source)
     cfg = job_config(src, data, job)
@@ -776,7 +776,7 @@ def load_metrics(run) -> tuple[Path, dict]:
     path : pathlib.Path
         The metrics file.
     metrics : dict
-        ``{"epochs": [...], "summary": {...}, ...}`` (see :mod:`hpcps.output`).
+        ``{"epochs": [...], "summary": {...}, ...}`` (see :mod:`hpcps.runtime.output`).
 
     Raises
     ------

@@ -53,9 +53,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .comm import core, ft, spawn
-from .comm.collectives import allreduce_max, barrier, bcast_array
-from .grow_request import (REQUEST, RUNNING, GrowError, read_request, unlink, write_answer,
+from hpcps.comm import core, ft, spawn
+from hpcps.comm.collectives import allreduce_max, barrier, bcast_array
+from hpcps.resilience.grow_request import (REQUEST, RUNNING, GrowError, read_request, unlink, write_answer,
                            write_running)
 
 #: Seconds between two looks of the chief for a request.
@@ -185,8 +185,8 @@ class Elastic:
     """The job's current membership — roles, RMA windows — and its growth.
 
     One per rank. The server and worker loops replace ``roles`` through it (after a growth,
-    and in continue mode after a recovery, through the :class:`hpcps.recovery.FTState` it
-    shares); ``hpcps.job`` reads the final ones.
+    and in continue mode after a recovery, through the :class:`hpcps.resilience.recovery.FTState` it
+    shares); ``hpcps.runtime.job`` reads the final ones.
 
     Parameters
     ----------
@@ -195,7 +195,7 @@ class Elastic:
     specs : list of TableSpec
     windows : list of hpcps.comm.rma.ShardWindow
         The RMA windows (empty for p2p pulls).
-    ft_state : hpcps.recovery.FTState or None
+    ft_state : hpcps.resilience.recovery.FTState or None
     out : text stream for the chief's messages
 
     Attributes
@@ -225,7 +225,7 @@ class Elastic:
 
     def oversubscribed(self) -> bool:
         """Whether this node has more ranks than usable cores since the last growth. Local."""
-        from .threads import usable_cores
+        from hpcps.core.threads import usable_cores
 
         return self.node_ranks > usable_cores()
 
@@ -358,7 +358,7 @@ class Elastic:
         except Exception as e:                        # noqa: BLE001 - see GrowthFailed
             raise _failed(e, clock) from e
         if self.windows:
-            from .comm.rma import free_windows
+            from hpcps.comm.rma import free_windows
             free_windows(self.windows)                # collective over the old ranks
         r.free()
         self.intercomms.append(inter)
@@ -381,15 +381,15 @@ class Elastic:
         """Step 6: roles over ``merged``, BLAS threads for the node's new rank count
         (``node_ranks``), new RMA windows, ``rebind``. Collective over ``merged`` (old and new
         ranks alike)."""
-        from .job import limit_threads
-        from .server.server import window_sizes
+        from hpcps.runtime.job import limit_threads
+        from hpcps.server.server import window_sizes
 
         roles = core.rebuild_roles(merged, role, key)
         self.node_ranks = core.node_size(merged)
         limit_threads(merged, self.node_ranks)
         windows = []
         if self.cfg.consistency.pull == "rma":
-            from .comm.rma import allocate_windows
+            from hpcps.comm.rma import allocate_windows
             sizes = (window_sizes(self.specs, roles.index, roles.n_servers, roles.n_workers)
                      if role == core.SERVER else [0] * len(self.specs))
             windows = allocate_windows(merged, sizes)
@@ -413,8 +413,8 @@ class Elastic:
         hpcps.comm.core.LaunchError
             When this process was not started by a running job.
         """
-        from .config import OutputConfig, parse_job
-        from .job import load_model
+        from hpcps.config import OutputConfig, parse_job
+        from hpcps.runtime.job import load_model
 
         parent = spawn.parent()
         if parent is None:
@@ -449,7 +449,7 @@ class Elastic:
             return None
         ft_state = None
         if cfg.fault_tolerance.mode == "continue" and plan.world_ranks:
-            from .recovery import FTState
+            from hpcps.resilience.recovery import FTState
             f = cfg.fault_tolerance
             hosts = core.allgather_hostnames(merged)    # as the running job does
             ft_state = FTState(roles=None, world_ranks=list(plan.world_ranks),
