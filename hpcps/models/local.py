@@ -91,7 +91,7 @@ def train_local(model, epochs: int, batch_size: int, seed: int = 0, shuffle: boo
     tables = LocalTables(model.tables(), seed)
     history = []
     for epoch in range(epochs):
-        # the order hpcps.worker.trainer.epoch_order gives worker 0 of 1
+        # the order hpcps.core.planning.epoch_order gives worker 0 of 1
         order = (np.random.default_rng([seed, 0, epoch]).permutation(X.shape[0]) if shuffle
                  else np.arange(X.shape[0]))
         loss = 0.0

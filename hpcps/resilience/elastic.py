@@ -30,7 +30,7 @@ Protocol at the agreed clock ``T`` (collective over every rank; :meth:`Elastic.g
        n_old + N - 1``; with ``pull = "rma"`` new windows are allocated (headers for the new
        worker count), the servers copy their shards into them and the old ones are freed;
     7. every worker — old and new — re-plans the rows of the epoch that nobody has read over
-       the ``n_old + N`` workers (:func:`hpcps.worker.trainer.epoch_rows`, as after a failure
+       the ``n_old + N`` workers (:func:`hpcps.core.planning.epoch_rows`, as after a failure
        or a restart on another worker count), so every example of the epoch is read exactly
        once; later epochs use the new partition. From clock ``T`` on the servers wait for every
        worker (BSP/SSP) and sum their pushes in worker order.
@@ -98,7 +98,7 @@ class JoinPlan:
         Workers before the growth.
     plan : list of [n_workers, steps_done]
         The epoch's segments so far, the one just ended included
-        (:func:`hpcps.worker.trainer.epoch_rows`).
+        (:func:`hpcps.core.planning.epoch_rows`).
     job_text, job_path, output_dir, pull : str
         The job file, where it lies (relative data paths), the run directory, and the pull
         mode in use (``rma_fallback`` may have switched it to p2p).

@@ -30,6 +30,7 @@ from hpcps.server.server import ParameterServer, window_sizes
 from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.worker.checkpointer import Checkpointer
 from hpcps.worker.client import PSClient
+from hpcps.resilience.supervisor import supervise
 from hpcps.worker.trainer import Trainer
 
 # per-rank statistics row gathered at the end (float64); meaning depends on the role; then the
@@ -357,8 +358,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
                                         roles.n_workers, [o.slot_specs(t.dim, t.dtype) for t, o in tables], out,
                                         async_cut=not policy.aggregate, flush=trainer.steps.flush)
-            result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer,
-                                 join=join)
+            result = supervise(trainer, restore=restore[1] if restore else None,
+                               checkpointer=checkpointer, join=join)
             roles, windows = elastic.roles, elastic.windows
             history[:] = trainer.history
             result["checkpoints"] = {"count": checkpointer.count if checkpointer else 0,
@@ -529,7 +530,7 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
 
         trainer = Trainer(cfg, rank, comm.Get_size(), client, comm, rank == 0, on_epoch=on_epoch,
                           out=out, step_hook=step_hook, stop=stop, model=model)
-        result = trainer.run()
+        result = supervise(trainer)
         history[:] = trainer.history
         stats = np.array([client.bytes_in, client.bytes_out, client.comm_seconds,
                           client.collectives], dtype=np.float64)

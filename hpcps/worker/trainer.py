@@ -3,12 +3,16 @@
 Under BSP every worker runs the same number of steps per epoch (the largest partition's
 ``ceil(rows / batch_size)``); a worker whose partition is exhausted still clocks each step
 with zero examples, so no server waits for it.
+
+The trainer runs one planned segment of an epoch at a time (:meth:`Trainer.run_segment`) and
+raises what ends it early — a stop signal, a growth, a lost peer
+(:mod:`hpcps.worker.events`); the epoch loop that handles them, re-plans and resumes is
+:mod:`hpcps.resilience.supervisor`. The rows each segment reads are planned by
+:mod:`hpcps.core.planning` (no MPI).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -16,66 +20,26 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcps.comm.collectives import Vote, allgather_rows, allreduce_max, allreduce_sum, barrier, gatherv
+from hpcps.comm.ft import is_peer_failure
 from hpcps.core.consistency import BSP
+from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples_per_step,
+                                 resume_position, steps_for)
+from hpcps.data import DataError
+from hpcps.data.partition_rows import block_bounds
+from hpcps.data.source import block_partitioned
+from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
 from hpcps.worker.steps import NonFiniteGuard, make_steps
+
+__all__ = ["Trainer", "Segment", "Cursor", "epoch_order", "epoch_rows", "EVAL_CHUNK"]
 
 #: Test rows evaluated per pull when the model is evaluated at the end of an epoch.
 EVAL_CHUNK = 8192
 
 
-def epoch_order(n_rows: int, seed: int, worker: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """Order in which ``worker`` reads its ``n_rows`` rows in ``epoch``, int64.
-
-    Drawn from numpy's PCG64 seeded with ``[seed, worker, epoch]``, so a position
-    ``(epoch, step)`` fully restores a reader's random state after a restart.
-    """
-    if not shuffle:
-        return np.arange(n_rows, dtype=np.int64)
-    return np.random.default_rng([seed, worker, epoch]).permutation(n_rows).astype(np.int64)
-
-
-def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size) -> list:
-    """Rows (global indices into the split) each of ``n_workers`` workers reads in the rest
-    of an epoch that was interrupted and resumed on different numbers of workers.
-
-    Parameters
-    ----------
-    part_sizes : sequence of int
-        Row counts of the partitions of the epoch's first segment (``plan[0][0]`` workers);
-        the split is their concatenation in worker order.
-    plan : list of [n_workers, steps_done]
-        The epoch's earlier segments, oldest first; ``steps_done`` is one count for all the
-        segment's workers or a list of one count per worker (a segment ended by the loss of a
-        worker, :mod:`hpcps.resilience.recovery`).
-    n_workers : int
-        Workers of the segment about to run.
-
-    Returns
-    -------
-    list of int64 ndarray, one per worker: contiguous blocks of the rows that no earlier
-    segment reached (in the order the earlier readers would have read them), so that every
-    row of the epoch is read exactly once over all segments.
-    """
-    offsets = np.concatenate([[0], np.cumsum(part_sizes)]).astype(np.int64)
-    lists = [offsets[w] + epoch_order(int(n), seed, w, epoch, shuffle)
-             for w, n in enumerate(part_sizes)]
-    for k, (n_k, done) in enumerate(plan):
-        if len(lists) != n_k:
-            raise ValueError(f"epoch plan segment {k} has {n_k} workers but {len(lists)} row lists")
-        per = list(done) if isinstance(done, (list, tuple)) else [done] * n_k
-        if len(per) != n_k:
-            raise ValueError(f"epoch plan segment {k} has {n_k} workers but {len(per)} step counts")
-        rest = (np.concatenate([r[int(d) * batch_size:] for r, d in zip(lists, per)]) if lists
-                else np.empty(0, np.int64))
-        nxt = plan[k + 1][0] if k + 1 < len(plan) else n_workers
-        lists = np.array_split(rest, nxt)
-    return lists
-
-
 @dataclass
 class Segment:
     """What a worker reads from a change of layout (a lost worker, added workers) to the end
-    of the epoch, and its data for the later epochs (:meth:`Trainer._regroup`).
+    of the epoch, and its data for the later epochs (:func:`hpcps.resilience.supervisor.regroup`).
 
     Attributes
     ----------
@@ -109,14 +73,28 @@ class Segment:
     remaining: list
 
 
-def _done_max(done) -> int:
-    return max(done) if isinstance(done, (list, tuple)) else int(done)
+@dataclass
+class Cursor:
+    """Where this worker is in an epoch: the segment it reads (rows ``order`` of ``Xe``, in
+    ``steps`` steps, after the epoch's earlier segments ``plan``), the step it goes on from
+    (``first``), the clock at the segment's start, and the epoch's sums so far."""
 
+    epoch: int
+    Xe: object
+    ye: object
+    order: np.ndarray
+    steps: int
+    plan: list
+    first: int
+    seg_clock0: int
+    loss_sum: float = 0.0
+    n_ex: int = 0
+    rec: dict | None = None
 
-def _peer_failure(e: BaseException) -> bool:
-    from hpcps.comm.ft import is_peer_failure
-
-    return is_peer_failure(e)
+    def resegment(self, seg: Segment, clock: int) -> None:
+        """Go on with ``seg``, the re-planned rest of the epoch, from its first step at ``clock``."""
+        self.Xe, self.ye, self.order, self.steps, self.plan = seg.Xe, seg.ye, seg.order, seg.steps, seg.plan
+        self.first, self.seg_clock0 = 0, clock
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -147,9 +125,11 @@ class Trainer:
     model : hpcps.models.base.Model
         The model (default: the one ``cfg.model.type`` names).
     ft_state : hpcps.resilience.recovery.FTState or None
-        Continue mode: survive the loss of workers (collective recovery with the servers).
+        Continue mode: a lost peer ends the segment with :class:`~hpcps.worker.events.PeerLost`
+        (the supervisor recovers with the servers).
     elastic : hpcps.resilience.elastic.Elastic or None
-        Workers may be added while the job runs (``[elastic]``, ``hpcps grow``).
+        Workers may be added while the job runs (``[elastic]``, ``hpcps grow``): an agreed
+        request ends the segment with :class:`~hpcps.worker.events.GrowthRequested`.
     """
 
     def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None,
@@ -161,7 +141,7 @@ class Trainer:
         self._stop_target = None          # clock at which the workers act on a vote
         self._pending = None
         if model is None:
-            from hpcps.models import make_model
+            from hpcps.models import make_model   # the model registry imports every model
 
             model = make_model(cfg)
         self.model = model
@@ -190,197 +170,249 @@ class Trainer:
         self._catch_up_to = None          # clock the others had reached at the last recovery
         self.epochs_done = 0              # epochs whose closing barrier completed here
         self._epochs_agreed = 0           # the most any worker had finished, at the last recovery
+        # this worker's partitions for whole epochs (replaced by a re-plan, :meth:`adopt`)
+        self.X = self.y = self.Xt = self.yt = None
+        self.steps_full = 0
+        self.n_train = 0
+        self._t0 = self._last = 0.0       # progress lines: start of the run, last line
+        self._clock0 = 0
+        self._examples_per_step = 0.0
 
-    def run(self, restore=None, checkpointer=None, join=None) -> dict:
-        """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
+    # -- start of a run ----------------------------------------------------------------------
 
-        Parameters
-        ----------
-        restore : dict or None
-            Manifest of the checkpoint to resume from (:func:`hpcps.checkpoint.read_manifest`):
-            training continues at its epoch and step; with another number of workers than the
-            checkpointed job, the rows the interrupted epoch had not reached yet are split over
-            the new workers (:func:`epoch_rows`), so every row is still read once per epoch.
-        checkpointer : hpcps.worker.checkpointer.Checkpointer or None
-            Consulted after every step (collective when ``every_seconds`` is set).
-        join : hpcps.resilience.elastic.JoinPlan or None
-            This worker was added to the running job (``hpcps join``): it starts at the plan's
-            clock, in its epoch, on its share of the rows nobody has read yet — the same
-            re-plan the other workers make at that clock (:meth:`_grow`).
+    def prepare(self, restore=None, checkpointer=None) -> tuple[int, int, list]:
+        """Load this worker's partitions, count the rows, and find where training starts:
+        ``(epoch, step, plan)`` — at 0 or at the checkpoint ``restore`` (a manifest,
+        :func:`hpcps.checkpoint.read_manifest`; with another number of workers than the
+        checkpointed job, the interrupted epoch is re-planned, :func:`~hpcps.core.planning.resume_position`).
+        The chief prints the start-up lines. Collective over the workers.
+
+        Raises
+        ------
+        hpcps.data.DataError
+            The training or the test split has no rows (on every worker).
         """
         cfg, t = self.cfg, self.cfg.train
-        self._stop_target = None
-        seg = None
-        if join is not None:
-            start_epoch, start_step, plan = join.epoch, 0, join.plan
-            n_train = n_test = 0                    # (the chief's start-up line only)
-            if self.guard.agree is not None:       # the voted count is the same on every worker
-                self.guard.rejected = join.nonfinite_rejected
-            seg = self._regroup_or_recover(join.epoch, join.plan, checkpointer)
-            X, y, Xt, yt, steps_full = seg.X, seg.y, seg.Xt, seg.yt, seg.steps_full
-        else:
-            X, y = self.model.load("train", self.index, self.n_workers)
-            Xt, yt = self.model.load("test", self.index, self.n_workers)
-            n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([X.shape[0], Xt.shape[0]], dtype=np.int64)))
-            if n_train == 0:
-                from hpcps.data import DataError
-                raise DataError(f"{cfg.data.path}: no training rows (empty file, or only comments "
-                                "and blank lines)")
-            if n_test == 0:       # every epoch is evaluated on the test rows: none is a mistake
-                from hpcps.data import DataError
-                where = cfg.data.test_path or f"{cfg.data.path} (its test split)"
-                raise DataError(f"{where}: no test rows (empty file, or only comments and blank "
-                                "lines)")
-            steps_full = self._max_steps(X.shape[0])
-            if t.max_steps:
-                steps_full = min(steps_full, t.max_steps)
-            start_epoch, start_step, plan = 0, 0, []
-            if restore is not None:
-                start_epoch, start_step = int(restore["epoch"]), int(restore["step_in_epoch"])
-                plan = json.loads(restore.get("epoch_plan", "[]"))
-                if int(restore["n_workers"]) != self.n_workers:
-                    plan = plan + [[int(restore["n_workers"]), start_step]]
-                    start_step = 0
-                # records of the epoch being resumed (and later) are recomputed
-                self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
-                if checkpointer is not None:     # its checkpoint exists: at_end need not rewrite it
-                    checkpointer.last_step = int(restore["step"])
-                if self.guard.agree is not None:  # the voted count is the same on every worker
-                    self.guard.rejected = int(restore.get("nonfinite_rejected", 0))
-            if self.is_chief:
-                self._banner(restore, n_train, n_test, steps_full, start_epoch, start_step, plan)
-            # stop signals and grow requests: under BSP the workers are in step anyway and
-            # agree with one Allreduce per step; under SSP/async that would tie them together,
-            # so they vote without waiting (continue mode: Open MPI's non-blocking collectives
-            # do not survive a lost rank, so the workers agree with a blocking Allreduce per
-            # step under every policy)
-            self.vote = self._make_vote()
+        self.X, self.y = self.model.load("train", self.index, self.n_workers)
+        self.Xt, self.yt = self.model.load("test", self.index, self.n_workers)
+        n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([self.X.shape[0], self.Xt.shape[0]], dtype=np.int64)))
+        if n_train == 0:
+            raise DataError(f"{cfg.data.path}: no training rows (empty file, or only comments "
+                            "and blank lines)")
+        if n_test == 0:       # every epoch is evaluated on the test rows: none is a mistake
+            where = cfg.data.test_path or f"{cfg.data.path} (its test split)"
+            raise DataError(f"{where}: no test rows (empty file, or only comments and blank "
+                            "lines)")
+        self.n_train = n_train
+        self.steps_full = capped_steps(self.max_steps(self.X.shape[0]), t.max_steps)
+        start_epoch, start_step, plan = 0, 0, []
+        if restore is not None:
+            start_epoch, start_step, plan = resume_position(restore, self.n_workers)
+            # records of the epoch being resumed (and later) are recomputed
+            self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
+            if checkpointer is not None:     # its checkpoint exists: at_end need not rewrite it
+                checkpointer.last_step = int(restore["step"])
+            if self.guard.agree is not None:  # the voted count is the same on every worker
+                self.guard.rejected = int(restore.get("nonfinite_rejected", 0))
+        if self.is_chief:
+            self._banner(restore, n_train, n_test, self.steps_full, start_epoch, start_step, plan)
+        # stop signals and grow requests: under BSP the workers are in step anyway and
+        # agree with one Allreduce per step; under SSP/async that would tie them together,
+        # so they vote without waiting (continue mode: Open MPI's non-blocking collectives
+        # do not survive a lost rank, so the workers agree with a blocking Allreduce per
+        # step under every policy)
+        self.vote = self.make_vote()
+        return start_epoch, start_step, plan
+
+    def begin_run(self, start_epoch: int, checkpointer=None) -> None:
+        """Start the run's counters (progress lines, epochs done) at ``start_epoch``. Local."""
         if checkpointer is not None and self.guard.agree is not None:
             checkpointer.extra = lambda: {"nonfinite_rejected": self.guard.rejected}
         self.epochs_done = start_epoch
-        total_steps = steps_full * t.epochs
-        examples_per_step = n_train / max(1, math.ceil(n_train / (t.batch_size * self.n_workers)))
-        t0 = last = time.perf_counter()
-        clock0 = self.client.clock_value
-        local_examples = 0
-        steps = steps_full
-        for epoch in range(start_epoch, t.epochs):
-            if seg is not None:
-                # added to the running job: the rest of this epoch, re-planned at the join
-                Xe, ye, order, steps, plan, seg = seg.Xe, seg.ye, seg.order, seg.steps, seg.plan, None
-            elif epoch == start_epoch and plan:
-                # resumed mid-epoch on another number of workers: the epoch's remaining rows
-                X_all, y_all = self.model.load("train", 0, 1)
-                sizes = self._part_sizes(X_all.shape[0], plan[0][0])
-                order = epoch_rows(sizes, plan, self.n_workers, cfg.seed, epoch, t.shuffle,
-                                   t.batch_size)[self.index]
-                Xe, ye = X_all, y_all
-                steps = self._max_steps(order.size)
-                if t.max_steps:
-                    steps = min(steps, max(0, t.max_steps - sum(_done_max(n) for _, n in plan)))
-            else:
-                plan = []
-                order = epoch_order(X.shape[0], cfg.seed, self.index, epoch, t.shuffle)
-                Xe, ye, steps = X, y, steps_full
-            loss_sum, n_ex, rec = 0.0, 0, None
-            first = start_step if epoch == start_epoch else 0
-            seg_clock0 = self.client.clock_value - first      # clock at this segment's start
-            while True:
-                new_seg = None
-                try:
-                    if checkpointer is not None:
-                        checkpointer.steps_per_epoch = steps
-                    self.steps.begin_epoch(Xe, ye, order, steps, t.batch_size)
-                    for step in range(first, steps):
-                        rows = order[step * t.batch_size:(step + 1) * t.batch_size]
-                        # after a recovery, a worker behind the others runs the steps they
-                        # finished without the per-step votes (they voted on them already)
-                        solo = self._catch_up_to is not None and self.client.clock_value < self._catch_up_to
-                        agree, self.guard.agree = self.guard.agree, (None if solo else self.guard.agree)
-                        try:
-                            loss_sum += self.steps.step(step, rows, final=epoch == t.epochs - 1 and step == steps - 1)
-                        finally:
-                            self.guard.agree = agree
-                        used = 0 if self.steps.last_rejected else int(rows.size)  # rejected step
-                        self.client.clock(used, epoch)
-                        n_ex += used
-                        self._t_clock = time.time()
-                        if self._gap_event is not None:      # first step after a recovery
-                            ev, self._gap_event = self._gap_event, None
-                            ev["gap_seconds"] = round(self._t_clock - ev["last_step_time"], 3)
-                        if checkpointer is not None:
-                            checkpointer.after_step(self.client.clock_value, epoch, step + 1, plan,
-                                                    self.history, collective=not solo)
-                        if solo:
-                            continue
-                        stop, grow, oversubscribe = self._decide(
-                            final=epoch == t.epochs - 1 and step == steps - 1)
-                        if stop:
-                            # a stop signal reached some worker: all checkpoint here and leave
-                            if self.is_chief:
-                                self._say(f"stop requested by signal at clock {self.client.clock_value}: "
-                                          "checkpointing, then exiting for a requeue")
-                                if self.elastic is not None:
-                                    self.elastic.cancel_request("the job is stopping (signal)")
-                            if checkpointer is not None:
-                                checkpointer.write(self.client.clock_value, epoch, step + 1, plan, self.history)
-                            self.stopped_by_signal = True
-                            break
-                        if grow:
-                            new_seg = self._grow(epoch, seg_clock0, steps, plan, checkpointer, grow,
-                                                 oversubscribe)
-                            if new_seg is not None:
-                                break
-                        if self.is_chief and time.perf_counter() - last >= t.progress_seconds:
-                            last = time.perf_counter()
-                            done = max(1, self.client.clock_value - clock0)
-                            rate = done * examples_per_step / (last - t0)
-                            eta = (last - t0) / done * max(0, total_steps - self.client.clock_value)
-                            self._say(f"epoch {epoch + 1}/{t.epochs}  step {step + 1}/{steps}  "
-                                      f"clock {self.client.clock_value} (workers "
-                                      f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
-                                      f"loss(w0) {loss_sum / max(1, n_ex):.4f}  ETA {_fmt_eta(eta)}")
-                    if new_seg is None:
-                        if not self.stopped_by_signal:
-                            rec = self._evaluate(epoch, Xt, yt, loss_sum, n_ex, time.perf_counter() - t0)
-                            if self.ft is not None:
-                                barrier(self.comm)     # every worker finished the epoch
-                                self.epochs_done = epoch + 1
-                            self._record(rec)
-                        break
-                except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
-                    if self.ft is None or not _peer_failure(e):
-                        raise
-                    new_seg, first_after, done_ex = self._recover(epoch, seg_clock0, steps, plan,
-                                                                  checkpointer)
-                    n_ex += done_ex
-                    if self._epochs_agreed > epoch:
-                        # the closing barrier completed on other workers, not here: the epoch is
-                        # over (the chief had its record then: the others waited for it)
-                        self.epochs_done = epoch + 1
-                        self._record(rec)
-                        break
-                    if new_seg is None:       # the same workers: each goes on from its own step
-                        first = first_after
-                        continue
-                # the layout changed (a worker lost, workers added): the rest of the epoch
-                Xe, ye, order, steps, plan = new_seg.Xe, new_seg.ye, new_seg.order, new_seg.steps, new_seg.plan
-                X, y, Xt, yt, steps_full = new_seg.X, new_seg.y, new_seg.Xt, new_seg.yt, new_seg.steps_full
-                first, seg_clock0 = 0, self.client.clock_value
-                examples_per_step = n_train / max(1, math.ceil(n_train / (t.batch_size * self.n_workers)))
-            local_examples += n_ex
-            if self.stopped_by_signal:
-                break
+        self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
+                                                    self.n_workers)
+        self._t0 = self._last = time.perf_counter()
+        self._clock0 = self.client.clock_value
+
+    def adopt(self, seg: Segment) -> None:
+        """Take ``seg``'s partitions for the later epochs (after a re-plan). Local."""
+        self.X, self.y, self.Xt, self.yt = seg.X, seg.y, seg.Xt, seg.yt
+        self.steps_full = seg.steps_full
+        self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
+                                                    self.n_workers)
+
+    def epoch_cursor(self, epoch: int, first: int = 0, plan=()) -> Cursor:
+        """The cursor of ``epoch`` from step ``first``: the whole epoch on this worker's
+        partition, or (``plan`` not empty: resumed mid-epoch on another number of workers)
+        the epoch's remaining rows. Collective over the workers when ``plan`` is not empty."""
+        t = self.cfg.train
+        if plan:
+            plan = list(plan)
+            Xe, ye, _, lists = self.rest_of_epoch(epoch, plan)
+            order = lists[self.index]
+            steps = capped_steps(self.max_steps(order.size), t.max_steps, plan)
+        else:
+            plan = []
+            order = epoch_order(self.X.shape[0], self.cfg.seed, self.index, epoch, t.shuffle)
+            Xe, ye, steps = self.X, self.y, self.steps_full
+        return Cursor(epoch=epoch, Xe=Xe, ye=ye, order=order, steps=steps, plan=plan, first=first,
+                      seg_clock0=self.client.clock_value - first)
+
+    def rest_of_epoch(self, epoch: int, plan: list):
+        """The whole split and each current worker's rows of the rest of ``epoch`` after the
+        segments ``plan``: ``(X_all, y_all, sizes, lists)`` (:func:`~hpcps.core.planning.epoch_rows`).
+        Local (reads the split)."""
+        t = self.cfg.train
+        X_all, y_all = self.model.load("train", 0, 1)
+        sizes = self.part_sizes(X_all.shape[0], plan[0][0])
+        lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
+                           t.batch_size)
+        return X_all, y_all, sizes, lists
+
+    # -- one segment -------------------------------------------------------------------------
+
+    def run_segment(self, cur: Cursor, checkpointer=None, resume: bool = False) -> None:
+        """Run the steps ``cur.first .. cur.steps - 1`` of the segment, then close the epoch
+        (evaluate, and in continue mode a barrier). Collective over the workers.
+
+        ``cur`` advances with every step (``first``, ``loss_sum``, ``n_ex``, ``rec``).
+        ``resume``: go on in the same segment after an event that left it as it was (a growth
+        that added nobody): the step runner keeps what it fetched.
+
+        Raises
+        ------
+        StopRequested
+            A stop signal reached some worker: every worker raises it after the same step.
+        GrowthRequested
+            Every worker agreed to add workers at this clock.
+        PeerLost
+            A rank failed (continue mode only; otherwise the MPI error propagates).
+        """
+        try:
+            self._steps(cur, checkpointer, resume)
+            self._close_epoch(cur)
+        except SegmentEvent:
+            raise
+        except Exception as e:      # noqa: BLE001 - only a lost peer becomes an event
+            if self.ft is not None and is_peer_failure(e):
+                raise PeerLost(str(e)) from e
+            raise
+
+    def _steps(self, cur: Cursor, checkpointer, resume: bool) -> None:
+        t = self.cfg.train
+        epoch, steps = cur.epoch, cur.steps
+        if not resume:
+            if checkpointer is not None:
+                checkpointer.steps_per_epoch = steps
+            self.steps.begin_epoch(cur.Xe, cur.ye, cur.order, steps, t.batch_size)
+        for step in range(cur.first, steps):
+            final = epoch == t.epochs - 1 and step == steps - 1
+            rows = cur.order[step * t.batch_size:(step + 1) * t.batch_size]
+            # after a recovery, a worker behind the others runs the steps they
+            # finished without the per-step votes (they voted on them already)
+            solo = self._catch_up_to is not None and self.client.clock_value < self._catch_up_to
+            agree, self.guard.agree = self.guard.agree, (None if solo else self.guard.agree)
+            try:
+                cur.loss_sum += self.steps.step(step, rows, final=final)
+            finally:
+                self.guard.agree = agree
+            used = 0 if self.steps.last_rejected else int(rows.size)  # rejected step
+            self.client.clock(used, epoch)
+            cur.n_ex += used
+            cur.first = step + 1
+            self._t_clock = time.time()
+            if self._gap_event is not None:      # first step after a recovery
+                ev, self._gap_event = self._gap_event, None
+                ev["gap_seconds"] = round(self._t_clock - ev["last_step_time"], 3)
+            if checkpointer is not None:
+                checkpointer.after_step(self.client.clock_value, epoch, step + 1, cur.plan,
+                                        self.history, collective=not solo)
+            if solo:
+                continue
+            stop, grow, oversubscribe = self._decide(final=final)
+            if stop:
+                raise StopRequested(step)
+            if grow:
+                raise GrowthRequested(grow, oversubscribe)
+            if self.is_chief and time.perf_counter() - self._last >= t.progress_seconds:
+                self._progress(cur, step)
+
+    def _close_epoch(self, cur: Cursor) -> None:
+        """Evaluate the epoch and keep its record; in continue mode every worker then passes a
+        barrier (the epoch is done everywhere). Collective over the workers."""
+        cur.rec = self._evaluate(cur.epoch, self.Xt, self.yt, cur.loss_sum, cur.n_ex,
+                                 time.perf_counter() - self._t0)
+        if self.ft is not None:
+            barrier(self.comm)     # every worker finished the epoch
+            self.epochs_done = cur.epoch + 1
+        self.record(cur.rec)
+
+    def _progress(self, cur: Cursor, step: int) -> None:
+        """The chief's progress line (every ``[train] progress_seconds``)."""
+        t = self.cfg.train
+        self._last = last = time.perf_counter()
+        total_steps = self.steps_full * t.epochs
+        done = max(1, self.client.clock_value - self._clock0)
+        rate = done * self._examples_per_step / (last - self._t0)
+        eta = (last - self._t0) / done * max(0, total_steps - self.client.clock_value)
+        self._say(f"epoch {cur.epoch + 1}/{t.epochs}  step {step + 1}/{cur.steps}  "
+                  f"clock {self.client.clock_value} (workers "
+                  f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
+                  f"loss(w0) {cur.loss_sum / max(1, cur.n_ex):.4f}  ETA {_fmt_eta(eta)}")
+
+    def stop_here(self, cur: Cursor, checkpointer=None) -> None:
+        """Act on a :class:`~hpcps.worker.events.StopRequested`: checkpoint at this step and
+        leave (the job exits for a requeue). Collective over the workers."""
+        if self.is_chief:
+            self._say(f"stop requested by signal at clock {self.client.clock_value}: "
+                      "checkpointing, then exiting for a requeue")
+            if self.elastic is not None:
+                self.elastic.cancel_request("the job is stopping (signal)")
+        if checkpointer is not None:
+            checkpointer.write(self.client.clock_value, cur.epoch, cur.first, cur.plan, self.history)
+        self.stopped_by_signal = True
+
+    def finish(self, steps: int, plan: list, local_examples: int, checkpointer=None) -> dict:
+        """End of the run: the last checkpoint, the run's totals. Collective over the workers.
+
+        Returns
+        -------
+        dict
+            ``seconds``, ``examples`` (all workers), ``steps``, ``epochs``,
+            ``examples_per_second``, ``clock``, ``stopped_by_signal``.
+        """
+        t = self.cfg.train
         if self.vote is not None:
             self.vote.finish()
         if checkpointer is not None and not self.stopped_by_signal:
             checkpointer.at_end(self.client.clock_value, t.epochs - 1, steps, plan, self.history)
-        elapsed = time.perf_counter() - t0
+        elapsed = time.perf_counter() - self._t0
         total_examples = int(allreduce_sum(self.comm, np.array([local_examples], dtype=np.int64))[0])
         return {"seconds": elapsed, "examples": total_examples,
-                "steps": self.client.clock_value - clock0, "epochs": t.epochs,
+                "steps": self.client.clock_value - self._clock0, "epochs": t.epochs,
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
+
+    def rebind(self, roles, checkpointer, windows=None, server_ranks=None) -> None:
+        """Work in the layout ``roles`` (after a recovery or a growth): the client's
+        endpoint, this worker's index and communicator, the checkpointer's. Local; the
+        steps runner drops what it held (flushed before a growth).
+
+        ``server_ranks``: the ``roles.ps`` rank holding each key range (default: the routing
+        the client has, continue mode — a growth keeps every old rank's number —, else
+        ``roles.server_ranks``)."""
+        if server_ranks is None:
+            server_ranks = self.client.ep.server_ranks if self.ft is not None else roles.server_ranks
+        self.client.rebind(roles.ps, server_ranks, roles.n_workers, windows)
+        self.comm, self.index, self.n_workers = roles.role_comm, roles.index, roles.n_workers
+        self.is_chief = roles.is_chief
+        self.guard.index = self.index
+        self.steps.begin_epoch(None, None, None, 0, 1)
+        if hasattr(self.steps, "_reset"):
+            self.steps._reset()
+        if checkpointer is not None:
+            checkpointer.comm, checkpointer.n_workers = self.comm, self.n_workers
+            checkpointer.is_chief = self.is_chief
 
     def _banner(self, restore, n_train, n_test, steps_full, start_epoch, start_step, plan) -> None:
         """The chief's start-up lines: layout, data, model, policy; the checkpoint resumed;
@@ -420,245 +452,24 @@ class Trainer:
             else:
                 self._say(f"hpcps: {e.add_workers} worker(s) will be added at clock {e.at_step}")
 
-    def _blocks(self) -> bool:
+    def blocks(self) -> bool:
         """True when training partition ``p`` of ``P`` is block ``p`` of the split's rows."""
-        from hpcps.data.source import block_partitioned
-
         return block_partitioned(self.cfg.data) and getattr(self.model, "block_partitioned", True)
 
-    def _part_sizes(self, n_rows: int, n_parts: int) -> list:
+    def part_sizes(self, n_rows: int, n_parts: int) -> list:
         """Rows of each of ``n_parts`` training partitions (their concatenation is the split)."""
-        from hpcps.data.partition_rows import block_bounds
-
-        if self._blocks():
+        if self.blocks():
             return [b - a for a, b in (block_bounds(n_rows, p, n_parts) for p in range(n_parts))]
         return [self.model.load("train", p, n_parts)[0].shape[0] for p in range(n_parts)]
 
-    def _record(self, rec) -> None:
+    def record(self, rec) -> None:
         """Keep an epoch's metrics record (the chief's; None elsewhere) and report it."""
         if rec is not None:
             self.history.append(rec)
             if self.on_epoch:
                 self.on_epoch(rec)
 
-    def _recover(self, epoch, seg_clock0, steps, plan, checkpointer):
-        """Recover from the loss of workers or servers in the middle of ``epoch`` (see
-        :mod:`hpcps.resilience.recovery`). Collective over every survivor (servers included).
-
-        The client re-routes each key range to its primary now and sends the kept pushes the
-        ranges ask for. When no worker died every worker goes on with its own rows from its
-        own step (the run is the same as without the failure); otherwise the survivors
-        re-plan the rows nobody reached (:meth:`_regroup`).
-
-        Returns
-        -------
-        (Segment or None, int, int)
-            The rest of the epoch when workers died (None: the segment goes on), the step of
-            the segment to go on from (when it goes on), and the examples of steps found
-            finished (their CLOCK reached the servers before the failure interrupted this
-            worker).
-        """
-        from hpcps.resilience.recovery import WorkerReport, recover
-
-        t_fail = time.time()
-        n_old, old_me = self.n_workers, self.index
-        rec = recover(self.ft, WorkerReport(self.client.clock_value, self.client.kept_from(),
-                                            self.epochs_done))
-        self._epochs_agreed = rec.plan.epochs
-        self._rebind(rec.roles, checkpointer, server_ranks=rec.owner_ranks)
-        mine = int(rec.clocks[old_me])
-        done_ex = 0
-        if self.client.kept is not None:
-            for c in range(self.client.clock_value, mine):
-                done_ex += int(self.client.kept.get(c, [0])[0] or 0)
-        self.client.rollback(mine)
-        self.client.pushes_sent[:] = 0
-        resent = self.client.resend(rec.base) if rec.resend else 0
-        t = self.cfg.train
-        event = {"time": t_fail, "epoch": epoch + 1,
-                 "failed_ranks": rec.failed_world_ranks, "failed_hosts": rec.failed_hosts,
-                 "dead_workers": rec.dead_workers, "dead_servers": rec.dead_servers,
-                 "messages_resent": resent, "last_step_time": self._t_clock}
-        if rec.dead_servers or rec.plan.lost_ranges:
-            event.update(self._range_event(rec))
-        seg, first = None, 0
-        if rec.dead_workers:
-            # what each old worker finished of this segment; the survivors re-plan the rest
-            done = [int(min(max(0, c - seg_clock0), steps)) for c in rec.clocks]
-            seg = self._regroup_or_recover(epoch, plan + [[n_old, done]], checkpointer)
-            prev = epoch_rows(seg.sizes, plan, n_old, self.cfg.seed, epoch, t.shuffle, t.batch_size)
-            reassigned = int(sum(max(0, prev[w].size - done[w] * t.batch_size)
-                                 for w in rec.dead_workers))
-            target = self.client.clock_value
-            event.update(worker_steps_done=done, examples_reassigned=reassigned)
-        else:                       # same workers, same rows: each goes on from its own step
-            target = int(allreduce_max(self.comm, np.array([self.client.clock_value], dtype=np.int64))[0])
-            first = self.client.clock_value - seg_clock0
-            self._catch_up_to = target
-            event["examples_reassigned"] = 0
-        event.update(survivors=self.n_workers, clock=target,
-                     recovery_seconds=round(time.time() - t_fail, 3))
-        self._gap_event = event       # gap_seconds: last step before -> first step after
-        self.ft.events.append(event)
-        if self.is_chief:
-            self._say_recovery(rec, event)
-        return seg, first, done_ex
-
-    def _range_event(self, rec) -> dict:
-        """The event fields of a server loss: where each range went, what was reloaded."""
-        plan = rec.plan
-        moved = {}
-        for r, chain in enumerate(plan.chains):
-            if chain and r not in plan.lost_ranges and chain[0] != r:
-                moved[str(r)] = chain[0]
-        lost = {str(r): int(rec.lost_steps[r]) for r in plan.lost_ranges}
-        return {"ranges_moved": moved, "ranges_reloaded": [int(r) for r in plan.lost_ranges],
-                "reload_step": rec.reload_step, "lost_steps": lost,
-                "resumed_at": {str(r): int(rec.base[r]) for r in plan.lost_ranges},
-                "backups": {str(r): (c[1] if len(c) > 1 else None)
-                            for r, c in enumerate(plan.chains) if c}}
-
-    def _say_recovery(self, rec, ev) -> None:
-        """The chief's lines about a recovery (log; the same facts are in the metrics)."""
-        where = f"at clock ~{ev['clock']} (epoch {ev['epoch']})"
-        ranks = ", ".join(map(str, rec.failed_world_ranks))
-        if rec.dead_workers:
-            self._say(f"hpcps: worker(s) {', '.join(map(str, rec.dead_workers))} (rank(s) "
-                      f"{ranks}) lost {where}; {self.n_workers} worker(s) continue, "
-                      f"{ev['examples_reassigned']} example(s) of the epoch reassigned")
-        if rec.dead_servers:
-            self._say(f"hpcps: server(s) {', '.join(map(str, rec.dead_servers))} (rank(s) "
-                      f"{ranks}) lost {where}")
-        for r, s in ev.get("ranges_moved", {}).items():
-            self._say(f"hpcps: key range {r} taken over by server {s} from its backup copy "
-                      "(nothing lost)")
-        for r in ev.get("ranges_reloaded", []):
-            k, lost, base = ev["reload_step"], ev["lost_steps"][str(r)], ev["resumed_at"][str(r)]
-            src = f"checkpoint step {k}" if k else "its initial values (no checkpoint yet)"
-            self._say(f"hpcps: key range {r} had no copy left: reloaded from {src} onto server "
-                      f"{rec.plan.chains[r][0]}; {lost} step(s) of updates to that range lost "
-                      f"(steps {k}..{base - 1}), it resumes at clock {base}"
-                      if lost else
-                      f"hpcps: key range {r} had no copy left: reloaded from {src} onto server "
-                      f"{rec.plan.chains[r][0]}; 0 steps lost (every later step was resent)")
-        no_backup = [r for r, b in ev.get("backups", {}).items() if b is None]
-        if no_backup and self.ft.replicas > 1:
-            self._say(f"hpcps: warning: key range(s) {', '.join(no_backup)} have no backup "
-                      "(too few servers left)")
-        self._say(f"hpcps: recovered in {ev['recovery_seconds']:.2f} s (agreement and re-routing; "
-                  "metrics.json's gap_seconds: last step before the failure -> first after)")
-
-    def _rebind(self, roles, checkpointer, windows=None, server_ranks=None) -> None:
-        """Work in the layout ``roles`` (after a recovery or a growth): the client's
-        endpoint, this worker's index and communicator, the checkpointer's. Local; the
-        steps runner drops what it held (flushed before a growth).
-
-        ``server_ranks``: the ``roles.ps`` rank holding each key range (default: the routing
-        the client has, continue mode — a growth keeps every old rank's number —, else
-        ``roles.server_ranks``)."""
-        if server_ranks is None:
-            server_ranks = self.client.ep.server_ranks if self.ft is not None else roles.server_ranks
-        self.client.rebind(roles.ps, server_ranks, roles.n_workers, windows)
-        self.comm, self.index, self.n_workers = roles.role_comm, roles.index, roles.n_workers
-        self.is_chief = roles.is_chief
-        self.guard.index = self.index
-        self.steps.begin_epoch(None, None, None, 0, 1)
-        if hasattr(self.steps, "_reset"):
-            self.steps._reset()
-        if checkpointer is not None:
-            checkpointer.comm, checkpointer.n_workers = self.comm, self.n_workers
-            checkpointer.is_chief = self.is_chief
-
-    def _regroup(self, epoch, plan) -> "Segment":
-        """The rest of ``epoch`` for this worker after the layout changed: the rows no earlier
-        segment of ``plan`` reached, split over the current workers (:func:`epoch_rows`), and
-        this worker's partition for the later epochs. Collective over the workers — old and
-        added ones alike, in this order: the catch-up to the largest clock (after a loss),
-        the steps of the rest of the epoch, the steps of a whole epoch, the new vote."""
-        t = self.cfg.train
-        target = int(allreduce_max(self.comm, np.array([self.client.clock_value], dtype=np.int64))[0])
-        while self.client.clock_value < target:       # survivors behind catch up, empty steps
-            self.client.clock(0, epoch)
-        X_all, y_all = self.model.load("train", 0, 1)
-        sizes = self._part_sizes(X_all.shape[0], plan[0][0])
-        lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
-                           t.batch_size)
-        order = lists[self.index]
-        steps = self._max_steps(order.size)
-        if t.max_steps:
-            steps = min(steps, max(0, t.max_steps - sum(_done_max(n) for _, n in plan)))
-        if self._blocks():                            # this worker's block: no second read
-            from hpcps.data.partition_rows import block_bounds
-            a, b = block_bounds(X_all.shape[0], self.index, self.n_workers)
-            X, y = X_all[a:b], y_all[a:b]
-        else:
-            X, y = self.model.load("train", self.index, self.n_workers)
-        Xt, yt = self.model.load("test", self.index, self.n_workers)
-        steps_full = self._max_steps(X.shape[0])
-        if t.max_steps:
-            steps_full = min(steps_full, t.max_steps)
-        self.vote = self._make_vote()
-        return Segment(Xe=X_all, ye=y_all, order=order, steps=steps, plan=plan, X=X, y=y, Xt=Xt,
-                       yt=yt, steps_full=steps_full, sizes=sizes,
-                       remaining=[int(r.size) for r in lists])
-
-    def _regroup_or_recover(self, epoch, plan, checkpointer) -> "Segment":
-        """:meth:`_regroup` at the first clock of a segment (a growth); a worker lost meanwhile
-        (continue mode) is recovered from as lost at that clock, before any step of the
-        segment, so the rows are re-planned from ``plan``. Collective as :meth:`_regroup`."""
-        try:
-            return self._regroup(epoch, plan)
-        except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
-            if self.ft is None or not _peer_failure(e):
-                raise
-            seg, _, _ = self._recover(epoch, self.client.clock_value, 0, plan, checkpointer)
-            # a server only: the same workers regroup as planned
-            return seg if seg is not None else self._regroup_or_recover(epoch, plan, checkpointer)
-
-    def _grow(self, epoch, seg_clock0, steps, plan, checkpointer, n, oversubscribe):
-        """Add ``n`` workers at this clock (:mod:`hpcps.resilience.elastic`); returns the
-        :class:`Segment` of the rest of the epoch, or None when they could not be added (the
-        job goes on as it was). Collective over every rank of the job."""
-        from hpcps.resilience.elastic import JoinPlan
-
-        t_start = time.time()
-        clock = self.client.clock_value
-        n_old = self.n_workers
-        self.steps.flush()                            # Downpour: nothing held across the join
-        if self.vote is not None:
-            self.vote.finish()
-            self.vote = None
-        self.client.grow(n, oversubscribe)            # after this clock's last request
-        plan_next = plan + [[n_old, int(min(clock - seg_clock0, steps))]]
-        join = None
-        if self.is_chief:
-            cfg = self.cfg
-            join = JoinPlan(clock=clock, epoch=epoch, n_old=n_old, plan=plan_next,
-                            job_text=cfg.text, job_path=str(cfg.path),
-                            output_dir=str(cfg.output.dir), pull=cfg.consistency.pull,
-                            tables=JoinPlan.layout(self.client.specs),
-                            nonfinite_rejected=self.guard.rejected,
-                            range_ranks=list(self.client.ep.server_ranks) if self.ft else [])
-        event = self.elastic.grow(n, clock, lambda roles, windows: self._rebind(roles, checkpointer, windows),
-                                  oversubscribe=oversubscribe, join=join)
-        if event is None:
-            self.vote = self._make_vote()             # on the unchanged workers' communicator
-            return None
-        seg = self._regroup_or_recover(epoch, plan_next, checkpointer)
-        if self.is_chief:
-            event.update(epoch=epoch + 1, examples_replanned=int(sum(seg.remaining)),
-                         examples_to_new_workers=int(sum(seg.remaining[n_old:])),
-                         pause_seconds=round(time.time() - t_start, 3))
-            lost = n_old + n - self.n_workers          # lost at once (continue mode)
-            self._say(f"hpcps: {n} worker(s) added at clock {clock} (epoch {epoch + 1})"
-                      f"{f', {lost} lost at once' if lost else ''}: "
-                      f"{self.n_workers} workers; the epoch's {event['examples_replanned']} "
-                      f"unread example(s) re-planned over them "
-                      f"({event['examples_to_new_workers']} to the new ones); spawn "
-                      f"{event['spawn_seconds']:.2f} s, pause {event['pause_seconds']:.2f} s")
-        return seg
-
-    def _make_vote(self):
+    def make_vote(self):
         """The non-blocking vote on stop signals and grow requests (SSP/async, not in
         continue mode), or None (BSP and continue mode vote with a blocking Allreduce).
         Collective over the workers when it makes one (``Dup``)."""
@@ -704,10 +515,10 @@ class Trainer:
             add, over = add + int(got[1]), over or bool(got[2])
         return bool(got[0]), add, over
 
-    def _max_steps(self, n_rows: int) -> int:
+    def max_steps(self, n_rows: int) -> int:
         """Steps every worker runs so that the largest partition is covered. Collective."""
         b = self.cfg.train.batch_size
-        return int(allreduce_max(self.comm, np.array([math.ceil(n_rows / b)], dtype=np.int64))[0])
+        return int(allreduce_max(self.comm, np.array([steps_for(n_rows, b)], dtype=np.int64))[0])
 
     def _evaluate(self, epoch, Xt, yt, loss_sum, n_ex, elapsed):
         """Epoch metrics: progressive training loss and the model's test metrics. Collective

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hpcps.analysis import offline as analysis
 from hpcps import checkpoint as ck
 from hpcps.core.tables import KeyPartition
-from hpcps.worker.trainer import epoch_rows, epoch_order
+from hpcps.core.planning import epoch_order, epoch_rows
 
 NUM_KEYS, DIM = 1000, 2
 

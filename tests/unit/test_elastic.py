@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hpcps.resilience import grow_request as G
 from hpcps.config import ConfigError, parse_job
-from hpcps.worker.trainer import epoch_order, epoch_rows
+from hpcps.core.planning import epoch_order, epoch_rows
 
 JOB = """
 name = "e"
