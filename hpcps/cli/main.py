@@ -53,7 +53,8 @@ def cmd_train(args) -> int:
         error = str(e)
     from hpcps.checkpoint import ResumeError
     from hpcps.comm import core
-    from hpcps.runtime.job import ResourceError, run_job
+    from hpcps.core.resources import ResourceError
+    from hpcps.runtime.job import run_job
 
     world = core.world()
     try:

@@ -20,6 +20,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from hpcps.core.exitcodes import EXIT_FAILED, status_for
+from hpcps.core.threads import blas_threads_for, limit_blas_threads
 
 #: Default largest single MPI message in bytes; larger arrays are sent in chunks so that no
 #: element count reaches 2**31 (MPI's int counts), whatever the datatype.
@@ -160,6 +161,17 @@ def barrier_before_exit(comm: MPI.Intracomm) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     comm.Barrier()
+
+
+def limit_threads(world, ranks_on_node: int | None = None) -> int | None:
+    """Give each rank its share of its node's cores for BLAS (:mod:`hpcps.core.threads`), unless
+    the user set ``OMP_NUM_THREADS`` or the like. Collective over ``world`` (one
+    ``Split_type``) unless the caller counted the node's ranks (``ranks_on_node``). Returns the
+    thread count set, or ``None``."""
+    n = blas_threads_for(node_size(world) if ranks_on_node is None else ranks_on_node)
+    if n is not None:
+        limit_blas_threads(n)
+    return n
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,15 @@ import numpy as np
 
 from hpcps.comm import core, ft, spawn
 from hpcps.comm.collectives import allreduce_max, barrier, bcast_array
+from hpcps.comm.rma import allocate_windows
+from hpcps.comm.rma import free_windows
+from hpcps.config import OutputConfig, parse_job
+from hpcps.core.threads import usable_cores
+from hpcps.models.load import load_model
 from hpcps.resilience.grow_request import (REQUEST, RUNNING, GrowError, read_request, unlink, write_answer,
                            write_running)
+from hpcps.resilience.recovery import FTState
+from hpcps.server.shard import window_sizes
 
 #: Seconds between two looks of the chief for a request.
 POLL_SECONDS = 1.0
@@ -225,8 +232,6 @@ class Elastic:
 
     def oversubscribed(self) -> bool:
         """Whether this node has more ranks than usable cores since the last growth. Local."""
-        from hpcps.core.threads import usable_cores
-
         return self.node_ranks > usable_cores()
 
     @property
@@ -358,7 +363,6 @@ class Elastic:
         except Exception as e:                        # noqa: BLE001 - see GrowthFailed
             raise _failed(e, clock) from e
         if self.windows:
-            from hpcps.comm.rma import free_windows
             free_windows(self.windows)                # collective over the old ranks
         r.free()
         self.intercomms.append(inter)
@@ -381,15 +385,11 @@ class Elastic:
         """Step 6: roles over ``merged``, BLAS threads for the node's new rank count
         (``node_ranks``), new RMA windows, ``rebind``. Collective over ``merged`` (old and new
         ranks alike)."""
-        from hpcps.runtime.job import limit_threads
-        from hpcps.server.server import window_sizes
-
         roles = core.rebuild_roles(merged, role, key)
         self.node_ranks = core.node_size(merged)
-        limit_threads(merged, self.node_ranks)
+        core.limit_threads(merged, self.node_ranks)
         windows = []
         if self.cfg.consistency.pull == "rma":
-            from hpcps.comm.rma import allocate_windows
             sizes = (window_sizes(self.specs, roles.index, roles.n_servers, roles.n_workers)
                      if role == core.SERVER else [0] * len(self.specs))
             windows = allocate_windows(merged, sizes)
@@ -413,9 +413,6 @@ class Elastic:
         hpcps.comm.core.LaunchError
             When this process was not started by a running job.
         """
-        from hpcps.config import OutputConfig, parse_job
-        from hpcps.runtime.job import load_model
-
         parent = spawn.parent()
         if parent is None:
             raise core.LaunchError("`hpcps join` is started by a running job to add workers "
@@ -449,7 +446,6 @@ class Elastic:
             return None
         ft_state = None
         if cfg.fault_tolerance.mode == "continue" and plan.world_ranks:
-            from hpcps.resilience.recovery import FTState
             f = cfg.fault_tolerance
             hosts = core.allgather_hostnames(merged)    # as the running job does
             ft_state = FTState(roles=None, world_ranks=list(plan.world_ranks),

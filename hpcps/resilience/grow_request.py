@@ -25,7 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
-from hpcps.runtime.output import write_metrics
+from hpcps.core.atomic import write_metrics
 
 RUNNING = "running.json"
 REQUEST = "grow-request.json"

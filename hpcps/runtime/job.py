@@ -25,12 +25,15 @@ from hpcps.config import ConfigError, check_world, to_dict
 from hpcps.core.consistency import policy_from_config
 from hpcps.resilience.elastic import Elastic
 from hpcps.runtime.output import write_metrics, write_model
-from hpcps.server.replica import ServerGroup
+from hpcps.resilience.replica import ServerGroup
 from hpcps.server.server import ParameterServer, window_sizes
 from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.worker.checkpointer import Checkpointer
 from hpcps.worker.client import PSClient
 from hpcps.resilience.supervisor import supervise
+from hpcps.core.resources import ResourceError, available_memory
+from hpcps.comm.core import limit_threads
+from hpcps.models.load import load_model
 from hpcps.worker.trainer import Trainer
 
 # per-rank statistics row gathered at the end (float64); meaning depends on the role; then the
@@ -77,23 +80,6 @@ def find_restore(cfg, world, resume="auto", out=None):
         return None
     d = ckpt.step_dir(cfg.output.dir, step) if resume == "auto" else resume
     return d, ckpt.read_manifest(d)
-
-
-class ResourceError(RuntimeError):
-    """The job cannot fit this machine (raised identically on every rank before training)."""
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available for new allocations on this node (``MemAvailable`` of
-    /proc/meminfo), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def server_bytes(tables, n_servers: int) -> tuple[int, list[str]]:
@@ -148,34 +134,6 @@ def check_memory(cfg, tables, world) -> None:
             cures.append('[model] dtype = "float32"')
         raise ResourceError(f"the tables do not fit the servers' memory: per server {detail}; "
                             f"{where}. Use {', '.join(cures[:-1])} or {cures[-1]}.")
-
-
-def limit_threads(world, ranks_on_node: int | None = None) -> int | None:
-    """Give each rank its share of its node's cores for BLAS (:mod:`hpcps.core.threads`), unless
-    the user set ``OMP_NUM_THREADS`` or the like. Collective over ``world`` (one
-    ``Split_type``) unless the caller counted the node's ranks (``ranks_on_node``). Returns the
-    thread count set, or ``None``."""
-    from hpcps.core.threads import blas_threads_for, limit_blas_threads
-
-    n = blas_threads_for(core.node_size(world) if ranks_on_node is None else ranks_on_node)
-    if n is not None:
-        limit_blas_threads(n)
-    return n
-
-
-def load_model(cfg):
-    """The job's model (:func:`hpcps.models.make_model`); a model that cannot be loaded is a
-    :class:`~hpcps.config.ConfigError` on key ``model.type``, a data file the model cannot
-    use (e.g. a prepared file of another kind) one on ``data.path``. Local; every rank calls it."""
-    from hpcps.data import DataError
-    from hpcps.models import ModelLoadError, make_model
-
-    try:
-        return make_model(cfg)
-    except ModelLoadError as e:
-        raise ConfigError(cfg.path, "model.type", str(e).removeprefix("model.type: ")) from None
-    except DataError as e:
-        raise ConfigError(cfg.path, "data.path", str(e)) from None
 
 
 def check_rma_progress(cfg, world, out=None, environ=None, library=None):

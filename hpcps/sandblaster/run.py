@@ -37,12 +37,15 @@ from hpcps import __version__
 from hpcps.checkpoint import ResumeError
 from hpcps.comm import core
 from hpcps.comm.collectives import gather_rows
-from hpcps.comm.sandblaster import (CMD_EVAL, CMD_STOP, COORDINATOR, SERVER, CoordinatorLink,
-                                ServerLink, WorkerLink, node_total, split_sandblaster)
+from hpcps.comm.sandblaster import CMD_EVAL, CMD_STOP, COORDINATOR, SERVER, node_total, split_sandblaster
+from hpcps.comm.sandblaster_links import CoordinatorLink, ServerLink, WorkerLink
 from hpcps.config import check_world, to_dict
-from hpcps.runtime.output import write_metrics, write_model
+from hpcps.core.resources import ResourceError, available_memory
 from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.core.tables import KeyPartition
+from hpcps.data.source import load_split
+from hpcps.models.logistic_math import binary_metrics, predict
+from hpcps.runtime.output import write_metrics, write_model
 from hpcps.sandblaster.baseline import objective, sklearn_solution
 from hpcps.sandblaster.lbfgs import LBFGS, Reply, X, n_slots
 from hpcps.sandblaster.local import to_original_order
@@ -141,7 +144,6 @@ def run_sandblaster(cfg, world, out=None, resume="auto", stop=None, step_hook=No
 def _check_memory(cfg, roles, need: int) -> None:
     """Refuse the job when the ranks of one node need more than its ``MemAvailable``.
     Collective over ``roles.world``; raises ``ResourceError`` on every rank."""
-    from hpcps.runtime.job import ResourceError, available_memory
 
     here = node_total(roles.world, need)
     have = available_memory()
@@ -321,8 +323,6 @@ def _server(cfg, roles, link, stop) -> tuple[int, int]:
 def _worker(cfg, roles, link, stop, step_hook) -> tuple[int, int]:
     """A worker's loop (worker ranks only): read the data, then compute work units at every
     evaluation until ``CMD_STOP``. Returns (bytes of its vectors, active keys)."""
-    from hpcps.data.source import load_split
-
     nf, k = cfg.data.num_features, roles.n_servers
     Xtr, ytr = load_split(cfg.data, "train", 0, 1)
     units = WorkUnits(Xtr, ytr, KeyPartition(nf, k, permute=True).positions,
@@ -378,9 +378,6 @@ def _worker(cfg, roles, link, stop, step_hook) -> tuple[int, int]:
 def _finish(cfg, state, rows, link, out, wall) -> dict:
     """Coordinator only, after the other ranks are done: test metrics, baseline, model and
     metrics files, printed summary."""
-    from hpcps.data.source import load_split
-    from hpcps.models.logistic_math import binary_metrics, predict
-
     res, machine, sched = state["result"], state["machine"], state["scheduler"]
     wts, bias = state["weights"], state["bias"]
     Xt, yt = load_split(cfg.data, "test", 0, 1)
@@ -445,9 +442,6 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
 
 def _baseline(cfg, wts, bias, f_ours, Xt, yt) -> dict:
     """scikit-learn's solution (tol 1e-8 and its default 1e-4) and the objective gaps. Local."""
-    from hpcps.data.source import load_split
-    from hpcps.models.logistic_math import binary_metrics
-
     X, y = load_split(cfg.data, "train", 0, 1)
     l2 = cfg.model.l2
     ref = sklearn_solution(X, y, l2, REFERENCE_TOL)

@@ -15,132 +15,30 @@ Every applied push records its staleness (:mod:`hpcps.core.consistency`).
 
 from __future__ import annotations
 
-import contextlib
-import time
-from dataclasses import dataclass
-
 import numpy as np
 
 from hpcps import checkpoint as ckpt
 from hpcps.comm import transport as tp
+from hpcps.comm.core import cores_dedicated
 from hpcps.core.consistency import (H_BUSY, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0,
-                           StalenessHistogram, header_len)
-from hpcps.kernels.optim import take_rows
+                                    StalenessHistogram, header_len)
 from hpcps.core.optim import NonFiniteError, all_finite, check_finite
-from hpcps.core.tables import KeyPartition, TableSpec
+from hpcps.core.tables import KeyPartition
+from hpcps.kernels.optim import take_rows
+from hpcps.server.membership import ServerMembership
+from hpcps.server.loop import (IDLE_SLEEP_MAX, IDLE_SLEEP_MIN, IDLE_SPIN, IDLE_SPIN_DEDICATED,
+                               agreed_growth, serve_requests)
+from hpcps.server.shard import Shard, header_and_rows, rows_of, touched_rows, window_sizes
 
-#: Idle back-off of the server loop, seconds (doubles from MIN to MAX while no request waits).
-IDLE_SLEEP_MIN = 2e-6
-IDLE_SLEEP_MAX = 2e-4
-#: Seconds the idle loop keeps polling without sleeping after a request, when the node's
-#: cores are oversubscribed (or the launcher did not say) ...
-IDLE_SPIN = 5e-5
-#: ... and when each rank has a core of its own: poll like a blocking MPI receive does (a
-#: sleeping server is woken late, ~60 us at best and milliseconds on a loaded node).
-IDLE_SPIN_DEDICATED = 1.0
+__all__ = ["ParameterServer", "Shard", "window_sizes", "serve_requests", "agreed_growth",
+           "touched_rows", "rows_of", "IDLE_SLEEP_MIN", "IDLE_SLEEP_MAX", "IDLE_SPIN",
+           "IDLE_SPIN_DEDICATED"]
 
-
-def serve_requests(poll, handle, finished, idle_spin, recover=None) -> None:
-    """The polling loop of a server rank: ``handle(*poll())`` until ``finished()``. Local.
-
-    When no request waits it keeps polling for ``idle_spin`` seconds after the last one, then
-    sleeps with a back-off doubling from ``IDLE_SLEEP_MIN`` to ``IDLE_SLEEP_MAX``.
-    ``idle_spin`` is a float, or a function returning it, asked again after each request (a
-    growth that oversubscribes the node lowers it while the loop runs). With
-    ``recover``, an MPI error from a failed or revoked peer
-    (:func:`hpcps.comm.ft.is_peer_failure`) calls ``recover()`` (collective over the
-    survivors) and the loop goes on; every other exception propagates.
-    """
-    sleep = IDLE_SLEEP_MIN
-    last = time.perf_counter()
-    spin_of = idle_spin if callable(idle_spin) else None
-    spin = spin_of() if spin_of else float(idle_spin)
-    while True:
-        try:
-            if finished():
-                return
-            msg = poll()
-            if msg is None:
-                if time.perf_counter() - last < spin:
-                    continue
-                time.sleep(sleep)
-                sleep = min(sleep * 2, IDLE_SLEEP_MAX)
-                continue
-            sleep = IDLE_SLEEP_MIN
-            handle(*msg)
-            last = time.perf_counter()
-            if spin_of is not None:
-                spin = spin_of()
-        except Exception as e:           # noqa: BLE001 - only a peer failure is recovered
-            if recover is None:
-                raise
-            from hpcps.comm.ft import is_peer_failure
-
-            if not is_peer_failure(e):
-                raise
-            recover()
-
-
-def agreed_growth(asks: set, who: str) -> tuple[int, int, int]:
-    """The one ``(workers to add, oversubscribe, clock)`` every worker's GROW asked for."""
-    if len(asks) != 1:
-        raise RuntimeError(f"{who}: workers disagree on the growth: {sorted(asks)}")
-    return next(iter(asks))
-
-
-def touched_rows(rows: np.ndarray, n_rows: int) -> np.ndarray:
-    """Distinct local rows of an update, ascending int64. Local.
-
-    A boolean mask when the update covers at least 1/8 of the shard (linear in the shard),
-    else ``np.unique`` (sorts the update)."""
-    if rows.size * 8 >= n_rows:
-        mask = np.zeros(n_rows, dtype=bool)
-        mask[rows] = True
-        return np.flatnonzero(mask).astype(np.int64)
-    return np.unique(rows)
-
-
-def rows_of(w: np.ndarray, rows: np.ndarray, pool=None) -> np.ndarray:
-    """``w[rows]`` for a reply: a view (no copy) when ``rows`` is one ascending run of
-    consecutive rows (a dense block), else the rows gathered into a buffer of ``pool``
-    (:class:`hpcps.comm.transport.BufferPool`; give it back after the reply) or a new array.
-    Local."""
-    n = rows.size
-    if n and rows[-1] - rows[0] == n - 1 and (n < 2 or bool(np.all(np.diff(rows) == 1))):
-        return w[int(rows[0]):int(rows[0]) + n]
-    out = pool.take((n, w.shape[1]), w.dtype) if pool is not None else \
-        np.empty((n, w.shape[1]), dtype=w.dtype)
-    return take_rows(w, rows, out)      # prefetching gather: 2-3x np.take for random rows
-
-
-@dataclass
-class Shard:
-    """One server's rows of one table."""
-
-    spec: TableSpec
-    part: KeyPartition
-    optimizer: object
-    lo: int
-    hi: int
-    w: np.ndarray
-    slots: object
-    hdr: np.ndarray = None      # int64 clock header (see hpcps.core.consistency)
-    window: object = None       # hpcps.comm.rma.ShardWindow holding hdr and w, or None
-
-    def writing(self):
-        """Context of a write that RMA readers must see whole (exclusive window lock)."""
-        return self.window.exclusive() if self.window is not None else contextlib.nullcontext()
-
-    @property
-    def nbytes(self) -> int:
-        return self.w.nbytes + (self.slots.nbytes if self.slots is not None else 0)
-
-
-class ParameterServer:
+class ParameterServer(ServerMembership):
     """One key range's server: its shards, clocks and pending pushes, and the loop of a
     server rank that holds only this range.
 
-    In continue mode (:class:`hpcps.server.replica.ServerGroup`) a server rank may hold
+    In continue mode (:class:`hpcps.resilience.replica.ServerGroup`) a server rank may hold
     several ranges, one ``ParameterServer`` each, and the group's loop hands each request to
     the range named in its header (:meth:`handle`).
 
@@ -194,7 +92,8 @@ class ParameterServer:
 
     def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0,
                  windows=None, run_dir=None, restore=None, ft_state=None, idle_spin=None,
-                 elastic=None, state=None, clock=None, order_key=None, examples=0):
+                 elastic=None, state=None, clock=None, order_key=None, examples=0,
+                 staleness=None):
         self.ep = endpoint
         self.ft = ft_state
         self.elastic = elastic
@@ -202,7 +101,6 @@ class ParameterServer:
         self.order_key = list(order_key) if order_key is not None else list(range(len(worker_ranks)))
         self.index = index
         if idle_spin is None:
-            from hpcps.comm.core import cores_dedicated
             idle_spin = IDLE_SPIN_DEDICATED if cores_dedicated() else IDLE_SPIN
         self.idle_spin = float(idle_spin)
         self.worker_of_rank = {r: i for i, r in enumerate(worker_ranks)}
@@ -233,7 +131,7 @@ class ParameterServer:
             if slots is None:
                 slots = opt.init_slots(shape, spec.dtype, w=w)
             win = windows[tid] if windows else None
-            hdr, w = _header_and_rows(w, win, header_len(self.n_workers))
+            hdr, w = header_and_rows(w, win, header_len(self.n_workers))
             hdr[H_VERSION] = hdr[H_CLOCK] = start       # restored: start at the checkpoint
             hdr[H_NWORKERS] = self.n_workers
             hdr[H_WORKER0:H_WORKER0 + self.n_workers] = start
@@ -252,13 +150,59 @@ class ParameterServer:
         self.growing: dict = {}                        # worker -> (n, oversubscribe, clock)
         self.held = {}                                 # worker -> async pushes awaiting CLOCK
         self.stopped = set()
-        self.staleness = StalenessHistogram()  # of every applied push
+        # of every applied push (one histogram shared by the ranges of a continue-mode rank)
+        self.staleness = staleness if staleness is not None else StalenessHistogram()
         self.checkpoint_steps = [start] if restore is not None else []   # shards written
-        # chain replication (hpcps.server.replica): forward(range, clock, rows per table,
-        # examples) after each applied clock; pulls see only the clocks the backup has
-        # acknowledged (``acked``; None = no backup)
+        # chain replication (hpcps.resilience.replica, :meth:`replicate`): forward(range,
+        # clock, rows per table, examples) after each applied clock; pulls see only the
+        # clocks the backup has acknowledged (``acked``; None = no backup)
         self.forward = None
         self.acked = None
+
+    # ------------------------------------------------------------------ ways to start
+    @classmethod
+    def initial(cls, endpoint, index, n_servers, worker_ranks, tables, policy, *, seed=0,
+                clock=None, **kw) -> "ParameterServer":
+        """Range ``index`` at its initial values (zeros, or per-key draws from ``seed``), at
+        clock 0 (or ``clock``: a range reloaded with no checkpoint yet). ``kw``: the
+        constructor's other keywords (``windows``, ``run_dir``, ``ft_state``, ``idle_spin``,
+        ``elastic``, ``order_key``, ``examples``, ``staleness``). Local."""
+        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, seed=seed,
+                   clock=clock, **kw)
+
+    @classmethod
+    def from_checkpoint(cls, endpoint, index, n_servers, worker_ranks, tables, policy, *,
+                        restore, clock=None, **kw) -> "ParameterServer":
+        """Range ``index`` read from the checkpoint ``restore`` (``(directory, manifest)``,
+        any number of servers), at its step (or ``clock``: a continue-mode range reloaded at
+        the clock the workers resend from). Local (reads HDF5)."""
+        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, restore=restore,
+                   clock=clock, **kw)
+
+    @classmethod
+    def from_copy(cls, endpoint, index, n_servers, worker_ranks, tables, policy, *, state,
+                  clock, **kw) -> "ParameterServer":
+        """Range ``index`` from a copy held by this rank (``state``: ``(w, slots)`` per table,
+        used as they are) at ``clock``: a backup taking the range over. Local."""
+        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, state=state,
+                   clock=clock, **kw)
+
+    # ------------------------------------------------------------------ replication hook
+    def replicate(self, forward) -> None:
+        """Send every clock applied from now on to a backup: ``forward(range, clock, touched
+        rows per table, examples)`` (:class:`hpcps.resilience.replica.ServerGroup`); pulls
+        then see only the clocks the backup acknowledged (:meth:`acknowledge`). Local."""
+        self.forward = forward
+        self.acked = self.clock
+        self._publish()
+
+    def stop_replication(self, republish: bool = False) -> None:
+        """No backup any more: pulls see every applied clock (``republish``: at once, in the
+        shards' headers). Local."""
+        self.forward, self.acked = None, None
+        if republish:
+            for sh in self.shards:
+                sh.hdr[H_VERSION] = sh.hdr[H_CLOCK] = self.clock
 
     # ------------------------------------------------------------------ loop
     # ------------------------------------------------------------------ loop
@@ -503,141 +447,11 @@ class ParameterServer:
                 f"{shard.spec.dtype}); the job stopped before they were pulled or checkpointed: "
                 "lower [optimizer] learning_rate or use model dtype float64")
 
-    # ------------------------------------------------------------------ failures
-    def settle(self, rec, endpoint) -> None:
-        """Settle every old worker's last steps after a failure, then re-index the survivors
-        and continue on ``endpoint`` (the survivors' communicator). Local; the server loop
-        (:class:`hpcps.server.replica.ServerGroup`) calls it on each range it still serves
-        once the survivors agreed (:func:`hpcps.resilience.recovery.recover`).
-
-        Dead workers: the pushes of a step whose CLOCK this range missed but another server
-        received are applied with the examples that server received, pushes of unfinished
-        steps are dropped (``rec.clocks``). Surviving workers, when they keep their pushes
-        (``rec.resend``, BSP/SSP): every push and CLOCK of theirs not applied yet is dropped,
-        and they send them again from this range's clock (so nothing lost in flight and
-        nothing applied twice); otherwise (async) their steps are settled like a dead
-        worker's.
-        """
-        n_old = self.n_workers
-        agreed = [int(c) for c in rec.clocks]
-        dead = set(rec.dead_workers)
-        for w in range(n_old):
-            key = self.order_key[w]
-            if rec.resend and w not in dead:
-                for c in list(self.step_examples):
-                    self.step_examples[c].pop(key, None)
-                self.worker_clock[w] = self.clock
-                continue
-            if self.worker_clock[w] < agreed[w]:          # its CLOCK reached another server only
-                c, nex = agreed[w] - 1, int(rec.examples[w])
-                if self.policy.aggregate:
-                    self.step_examples.setdefault(c, {})[key] = (nex, int(rec.epochs[w]))
-                else:
-                    self._count(nex, int(rec.epochs[w]))
-                    for shard, rows, grads, hp in self.held.get(w, ()):
-                        self._apply_now(shard, rows, grads, hp)
-            self.worker_clock[w] = max(self.worker_clock[w], agreed[w])
-        self.held = {}
-        keep = {self.order_key[w]: (self.clock if rec.resend and w not in dead else agreed[w])
-                for w in range(n_old)}
-        for c, tables in self.pending.items():          # drop pushes of unfinished steps
-            for tid in tables:
-                tables[tid] = [p for p in tables[tid] if c < keep[p[0]]]
-        for c in [c for c, d in self.step_examples.items() if not d]:
-            del self.step_examples[c]
-        n_new = len(rec.roles.worker_ranks)
-        old = [rec.old_index[i] for i in range(n_new)]
-        self.order_key = [self.order_key[o] for o in old]
-        self.worker_clock = [self.worker_clock[o] for o in old]
-        self.last_examples = [self.last_examples[o] for o in old]
-        self.last_epoch = [self.last_epoch[o] for o in old]
-        self.pushes_applied = [0] * n_new               # the workers reset their counts too
-        self.waiting_pulls = []                          # the survivors repeat their requests
-        self.growing = {}
-        self._bind(rec.roles, endpoint=endpoint)
-        if self.policy.aggregate:
-            self._advance()
-        else:
-            self.clock = min(self.worker_clock)
-            for shard in self.shards:
-                shard.hdr[H_CLOCK] = self.clock
-
     def _count(self, n_examples: int, epoch: int) -> None:
         """Count ``n_examples`` applied examples of ``epoch`` (0-based): at a CLOCK (async) or
         when its step is applied (BSP/SSP)."""
         self.examples_total += n_examples
         self.examples_epoch[epoch] = self.examples_epoch.get(epoch, 0) + n_examples
-
-    def _bind(self, roles, windows=None, endpoint=None) -> None:
-        """Serve the workers of ``roles`` (after a recovery or a growth) over ``roles.ps``
-        (through ``endpoint`` when given: one shared by the ranges of a server rank);
-        ``worker_clock`` already lists them in index order. Shard headers are resized for the
-        new number of workers; with ``windows`` (a growth under RMA pulls) each shard's header
-        and rows move into the new window. Traffic counts are kept. Local."""
-        stats = self.ep.stats
-        self.ep = endpoint or tp.ServerEndpoint(roles.ps, self.ep.max_bytes)
-        self.ep.stats = stats
-        self.worker_of_rank = {r: i for i, r in enumerate(roles.worker_ranks)}
-        self.n_workers = len(roles.worker_ranks)
-        self.stopped = set()
-        nh = header_len(self.n_workers)
-        for tid, shard in enumerate(self.shards):
-            win = windows[tid] if windows else None
-            if win is not None or shard.hdr.size != nh:
-                hdr, shard.w = _header_and_rows(shard.w, win, nh)
-                hdr[:H_WORKER0] = shard.hdr[:H_WORKER0]
-                shard.hdr, shard.window = hdr, win if win is not None else shard.window
-            shard.hdr[H_NWORKERS] = self.n_workers
-            shard.hdr[H_WORKER0:] = 0
-            shard.hdr[H_WORKER0:H_WORKER0 + self.n_workers] = self.worker_clock
-
-    # ------------------------------------------------------------------ growth
-    def _grow(self) -> None:
-        """Every worker sent GROW at the same clock: take part in adding the workers
-        (:meth:`hpcps.resilience.elastic.Elastic.grow`). Collective over every rank of the job.
-
-        The workers sent GROW after every other request of their clock, so nothing of theirs
-        is pending here: under every policy the server clock equals every worker's clock.
-        The added workers start at that clock; their pushes are summed after the old
-        workers' (a new order key each).
-        """
-        asks, self.growing = set(self.growing.values()), {}
-        n, oversubscribe, clock = agreed_growth(asks, f"server {self.index}")
-        if self.elastic is None:
-            raise RuntimeError(f"server {self.index}: GROW received but this job cannot grow")
-        self.check_growth(clock)
-
-        def rebind(roles, windows):
-            self.add_workers(roles, clock, self.elastic.oversubscribed(), windows)
-
-        self.elastic.grow(n, clock, rebind, oversubscribe=bool(oversubscribe))
-
-    def state(self) -> list:
-        """``(w, slots)`` of every table (the arrays themselves, not copies)."""
-        return [(sh.w, sh.slots) for sh in self.shards]
-
-    def check_growth(self, clock: int) -> None:
-        """Raise unless every worker's requests up to ``clock`` are done here. Local."""
-        if self.waiting_pulls or self.clock != clock or any(c != clock for c in self.worker_clock):
-            raise RuntimeError(f"server {self.index}: GROW at clock {clock} while the server is at "
-                               f"clock {self.clock} (workers {self.worker_clock}, "
-                               f"{len(self.waiting_pulls)} request(s) waiting)")
-
-    def add_workers(self, roles, clock: int, oversubscribed: bool, windows=None,
-                    endpoint=None) -> None:
-        """Serve the workers of ``roles``: the old ones, then those added at ``clock`` (a new
-        order key each, after every old one). ``oversubscribed``: the node now has more ranks
-        than cores (the loop then sleeps sooner). Local."""
-        if oversubscribed:
-            self.idle_spin = min(self.idle_spin, IDLE_SPIN)   # leave cores to the workers
-        k = len(roles.worker_ranks) - self.n_workers
-        top = max(self.order_key) + 1
-        self.order_key += list(range(top, top + k))
-        self.worker_clock += [clock] * k
-        self.pushes_applied += [0] * k
-        self.last_examples += [0] * k
-        self.last_epoch += [0] * k
-        self._bind(roles, windows, endpoint)
 
     def _pull_ready(self, h) -> bool:
         c = int(h[tp.H_CLOCK])
@@ -720,26 +534,3 @@ class ParameterServer:
             "examples_per_epoch": dict(self.examples_epoch),
             "staleness": self.staleness,
         }
-
-
-def _header_and_rows(w: np.ndarray, win, nh: int):
-    """A shard's clock header (int64 ``(nh,)``, zeros) and rows: placed in the memory of
-    window ``win`` (header first, then the rows, copied from ``w``) when given, else a new
-    header array and ``w`` itself. Local."""
-    if win is None:
-        return np.zeros(nh, dtype=np.int64), w
-    hdr = win.local_array(0, np.int64, (nh,))
-    rows = win.local_array(nh * 8, w.dtype, w.shape)
-    rows[...] = w
-    hdr[:] = 0
-    return hdr, rows
-
-
-def window_sizes(specs, server: int, n_servers: int, n_workers: int) -> list[int]:
-    """Bytes of each table's RMA window on server ``server``: the int64 clock header
-    (:func:`hpcps.core.consistency.header_len`) followed by the shard's rows, C order. Local."""
-    out = []
-    for spec in specs:
-        lo, hi = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).shard_range(server)
-        out.append(header_len(n_workers) * 8 + (hi - lo) * spec.dim * np.dtype(spec.dtype).itemsize)
-    return out

@@ -58,6 +58,10 @@ class Checkpointer:
         #: rejected non-finite steps)
         self.extra = dict
 
+    def rebind(self, comm, n_workers: int, is_chief: bool) -> None:
+        """Work with the workers of a new layout (after a recovery or a growth). Local."""
+        self.comm, self.n_workers, self.is_chief = comm, n_workers, is_chief
+
     def after_step(self, clock, epoch, step_in_epoch, plan, history, collective=True) -> None:
         """Called by every worker after each clock. Collective when ``every_seconds`` is set
         and ``collective`` (False: a worker catching up after a recovery, whose peers took

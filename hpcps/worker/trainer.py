@@ -27,6 +27,7 @@ from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples
 from hpcps.data import DataError
 from hpcps.data.partition_rows import block_bounds
 from hpcps.data.source import block_partitioned
+from hpcps.models import make_model   # the model registry imports every model
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
 from hpcps.worker.steps import NonFiniteGuard, make_steps
 
@@ -141,8 +142,6 @@ class Trainer:
         self._stop_target = None          # clock at which the workers act on a vote
         self._pending = None
         if model is None:
-            from hpcps.models import make_model   # the model registry imports every model
-
             model = make_model(cfg)
         self.model = model
         self.cfg = cfg
@@ -411,8 +410,7 @@ class Trainer:
         if hasattr(self.steps, "_reset"):
             self.steps._reset()
         if checkpointer is not None:
-            checkpointer.comm, checkpointer.n_workers = self.comm, self.n_workers
-            checkpointer.is_chief = self.is_chief
+            checkpointer.rebind(self.comm, self.n_workers, self.is_chief)
 
     def _banner(self, restore, n_train, n_test, steps_full, start_epoch, start_step, plan) -> None:
         """The chief's start-up lines: layout, data, model, policy; the checkpoint resumed;

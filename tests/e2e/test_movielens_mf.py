@@ -65,7 +65,7 @@ def test_one_worker_on_two_servers_equals_the_single_process_reference(tmp_path)
     import numpy as np
 
     from hpcps.data.movielens import prepare_movielens_100k
-    from hpcps.runtime.job import load_model
+    from hpcps.models.load import load_model
     from hpcps.models.local import train_local
 
     try:

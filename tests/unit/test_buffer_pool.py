@@ -1,8 +1,8 @@
-"""The server's receive-buffer pool (hpcps.comm.transport.BufferPool); no communication."""
+"""The server's receive-buffer pool (hpcps.comm.buffers.BufferPool); no communication."""
 
 import numpy as np
 
-from hpcps.comm.transport import BufferPool
+from hpcps.comm.buffers import BufferPool
 
 
 def test_pool_reuses_best_fit_and_grows_for_a_larger_message():

@@ -7,7 +7,7 @@ from hpcps.checkpoint import CheckpointError, ResumeError
 from hpcps.config import ConfigError
 from hpcps.data import DataError
 from hpcps.data.prepared import PreparedError
-from hpcps.runtime.job import ResourceError
+from hpcps.core.resources import ResourceError
 from hpcps.core.optim import NonFiniteError
 from hpcps.runtime.output import OutputError
 

@@ -8,7 +8,7 @@ from hpcps.config import ConfigError, load_job
 from hpcps.data import DataError
 from hpcps.data.movielens import prepare_movielens_100k, recbole_copy
 from hpcps.data.prepared import PreparedError, write_prepared
-from hpcps.runtime.job import load_model
+from hpcps.models.load import load_model
 from hpcps.models.local import LocalTables, evaluate, train_local
 from hpcps.models.mf import (ITEM_BIAS, ITEM_FACTORS, USER_BIAS, USER_FACTORS,
                              MatrixFactorization, mf_loss_grad)

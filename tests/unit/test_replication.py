@@ -1,13 +1,13 @@
 """Key ranges on a ring of servers, the recovery plan and the ``[fault_tolerance]`` keys (no
-MPI: the pure parts of hpcps.core.placement, hpcps.resilience.recovery and hpcps.server.replica)."""
+MPI: the pure parts of hpcps.core.placement, hpcps.resilience.recovery and hpcps.resilience.replica)."""
 
 import numpy as np
 import pytest
 
 from hpcps.config import ConfigError, load_job
 from hpcps.core.placement import chain, chains, ring_from
-from hpcps.resilience.recovery import Plan, ServerReport, WorkerReport, make_plan, report_row
-from hpcps.server.server import touched_rows
+from hpcps.resilience.plan import Plan, ServerReport, WorkerReport, make_plan, report_row
+from hpcps.server.shard import touched_rows
 
 JOB = """\
 name = "t"

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from hpcps.server import server as srv
+from hpcps.server import loop as srv
 
 
 @pytest.mark.parametrize("lowered", [True, False])

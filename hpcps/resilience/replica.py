@@ -48,9 +48,13 @@ from hpcps import checkpoint as ckpt
 from hpcps.comm import core
 from hpcps.comm import transport as tp
 from hpcps.comm.core import irecv_array, isend_array, send_array, waitall
-from hpcps.core.consistency import H_CLOCK, H_VERSION, StalenessHistogram
+from hpcps.comm.ft import is_peer_failure
+from hpcps.comm.transport import ServerEndpoint
+from hpcps.core.consistency import StalenessHistogram
+from hpcps.core.tables import KeyPartition
 from hpcps.resilience.recovery import ServerReport, recover
-from hpcps.server.server import IDLE_SPIN, ParameterServer, agreed_growth, serve_requests
+from hpcps.server.loop import IDLE_SPIN, agreed_growth, serve_requests
+from hpcps.server.server import ParameterServer
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -159,28 +163,30 @@ class ServerGroup:
     # ------------------------------------------------------------------ ranges
     def _new_range(self, rng, restore=None, state=None, clock=None, examples=0,
                    worker_ranks=None, order_key=None) -> ParameterServer:
-        ps = ParameterServer(self.ep, rng, self.n_ranges,
-                               self.worker_ranks if worker_ranks is None else worker_ranks,
-                               self.tables, self.policy, seed=self.seed, run_dir=self.ft.run_dir,
-                               restore=restore, ft_state=self.ft, idle_spin=self.idle_spin,
-                               state=state, clock=clock,
-                               order_key=self.order_key if order_key is None else order_key,
-                               examples=examples)
-        ps.staleness = self.staleness                 # one histogram for the rank
-        return ps
+        """Range ``rng`` served here: from ``state`` (a backup taking over), from the
+        checkpoint ``restore`` (at ``clock``, when given), or at its initial values."""
+        workers = self.worker_ranks if worker_ranks is None else worker_ranks
+        keys = self.order_key if order_key is None else order_key
+        common = dict(run_dir=self.ft.run_dir, ft_state=self.ft, idle_spin=self.idle_spin,
+                      staleness=self.staleness)            # one histogram for the rank
+        args = (self.ep, rng, self.n_ranges, workers, self.tables, self.policy)
+        if state is not None:
+            return ParameterServer.from_copy(*args, state=state, clock=clock, examples=examples,
+                                             order_key=keys, **common)
+        if restore is not None:
+            return ParameterServer.from_checkpoint(*args, restore=restore, clock=clock,
+                                                   examples=examples, order_key=keys, **common)
+        return ParameterServer.initial(*args, seed=self.seed, clock=clock, examples=examples,
+                                       order_key=keys, **common)
 
     def _attach_backup(self, ps: ParameterServer, rank) -> None:
         """Replicate range ``ps`` to ps rank ``rank`` (None: no backup) from its clock on."""
         if rank is None:
             self.backup_rank.pop(ps.index, None)
-            ps.forward, ps.acked = None, None
-            for sh in ps.shards:
-                sh.hdr[H_VERSION] = sh.hdr[H_CLOCK] = ps.clock
+            ps.stop_replication(republish=True)
             return
         self.backup_rank[ps.index] = rank
-        ps.forward = self._forward
-        ps.acked = ps.clock
-        ps._publish()
+        ps.replicate(self._forward)
 
     # ------------------------------------------------------------------ replication
     def _forward(self, rng: int, clock: int, touched: dict, n_ex: int) -> None:
@@ -296,7 +302,7 @@ class ServerGroup:
         # ranges' idle_spin (ParameterServer.add_workers) while this loop runs
         serve_requests(lambda: self.ep.poll(), self.handle, self._finished,
                        lambda: min(ps.idle_spin for ps in self.primaries.values()),
-                       recover=self.recover)
+                       recover=self.recover, recoverable=is_peer_failure)
         for ps in self.primaries.values():
             ps.check_done()
 
@@ -371,8 +377,6 @@ class ServerGroup:
 
     def recover(self) -> None:
         """Survive lost ranks (module docstring). Collective over every survivor."""
-        from hpcps.comm.transport import ServerEndpoint
-
         for entries in self.inflight.values():          # never freed while MPI may use them
             for _, reqs, keep in entries:
                 core.abandon(reqs, *keep)
@@ -405,7 +409,7 @@ class ServerGroup:
                     ps = self._reload(r, int(rec.base[r]), old_workers, old_keys,
                                       rec.reload_step or 0)
                     self.lost_steps[r] = int(rec.lost_steps[r])
-                ps.forward, ps.acked = None, None
+                ps.stop_replication()
                 rec_r = rec if not fresh else _Fresh(rec)
                 ps.settle(rec_r, self.ep)
                 new_primaries[r] = ps
@@ -536,6 +540,4 @@ class _Fresh:
 
 
 def _range_bounds(spec, n_ranges: int, r: int) -> tuple[int, int]:
-    from hpcps.core.tables import KeyPartition
-
     return KeyPartition(spec.num_keys, n_ranges, permute=spec.sparse).shard_range(r)

@@ -1,0 +1,83 @@
+"""A server's rows of one table (:class:`Shard`), where they live (an RMA window or an
+array), and the row arithmetic of replies and updates. Local; no MPI."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcps.core.consistency import header_len
+from hpcps.core.tables import KeyPartition, TableSpec
+from hpcps.kernels.optim import take_rows
+
+def touched_rows(rows: np.ndarray, n_rows: int) -> np.ndarray:
+    """Distinct local rows of an update, ascending int64. Local.
+
+    A boolean mask when the update covers at least 1/8 of the shard (linear in the shard),
+    else ``np.unique`` (sorts the update)."""
+    if rows.size * 8 >= n_rows:
+        mask = np.zeros(n_rows, dtype=bool)
+        mask[rows] = True
+        return np.flatnonzero(mask).astype(np.int64)
+    return np.unique(rows)
+
+
+def rows_of(w: np.ndarray, rows: np.ndarray, pool=None) -> np.ndarray:
+    """``w[rows]`` for a reply: a view (no copy) when ``rows`` is one ascending run of
+    consecutive rows (a dense block), else the rows gathered into a buffer of ``pool``
+    (:class:`hpcps.comm.buffers.BufferPool`; give it back after the reply) or a new array.
+    Local."""
+    n = rows.size
+    if n and rows[-1] - rows[0] == n - 1 and (n < 2 or bool(np.all(np.diff(rows) == 1))):
+        return w[int(rows[0]):int(rows[0]) + n]
+    out = pool.take((n, w.shape[1]), w.dtype) if pool is not None else \
+        np.empty((n, w.shape[1]), dtype=w.dtype)
+    return take_rows(w, rows, out)      # prefetching gather: 2-3x np.take for random rows
+
+
+@dataclass
+class Shard:
+    """One server's rows of one table."""
+
+    spec: TableSpec
+    part: KeyPartition
+    optimizer: object
+    lo: int
+    hi: int
+    w: np.ndarray
+    slots: object
+    hdr: np.ndarray = None      # int64 clock header (see hpcps.core.consistency)
+    window: object = None       # hpcps.comm.rma.ShardWindow holding hdr and w, or None
+
+    def writing(self):
+        """Context of a write that RMA readers must see whole (exclusive window lock)."""
+        return self.window.exclusive() if self.window is not None else contextlib.nullcontext()
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.nbytes + (self.slots.nbytes if self.slots is not None else 0)
+
+
+def header_and_rows(w: np.ndarray, win, nh: int):
+    """A shard's clock header (int64 ``(nh,)``, zeros) and rows: placed in the memory of
+    window ``win`` (header first, then the rows, copied from ``w``) when given, else a new
+    header array and ``w`` itself. Local."""
+    if win is None:
+        return np.zeros(nh, dtype=np.int64), w
+    hdr = win.local_array(0, np.int64, (nh,))
+    rows = win.local_array(nh * 8, w.dtype, w.shape)
+    rows[...] = w
+    hdr[:] = 0
+    return hdr, rows
+
+
+def window_sizes(specs, server: int, n_servers: int, n_workers: int) -> list[int]:
+    """Bytes of each table's RMA window on server ``server``: the int64 clock header
+    (:func:`hpcps.core.consistency.header_len`) followed by the shard's rows, C order. Local."""
+    out = []
+    for spec in specs:
+        lo, hi = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).shard_range(server)
+        out.append(header_len(n_workers) * 8 + (hi - lo) * spec.dim * np.dtype(spec.dtype).itemsize)
+    return out
