@@ -39,6 +39,8 @@ import os
 
 from mpi4py import MPI
 
+from hpcps.comm import core
+
 _FAILURE_CLASSES = tuple(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
                                                       "ERR_REVOKED") if hasattr(MPI, n))
 
@@ -93,8 +95,6 @@ def is_mpi_error(exc: BaseException) -> bool:
 def watch(comm) -> None:
     """Make every wait of this rank raise as soon as a rank of ``comm`` has failed (or stop
     watching with ``None``); see the module docstring. Local."""
-    from hpcps.comm import core
-
     core.WATCH[:] = [] if comm is None else [comm]
 
 
@@ -104,8 +104,6 @@ def unwatched():
     ``MPI_Comm_spawn`` before they know the job: MPI never matches a blocking collective with
     a non-blocking one). A :func:`watch` made in the body stays; else the old one is restored.
     Local."""
-    from hpcps.comm import core
-
     saved = core.WATCH[:]
     core.WATCH[:] = []
     try:
@@ -143,8 +141,6 @@ def _cancel_orphans() -> None:
     a receive must not write into its buffer (which the caller may reuse) after recovery.
     Requests that cannot be cancelled (a send already on its way) stay referenced, with their
     buffers, in :data:`hpcps.comm.core.ORPHANS`."""
-    from hpcps.comm import core
-
     still = []
     for reqs, buffers in core.ORPHANS:
         left = []

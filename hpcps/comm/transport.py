@@ -48,7 +48,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcps.comm.buffers import POOL_MAX_FREE_BYTES, POOL_MIN_BYTES, BufferPool
-from hpcps.comm.core import cores_dedicated, irecv_array, isend_array, recv_array, waitall
+from hpcps.comm.core import LaunchError, cores_dedicated, irecv_array, isend_array, recv_array, waitall
 
 # ops (worker -> server; GROW: hpcps.resilience.elastic)
 PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
@@ -100,8 +100,6 @@ def max_ranges(tag_ub: int) -> int:
 def check_ranges(comm: MPI.Comm, n_ranges: int) -> None:
     """Raise :class:`hpcps.comm.core.LaunchError` when ``n_ranges`` key ranges need reply tags
     beyond this MPI's ``MPI_TAG_UB`` (at least 32767 by the standard: 16376 ranges). Local."""
-    from hpcps.comm.core import LaunchError
-
     ub = comm.Get_attr(MPI.TAG_UB)
     if ub is not None and n_ranges > max_ranges(ub):
         raise LaunchError(f"{n_ranges} servers need message tags up to "
