@@ -19,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
+from hpcps.comm.launcher import cores_dedicated, launcher_local_size, launcher_world_size
 from hpcps.core.exitcodes import EXIT_FAILED, status_for
 from hpcps.core.threads import blas_threads_for, limit_blas_threads
 
@@ -46,48 +47,6 @@ def hostname() -> str:
         return MPI.Get_processor_name()
     except MPI.Exception:  # pragma: no cover - MPI not usable
         return socket.gethostname()
-
-
-def launcher_world_size(environ=None) -> int | None:
-    """World size announced by the launcher's environment, or ``None`` when not launched.
-
-    Reads the variables Open MPI (``OMPI_COMM_WORLD_SIZE``), MPICH/Hydra and PMI-2
-    (``PMI_SIZE``) and Slurm's ``srun`` (``SLURM_STEP_NUM_TASKS``, only inside a job step)
-    set for each launched process.
-    """
-    env = os.environ if environ is None else environ
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        if env.get(var, "").isdigit():
-            return int(env[var])
-    if env.get("SLURM_STEP_ID") and env.get("SLURM_STEP_NUM_TASKS", "").isdigit():
-        return int(env["SLURM_STEP_NUM_TASKS"])
-    return None
-
-
-def launcher_local_size(environ=None) -> int | None:
-    """Ranks the launcher started on this node, from its environment, or ``None`` if unknown.
-
-    Open MPI sets ``OMPI_COMM_WORLD_LOCAL_SIZE``, MPICH/Hydra ``MPI_LOCALNRANKS``, Slurm's
-    ``srun`` ``SLURM_STEP_TASKS_PER_NODE`` (e.g. ``"4"`` or ``"4(x2)"``, inside a step).
-    Local; reads the environment only.
-    """
-    env = os.environ if environ is None else environ
-    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
-        if env.get(var, "").isdigit():
-            return int(env[var])
-    if env.get("SLURM_STEP_ID"):
-        first = env.get("SLURM_STEP_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
-        if first.isdigit():
-            return int(first)
-    return None
-
-
-def cores_dedicated(environ=None, cores=None) -> bool:
-    """True when the launcher put at most one rank per core on this node (so a rank may poll
-    without sleeping); False when it oversubscribed the cores or did not say. Local."""
-    n = launcher_local_size(environ)
-    cores = os.cpu_count() if cores is None else cores
-    return n is not None and cores is not None and n <= cores
 
 
 def check_launch(comm: MPI.Intracomm, environ=None) -> None:

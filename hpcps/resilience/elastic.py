@@ -55,6 +55,7 @@ import numpy as np
 
 from hpcps.comm import core, ft, spawn
 from hpcps.comm.collectives import allreduce_max, barrier, bcast_array
+from hpcps.comm.membership import Membership
 from hpcps.comm.rma import allocate_windows
 from hpcps.comm.rma import free_windows
 from hpcps.config import OutputConfig, parse_job
@@ -189,11 +190,10 @@ class JoinPlan:
 
 
 class Elastic:
-    """The job's current membership — roles, RMA windows — and its growth.
-
-    One per rank. The server and worker loops replace ``roles`` through it (after a growth,
-    and in continue mode after a recovery, through the :class:`hpcps.resilience.recovery.FTState` it
-    shares); ``hpcps.runtime.job`` reads the final ones.
+    """The growth of the job, over its membership (:class:`hpcps.comm.membership.Membership`:
+    roles, RMA windows; in continue mode the same object as the
+    :class:`hpcps.resilience.recovery.FTState`'s, so a recovery and a growth change one
+    layout). One per rank; ``hpcps.runtime.job`` reads the final ``roles`` and ``windows``.
 
     Parameters
     ----------
@@ -216,9 +216,10 @@ class Elastic:
 
     def __init__(self, cfg, roles, specs, windows=(), ft_state=None, out=None):
         self.cfg = cfg
-        self._roles = roles
+        # the rank's one membership object: continue mode's (the recovery changes it too)
+        self.membership = ft_state.membership if ft_state is not None else Membership(roles)
+        self.membership.windows = list(windows)
         self.specs = list(specs)
-        self.windows = list(windows)
         self.ft = ft_state
         self.out = out or sys.stdout
         self.events: list = []
@@ -236,15 +237,23 @@ class Elastic:
 
     @property
     def roles(self):
-        return self.ft.roles if self.ft is not None else self._roles
+        """This rank's :class:`~hpcps.comm.core.Roles` (the membership's)."""
+        return self.membership.roles
 
     @roles.setter
     def roles(self, value):
-        self._roles = value
-        if self.ft is not None:
-            self.ft.roles = value
-            if value is not None:
-                ft.watch(value.ps)                # continue mode: every wait watches the job
+        self.membership.roles = value
+        if self.ft is not None and value is not None:
+            ft.watch(value.ps)                    # continue mode: every wait watches the job
+
+    @property
+    def windows(self) -> list:
+        """The RMA windows of the current layout (the membership's)."""
+        return self.membership.windows
+
+    @windows.setter
+    def windows(self, value):
+        self.membership.windows = list(value)
 
     # ------------------------------------------------------------ triggers (workers)
     def planned(self, clock: int) -> tuple[int, bool]:

@@ -49,6 +49,7 @@ import numpy as np
 
 from hpcps.comm import core, ft
 from hpcps.comm.collectives import allgather_rows, bcast_int
+from hpcps.comm.membership import Membership
 from hpcps.resilience.plan import Plan, ServerReport, WorkerReport, make_plan, report_row
 
 @dataclass
@@ -112,18 +113,18 @@ class Recovery:
     resend: bool = False
 
 
-@dataclass
 class FTState:
-    """The job's current communicators and the failures survived so far (mutable; the server
-    and worker loops replace ``roles`` after each recovery and job.py reads it at the end).
+    """Continue mode's state: the job's membership (shared with :class:`~hpcps.resilience.elastic.Elastic`)
+    and the failures survived so far (mutable; a recovery changes the membership in place and
+    the job's wiring reads it at the end).
 
     Attributes
     ----------
-    roles : hpcps.comm.core.Roles
-    hosts : list of str
-        Host of every rank of the original layout (``ps`` rank order), for the event records.
-    world_ranks : list of int
-        Original ``ps`` rank of every rank of the current ``roles.ps``.
+    membership : hpcps.comm.membership.Membership
+        The one membership object of this rank: ``roles``, ``hosts`` (host of every rank of the
+        original layout, ``ps`` rank order), ``world_ranks`` (original ``ps`` rank of every
+        rank of the current ``roles.ps``), ``server_ids`` (original index of each server of
+        the current layout); also readable and settable here by those names.
     events : list of dict
         One record per failure: time, failed ranks and hosts, workers lost, examples
         reassigned, ranges moved or reloaded, steps lost, recovery seconds.
@@ -135,22 +136,30 @@ class FTState:
         Copies of each range (``[fault_tolerance] replicas``).
     on_server_loss : str
         ``"reload"`` or ``"restart"`` (``[fault_tolerance] on_server_loss``).
-    server_ids : list of int
-        Original index of each server of the current layout (server index order).
     run_dir : path-like or None
         Where the checkpoints are (to reload a lost range).
     """
 
-    roles: core.Roles
-    hosts: list = field(default_factory=list)
-    world_ranks: list = field(default_factory=list)
-    events: list = field(default_factory=list)
-    recoveries: int = 0
-    n_ranges: int = 1
-    replicas: int = 1
-    on_server_loss: str = "restart"
-    server_ids: list = field(default_factory=list)
-    run_dir: object = None
+    def __init__(self, roles=None, hosts=(), world_ranks=(), events=None, recoveries=0,
+                 n_ranges=1, replicas=1, on_server_loss="restart", server_ids=(), run_dir=None,
+                 membership=None):
+        self.membership = membership if membership is not None else Membership(
+            roles, hosts=hosts, world_ranks=world_ranks, server_ids=server_ids)
+        self.events = list(events) if events is not None else []
+        self.recoveries = recoveries
+        self.n_ranges = n_ranges
+        self.replicas = replicas
+        self.on_server_loss = on_server_loss
+        self.run_dir = run_dir
+
+    roles = property(lambda self: self.membership.roles,
+                     lambda self, v: setattr(self.membership, "roles", v))
+    hosts = property(lambda self: self.membership.hosts,
+                     lambda self, v: setattr(self.membership, "hosts", v))
+    world_ranks = property(lambda self: self.membership.world_ranks,
+                           lambda self, v: setattr(self.membership, "world_ranks", v))
+    server_ids = property(lambda self: self.membership.server_ids,
+                          lambda self, v: setattr(self.membership, "server_ids", v))
 
 
 def recover(state: FTState, report, reload_step_of=None, max_attempts: int = 5) -> Recovery:

@@ -114,19 +114,6 @@ def test_elastic_key_errors_name_file_and_key(tmp_path, extra, key, text):
 # ------------------------------------------------------------------ the launch can't spawn
 
 
-def test_spawn_unavailable_under_srun_and_fine_under_mpirun():
-    from hpcps.comm.spawn import spawn_unavailable
-
-    ompi = "Open MPI v5.0.9, package: Open MPI ..."
-    assert spawn_unavailable({"PRTE_LAUNCHED": "1"}, ompi) is None
-    why = spawn_unavailable({"SLURM_STEP_ID": "0"}, ompi)
-    assert "srun" in why and "mpirun" in why
-    assert "mpirun" in spawn_unavailable({}, ompi)
-    mpich = "MPICH Version: 4.2"
-    assert "srun" in spawn_unavailable({"SLURM_STEP_ID": "0"}, mpich)
-    assert spawn_unavailable({"PMI_PORT": "x:1"}, mpich) is None
-
-
 # ------------------------------------------------------------------ hpcps grow: run dir
 
 
@@ -221,18 +208,3 @@ def test_hpcps_grow_cli_on_finished_run_exits_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "the job has finished" in proc.stderr and "error" in proc.stderr
     assert not (tmp_path / G.REQUEST).exists()
-
-
-def test_join_plan_layout_mismatch_names_the_table():
-    from hpcps.resilience.elastic import JoinPlan
-    from hpcps.core.tables import TableSpec
-
-    specs = [TableSpec("w", 100, 1, "float32", sparse=True), TableSpec("b", 1, 1, "float32", sparse=False)]
-    plan = JoinPlan(clock=3, epoch=0, n_old=2, plan=[[2, 3]], job_text="", job_path="",
-                    output_dir="", pull="p2p", tables=JoinPlan.layout(specs))
-    plan.check_tables(specs)
-    other = [TableSpec("w", 200, 1, "float32", sparse=True), specs[1]]
-    with pytest.raises(ValueError, match=r"table 'w': the running job has .* = \(100, 1, 1, 4\)"):
-        plan.check_tables(other)
-    with pytest.raises(ValueError, match="2 table"):
-        plan.check_tables(specs[:1])

@@ -76,7 +76,7 @@ def test_run_options_after_the_job_go_to_train_and_mpirun_args_after_dashes(caps
 
 
 def test_local_rank_count_from_each_launcher_and_dedicated_cores():
-    from hpcps.comm.core import cores_dedicated, launcher_local_size
+    from hpcps.comm.launcher import cores_dedicated, launcher_local_size
 
     assert launcher_local_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}) == 3
     assert launcher_local_size({"MPI_LOCALNRANKS": "5"}) == 5
