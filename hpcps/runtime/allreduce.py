@@ -13,11 +13,12 @@ import numpy as np
 from hpcps.comm.collectives import gather_rows
 from hpcps.comm.core import any_rank_failed
 from hpcps.config import ConfigError
+from hpcps.resilience.supervisor import supervise
 from hpcps.runtime import metrics
 from hpcps.runtime.output import write_model
 from hpcps.runtime.preflight import load_model
 from hpcps.runtime.report import mb, print_summary
-from hpcps.resilience.supervisor import supervise
+from hpcps.worker.allreduce import AllReduceClient
 from hpcps.worker.trainer import Trainer
 
 
@@ -38,8 +39,6 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
     hpcps.config.ConfigError
         If ``[consistency] model`` is not ``"bsp"`` (identically on every rank).
     """
-    from hpcps.worker.allreduce import AllReduceClient
-
     out = out or sys.stdout
     if cfg.consistency.model != "bsp":
         raise ConfigError(cfg.path, "consistency.model",

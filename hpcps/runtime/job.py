@@ -17,13 +17,17 @@ import numpy as np
 from hpcps import checkpoint as ckpt
 from hpcps.analysis import consistency_report
 from hpcps.comm import core
+from hpcps.comm import ft
 from hpcps.comm.collectives import allreduce_max, barrier, bcast_int, gather_rows
 from hpcps.comm.core import any_rank_failed
 from hpcps.comm.rma import allocate_windows, free_windows
 from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint, check_ranges
 from hpcps.config import check_world
 from hpcps.core.consistency import policy_from_config
+from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.resilience.elastic import Elastic
+from hpcps.resilience.recovery import FTState
+from hpcps.resilience.replica import ServerGroup
 from hpcps.resilience.supervisor import supervise
 from hpcps.runtime import metrics
 from hpcps.runtime.allreduce import run_allreduce
@@ -32,12 +36,12 @@ from hpcps.runtime.preflight import (  # noqa: F401 - importable from here as be
     ResourceError, available_memory, check_memory, check_rma_progress, limit_threads,
     load_model, server_bytes)
 from hpcps.runtime.report import RankStats, print_summary, sklearn_baseline, summarize  # noqa: F401
-from hpcps.resilience.replica import ServerGroup
+from hpcps.sandblaster.run import run_sandblaster
 from hpcps.server.server import ParameterServer, window_sizes
-from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.worker.checkpointer import Checkpointer
 from hpcps.worker.client import PSClient
 from hpcps.worker.trainer import Trainer
+
 
 def find_restore(cfg, world, resume="auto", out=None):
     """Pick the checkpoint to resume from; the same on every rank. Collective over ``world``.
@@ -100,7 +104,6 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     if cfg.cluster.mode == "allreduce":
         return run_allreduce(cfg, world, out, stop=stop, step_hook=step_hook)
     if cfg.cluster.mode == "sandblaster":        # batch L-BFGS (hpcps.sandblaster)
-        from hpcps.sandblaster.run import run_sandblaster
         return run_sandblaster(cfg, world, out, resume=resume, stop=stop, step_hook=step_hook)
     cfg = check_rma_progress(cfg, world, out)
     policy = policy_from_config(cfg.consistency)
@@ -244,7 +247,6 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
         if roles.is_chief:
             elastic.clear_running()
         if ft_state is not None:
-            from hpcps.comm import ft
             ft.watch(None)
         roles.free()
     if not survived:
@@ -290,8 +292,6 @@ def _closing_barrier(comm) -> None:
     Blocking and unwatched: a rank that left it first exits at once, and a watched wait of a
     slower rank would report that exit as a failure (seen under load in 1 of 3 benchmark
     runs). A peer failure here is ignored: every rank has written its outputs already."""
-    from hpcps.comm import ft
-
     try:
         with ft.unwatched():
             barrier(comm)
@@ -311,9 +311,6 @@ def _fault_tolerance(cfg, roles, world, out):
     decision, identical on every rank (same environment and library)."""
     if cfg.fault_tolerance.mode != "continue":
         return None
-    from hpcps.comm import ft
-    from hpcps.resilience.recovery import FTState
-
     ok, why = ft.ulfm_available()
     if not ok:
         if world.Get_rank() == 0:

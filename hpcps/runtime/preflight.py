@@ -17,9 +17,10 @@ import numpy as np
 
 from hpcps.comm import core
 from hpcps.comm.collectives import bcast_int
-from hpcps.comm.progress import library_version, rma_progress_advice
 from hpcps.comm.core import limit_threads
+from hpcps.comm.progress import library_version, rma_progress_advice
 from hpcps.core.resources import ResourceError, available_memory
+from hpcps.core.tables import KeyPartition
 from hpcps.models.load import load_model
 
 __all__ = ["ResourceError", "available_memory", "limit_threads", "load_model", "server_bytes",
@@ -39,8 +40,6 @@ def server_bytes(tables, n_servers: int) -> tuple[int, list[str]]:
     (int, list of str)
         Bytes, and one line of arithmetic per table.
     """
-    from hpcps.core.tables import KeyPartition
-
     total, parts = 0, []
     for spec, opt in tables:
         rows = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).range_size
