@@ -100,7 +100,6 @@ class Supervisor:
         dict : :meth:`hpcps.worker.trainer.Trainer.finish`'s totals.
         """
         tr, t = self.tr, self.tr.cfg.train
-        tr._stop_target = None
         seg = None
         if join is not None:
             start_epoch, start_step, plan = join.epoch, 0, join.plan
@@ -153,7 +152,7 @@ class Supervisor:
                 resume = False
                 seg, first_after, done_ex = self.recover(cur)
                 cur.n_ex += done_ex
-                if tr._epochs_agreed > cur.epoch:
+                if tr.epochs_agreed > cur.epoch:
                     # the closing barrier completed on other workers, not here: the epoch is
                     # over (the chief had its record then: the others waited for it)
                     tr.epochs_done = cur.epoch + 1
@@ -206,7 +205,7 @@ class Supervisor:
         n_old, old_me = tr.n_workers, tr.index
         rec = recover(tr.ft, WorkerReport(tr.client.clock_value, tr.client.kept_from(),
                                           tr.epochs_done))
-        tr._epochs_agreed = rec.plan.epochs
+        tr.epochs_agreed = rec.plan.epochs
         tr.rebind(rec.roles, self.ckpt, server_ranks=rec.owner_ranks)
         mine = int(rec.clocks[old_me])
         done_ex = 0
@@ -220,7 +219,7 @@ class Supervisor:
         event = {"time": t_fail, "epoch": epoch + 1,
                  "failed_ranks": rec.failed_world_ranks, "failed_hosts": rec.failed_hosts,
                  "dead_workers": rec.dead_workers, "dead_servers": rec.dead_servers,
-                 "messages_resent": resent, "last_step_time": tr._t_clock}
+                 "messages_resent": resent, "last_step_time": tr.last_step_time}
         if rec.dead_servers or rec.plan.lost_ranges:
             event.update(_range_event(rec))
         seg, first = None, 0
@@ -235,11 +234,11 @@ class Supervisor:
         else:                       # same workers, same rows: each goes on from its own step
             target = int(allreduce_max(tr.comm, np.array([tr.client.clock_value], dtype=np.int64))[0])
             first = tr.client.clock_value - seg_clock0
-            tr._catch_up_to = target
+            tr.catch_up_to = target
             event["examples_reassigned"] = 0
         event.update(survivors=tr.n_workers, clock=target,
                      recovery_seconds=round(time.time() - t_fail, 3))
-        tr._gap_event = event       # gap_seconds: last step before -> first step after
+        tr.gap_event = event       # gap_seconds: last step before -> first step after
         tr.ft.events.append(event)
         if tr.is_chief:
             self._say_recovery(rec, event)
@@ -247,7 +246,7 @@ class Supervisor:
 
     def _say_recovery(self, rec, ev) -> None:
         """The chief's lines about a recovery (log; the same facts are in the metrics)."""
-        say = self.tr._say
+        say = self.tr.say
         where = f"at clock ~{ev['clock']} (epoch {ev['epoch']})"
         ranks = ", ".join(map(str, rec.failed_world_ranks))
         if rec.dead_workers:
@@ -311,7 +310,7 @@ class Supervisor:
                          examples_to_new_workers=int(sum(seg.remaining[n_old:])),
                          pause_seconds=round(time.time() - t_start, 3))
             lost = n_old + n - tr.n_workers          # lost at once (continue mode)
-            tr._say(f"hpcps: {n} worker(s) added at clock {clock} (epoch {epoch + 1})"
+            tr.say(f"hpcps: {n} worker(s) added at clock {clock} (epoch {epoch + 1})"
                     f"{f', {lost} lost at once' if lost else ''}: "
                     f"{tr.n_workers} workers; the epoch's {event['examples_replanned']} "
                     f"unread example(s) re-planned over them "

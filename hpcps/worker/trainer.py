@@ -131,6 +131,19 @@ class Trainer:
     elastic : hpcps.resilience.elastic.Elastic or None
         Workers may be added while the job runs (``[elastic]``, ``hpcps grow``): an agreed
         request ends the segment with :class:`~hpcps.worker.events.GrowthRequested`.
+
+    Attributes
+    ----------
+    Set by the supervisor after a recovery (:mod:`hpcps.resilience.supervisor`):
+    catch_up_to : int or None
+        The clock the other workers had reached: a worker behind runs its steps up to it
+        without the per-step votes.
+    gap_event : dict or None
+        The failure record whose ``gap_seconds`` the next step fills in.
+    epochs_agreed : int
+        The most epochs any worker had finished when the survivors agreed.
+    last_step_time : float
+        ``time.time()`` when this worker last finished a step.
     """
 
     def __init__(self, cfg, index, n_workers, client, comm, is_chief, on_epoch=None, out=None,
@@ -162,13 +175,13 @@ class Trainer:
         limit = cfg.train.max_nonfinite_steps
         vote = limit > 0 and self.policy.aggregate and self.policy.staleness == 0
         agree = (lambda code: allgather_rows(self.comm, [code])[:, 0]) if vote else None
-        self.guard = NonFiniteGuard(index, limit, agree, say=self._say_guard if vote else self._say)
+        self.guard = NonFiniteGuard(index, limit, agree, say=self._say_guard if vote else self.say)
         self.steps = make_steps(self.policy, client, model, index, step_hook, self.guard)
-        self._t_clock = time.time()       # when this worker last finished a step
-        self._gap_event = None            # failure record waiting for the next step's time
-        self._catch_up_to = None          # clock the others had reached at the last recovery
+        self.last_step_time = time.time()       # when this worker last finished a step
+        self.gap_event = None            # failure record waiting for the next step's time
+        self.catch_up_to = None          # clock the others had reached at the last recovery
         self.epochs_done = 0              # epochs whose closing barrier completed here
-        self._epochs_agreed = 0           # the most any worker had finished, at the last recovery
+        self.epochs_agreed = 0           # the most any worker had finished, at the last recovery
         # this worker's partitions for whole epochs (replaced by a re-plan, :meth:`adopt`)
         self.X = self.y = self.Xt = self.yt = None
         self.steps_full = 0
@@ -227,6 +240,7 @@ class Trainer:
         """Start the run's counters (progress lines, epochs done) at ``start_epoch``. Local."""
         if checkpointer is not None and self.guard.agree is not None:
             checkpointer.extra = lambda: {"nonfinite_rejected": self.guard.rejected}
+        self._stop_target = None
         self.epochs_done = start_epoch
         self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
                                                     self.n_workers)
@@ -309,7 +323,7 @@ class Trainer:
             rows = cur.order[step * t.batch_size:(step + 1) * t.batch_size]
             # after a recovery, a worker behind the others runs the steps they
             # finished without the per-step votes (they voted on them already)
-            solo = self._catch_up_to is not None and self.client.clock_value < self._catch_up_to
+            solo = self.catch_up_to is not None and self.client.clock_value < self.catch_up_to
             agree, self.guard.agree = self.guard.agree, (None if solo else self.guard.agree)
             try:
                 cur.loss_sum += self.steps.step(step, rows, final=final)
@@ -319,10 +333,10 @@ class Trainer:
             self.client.clock(used, epoch)
             cur.n_ex += used
             cur.first = step + 1
-            self._t_clock = time.time()
-            if self._gap_event is not None:      # first step after a recovery
-                ev, self._gap_event = self._gap_event, None
-                ev["gap_seconds"] = round(self._t_clock - ev["last_step_time"], 3)
+            self.last_step_time = time.time()
+            if self.gap_event is not None:      # first step after a recovery
+                ev, self.gap_event = self.gap_event, None
+                ev["gap_seconds"] = round(self.last_step_time - ev["last_step_time"], 3)
             if checkpointer is not None:
                 checkpointer.after_step(self.client.clock_value, epoch, step + 1, cur.plan,
                                         self.history, collective=not solo)
@@ -354,7 +368,7 @@ class Trainer:
         done = max(1, self.client.clock_value - self._clock0)
         rate = done * self._examples_per_step / (last - self._t0)
         eta = (last - self._t0) / done * max(0, total_steps - self.client.clock_value)
-        self._say(f"epoch {cur.epoch + 1}/{t.epochs}  step {step + 1}/{cur.steps}  "
+        self.say(f"epoch {cur.epoch + 1}/{t.epochs}  step {step + 1}/{cur.steps}  "
                   f"clock {self.client.clock_value} (workers "
                   f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
                   f"loss(w0) {cur.loss_sum / max(1, cur.n_ex):.4f}  ETA {_fmt_eta(eta)}")
@@ -363,7 +377,7 @@ class Trainer:
         """Act on a :class:`~hpcps.worker.events.StopRequested`: checkpoint at this step and
         leave (the job exits for a requeue). Collective over the workers."""
         if self.is_chief:
-            self._say(f"stop requested by signal at clock {self.client.clock_value}: "
+            self.say(f"stop requested by signal at clock {self.client.clock_value}: "
                       "checkpointing, then exiting for a requeue")
             if self.elastic is not None:
                 self.elastic.cancel_request("the job is stopping (signal)")
@@ -416,7 +430,7 @@ class Trainer:
         """The chief's start-up lines: layout, data, model, policy; the checkpoint resumed;
         the growth the job file plans."""
         cfg, t = self.cfg, self.cfg.train
-        self._say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
+        self.say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
                   f"{n_train} train / {n_test} test rows; model {self.model.name} "
                   f"({self._n_params():,} parameters); "
                   f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
@@ -425,14 +439,14 @@ class Trainer:
                      f"{self.policy.describe()} ({self.client.pull_mode} pulls), ")
                   + f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
         if restore is not None:
-            self._say(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
+            self.say(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
                       f"step {int(restore['step_in_epoch'])} of the epoch, written by "
                       f"{restore['n_workers']} worker(s) and {restore['n_servers']} server(s))")
             if restore.get("config", cfg.text) != cfg.text:
-                self._say("hpcps: warning: the job file differs from the one the checkpoint was "
+                self.say("hpcps: warning: the job file differs from the one the checkpoint was "
                           "written with; training continues with the new settings")
             if (start_epoch == t.epochs - 1 and start_step >= steps_full and not plan):
-                self._say(f"hpcps: note: this job already finished (checkpoint at its last "
+                self.say(f"hpcps: note: this job already finished (checkpoint at its last "
                           f"step, in {cfg.output.dir}); nothing is trained, the model is "
                           "re-evaluated. To train again: --resume never, or another "
                           "[output] dir or job name")
@@ -440,17 +454,17 @@ class Trainer:
         if e.add_workers:
             clock = self.client.clock_value
             if self.elastic is not None and self.elastic.unavailable:
-                self._say(f"hpcps: warning: [elastic] add_workers = {e.add_workers}: cannot add "
+                self.say(f"hpcps: warning: [elastic] add_workers = {e.add_workers}: cannot add "
                           f"workers to this job: {self.elastic.unavailable}")
             elif clock >= e.at_step:
-                self._say(f"hpcps: note: [elastic] at_step = {e.at_step} is not ahead of the "
+                self.say(f"hpcps: note: [elastic] at_step = {e.at_step} is not ahead of the "
                           f"clock resumed ({clock}): no workers are added (launch with the "
                           "number of workers you want)")
             elif e.at_step >= steps_full * t.epochs:
-                self._say(f"hpcps: note: [elastic] at_step = {e.at_step} is not before the "
+                self.say(f"hpcps: note: [elastic] at_step = {e.at_step} is not before the "
                           f"job's last step ({steps_full * t.epochs}): no workers are added")
             else:
-                self._say(f"hpcps: {e.add_workers} worker(s) will be added at clock {e.at_step}")
+                self.say(f"hpcps: {e.add_workers} worker(s) will be added at clock {e.at_step}")
 
     def blocks(self) -> bool:
         """True when training partition ``p`` of ``P`` is block ``p`` of the split's rows."""
@@ -543,7 +557,7 @@ class Trainer:
                f"train_{ln}": float(tr[0] / tr[1]) if tr[1] else float("nan")}
         rec.update({f"test_{k}": float(v) for k, v in m.items() if k != "n"})
         rec["test_rows"] = int(m.get("n", all_y.size))
-        self._say(f"epoch {epoch + 1}: train {self.model.loss_label} {rec[f'train_{ln}']:.4f}  "
+        self.say(f"epoch {epoch + 1}: train {self.model.loss_label} {rec[f'train_{ln}']:.4f}  "
                   f"{self.model.describe(m)}  ({elapsed:.1f} s)")
         return rec
 
@@ -553,8 +567,8 @@ class Trainer:
     def _say_guard(self, text: str) -> None:
         """A rejected step under a vote: every worker knows it, the chief says it."""
         if self.is_chief:
-            self._say(text)
+            self.say(text)
 
-    def _say(self, text: str) -> None:
+    def say(self, text: str) -> None:
         self.out.write(text + "\n")
         self.out.flush()
