@@ -30,7 +30,9 @@ def _rank_label() -> str:
 
 
 def _fail(msg: str, code: int = 2) -> int:
-    sys.stderr.write(f"hpcps: {_rank_label()}error: {msg}\n")
+    # one line per problem (a job file's errors are reported together), each with the prefix
+    sys.stderr.write("".join(f"hpcps: {_rank_label()}error: {line}\n"
+                             for line in str(msg).splitlines() or [""]))
     sys.stderr.flush()
     return code
 
