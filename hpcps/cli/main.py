@@ -181,6 +181,13 @@ def cmd_run(args) -> int:
         n = cfg.cluster.servers + QUICKSTART_WORKERS + 1
     else:
         n = cfg.cluster.servers + QUICKSTART_WORKERS
+    # before launching: the rank count, the model's import, the memory (all ranks on this node)
+    from hpcps.runtime.prelaunch import check_before_launch
+
+    local = not args.mpirun_args and os.environ.get("SLURM_JOB_NUM_NODES", "1") in ("", "1")
+    problems = check_before_launch(cfg, n, local)
+    if problems:
+        return _fail("\n".join(str(p) for p in problems))
     try:
         mpirun = launch.find_mpirun(args.mpirun)
     except FileNotFoundError as e:
@@ -277,9 +284,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'auto' (default): resume from the newest valid checkpoint in the run "
                         "directory if there is one; 'never': start afresh; or a checkpoint directory")
     t.set_defaults(func=cmd_train)
+    about = {
+        "run": "Launch mpirun for a job file: check the job, the rank count, the model's import "
+               "and (all ranks on this node) the servers' memory first, then start the ranks "
+               "(each runs `hpcps train`); resume from the run directory's newest valid "
+               "checkpoint unless --resume says otherwise.",
+        "check": "Train a job afresh (--resume never by default) and compare its test AUC with "
+                 "scikit-learn's LogisticRegression on the same features: the job must set "
+                 "[evaluate] sklearn_baseline = true; exit status 1 when the gap exceeds "
+                 "[evaluate] max_auc_gap. Takes the same options as `hpcps run`.",
+    }
     for name, func, hlp in (("run", cmd_run, "launch mpirun for a job"),
                             ("check", cmd_check, "run a job and compare its AUC with scikit-learn")):
-        r = sub.add_parser(name, help=hlp)
+        r = sub.add_parser(name, help=hlp, description=about[name])
         r.add_argument("job", nargs="?", help=f"TOML job file (default: {QUICKSTART.name}, 1 server + 3 workers)")
         r.add_argument("-n", type=int, default=0, help="number of ranks (default: servers + 3 workers; 3 for allreduce; "
                             "servers + 4 for sandblaster)")
