@@ -46,6 +46,10 @@ def cmd_train(args) -> int:
 
     stop = StopRequest().install()      # first: a stop signal may come during start-up
     from hpcps.config import ConfigError, check_output_writable, load_job
+    from hpcps.core import log
+
+    log.configure(args.verbosity)
+    out = log.LineStream()              # every line of the job through the "hpcps" logger
 
     error = None
     try:
@@ -70,10 +74,10 @@ def cmd_train(args) -> int:
 
     note = output_note(cfg) if world.Get_rank() == 0 else None
     if note:
-        print(f"hpcps: note: {note}", flush=True)
+        out.write(f"hpcps: note: {note}\n")
     with core.abort_on_error(world):
         try:
-            res = run_job(cfg, world, resume=args.resume, stop=stop)
+            res = run_job(cfg, world, out=out, resume=args.resume, stop=stop)
             code = EXIT_REQUEUE if res and res.get("stopped_by_signal") else 0
             if res and res.get("skip_finalize"):
                 # after surviving a lost rank, Open MPI's MPI_Finalize can wait forever for the
@@ -98,13 +102,16 @@ def cmd_join(args) -> int:
 
     stop = StopRequest().install()
     from hpcps.comm import core, spawn
+    from hpcps.core import log
     from hpcps.runtime.job import join_job
+
+    log.configure(args.verbosity)
 
     if spawn.parent() is None:
         return _fail("`hpcps join` is started by a running job to add workers to it (hpcps "
                      "grow, [elastic] add_workers); it cannot run by itself")
     with core.abort_on_error(core.world()):
-        res = join_job(stop=stop)
+        res = join_job(out=log.LineStream(), stop=stop)
     return EXIT_REQUEUE if res.get("stopped_by_signal") else 0
 
 
@@ -199,6 +206,8 @@ def cmd_run(args) -> int:
     resume = args.resume or ("never" if args.func is cmd_check else "auto")
     if resume != "auto":
         cmd += ["--resume", resume]
+    if args.verbosity:                  # -v / -q: for every rank's output
+        cmd += ["-v" if args.verbosity > 0 else "-q"]
     shown = " ".join(f"{k}={v}" for k, v in env.items())
     print(f"hpcps run: {(shown + ' ') if shown else ''}{' '.join(cmd)}", flush=True)
     if args.dry_run:
@@ -275,6 +284,15 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _verbosity(p) -> None:
+    """``-v`` / ``-q`` (:mod:`hpcps.core.log`) on a command that runs a job."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
+                   help="put the rank and host in front of every line; show debug messages")
+    g.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
+                   help="warnings and errors only (no progress lines, no summary)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcps", description="An MPI parameter server for machine learning.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -283,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", default="auto",
                    help="'auto' (default): resume from the newest valid checkpoint in the run "
                         "directory if there is one; 'never': start afresh; or a checkpoint directory")
+    _verbosity(t)
     t.set_defaults(func=cmd_train)
     about = {
         "run": "Launch mpirun for a job file: check the job, the rank count, the model's import "
@@ -309,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="relaunch mpirun up to N times after a failure (e.g. a rank was "
                             "killed); the job resumes from its newest valid checkpoint")
+        _verbosity(r)
         r.set_defaults(func=func, mpirun_args=[])
         r.epilog = "Extra mpirun arguments go after --, e.g. `hpcps run -n 8 job.toml -- --host a,b`."
     g = sub.add_parser("grow", help="add workers to a running job (parameter-server mode)")
@@ -322,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_grow)
     j = sub.add_parser("join", help="(internal) a worker added to a running job; started by "
                                      "MPI_Comm_spawn, not by hand")
+    _verbosity(j)
     j.set_defaults(func=cmd_join)
     i = sub.add_parser("info", help="versions and the MPI in use")
     i.set_defaults(func=cmd_info)

@@ -152,13 +152,8 @@ def elastic(ck: Checker, table: dict, vals: dict, cluster: dict) -> None:
     if not ck.good("elastic.add_workers", "elastic.at_step"):
         return
     if vals["add_workers"] and vals["at_step"] < 1:
-        if "at_step" in table:
-            ck.fail("elastic.at_step", f"must be >= 1 with elastic.add_workers = "
-                                       f"{vals['add_workers']}: the clock at which the "
-                                       "workers join")
-        else:
-            ck.fail("elastic.add_workers", "needs elastic.at_step (>= 1), the clock at which "
-                                           f"the {vals['add_workers']} worker(s) join")
+        ck.fail("elastic.at_step", f"required with add_workers = {vals['add_workers']}: "
+                                   "the clock (>= 1) at which the workers join")
     if not vals["add_workers"]:
         for k in ("at_step", "oversubscribe"):
             if k in table:
