@@ -7,6 +7,8 @@ import pytest
 
 from tests.helpers import ROOT, hpcps, launch, write_job
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 BAD = ROOT / "tests" / "data" / "bad"
 GOOD = "1 1:1 3:0.5\n0 2:1\n1 1:0.5 4:1\n0 3:1\n"
 

@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers import ROOT, launch, run_in_session, write_job
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 JOB = """
 name = "rmaprog"
 [data]
