@@ -60,7 +60,7 @@ def test_duplicate_keys_summed_across_workers_and_servers(dtype):
         client.clock(1)
         return client.pull("w", np.array([7, 1000, 3, 7]))
 
-    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    roles, got = _ps(comm, comm.size // 2, tables, work)
     if roles.role == core.WORKER:
         nw = roles.n_workers
         s = sum(range(1, nw + 1))            # sum of (index + 1) over workers
@@ -101,7 +101,7 @@ def test_pooled_push_buffers_reused_across_clocks(mode):
         return seen
 
     policy = BSP() if mode == "bsp" else Async()
-    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work, policy=policy,
+    roles, got = _ps(comm, comm.size // 2, tables, work, policy=policy,
                      server_fn=lambda s: s.ep.pool.reused)
     if roles.role == core.WORKER:
         nw = roles.n_workers
@@ -136,7 +136,7 @@ def test_deferred_pushes_go_with_the_clock_in_one_request_per_server(mode):
     rule = "adagrad" if mode == "bsp" else "sgd"
     tables = [(sparse, Optimizer(rule, 0.5)), (dense, Optimizer("sgd", 1.0))]
     policy = BSP() if mode == "bsp" else Async()
-    n_servers = 1 if comm.size == 3 else 2
+    n_servers = comm.size // 2
 
     def run(defer):
         def work(client, roles):
@@ -204,7 +204,7 @@ def test_pull_many_equals_one_pull_per_table():
                 client.pull_many({"w": np.array([1, 2]), "b": np.array([17])})
         return True
 
-    roles, ok = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    roles, ok = _ps(comm, comm.size // 2, tables, work)
     assert roles.role == core.SERVER or ok
 
 
@@ -282,7 +282,7 @@ def test_servers_start_tables_from_the_per_key_initial_rows():
     def work(client, roles):
         return {s.name: client.pull(s.name, np.arange(s.num_keys)) for s in (sparse, dense, zero)}
 
-    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    roles, got = _ps(comm, comm.size // 2, tables, work)
     if roles.role == core.WORKER:
         for s in (sparse, dense):
             np.testing.assert_array_equal(got[s.name], s.initial_rows(np.arange(s.num_keys), 0))
@@ -313,7 +313,7 @@ def test_block_pulls_into_a_buffer_and_grouped_or_scattered_keys_agree():
             client.pull("d", np.arange(4), out=np.zeros((4, 3), dtype=np.float32))
         return block, same, buf, scattered, in_order
 
-    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    roles, got = _ps(comm, comm.size // 2, tables, work)
     if roles.role == core.WORKER:
         block, same, buf, scattered, in_order = got
         nw = roles.n_workers

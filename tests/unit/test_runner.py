@@ -51,3 +51,8 @@ def test_a_launch_that_hangs_is_killed_at_its_timeout(tmp_path, capsys, monkeypa
     assert "[hang] TIMEOUT after 1 s" in capsys.readouterr().out
     assert c.failed == 1
 
+
+
+def test_every_mpi_file_runs_at_two_sizes():
+    for path in sorted((run.ROOT / "tests" / "mpi").glob("test_*.py")):
+        assert len(set(run.mpi_sizes(path))) == 2, path.name
