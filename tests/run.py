@@ -28,6 +28,7 @@ leave it out and ``--only-mpi`` keep it).
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import re
 import select
@@ -142,6 +143,7 @@ def stream(cmd, env, label: str, timeout: float) -> int:
     p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, start_new_session=True)
     fd = p.stdout.fileno()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")   # a character split between reads
     deadline = time.monotonic() + timeout
     at_line_start = True
     out = sys.stdout
@@ -159,7 +161,7 @@ def stream(cmd, env, label: str, timeout: float) -> int:
         chunk = os.read(fd, 65536)
         if not chunk:
             break
-        text = chunk.decode(errors="replace")
+        text = decoder.decode(chunk).replace("\x00", "")   # pytest-mpi prints MPI's NUL-ended version
         pieces = text.split("\n")
         for i, piece in enumerate(pieces):
             if at_line_start and piece:

@@ -34,13 +34,13 @@ def test_a_launch_streams_its_lines_with_its_label_and_a_dead_launch_counts_as_f
     script = tmp_path / "t.py"
     script.write_text(textwrap.dedent("""
         import sys
-        print("first", flush=True)
+        print("first\\x00", flush=True)
         sys.stdout.write("no newline")
         sys.exit(3)
     """))
     c = run.run(run.Launch("lbl", [sys.executable, str(script)], {}), tmp_path)
     out = capsys.readouterr().out
-    assert "[lbl] first\n[lbl] no newline\n" in out
+    assert "[lbl] first\n[lbl] no newline\n" in out          # labelled, NUL bytes dropped
     assert "exit 3, 0 passed, 1 failed" in out
     assert (c.passed, c.failed) == (0, 1)
 
