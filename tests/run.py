@@ -7,7 +7,8 @@ The suite is a list of groups (``GROUPS``), run in order, each a list of launche
 2. ``e2e``: each end-to-end file (``tests/e2e/test_*.py``, which launch real ``mpirun`` jobs)
    in its own pytest process;
 3. ``slurm``: ``tests/slurm`` (a real one-node Slurm, started by its fixture);
-4. ``mpi``: every ``tests/mpi/test_*.py`` under ``mpirun -n K python -m pytest --with-mpi``
+4. ``multihost``: ``tests/multihost`` (test hosts made of namespaces on this machine), if present;
+5. ``mpi``: every ``tests/mpi/test_*.py`` under ``mpirun -n K python -m pytest --with-mpi``
    for each K listed in its ``# mpi-ranks: ...`` line (two sizes where that tests more).
 
 Each launch runs in its own session with a timeout (``HPCPS_TEST_TIMEOUT``, 900 s), so one
@@ -216,6 +217,14 @@ def slurm(args) -> list[Launch]:
     return [Launch("tests/slurm", PYTEST + ["tests/slurm"] + k_option(args), with_session_dir(mpi_env()))]
 
 
+def multihost(args) -> list[Launch]:
+    # tests/multihost: test hosts made of namespaces on this machine (tests/hosts/README.md)
+    if not (ROOT / "tests" / "multihost").is_dir():
+        return []
+    return [Launch("tests/multihost", PYTEST + ["tests/multihost"] + k_option(args),
+                   with_session_dir(mpi_env()))]
+
+
 def mpi_sizes(path: Path) -> list[str]:
     """The world sizes of a multi-rank file: its ``# mpi-ranks: K [K2 ...]`` line (default 2)."""
     m = re.search(r"^# mpi-ranks:\s*([\d ]+)$", path.read_text(), re.M)
@@ -244,7 +253,8 @@ class Group:
     mpi: bool = False               # left out by --no-mpi, the only one run by --only-mpi
 
 
-GROUPS = [Group("unit", unit), Group("e2e", e2e), Group("slurm", slurm), Group("mpi", mpi, mpi=True)]
+GROUPS = [Group("unit", unit), Group("e2e", e2e), Group("slurm", slurm), Group("multihost", multihost),
+          Group("mpi", mpi, mpi=True)]
 
 
 def main() -> int:
