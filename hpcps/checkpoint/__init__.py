@@ -76,16 +76,18 @@ Fletcher-32 filter needs chunked datasets and added 24 ms.
 """
 
 from hpcps.checkpoint.atomic import _PIECE, H5_OVERHEAD, _atomic_h5  # noqa: F401
-from hpcps.checkpoint.catalog import latest_valid, prune
+from hpcps.checkpoint.catalog import (RESUME_MODES, Start, choose_start, finished, latest_valid,
+                                      no_valid_line, prune, scan, set_aside)
 from hpcps.checkpoint.layout import (CHECKSUM, DIGEST_FIELD, FORMAT, MANIFEST, READ_FORMATS,
                                      CheckpointError, ResumeError, ckpt_root, list_steps,
-                                     shard_name, step_dir)
-from hpcps.checkpoint.read import (attr_value, check_compatible, read_manifest, read_range,
-                                   shard_examples, verify)
-from hpcps.checkpoint.write import slot_specs, write_manifest, write_shard
+                                     shard_name, slot_specs, step_dir)
+from hpcps.checkpoint.read import (attr_value, check_compatible, is_verified, leftovers,
+                                   read_manifest, read_range, shard_examples, verify)
+from hpcps.checkpoint.write import write_manifest, write_shard
 
 __all__ = ["CHECKSUM", "DIGEST_FIELD", "FORMAT", "H5_OVERHEAD", "MANIFEST", "READ_FORMATS",
-           "CheckpointError", "ResumeError", "attr_value", "check_compatible", "ckpt_root",
-           "latest_valid", "list_steps", "prune", "read_manifest", "read_range",
-           "shard_examples", "shard_name", "slot_specs", "step_dir", "verify", "write_manifest",
-           "write_shard"]
+           "RESUME_MODES", "CheckpointError", "ResumeError", "Start", "attr_value",
+           "check_compatible", "choose_start", "ckpt_root", "finished", "is_verified",
+           "latest_valid", "leftovers", "list_steps", "no_valid_line", "prune", "read_manifest",
+           "read_range", "scan", "set_aside", "shard_examples", "shard_name", "slot_specs",
+           "step_dir", "verify", "write_manifest", "write_shard"]

@@ -52,3 +52,14 @@ def list_steps(run_dir) -> list[int]:
         return []
     steps = [int(m.group(1)) for p in root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()]
     return sorted(steps)
+
+
+def slot_specs(p: dict) -> dict:
+    """``{slot: (shape after the row axis, dtype name)}`` of a partition dict: its
+    ``slot_specs``, else its ``slots`` (a dict of specs, or names shaped like the rows)."""
+    if p.get("slot_specs"):
+        return {k: (tuple(t), str(d)) for k, (t, d) in p["slot_specs"].items()}
+    slots = p.get("slots") or []
+    if isinstance(slots, dict):
+        return {k: (tuple(t), str(d)) for k, (t, d) in slots.items()}
+    return {k: ((int(p["dim"]),), str(p["dtype"])) for k in slots}

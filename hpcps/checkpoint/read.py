@@ -11,8 +11,7 @@ import numpy as np
 
 from hpcps.checkpoint.atomic import _HASHES, _file_digest
 from hpcps.checkpoint.layout import (MANIFEST, READ_FORMATS, CheckpointError, ResumeError,
-                                     shard_name)
-from hpcps.checkpoint.write import slot_specs
+                                     shard_name, slot_specs)
 
 def check_compatible(directory, manifest: dict, tables, slots=None) -> None:
     """Refuse to resume a job whose tables differ from the checkpoint's. Local.
@@ -65,7 +64,8 @@ def read_manifest(directory) -> dict:
     """
     path = Path(directory) / MANIFEST
     if not path.exists():
-        raise CheckpointError(f"{directory}: no {MANIFEST} (checkpoint incomplete)")
+        raise CheckpointError(f"{directory}: no {MANIFEST} (checkpoint incomplete"
+                              f"{leftover_note(directory)})")
     try:
         with h5py.File(path, "r") as f:
             if f.attrs.get("format") not in READ_FORMATS:
@@ -111,12 +111,15 @@ def verify(directory) -> dict:
     recorded size and checksum (the manifest's ``shards/checksum``: XXH3-128, or SHA-256 in
     format 1), and readable by h5py with every table. Local.
 
-    Returns the manifest (:func:`read_manifest`).
+    Returns the manifest (:func:`read_manifest`). A checkpoint that passes is remembered
+    (by the sizes, times and inodes of its files) for :func:`is_verified`.
 
     Raises
     ------
     CheckpointError
-        Naming the first problem found.
+        Naming the first problem found: a missing or truncated shard (with the temporary
+        files an interrupted write left, if any), a checksum mismatch (with the digest the
+        manifest records and the digest of the file), an unreadable file.
     """
     directory = Path(directory)
     m = read_manifest(directory)
@@ -124,18 +127,90 @@ def verify(directory) -> dict:
     for name, size, digest in zip(m["shards"]["files"], m["shards"]["bytes"], m["shards"]["digest"]):
         p = directory / name
         if not p.exists():
-            raise CheckpointError(f"{directory}: shard {name} is missing")
+            raise CheckpointError(f"{directory}: shard {name} is missing"
+                                  f"{leftover_note(directory, ';')}")
         if p.stat().st_size != size:
-            raise CheckpointError(f"{p}: {p.stat().st_size} bytes, manifest says {size} (truncated?)")
-        if _file_digest(p, checksum) != digest:
-            raise CheckpointError(f"{p}: {checksum} checksum does not match the manifest (corrupt)")
+            raise CheckpointError(f"{p}: {p.stat().st_size} bytes, manifest says {size} "
+                                  f"(truncated?{leftover_note(directory, ';')})")
+        actual = _file_digest(p, checksum)
+        if actual != digest:
+            raise CheckpointError(f"{p}: {checksum} checksum does not match the manifest "
+                                  f"(corrupt): expected {digest}, file has {actual}")
         try:
             with h5py.File(p, "r") as f:
                 for t in m["partition"]:
                     f[f"tables/{t}/rows"].shape
         except (OSError, KeyError) as e:
-            raise CheckpointError(f"{p}: unreadable shard ({e})") from e
+            raise CheckpointError(f"{p}: unreadable shard ({_one_line(e)})") from e
+    remember_good(directory)
     return m
+
+
+def leftovers(directory) -> list[str]:
+    """Names of the temporary files (``.NAME.XXXXXXXX.tmp``, :func:`hpcps.core.files.make_temp`)
+    in a checkpoint directory: what a write interrupted by a kill or a crash left. Local."""
+    try:
+        return sorted(p.name for p in Path(directory).iterdir()
+                      if p.name.startswith(".") and p.name.endswith(".tmp"))
+    except OSError:
+        return []
+
+
+def leftover_note(directory, sep: str = ":") -> str:
+    """``": .shard-0000.h5.x1y2.tmp left by an interrupted write"`` (``sep`` first), or ``""``
+    when the directory holds no temporary file."""
+    names = leftovers(directory)
+    if not names:
+        return ""
+    return f"{sep} {', '.join(names)} left by an interrupted write"
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+#: checkpoint directory (resolved) -> signature of its files when it last passed
+#: :func:`verify` or was written by this process (:func:`remember_good`)
+_GOOD: dict[str, tuple] = {}
+
+
+def _signature(directory: Path) -> tuple:
+    """(name, size, mtime, inode) of every file of a checkpoint directory but temporaries."""
+    out = []
+    for p in sorted(directory.iterdir()):
+        if p.name.startswith("."):
+            continue
+        st = p.stat()
+        out.append((p.name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(out)
+
+
+def remember_good(directory) -> None:
+    """Note that the checkpoint in ``directory`` is complete as its files are now (it just
+    passed :func:`verify`, or this process has just written its manifest from the shards'
+    own digests). Local."""
+    d = Path(directory)
+    try:
+        _GOOD[str(d.resolve())] = _signature(d)
+    except OSError:
+        pass
+
+
+def is_verified(directory) -> bool:
+    """Whether the checkpoint in ``directory`` is complete and intact: :func:`verify`, done
+    once per state of its files in this process (a checkpoint this process wrote is not
+    re-read). Local."""
+    d = Path(directory)
+    try:
+        if _GOOD.get(str(d.resolve())) == _signature(d):
+            return True
+    except OSError:
+        return False
+    try:
+        verify(d)
+    except CheckpointError:
+        return False
+    return True
 
 
 

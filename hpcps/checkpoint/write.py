@@ -13,7 +13,8 @@ import numpy as np
 from hpcps import __version__
 from hpcps.checkpoint.atomic import (H5_OVERHEAD, _atomic_h5, _create_raw, _field, _file_digest,
                                      _unfield)
-from hpcps.checkpoint.layout import CHECKSUM, FORMAT, MANIFEST, shard_name
+from hpcps.checkpoint.layout import CHECKSUM, FORMAT, MANIFEST, shard_name, slot_specs
+from hpcps.checkpoint.read import leftovers, remember_good
 
 
 
@@ -57,6 +58,11 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
         # left by an attempt at this checkpoint that never completed (a relaunch writes it
         # again): useless, and its space is needed for the new file
         final.unlink()
+    for name in leftovers(final.parent):
+        if name.startswith(f".{final.name}."):
+            # this shard's temporary file from a write that was interrupted (a kill, a
+            # crash): only this server writes that name, so nobody is writing it now
+            (final.parent / name).unlink(missing_ok=True)
     raw: list = []
 
     def fill(f):
@@ -166,19 +172,12 @@ def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch:
                          tail, dt)
 
     final = directory / MANIFEST
+    for name in leftovers(directory):
+        if name.startswith(f".{MANIFEST}."):          # an interrupted earlier attempt's
+            (directory / name).unlink(missing_ok=True)
     _atomic_h5(final, fill, H5_OVERHEAD + len(cfg_text.encode()) + len(json.dumps(history)))
+    remember_good(directory)        # complete: the shards' digests came from their writers
     return final
-
-
-def slot_specs(p: dict) -> dict:
-    """``{slot: (shape after the row axis, dtype name)}`` of a partition dict: its
-    ``slot_specs``, else its ``slots`` (a dict of specs, or names shaped like the rows)."""
-    if p.get("slot_specs"):
-        return {k: (tuple(t), str(d)) for k, (t, d) in p["slot_specs"].items()}
-    slots = p.get("slots") or []
-    if isinstance(slots, dict):
-        return {k: (tuple(t), str(d)) for k, (t, d) in slots.items()}
-    return {k: ((int(p["dim"]),), str(p["dtype"])) for k in slots}
 
 
 def _virtual(f, target, dataset, table, p, n_servers, tail, dtype):

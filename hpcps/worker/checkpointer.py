@@ -114,7 +114,7 @@ class Checkpointer:
             last_push_seq=(pushes.sum(axis=1) if pushes is not None else [0] * self.n_workers),
             shards=shards, partitions=partitions, history=history,
             extra={"epoch_plan": json.dumps(plan), **self.extra()})
-        ckpt.prune(self.cfg.output.dir, self.c.keep, warn=self._say)
+        ckpt.prune(self.cfg.output.dir, self.c.keep, warn=self._say, current=clock)
         dt = time.perf_counter() - t0
         nbytes = sum(n for n, _ in shards) + path.stat().st_size
         self.seconds += dt
