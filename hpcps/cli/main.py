@@ -273,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("job", help="TOML job file")
     t.add_argument("--resume", default="auto",
                    help="'auto' (default): resume from the newest valid checkpoint in the run "
-                        "directory if there is one; 'never': start afresh; or a checkpoint directory")
+                        "directory if there is one, else train afresh; 'require': resume from "
+                        "it or exit with status 2; 'never': train afresh (earlier checkpoints "
+                        "are moved to ckpt.aside-<time>/); or a checkpoint directory")
     t.set_defaults(func=cmd_train)
     for name, func, hlp in (("run", cmd_run, "launch mpirun for a job"),
                             ("check", cmd_check, "run a job and compare its AUC with scikit-learn")):
@@ -285,8 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
         r.add_argument("--resume", default=None,
                        help="passed to `hpcps train`: auto (default for run: continue from the "
-                            "newest valid checkpoint), never (default for check: train afresh), "
-                            "or a checkpoint directory; restarts after a failure always resume")
+                            "newest valid checkpoint, else train afresh), require (resume or "
+                            "exit 2), never (default for check: train afresh, moving earlier "
+                            "checkpoints aside), or a checkpoint directory; restarts after a "
+                            "failure always resume")
         r.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="relaunch mpirun up to N times after a failure (e.g. a rank was "
                             "killed); the job resumes from its newest valid checkpoint")

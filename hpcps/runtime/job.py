@@ -25,6 +25,7 @@ from hpcps.config import ConfigError, check_world, to_dict
 from hpcps.core.consistency import policy_from_config
 from hpcps.resilience.elastic import Elastic
 from hpcps.runtime.output import write_metrics, write_model
+from hpcps.runtime.rundir import find_restore
 from hpcps.server.replica import ServerGroup
 from hpcps.server.server import ParameterServer, window_sizes
 from hpcps.core.signals import EXIT_REQUEUE
@@ -37,45 +38,6 @@ from hpcps.worker.trainer import Trainer
 STAT_FIELDS = ("is_server", "index", "rows", "memory_bytes", "keys_pulled", "keys_pushed",
                "bytes_in", "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds",
                "examples")
-
-
-def find_restore(cfg, world, resume="auto", out=None):
-    """Pick the checkpoint to resume from; the same on every rank. Collective over ``world``.
-
-    Rank 0 looks for the newest *valid* checkpoint under ``cfg.output.dir`` (warning about
-    newer ones that are incomplete or corrupt) — or validates the one named by ``resume`` —
-    and broadcasts its step; every rank then reads that manifest.
-
-    Parameters
-    ----------
-    resume : "auto", "never" or a checkpoint directory
-
-    Returns
-    -------
-    (directory, manifest) or None
-    """
-    out = out or sys.stdout
-    if resume == "never":
-        return None
-    step = -1
-    if world.Get_rank() == 0:
-        try:
-            if resume == "auto":
-                found = ckpt.latest_valid(cfg.output.dir,
-                                          warn=lambda m: out.write(f"hpcps: warning: {m}\n"))
-                step = int(found[1]["step"]) if found else -1
-            else:
-                step = int(ckpt.verify(resume)["step"])
-        except ckpt.CheckpointError as e:
-            out.write(f"hpcps: error: --resume {resume}: {e}\n")
-            step = -2
-    step = bcast_int(world, step)
-    if step == -2:
-        raise ckpt.ResumeError(f"cannot resume from {resume} (see rank 0's message)")
-    if step < 0:
-        return None
-    d = ckpt.step_dir(cfg.output.dir, step) if resume == "auto" else resume
-    return d, ckpt.read_manifest(d)
 
 
 class ResourceError(RuntimeError):
@@ -249,6 +211,8 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     tables = model.tables()
     specs = [t[0] for t in tables]
     restore = find_restore(cfg, world, resume, out)
+    if restore is not None and restore.finished:      # every rank: the record stays as it is
+        return {"stopped_by_signal": False, "already_finished": True}
     if restore is not None:
         ckpt.check_compatible(restore[0], restore[1], specs,  # every rank, before any traffic
                               slots={spec.name: opt.slot_names for spec, opt in tables})

@@ -1,0 +1,193 @@
+"""The run directory (``[output] dir``): every path a run writes there, where a launch starts
+from, and the one writer of ``metrics.json``.
+
+Layout
+------
+``ckpt/step-SSSSSSSS/``   checkpoints (:mod:`hpcps.checkpoint`); ``ckpt.aside-<UTC time>/``:
+                          an earlier run's checkpoints, moved there by a run that trains
+                          afresh (:func:`hpcps.checkpoint.set_aside`)
+``model.h5``              the final model (:func:`hpcps.runtime.output.write_model`)
+``metrics.json``          the run record (:class:`MetricsFile`)
+``running.json``          written by the chief while a parameter-server job trains
+                          (:mod:`hpcps.resilience.grow_request`), removed on every exit path
+``grow-request.json``, ``grow-answer.json``   ``hpcps grow``'s request and the job's answer
+
+A launch starts (:func:`find_restore`) from the newest valid checkpoint (``--resume auto``,
+``require``), afresh (``never``, or ``auto`` with no valid checkpoint left), or from a named
+checkpoint; a launch of a job whose run is finished trains nothing and leaves the record as
+it is.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from hpcps import __version__
+from hpcps import checkpoint as ckpt
+
+CKPT = "ckpt"
+MODEL = "model.h5"
+METRICS = "metrics.json"
+RUNNING = "running.json"
+REQUEST = "grow-request.json"
+ANSWER = "grow-answer.json"
+
+
+class RunDir:
+    """The paths of one run directory. No I/O at construction."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.ckpt = self.path / CKPT
+        self.model = self.path / MODEL
+        self.metrics = self.path / METRICS
+        self.running = self.path / RUNNING
+        self.request = self.path / REQUEST
+        self.answer = self.path / ANSWER
+
+    def earlier_outputs(self) -> list[str]:
+        """Names of the final outputs of an earlier run present here (``model.h5``,
+        ``metrics.json``). Local."""
+        return [p.name for p in (self.model, self.metrics) if p.exists()]
+
+    def record(self) -> dict | None:
+        """The ``metrics.json`` record, or None when absent or unreadable. Local."""
+        try:
+            return json.loads(self.metrics.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def finished_record(self) -> bool:
+        """A finished run's outputs are here: ``model.h5`` and a ``metrics.json`` with its
+        summary. Local."""
+        rec = self.record()
+        return self.model.exists() and isinstance(rec, dict) and "summary" in rec
+
+    def clear_running(self) -> bool:
+        """Remove ``running.json`` if present (a job that ended without its chief removing
+        it: an abort). Returns whether a file was removed. Local."""
+        try:
+            self.running.unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+
+class MetricsFile:
+    """The one writer of ``metrics.json``: ``{"job", "hpcps_version", "config", "epochs",
+    ["summary"], ...}``, rewritten atomically after every epoch and once more with the
+    summary at the end (chief only).
+
+    Parameters
+    ----------
+    cfg : hpcps.config.JobConfig
+    """
+
+    def __init__(self, cfg):
+        from hpcps.config import to_dict
+
+        self.path = RunDir(cfg.output.dir).metrics
+        self.head = {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg)}
+
+    def epochs(self, history: list) -> Path:
+        """Write the record with the per-epoch metrics so far (no summary yet)."""
+        return self._write({**self.head, "epochs": list(history)})
+
+    def final(self, history: list, summary: dict, **more) -> Path:
+        """Write the finished run's record: epochs, summary, and ``more`` top-level keys
+        (e.g. sandblaster's ``iterations``)."""
+        return self._write({**self.head, **more, "epochs": list(history), "summary": summary})
+
+    def _write(self, record: dict) -> Path:
+        from hpcps.runtime.output import write_metrics
+
+        return write_metrics(self.path, record)
+
+
+class Restore(NamedTuple):
+    """Where a launch resumes: ``restore[0]`` the checkpoint directory, ``restore[1]`` its
+    manifest; ``finished``: the run ended there and its outputs are in place (nothing to
+    train)."""
+
+    directory: Path
+    manifest: dict
+    finished: bool = False
+
+
+def find_restore(cfg, world, resume="auto", out=None) -> Restore | None:
+    """Decide where this launch starts; the same on every rank. Collective over ``world``.
+
+    Rank 0 decides (:func:`hpcps.checkpoint.choose_start`): with ``--resume auto`` or
+    ``require`` the newest *valid* checkpoint under ``cfg.output.dir`` (warning about newer
+    ones that are incomplete or damaged), else afresh (``auto``, saying so in one line that
+    names every checkpoint tried) or an error (``require``); with ``never`` afresh; else the
+    named checkpoint. Training afresh moves an earlier run's checkpoints aside first, and
+    says when ``model.h5``/``metrics.json`` of an earlier run will be overwritten. Rank 0
+    broadcasts the step; every rank then reads that manifest.
+
+    Parameters
+    ----------
+    resume : "auto", "require", "never" or a checkpoint directory
+
+    Returns
+    -------
+    Restore or None
+        None: train afresh.
+
+    Raises
+    ------
+    hpcps.checkpoint.ResumeError
+        On every rank, with rank 0's reason: ``--resume require`` and no valid checkpoint,
+        a named checkpoint that is unusable, or the end of a finished run of another job file.
+    """
+    from hpcps.comm.collectives import bcast_array
+
+    out = out or sys.stdout
+    run = RunDir(cfg.output.dir)
+    step, finished, error = -1, 0, b""
+    if world.Get_rank() == 0:
+        st = ckpt.choose_start(run.path, resume, cfg.text, cfg.train.epochs)
+        for w in st.warnings:
+            out.write(f"hpcps: warning: {w}\n")
+        for n in st.notes:
+            out.write(f"hpcps: note: {n}\n")
+        if st.error:
+            error = st.error.encode()
+        elif st.directory is not None:
+            step = int(st.manifest["step"])
+            finished = int(st.finished and run.finished_record())
+        else:
+            note = fresh_start_note(run)
+            if note:
+                out.write(f"hpcps: note: {note}\n")
+        out.flush()
+    error = bytes(bcast_array(world, np.frombuffer(error, dtype=np.uint8), np.uint8))
+    if error:
+        raise ckpt.ResumeError(error.decode("utf-8", "replace"))
+    step, finished = (int(v) for v in bcast_array(world, [step, finished], np.int64))
+    if step < 0:
+        return None
+    d = ckpt.step_dir(run.path, step) if resume in ckpt.RESUME_MODES else Path(resume)
+    if finished and world.Get_rank() == 0:
+        out.write(f"hpcps: note: this job already finished (checkpoint {d.name} is at its "
+                  f"last step, in {run.path}); nothing is trained and the run's record "
+                  f"({MODEL}, {METRICS}) is left as it is. To train again: --resume never "
+                  "(the checkpoints are moved aside), or another [output] dir or job name\n")
+        out.flush()
+    return Restore(d, ckpt.read_manifest(d), bool(finished))
+
+
+def fresh_start_note(run: RunDir) -> str | None:
+    """What to tell a user whose run directory holds an earlier run's outputs while this
+    launch trains afresh (issue 21.4), or None."""
+    names = run.earlier_outputs()
+    if not names:
+        return None
+    return (f"{run.path} holds {' and '.join(names)} of an earlier run and no checkpoint to "
+            f"resume from: this run trains afresh and overwrites {'them' if len(names) > 1 else 'it'}"
+            " (use another [output] dir or job name to keep them)")
