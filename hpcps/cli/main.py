@@ -71,7 +71,7 @@ def cmd_train(args) -> int:
         print(f"hpcps: note: {note}", flush=True)
     with core.abort_on_error(world):
         try:
-            res = run_job(cfg, world, resume=args.resume, stop=stop)
+            res = run_job(cfg, world, resume=args.resume, stop=stop, restart=args.restart)
             code = EXIT_REQUEUE if res and res.get("stopped_by_signal") else 0
             if res and res.get("skip_finalize"):
                 # after surviving a lost rank, Open MPI's MPI_Finalize can wait forever for the
@@ -138,7 +138,9 @@ def _finished_anyway(cfg, since: float) -> str | None:
     did not end well even when the job did without it: the workers that ``MPI_Comm_spawn``
     could not start (status 213, "All nodes which are allocated for this job are already
     filled"), or added workers lost and survived in continue mode. Local."""
-    path = cfg.output.dir / "metrics.json"
+    from hpcps.runtime.rundir import RunDir
+
+    path = RunDir(cfg.output.dir).metrics
     try:
         if path.stat().st_mtime < since:
             return None
@@ -212,9 +214,11 @@ def cmd_run(args) -> int:
         print(f"hpcps run: mpirun exited with status {rc} ({describe(rc)}); restart "
               f"{restarts}/{args.max_restarts} (the job resumes from its newest valid checkpoint)",
               flush=True)
-        if "--resume" in cmd:                  # a restart continues from the checkpoints
-            i = cmd.index("--resume")
-            cmd = cmd[:i] + cmd[i + 2:]
+        for opt in ("--resume", "--restart"):  # a restart continues from the checkpoints
+            if opt in cmd:
+                i = cmd.index(opt)
+                cmd = cmd[:i] + cmd[i + 2:]
+        cmd += ["--restart", f"{restarts}:{rc}"]   # recorded in metrics.json (summary.launches)
         rc = launch.run(cmd, env)
     return rc
 
@@ -229,7 +233,9 @@ def cmd_check(args) -> int:
         cfg = load_job(_default_job(args.job))
     except ConfigError as e:
         return _fail(str(e))
-    metrics = json.loads((cfg.output.dir / "metrics.json").read_text())
+    from hpcps.runtime.rundir import RunDir
+
+    metrics = json.loads(RunDir(cfg.output.dir).metrics.read_text())
     base = metrics.get("summary", {}).get("baseline")
     if not base or not metrics.get("epochs"):
         return _fail(f"{cfg.path}: set [evaluate] sklearn_baseline = true for hpcps check")
@@ -266,6 +272,16 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _restart_arg(text: str):
+    # "N:STATUS", given by `hpcps run` to a relaunch (hpcps.runtime.rundir.parse_restart)
+    from hpcps.runtime.rundir import parse_restart
+
+    try:
+        return parse_restart(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N:STATUS, got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcps", description="An MPI parameter server for machine learning.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -276,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "directory if there is one, else train afresh; 'require': resume from "
                         "it or exit with status 2; 'never': train afresh (earlier checkpoints "
                         "are moved to ckpt.aside-<time>/); or a checkpoint directory")
+    t.add_argument("--restart", type=_restart_arg, default=None, help=argparse.SUPPRESS)
     t.set_defaults(func=cmd_train)
     for name, func, hlp in (("run", cmd_run, "launch mpirun for a job"),
                             ("check", cmd_check, "run a job and compare its AUC with scikit-learn")):

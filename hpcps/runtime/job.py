@@ -6,13 +6,13 @@ Called by ``hpcps train`` on every rank of the launch (collective over the world
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
 
 import numpy as np
 
-from hpcps import __version__
 from hpcps import checkpoint as ckpt
 from hpcps.analysis import consistency_report
 from hpcps.comm import core
@@ -21,11 +21,11 @@ from hpcps.comm.progress import library_version, rma_progress_advice
 from hpcps.comm.core import any_rank_failed
 from hpcps.comm.rma import allocate_windows, free_windows
 from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint, check_ranges
-from hpcps.config import ConfigError, check_world, to_dict
+from hpcps.config import ConfigError, check_world
 from hpcps.core.consistency import policy_from_config
 from hpcps.resilience.elastic import Elastic
-from hpcps.runtime.output import write_metrics, write_model
-from hpcps.runtime.rundir import find_restore
+from hpcps.runtime.output import write_model
+from hpcps.runtime.rundir import MetricsFile, find_restore, launch_phrase, launch_records
 from hpcps.server.replica import ServerGroup
 from hpcps.server.server import ParameterServer, window_sizes
 from hpcps.core.signals import EXIT_REQUEUE
@@ -181,15 +181,19 @@ def check_rma_progress(cfg, world, out=None, environ=None, library=None):
     return cfg
 
 
-def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> dict | None:
+def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None,
+            restart=None) -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
     Returns the summary dict on the chief (world rank 0), ``{"stopped_by_signal": bool}``
-    elsewhere. ``resume`` is ``"auto"``, ``"never"`` or a checkpoint directory
+    elsewhere, ``{"already_finished": True, ...}`` on every rank when the run had finished.
+    ``resume`` is ``"auto"``, ``"require"``, ``"never"`` or a checkpoint directory
     (:func:`find_restore`). ``stop`` (:class:`hpcps.core.signals.StopRequest`) lets a signal end
     the training after one checkpoint. ``step_hook(worker_index, clock)``, if given, is called
     by every worker in each step between computing the gradient and pushing it (tests slow a
-    worker down with it).
+    worker down with it). ``restart``: ``(n, status)`` when ``hpcps run`` relaunched the job
+    after a failure (restart ``n``, the failed launch's exit status), recorded with every
+    launch of the run in ``metrics.json`` (``summary.launches``).
 
     Raises
     ------
@@ -227,7 +231,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
         windows = allocate_windows(roles.ps, sizes)
     elastic = Elastic(cfg, roles, specs, windows, ft_state, out)
     return _run_roles(cfg, elastic, model, tables, policy, out, restore=restore, stop=stop,
-                      step_hook=step_hook)
+                      step_hook=step_hook, restart=restart)
 
 
 def join_job(out=None, stop=None) -> dict:
@@ -251,7 +255,7 @@ def join_job(out=None, stop=None) -> dict:
 
 
 def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None,
-               step_hook=None, join=None) -> dict:
+               step_hook=None, join=None, restart=None) -> dict:
     """Serve or train on the layout of ``elastic`` (servers and workers of the launch, or an
     added worker when ``join`` is given), then gather the statistics and write the outputs.
     Collective over every rank of the job (which may change while it runs)."""
@@ -262,6 +266,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     stats[1] = roles.index
     result = None
     history: list = []
+    launches = []                     # this run's launches, this one last (workers)
     try:
         if roles.is_chief:
             elastic.mark_running()
@@ -310,9 +315,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             def on_epoch(rec):
                 # the trainer's history: epochs of earlier launches (from the checkpoint) + this
                 history[:] = trainer.history
-                write_metrics(cfg.output.dir / "metrics.json",
-                              {"job": cfg.name, "hpcps_version": __version__,
-                               "config": to_dict(cfg), "epochs": history})
+                MetricsFile(cfg).epochs(history)
 
             trainer = Trainer(cfg, roles.index, roles.n_workers, client, roles.role_comm,
                               roles.is_chief, on_epoch=on_epoch, out=out, policy=policy,
@@ -321,6 +324,10 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
                                         roles.n_workers, [o.slot_specs(t.dim, t.dtype) for t, o in tables], out,
                                         async_cut=not policy.aggregate, flush=trainer.steps.flush)
+            if join is None:
+                earlier, this_launch = launch_records(restore, restart)
+                launches = earlier + [this_launch]
+                checkpointer.more = {"launches": json.dumps(launches)}
             result = trainer.run(restore=restore[1] if restore else None, checkpointer=checkpointer,
                                  join=join)
             roles, windows = elastic.roles, elastic.windows
@@ -376,6 +383,11 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
         out.flush()
         return {"stopped_by_signal": True}
     summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
+    if launches:
+        launches[-1]["steps"] = summary["steps"]
+        summary["run_steps"] = int(result["clock"])      # every launch's, to the end
+        summary["launches"] = launches
+        summary["restarts"] = sum("restart" in r for r in launches)
     if ft_state is not None:
         summary["failures"] = list(ft_state.events)
         if ft_state.events and summary["servers"]:
@@ -487,9 +499,7 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
 
         def on_epoch(rec):
             history[:] = trainer.history
-            write_metrics(cfg.output.dir / "metrics.json",
-                          {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg),
-                           "epochs": history})
+            MetricsFile(cfg).epochs(history)
 
         trainer = Trainer(cfg, rank, comm.Get_size(), client, comm, rank == 0, on_epoch=on_epoch,
                           out=out, step_hook=step_hook, stop=stop, model=model)
@@ -540,9 +550,7 @@ def _finish_metrics(cfg, summary, history) -> None:
         summary["baseline"] = sklearn_baseline(cfg)
         if history:
             summary["baseline"]["auc_gap"] = summary["baseline"]["test_auc"] - history[-1]["test_auc"]
-    write_metrics(cfg.output.dir / "metrics.json",
-                  {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg),
-                   "epochs": history, "summary": summary})
+    MetricsFile(cfg).final(history, summary)
 
 
 def _summary(cfg, result, rows, wall) -> dict:
@@ -580,7 +588,9 @@ def _mb(n) -> str:
 
 def _print_summary(s, history, out) -> None:
     w = out.write
-    w(f"done: {s['epochs']} epoch(s), {s['steps']} steps, {s['examples']:,} examples in "
+    steps = (f"{s['run_steps']:,} steps{launch_phrase(s)}" if "run_steps" in s and launch_phrase(s)
+             else f"{s['steps']} steps")
+    w(f"done: {s['epochs']} epoch(s), {steps}, {s['examples']:,} examples in "
       f"{s['train_seconds']:.1f} s ({s['examples_per_second']:,.0f} ex/s)\n")
     for d in s["servers"]:
         w(f"  server {d['index']}: {d['rows']:,} rows ({_mb(d['memory_bytes'])}); pushed in "

@@ -191,3 +191,70 @@ def fresh_start_note(run: RunDir) -> str | None:
     return (f"{run.path} holds {' and '.join(names)} of an earlier run and no checkpoint to "
             f"resume from: this run trains afresh and overwrites {'them' if len(names) > 1 else 'it'}"
             " (use another [output] dir or job name to keep them)")
+
+
+# ------------------------------------------------------------------------------ launches
+
+
+def parse_restart(text: str | None) -> tuple[int, int] | None:
+    """``"N:STATUS"`` (``hpcps train --restart``, given by ``hpcps run`` to a relaunch: its
+    restart number and the exit status of the launch that failed) as ``(N, STATUS)``.
+
+    Raises
+    ------
+    ValueError
+        If ``text`` is not two integers separated by a colon.
+    """
+    if not text:
+        return None
+    n, _, status = text.partition(":")
+    return int(n), int(status)
+
+
+def launch_records(restore: Restore | None, restart: tuple[int, int] | None):
+    """The launches of this run so far (from the checkpoint resumed) and this launch's
+    record. Local.
+
+    Returns
+    -------
+    earlier : list of dict
+        ``{"launch", "resumed_from_step", ["restart", "after_status"], "steps_kept"}`` each;
+        ``steps_kept``: the steps of that launch the next one resumed from (the rest, done
+        after its last checkpoint, were lost and done again).
+    this : dict
+        ``{"launch", "started" (ISO 8601 UTC), "resumed_from_step" (None: from step 0),
+        ["restart", "after_status"]}``.
+    """
+    import datetime as dt
+
+    earlier: list = []
+    at = None
+    if restore is not None:
+        at = int(restore.manifest["step"])
+        try:
+            earlier = json.loads(restore.manifest.get("launches", "[]"))
+        except (TypeError, ValueError):
+            earlier = []
+        if not earlier:                      # a checkpoint written before launches were kept
+            earlier = [{"launch": 1, "resumed_from_step": None}]
+        last = earlier[-1]
+        last["steps_kept"] = at - int(last.get("resumed_from_step") or 0)
+    this = {"launch": len(earlier) + 1,
+            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "resumed_from_step": at}
+    if restart is not None:
+        this["restart"], this["after_status"] = restart
+    return earlier, this
+
+
+def launch_phrase(summary: dict) -> str:
+    """``" in all (7,560 in this launch, restart 1 after status 1, resumed at step 600)"``
+    for the ``done:`` line of a resumed launch; ``""`` for a run done in one launch."""
+    this = (summary.get("launches") or [{}])[-1]
+    at = this.get("resumed_from_step")
+    if at is None:
+        return ""
+    how = (f"restart {this['restart']} after status {this['after_status']}, "
+           if "restart" in this else "")
+    return (f" in all ({summary['steps']:,} in this launch, {how}resumed at step {at:,}; "
+            f"{len(summary['launches'])} launches, {summary.get('restarts', 0)} restart(s))")

@@ -92,6 +92,15 @@ def test_kill_9_a_rank_then_resume_is_bit_identical(tmp_path, victim, opt):
     assert p.returncode == 0, out[-3000:]
     assert "restart 1/2" in out and "resumed from checkpoint step" in out, out[-3000:]
     assert_identical(weights(tmp_path / "killed"), want)
+    # issue 22.5: the whole run and each restart are reported, not the relaunch's steps only
+    s = json.loads((tmp_path / "killed" / "metrics.json").read_text())["summary"]
+    first, last = s["launches"][0], s["launches"][-1]
+    assert s["run_steps"] == 800 and s["restarts"] == len(s["launches"]) - 1 >= 1, s["launches"]
+    assert last["restart"] == s["restarts"] and last["after_status"] != 0
+    assert first["resumed_from_step"] is None and first["steps_kept"] > 0
+    assert last["resumed_from_step"] + last["steps"] == 800 == s["steps"] + last["resumed_from_step"]
+    assert f"done: 2 epoch(s), 800 steps in all ({s['steps']:,} in this launch, restart " in out, \
+        out[-3000:]
 
 
 def test_resume_on_fewer_and_more_servers_is_bit_identical(tmp_path):
