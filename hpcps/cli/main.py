@@ -196,8 +196,12 @@ def cmd_run(args) -> int:
     print(f"hpcps run: {(shown + ' ') if shown else ''}{' '.join(cmd)}", flush=True)
     if args.dry_run:
         return 0
+    from hpcps.runtime.rundir import RunDir
+
+    run_dir = RunDir(cfg.output.dir)
     t_launch = time.time()
     rc = launch.run(cmd, env)
+    run_dir.clear_stale_running()           # an aborted job's chief could not remove it
     why = _finished_anyway(cfg, t_launch) if rc != 0 else None
     if why:
         print(f"hpcps run: mpirun exited with status {rc} because {why}; the job itself "
@@ -220,6 +224,7 @@ def cmd_run(args) -> int:
                 cmd = cmd[:i] + cmd[i + 2:]
         cmd += ["--restart", f"{restarts}:{rc}"]   # recorded in metrics.json (summary.launches)
         rc = launch.run(cmd, env)
+        run_dir.clear_stale_running()
     return rc
 
 

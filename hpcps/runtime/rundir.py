@@ -68,9 +68,24 @@ class RunDir:
         rec = self.record()
         return self.model.exists() and isinstance(rec, dict) and "summary" in rec
 
-    def clear_running(self) -> bool:
-        """Remove ``running.json`` if present (a job that ended without its chief removing
-        it: an abort). Returns whether a file was removed. Local."""
+    def clear_stale_running(self) -> bool:
+        """Remove ``running.json`` when the chief that wrote it is gone: the job was aborted
+        (``MPI_Abort`` from another rank kills the chief before it can remove the file).
+        ``hpcps run`` calls it after every mpirun exit. A chief alive on this host keeps its
+        file (another launch in the same directory). Returns whether a file was removed.
+        Local."""
+        import socket
+
+        from hpcps.resilience.grow_request import _alive
+
+        try:
+            info = json.loads(self.running.read_text())
+            if info.get("host") == socket.gethostname() and _alive(int(info["pid"])):
+                return False
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass                                 # unreadable: nobody can use it
         try:
             self.running.unlink()
             return True
