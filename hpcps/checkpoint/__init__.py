@@ -59,6 +59,21 @@ only when its manifest exists and every shard matches it. :func:`latest_valid` s
 any newer checkpoint that is incomplete, truncated or corrupt; a process killed at any
 instant of a write therefore never makes the previous checkpoint unusable.
 
+Pruning and fresh runs
+----------------------
+:func:`prune` keeps the ``keep`` newest checkpoints that pass :func:`verify` (never the one
+just written, nor the newest verified one), so damaged checkpoints never push out good ones.
+Steps order checkpoints only within one run: a run that trains afresh in a directory that
+holds checkpoints moves them to ``ckpt.aside-<UTC time>/`` first (:func:`set_aside`,
+:func:`choose_start`).
+
+Modules
+-------
+``layout`` (names, paths, errors), ``atomic`` (atomic HDF5 files, checksums), ``write``
+(shards, manifest), ``read`` (manifest, :func:`verify`, re-sharded reads), ``catalog`` (the
+run directory's checkpoints: newest valid, prune, where a launch starts). This package
+re-exports their public names: ``from hpcps import checkpoint as ckpt; ckpt.verify(...)``.
+
 Checksum
 --------
 XXH3, 128-bit (``xxhash.xxh3_128``; Y. Collet, xxHash, https://xxhash.com: the XXH3

@@ -26,7 +26,8 @@ from hpcps.core.consistency import policy_from_config
 from hpcps.resilience.elastic import Elastic
 from hpcps.runtime.baseline import cached_baseline, sklearn_baseline
 from hpcps.runtime.output import write_model
-from hpcps.runtime.rundir import MetricsFile, find_restore, launch_phrase, launch_records
+from hpcps.runtime.rundir import (MetricsFile, RunDir, find_restore, fresh_start_note, launch_phrase,
+                                  launch_records)
 from hpcps.server.replica import ServerGroup
 from hpcps.server.server import ParameterServer, window_sizes
 from hpcps.core.signals import EXIT_REQUEUE
@@ -347,7 +348,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             stats[9:12] = [s.seconds.get("pull", 0.0), s.seconds.get("push", 0.0),
                            s.seconds.get("clock", 0.0)]
             if roles.is_chief and final is not None:
-                path = write_model(cfg.output.dir / "model.h5", final, cfg,
+                path = write_model(RunDir(cfg.output.dir).model, final, cfg,
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
         world = roles.ps                     # the job's ranks now (after failures, growths)
@@ -488,6 +489,10 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
                           f"{cfg.consistency.model!r}")
     model = load_model(cfg)
     tables = model.tables()
+    if world.Get_rank() == 0:                # no checkpoints in this mode: always afresh
+        note = fresh_start_note(RunDir(cfg.output.dir))
+        if note:
+            out.write(f"hpcps: note: {note}\n")
     comm = world.Dup()
     t_start = time.perf_counter()
     rank = comm.Get_rank()
@@ -511,7 +516,7 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
         rows = gather_rows(comm, stats)
         stopped = bool(any_rank_failed(comm, result["stopped_by_signal"]))
         if rank == 0 and not stopped:
-            path = write_model(cfg.output.dir / "model.h5",
+            path = write_model(RunDir(cfg.output.dir).model,
                                {s.name: client.pull_table(s.name) for s in client.specs}, cfg,
                                step=result["clock"], epoch=result["epochs"])
             result["model_path"] = str(path)

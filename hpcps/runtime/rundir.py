@@ -189,8 +189,8 @@ def find_restore(cfg, world, resume="auto", out=None) -> Restore | None:
         return None
     d = ckpt.step_dir(run.path, step) if resume in ckpt.RESUME_MODES else Path(resume)
     if finished and world.Get_rank() == 0:
-        out.write(f"hpcps: note: this job already finished (checkpoint {d.name} is at its "
-                  f"last step, in {run.path}); nothing is trained and the run's record "
+        out.write(f"hpcps: note: this job already finished (its newest checkpoint, {d.name}, "
+                  f"is at its last step, in {run.path}); nothing is trained and the run's record "
                   f"({MODEL}, {METRICS}) is left as it is. To train again: --resume never "
                   "(the checkpoints are moved aside), or another [output] dir or job name\n")
         out.flush()

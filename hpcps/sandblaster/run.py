@@ -40,7 +40,7 @@ from hpcps.comm.sandblaster import (CMD_EVAL, CMD_STOP, COORDINATOR, SERVER, Coo
                                 ServerLink, WorkerLink, node_total, split_sandblaster)
 from hpcps.config import check_world
 from hpcps.runtime.output import write_model
-from hpcps.runtime.rundir import MetricsFile
+from hpcps.runtime.rundir import MetricsFile, RunDir
 from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.core.tables import KeyPartition
 from hpcps.sandblaster.baseline import objective, sklearn_solution
@@ -426,7 +426,7 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
                         "bytes_out": int(link.stats.total("bytes_out")),
                         "messages": int(link.stats.total("messages"))},
     }
-    path = write_model(cfg.output.dir / "model.h5", {"weights": wts.reshape(-1, 1),
+    path = write_model(RunDir(cfg.output.dir).model, {"weights": wts.reshape(-1, 1),
                                                      "bias": np.array([[bias]])},
                        cfg, step=res.iterations, epoch=res.evaluations)
     summary["model_path"] = str(path)
