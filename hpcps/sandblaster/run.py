@@ -105,8 +105,8 @@ def run_sandblaster(cfg, world, out=None, resume="auto", stop=None, step_hook=No
     core.check_launch(world)
     check_world(cfg, world.Get_size())
     if resume not in ("auto", "never"):
-        raise ResumeError(f"cluster.mode = 'sandblaster' writes no checkpoints; cannot resume "
-                          f"from {resume}")
+        what = "--resume require" if resume == "require" else f"cannot resume from {resume}"
+        raise ResumeError(f"cluster.mode = 'sandblaster' writes no checkpoints; {what}")
     t_start = time.perf_counter()
     roles = split_sandblaster(world, cfg.cluster.servers)
     row = np.zeros(len(RANK_FIELDS))
