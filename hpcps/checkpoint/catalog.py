@@ -124,7 +124,11 @@ class Start:
         Lines to print (without the ``hpcps: warning:`` / ``hpcps: note:`` prefix).
     error : str or None
         Why the launch must stop (``--resume require`` without a valid checkpoint, a named
-        checkpoint that is unusable, a finished run of another job file).
+        checkpoint that is unusable).
+    refuse : str or None
+        Why ``directory`` must not be resumed though it is valid: the end of a finished run of
+        another job file. The job says so after checking that the checkpoint's tables fit
+        (a checkpoint of another model is refused naming the table first).
     finished : bool
         The checkpoint is the end of this very job: nothing to train.
     aside : Path or None
@@ -136,6 +140,7 @@ class Start:
     warnings: list = dataclasses.field(default_factory=list)
     notes: list = dataclasses.field(default_factory=list)
     error: str | None = None
+    refuse: str | None = None
     finished: bool = False
     aside: Path | None = None
 
@@ -197,7 +202,7 @@ def choose_start(run_dir, resume: str, job_text: str, epochs: int) -> Start:
     st.directory, st.manifest = found
     if finished(st.manifest, epochs):
         if st.manifest.get("config", job_text) != job_text:
-            st.error = (f"{st.directory} is the end of a finished run of another job file (its "
+            st.refuse = (f"{st.directory} is the end of a finished run of another job file (its "
                         "job text differs from this one's); not resuming it. Train afresh "
                         "with --resume never (the old checkpoints are moved aside), or use "
                         "another [output] dir")

@@ -80,6 +80,8 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None,
     if restore is not None:
         ckpt.check_compatible(restore[0], restore[1], specs,  # every rank, before any traffic
                               slots={spec.name: opt.slot_names for spec, opt in tables})
+        if restore.refuse:
+            raise ckpt.ResumeError(restore.refuse)
     check_memory(cfg, tables, world)
     check_ranges(world, cfg.cluster.servers)
     roles = core.split_roles(world, cfg.cluster.servers)

@@ -127,11 +127,13 @@ class MetricsFile:
 class Restore(NamedTuple):
     """Where a launch resumes: ``restore[0]`` the checkpoint directory, ``restore[1]`` its
     manifest; ``finished``: the run ended there and its outputs are in place (nothing to
-    train)."""
+    train); ``refuse``: why it must not be resumed after all (raised by the job once the
+    tables are found compatible: :attr:`hpcps.checkpoint.Start.refuse`)."""
 
     directory: Path
     manifest: dict
     finished: bool = False
+    refuse: str | None = None
 
 
 def find_restore(cfg, world, resume="auto", out=None) -> Restore | None:
@@ -158,13 +160,14 @@ def find_restore(cfg, world, resume="auto", out=None) -> Restore | None:
     ------
     hpcps.checkpoint.ResumeError
         On every rank, with rank 0's reason: ``--resume require`` and no valid checkpoint,
-        a named checkpoint that is unusable, or the end of a finished run of another job file.
+        or a named checkpoint that is unusable. (The end of a finished run of another job file
+        comes back as ``Restore.refuse``, for the job to raise after its table check.)
     """
     from hpcps.comm.collectives import bcast_array
 
     out = out or sys.stdout
     run = RunDir(cfg.output.dir)
-    step, finished, error = -1, 0, b""
+    step, finished, error, refuse = -1, 0, b"", b""
     if world.Get_rank() == 0:
         st = ckpt.choose_start(run.path, resume, cfg.text, cfg.train.epochs)
         for w in st.warnings:
@@ -176,6 +179,7 @@ def find_restore(cfg, world, resume="auto", out=None) -> Restore | None:
         elif st.directory is not None:
             step = int(st.manifest["step"])
             finished = int(st.finished and run.finished_record())
+            refuse = (st.refuse or "").encode()
         else:
             note = fresh_start_note(run)
             if note:
@@ -187,6 +191,7 @@ def find_restore(cfg, world, resume="auto", out=None) -> Restore | None:
     step, finished = (int(v) for v in bcast_array(world, [step, finished], np.int64))
     if step < 0:
         return None
+    refuse = bytes(bcast_array(world, np.frombuffer(refuse, dtype=np.uint8), np.uint8))
     d = ckpt.step_dir(run.path, step) if resume in ckpt.RESUME_MODES else Path(resume)
     if finished and world.Get_rank() == 0:
         out.write(f"hpcps: note: this job already finished (its newest checkpoint, {d.name}, "
@@ -194,7 +199,8 @@ def find_restore(cfg, world, resume="auto", out=None) -> Restore | None:
                   f"({MODEL}, {METRICS}) is left as it is. To train again: --resume never "
                   "(the checkpoints are moved aside), or another [output] dir or job name\n")
         out.flush()
-    return Restore(d, ckpt.read_manifest(d), bool(finished))
+    return Restore(d, ckpt.read_manifest(d), bool(finished),
+                   refuse.decode("utf-8", "replace") or None)
 
 
 def fresh_start_note(run: RunDir) -> str | None:

@@ -249,7 +249,7 @@ def test_a_finished_checkpoint_of_another_job_text_is_not_taken_as_finished(tmp_
     job text is resumed as before."""
     make_checkpoint(tmp_path, 10, 1, epoch=1, step_in_epoch=9, text='name = "old"\n')
     st = ck.choose_start(tmp_path, "auto", 'name = "new"\n', epochs=2)
-    assert st.error and "another job file" in st.error and not st.finished
+    assert st.refuse and "another job file" in st.refuse and not st.finished and not st.error
     st = ck.choose_start(tmp_path, "auto", 'name = "old"\n', epochs=2)
     assert st.error is None and st.finished
     st = ck.choose_start(tmp_path, "auto", 'name = "new"\n', epochs=3)     # one more epoch
