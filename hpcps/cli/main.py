@@ -30,7 +30,9 @@ def _rank_label() -> str:
 
 
 def _fail(msg: str, code: int = 2) -> int:
-    sys.stderr.write(f"hpcps: {_rank_label()}error: {msg}\n")
+    # one line per problem (a job file's errors are reported together), each with the prefix
+    sys.stderr.write("".join(f"hpcps: {_rank_label()}error: {line}\n"
+                             for line in str(msg).splitlines() or [""]))
     sys.stderr.flush()
     return code
 
@@ -44,6 +46,10 @@ def cmd_train(args) -> int:
 
     stop = StopRequest().install()      # first: a stop signal may come during start-up
     from hpcps.config import ConfigError, check_output_writable, load_job
+    from hpcps.core import log
+
+    log.configure(args.verbosity)
+    out = log.LineStream()              # every line of the job through the "hpcps" logger
 
     error = None
     try:
@@ -68,10 +74,11 @@ def cmd_train(args) -> int:
 
     note = output_note(cfg) if world.Get_rank() == 0 else None
     if note:
-        print(f"hpcps: note: {note}", flush=True)
+        out.write(f"hpcps: note: {note}\n")
     with core.abort_on_error(world):
         try:
-            res = run_job(cfg, world, resume=args.resume, stop=stop, restart=args.restart)
+            res = run_job(cfg, world, out=out, resume=args.resume, stop=stop,
+                          restart=args.restart)
             code = EXIT_REQUEUE if res and res.get("stopped_by_signal") else 0
             if res and res.get("skip_finalize"):
                 # after surviving a lost rank, Open MPI's MPI_Finalize can wait forever for the
@@ -96,13 +103,16 @@ def cmd_join(args) -> int:
 
     stop = StopRequest().install()
     from hpcps.comm import core, spawn
+    from hpcps.core import log
     from hpcps.runtime.job import join_job
+
+    log.configure(args.verbosity)
 
     if spawn.parent() is None:
         return _fail("`hpcps join` is started by a running job to add workers to it (hpcps "
                      "grow, [elastic] add_workers); it cannot run by itself")
     with core.abort_on_error(core.world()):
-        res = join_job(stop=stop)
+        res = join_job(out=log.LineStream(), stop=stop)
     return EXIT_REQUEUE if res.get("stopped_by_signal") else 0
 
 
@@ -181,6 +191,13 @@ def cmd_run(args) -> int:
         n = cfg.cluster.servers + QUICKSTART_WORKERS + 1
     else:
         n = cfg.cluster.servers + QUICKSTART_WORKERS
+    # before launching: the rank count, the model's import, the memory (all ranks on this node)
+    from hpcps.runtime.prelaunch import check_before_launch
+
+    local = not args.mpirun_args and os.environ.get("SLURM_JOB_NUM_NODES", "1") in ("", "1")
+    problems = check_before_launch(cfg, n, local)
+    if problems:
+        return _fail("\n".join(str(p) for p in problems))
     try:
         mpirun = launch.find_mpirun(args.mpirun)
     except FileNotFoundError as e:
@@ -192,6 +209,8 @@ def cmd_run(args) -> int:
     resume = args.resume or ("never" if args.func is cmd_check else "auto")
     if resume != "auto":
         cmd += ["--resume", resume]
+    if args.verbosity:                  # -v / -q: for every rank's output
+        cmd += ["-v" if args.verbosity > 0 else "-q"]
     shown = " ".join(f"{k}={v}" for k, v in env.items())
     print(f"hpcps run: {(shown + ' ') if shown else ''}{' '.join(cmd)}", flush=True)
     if args.dry_run:
@@ -287,6 +306,15 @@ def _restart_arg(text: str):
         raise argparse.ArgumentTypeError(f"expected N:STATUS, got {text!r}") from None
 
 
+def _verbosity(p) -> None:
+    """``-v`` / ``-q`` (:mod:`hpcps.core.log`) on a command that runs a job."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
+                   help="put the rank and host in front of every line; show debug messages")
+    g.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
+                   help="warnings and errors only (no progress lines, no summary)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcps", description="An MPI parameter server for machine learning.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -298,10 +326,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "it or exit with status 2; 'never': train afresh (earlier checkpoints "
                         "are moved to ckpt.aside-<time>/); or a checkpoint directory")
     t.add_argument("--restart", type=_restart_arg, default=None, help=argparse.SUPPRESS)
+    _verbosity(t)
     t.set_defaults(func=cmd_train)
+    about = {
+        "run": "Launch mpirun for a job file: check the job, the rank count, the model's import "
+               "and (all ranks on this node) the servers' memory first, then start the ranks "
+               "(each runs `hpcps train`); resume from the run directory's newest valid "
+               "checkpoint unless --resume says otherwise.",
+        "check": "Train a job afresh (--resume never by default) and compare its test AUC with "
+                 "scikit-learn's LogisticRegression on the same features: the job must set "
+                 "[evaluate] sklearn_baseline = true; exit status 1 when the gap exceeds "
+                 "[evaluate] max_auc_gap. Takes the same options as `hpcps run`.",
+    }
     for name, func, hlp in (("run", cmd_run, "launch mpirun for a job"),
                             ("check", cmd_check, "run a job and compare its AUC with scikit-learn")):
-        r = sub.add_parser(name, help=hlp)
+        r = sub.add_parser(name, help=hlp, description=about[name])
         r.add_argument("job", nargs="?", help=f"TOML job file (default: {QUICKSTART.name}, 1 server + 3 workers)")
         r.add_argument("-n", type=int, default=0, help="number of ranks (default: servers + 3 workers; 3 for allreduce; "
                             "servers + 4 for sandblaster)")
@@ -316,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="relaunch mpirun up to N times after a failure (e.g. a rank was "
                             "killed); the job resumes from its newest valid checkpoint")
+        _verbosity(r)
         r.set_defaults(func=func, mpirun_args=[])
         r.epilog = "Extra mpirun arguments go after --, e.g. `hpcps run -n 8 job.toml -- --host a,b`."
     g = sub.add_parser("grow", help="add workers to a running job (parameter-server mode)")
@@ -329,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_grow)
     j = sub.add_parser("join", help="(internal) a worker added to a running job; started by "
                                      "MPI_Comm_spawn, not by hand")
+    _verbosity(j)
     j.set_defaults(func=cmd_join)
     i = sub.add_parser("info", help="versions and the MPI in use")
     i.set_defaults(func=cmd_info)

@@ -12,72 +12,28 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
-
 from hpcps.comm import core
 from hpcps.comm.collectives import bcast_int
 from hpcps.comm.progress import library_version, rma_progress_advice
 from hpcps.config import ConfigError
+from hpcps.runtime.prelaunch import (  # noqa: F401 - importable from here as before
+    available_memory, memory_message, server_bytes, server_need)
 
 
 class ResourceError(RuntimeError):
     """The job cannot fit this machine (raised identically on every rank before training)."""
 
 
-def available_memory() -> int | None:
-    """Bytes of memory available for new allocations on this node (``MemAvailable`` of
-    /proc/meminfo), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def server_bytes(tables, n_servers: int) -> tuple[int, list[str]]:
-    """Bytes of the largest server's shards (rows and optimizer slots) and the arithmetic.
-
-    Parameters
-    ----------
-    tables : list of (TableSpec, optimizer)
-    n_servers : int
-
-    Returns
-    -------
-    (int, list of str)
-        Bytes, and one line of arithmetic per table.
-    """
-    from hpcps.core.tables import KeyPartition
-
-    total, parts = 0, []
-    for spec, opt in tables:
-        rows = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).range_size
-        item = np.dtype(spec.dtype).itemsize
-        state = opt.slot_bytes_per_row(spec.dim, spec.dtype)
-        b = rows * (spec.dim * item + state)
-        total += b
-        slots = f" + {state} B {', '.join(opt.slot_names)}" if opt.slot_names else ""
-        parts.append(f"{spec.name}: {rows:,} rows x ({spec.dim} x {item} B weights{slots}) "
-                     f"= {b / 2**30:,.2f} GiB")
-    return total, parts
-
-
 def check_memory(cfg, tables, world) -> None:
-    """Refuse a job whose tables do not fit the servers' memory, showing the arithmetic.
-    Collective over ``world`` (one Allreduce): every rank raises :class:`ResourceError` when
-    any server rank's node lacks the memory.
+    """Refuse a job whose tables do not fit the servers' memory, showing the arithmetic and
+    naming the job file and the key that sizes the tables. Collective over ``world`` (one
+    Allreduce): every rank raises :class:`ResourceError` when any server rank's node lacks
+    the memory.
 
     The test is per node: the shards of all servers placed on one node (by hostname) must fit
     its ``MemAvailable``.
     """
-    need, parts = server_bytes(tables, cfg.cluster.servers)
-    copies = cfg.fault_tolerance.replicas if cfg.fault_tolerance.mode == "continue" else 1
-    if copies > 1:                  # each server also holds a backup of its neighbour's range
-        need *= copies
-        parts = [f"{p} (x {copies} copies, [fault_tolerance] replicas)" for p in parts]
+    need, parts = server_need(cfg, tables)
     roles = core.role_map(world.Get_size(), cfg.cluster.servers)
     is_server = roles[world.Get_rank()] == core.SERVER
     have = available_memory()
@@ -89,17 +45,7 @@ def check_memory(cfg, tables, world) -> None:
         node.Free()
     short = is_server and have is not None and need * here > have
     if core.any_rank_failed(world, short):
-        detail = "; ".join(parts)
-        where = (f"{here} server(s) on this node need {here} x {need / 2**30:,.2f} GiB = "
-                 f"{here * need / 2**30:,.2f} GiB but {have / 2**30:,.2f} GiB is available"
-                 if short else "a server's node lacks the memory (see that rank's message)")
-        cures = [f"more servers on more nodes ([cluster] servers = {cfg.cluster.servers} now,"
-                 f" {here} on this node)" if here > 1 else
-                 f"more servers ([cluster] servers = {cfg.cluster.servers} now)", "fewer keys"]
-        if cfg.model.dtype != "float32":
-            cures.append('[model] dtype = "float32"')
-        raise ResourceError(f"the tables do not fit the servers' memory: per server {detail}; "
-                            f"{where}. Use {', '.join(cures[:-1])} or {cures[-1]}.")
+        raise ResourceError(memory_message(cfg, need, parts, here, have if short else None))
 
 
 def limit_threads(world, ranks_on_node: int | None = None) -> int | None:

@@ -123,3 +123,17 @@ def test_stale_session_dir_removed_only_with_rendezvous_files(tmp_path):
     assert launch.clear_stale_session_dir(42, env) is None         # another pid's: kept
     assert launch.clear_stale_session_dir(41, env) == d
     assert not d.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_check_has_its_own_help():
+    """Issue 22, item 10: `hpcps check --help` was identical to `hpcps run --help`."""
+    import subprocess
+
+    def help_of(cmd):
+        return subprocess.run([sys.executable, "-m", "hpcps", cmd, "--help"], capture_output=True,
+                              text=True, check=True).stdout.replace(f"hpcps {cmd}", "hpcps X")
+
+    run, check = help_of("run"), help_of("check")
+    assert run != check
+    assert "scikit-learn" in check and "max_auc_gap" in check
+    assert "memory" in run and "scikit-learn" not in run
