@@ -178,6 +178,38 @@ def test_deferred_pushes_go_with_the_clock_in_one_request_per_server(mode):
 
 
 @pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("overwrite", ["grads", "keys"])
+def test_buffers_rewritten_after_clock_do_not_change_the_deferred_push(overwrite):
+    """push(..., defer=True) then clock(): the caller may reuse its arrays as soon as clock()
+    returns. A 1 M-key dense push of ones (float32 rows and int64 keys: sent from in place
+    before, large enough to wait for the server), then ``g[:] = 999`` (or the keys set to 0):
+    the server applies the ones it was given, to the keys it was given (issue 23.1: it
+    applied -999)."""
+    comm = MPI.COMM_WORLD
+    n = 1 << 20
+    spec = TableSpec("w", n, 1, "float32", sparse=False)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+
+    def work(client, roles):
+        for _ in range(2):
+            keys = np.arange(n, dtype=np.int64)
+            g = np.ones((n, 1), dtype=np.float32)
+            client.push("w", keys, g, defer=True)
+            client.clock(1)
+            if overwrite == "grads":
+                g[:] = 999
+            else:
+                keys[:] = 0
+        return client.pull_table("w")
+
+    n_servers = comm.size // 2
+    roles, got = _ps(comm, n_servers, tables, work)
+    if roles.role == core.WORKER:
+        # every worker pushes ones, one example each: -1 per clock, two clocks
+        np.testing.assert_array_equal(got, np.full((n, 1), -2.0, dtype=np.float32))
+
+
+@pytest.mark.mpi(min_size=3)
 def test_pull_many_equals_one_pull_per_table():
     """pull_many posts every table's requests before waiting: the rows are those of one pull
     per table (sparse and dense tables, an empty key set, keys on every server), and a bad
