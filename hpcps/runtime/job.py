@@ -386,6 +386,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 ranges = np.full((ft_state.n_ranges, 5), -1, dtype=np.int64)
             ranges = allreduce_max(world, ranges)
         rows = gather_rows(world, stats)
+        hosts = core.allgather_hostnames(world)      # rows[i] ran on hosts[i]
         stopped = bool(any_rank_failed(world, stats[0] == -1))
         crows = gather_rows(world, consistency_report.local_row(
             server is not None, roles.index, server.staleness if server else None, client,
@@ -411,7 +412,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                   f"{EXIT_REQUEUE} asks the batch script to requeue the job\n")
         out.flush()
         return {"stopped_by_signal": True}
-    summary = _summary(cfg, result, rows, time.perf_counter() - t_start)
+    summary = _summary(cfg, result, rows, time.perf_counter() - t_start, hosts)
     if ft_state is not None:
         summary["failures"] = list(ft_state.events)
         if ft_state.events and summary["servers"]:
@@ -581,10 +582,11 @@ def _finish_metrics(cfg, summary, history) -> None:
                    "epochs": history, "summary": summary})
 
 
-def _summary(cfg, result, rows, wall) -> dict:
+def _summary(cfg, result, rows, wall, hosts=None) -> dict:
     servers, workers = [], []
-    for r in rows:
+    for i, r in enumerate(rows):
         d = dict(zip(STAT_FIELDS, (float(v) for v in r)))
+        d["host"] = hosts[i] if hosts else ""
         d["examples_per_epoch"] = [int(v) for v in r[len(STAT_FIELDS):]]   # servers: per epoch
         (servers if d["is_server"] == 1 else workers).append(d)
     servers.sort(key=lambda d: d["index"])
@@ -601,11 +603,12 @@ def _summary(cfg, result, rows, wall) -> dict:
         "servers": [dict({k: int(d[k]) for k in ("index", "rows", "memory_bytes", "keys_pulled",
                                                   "keys_pushed", "bytes_in", "bytes_out",
                                                   "requests", "examples")},
-                         examples_per_epoch=d["examples_per_epoch"])
+                         examples_per_epoch=d["examples_per_epoch"], host=d["host"])
                     for d in servers],
         "workers": [{"index": int(d["index"]), "bytes_pulled": int(d["bytes_in"]),
                      "bytes_pushed": int(d["bytes_out"]), "pull_seconds": d["pull_seconds"],
-                     "push_seconds": d["push_seconds"], "clock_seconds": d["clock_seconds"]}
+                     "push_seconds": d["push_seconds"], "clock_seconds": d["clock_seconds"],
+                     "host": d["host"]}
                     for d in sorted(workers, key=lambda d: d["index"])],
     }
 
@@ -626,6 +629,13 @@ def _print_summary(s, history, out) -> None:
         tot_pull = sum(d["pull_seconds"] for d in s["workers"])
         tot_push = sum(d["push_seconds"] for d in s["workers"])
         w(f"  workers: pull wait {tot_pull:.2f} s, push {tot_push:.2f} s (summed over workers)\n")
+    by_host: dict = {}
+    for kind in ("server", "worker"):
+        for d in s.get(kind + "s", []):
+            if d.get("host"):
+                by_host.setdefault(d["host"], []).append(f"{kind} {d['index']}")
+    if by_host:
+        w("  hosts: " + "; ".join(f"{h}: {', '.join(r)}" for h, r in by_host.items()) + "\n")
     if history and all(k in history[-1] for k in ("test_auc", "test_logloss", "test_accuracy")):
         h = history[-1]
         w(f"  hpcps                              test AUC {h['test_auc']:.4f}  log-loss "

@@ -123,3 +123,15 @@ def test_stale_session_dir_removed_only_with_rendezvous_files(tmp_path):
     assert launch.clear_stale_session_dir(42, env) is None         # another pid's: kept
     assert launch.clear_stale_session_dir(41, env) == d
     assert not d.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_map_by_after_double_dash_replaces_the_oversubscribe_one():
+    """``hpcps run ... -- --map-by node:OVERSUBSCRIBE`` (one rank per test host in turn): Open MPI 5
+    refuses a second --map-by, so the user's replaces hpcps's own (tests/multihost)."""
+    extra = ["--map-by", "node:OVERSUBSCRIBE", "--hostfile", "hf"]
+    cmd, _ = launch.build_command(6, "j.toml", mpirun="mpirun", flavour=("openmpi", 5), cores=2,
+                                  is_root=False, extra=extra)
+    assert cmd.count("--map-by") == 1 and cmd[cmd.index("--map-by") + 1] == "node:OVERSUBSCRIBE"
+    cmd, _ = launch.build_command(6, "j.toml", mpirun="mpirun", flavour=("openmpi", 4), cores=2,
+                                  is_root=False, extra=["--map-by", "node"])
+    assert "--oversubscribe" not in cmd
