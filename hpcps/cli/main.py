@@ -153,6 +153,17 @@ def _finished_anyway(cfg, since: float) -> str | None:
     return None
 
 
+def _unfinished(cfg, since: float) -> bool:
+    """Whether this launch's job did not finish although mpirun exited 0: no ``metrics.json``
+    with a summary written after ``since``. Open MPI 5's mpirun exits 0 after "PRTE has lost
+    communication with a remote daemon" (a node's link cut: tests/multihost). Local."""
+    path = cfg.output.dir / "metrics.json"
+    try:
+        return path.stat().st_mtime < since or "summary" not in json.loads(path.read_text())
+    except (OSError, ValueError):
+        return True
+
+
 def _default_job(job):
     if job:
         return job
@@ -195,7 +206,7 @@ def cmd_run(args) -> int:
     if args.dry_run:
         return 0
     t_launch = time.time()
-    rc = launch.run(cmd, env)
+    rc = _checked(launch.run(cmd, env), cfg, t_launch, args)
     why = _finished_anyway(cfg, t_launch) if rc != 0 else None
     if why:
         print(f"hpcps run: mpirun exited with status {rc} because {why}; the job itself "
@@ -215,7 +226,20 @@ def cmd_run(args) -> int:
         if "--resume" in cmd:                  # a restart continues from the checkpoints
             i = cmd.index("--resume")
             cmd = cmd[:i] + cmd[i + 2:]
-        rc = launch.run(cmd, env)
+        t_launch = time.time()
+        rc = _checked(launch.run(cmd, env), cfg, t_launch, args)
+    return rc
+
+
+def _checked(rc: int, cfg, since: float, args) -> int:
+    """``rc``, or 1 (a rank lost: restartable) when mpirun said 0 but the job did not finish."""
+    from hpcps.runtime import launch
+
+    if rc == 0 and not args.dry_run and not launch.forwarded and _unfinished(cfg, since):
+        print("hpcps run: mpirun exited with status 0 but the job did not finish (no summary in "
+              f"{cfg.output.dir / 'metrics.json'}; a node lost? see above): counted as status 1",
+              flush=True)
+        return 1
     return rc
 
 
