@@ -3,7 +3,8 @@
 
 1. unit tests in one pytest process, then each end-to-end file (``tests/e2e/test_*.py``, which
    launch real ``mpirun`` jobs) in its own, then ``tests/slurm`` (a real one-node Slurm, started
-   by its fixture), each with a timeout;
+   by its fixture), then ``tests/multihost`` (3 test hosts made of namespaces on this machine:
+   tests/hosts/README.md), each with a timeout;
 2. every ``tests/mpi/test_*.py`` under ``mpirun -n K python -m pytest --with-mpi`` for each K
    listed in its ``# mpi-ranks: ...`` line, each launch in its own process with a timeout so
    that one hang cannot eat the budget.
@@ -92,7 +93,7 @@ def main() -> int:
         # unit tests in one process; each end-to-end file (real mpirun launches) in its own
         e2e = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "e2e").glob("test_*.py"))
         # tests/slurm starts a private one-node Slurm (skips without Slurm unless CI is set)
-        for target in ["tests/unit"] + e2e + ["tests/slurm"]:
+        for target in ["tests/unit"] + e2e + ["tests/slurm", "tests/multihost"]:
             cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no", target]
             if args.k:
                 cmd += ["-k", args.k]
