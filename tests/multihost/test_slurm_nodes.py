@@ -60,7 +60,7 @@ def cluster(_hosts_session):
 def submit(c, tmp_path, script, name, every=10, extra=(), launcher="mpirun") -> str:
     job = write_job(tmp_path, name, every=every)
     env = dict(c.env, HPCPS_MPIRUN_ARGS=TCP, HPCPS_MAX_RESTARTS="2", HPCPS_LAUNCHER=launcher)
-    p = subprocess.run(["sbatch", "--parsable", "--nodes=3", "--ntasks-per-node=2", "--overcommit",
+    p = subprocess.run(["sbatch", "--parsable", "--nodes=3", "--ntasks=6", "--ntasks-per-node=2", "--overcommit",
                         f"--output={tmp_path / name}.out", *extra, str(ROOT / "slurm" / script), str(job)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
