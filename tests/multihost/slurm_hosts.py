@@ -49,6 +49,7 @@ SlurmctldLogFile={d}/slurmctld.log
 SlurmdLogFile={d}/slurmd.%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
+DebugFlags=NO_CONF_HASH
 {nodes}
 PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
@@ -60,8 +61,17 @@ def node_states(c: Cluster) -> dict:
 
 
 def start_slurmd(c: Cluster, h) -> None:
+    """Start ``h``'s slurmd inside its namespaces, with its own copy of slurm.conf and an
+    mpi.conf that gives Slurm's PMIx plugin a directory of this node's own: the test hosts
+    share one file system, and the plugin's default ``/tmp/spmix_appdir_<uid>_<job>.<step>``
+    would be the same directory for every node ("File exists": srun --mpi=pmix failed)."""
+    node_dir = c.dir / f"node-{h.name}"
+    (node_dir / "pmix").mkdir(parents=True, exist_ok=True)
+    conf = node_dir / "slurm.conf"
+    conf.write_text(c.conf.read_text())
+    (node_dir / "mpi.conf").write_text(f"PMIxCliTmpDirBase={node_dir / 'pmix'}\n")
     c.procs[f"slurmd-{h.name}"] = _start(f"slurmd.{h.name}", h.cmd(
-        _find("slurmd"), "-D", "-N", h.name, "-f", c.conf), c.dir, c.env)
+        _find("slurmd"), "-D", "-N", h.name, "-f", conf), c.dir, c.env)
 
 
 def start_multinode(d: Path, hosts, cpus: int = 2) -> Cluster:

@@ -9,7 +9,9 @@
   and the job resumes, bit-identical.
 
 The launcher is the Open MPI wheel's ``mpirun --bind-to none`` (it starts its daemons on the
-other nodes with ``srun``), with TCP restricted to the hosts' subnet (``HPCPS_MPIRUN_ARGS``).
+other nodes with ``srun``), with TCP restricted to the hosts' subnet (``HPCPS_MPIRUN_ARGS``);
+``multinode.sbatch`` also with ``srun --mpi=pmix`` (``HPCPS_LAUNCHER=srun-pmix``), which needs
+each node's PMIx directory apart (slurm_hosts.start_slurmd: the hosts share /tmp).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def cluster(_hosts_session):
 
 def submit(c, tmp_path, script, name, every=10, extra=(), launcher="mpirun") -> str:
     job = write_job(tmp_path, name, every=every)
-    env = dict(c.env, HPCPS_MPIRUN_ARGS=TCP, HPCPS_MAX_RESTARTS="2", HPCPS_LAUNCHER=launcher)
+    env = dict(c.env, HPCPS_MPIRUN_ARGS=TCP, HPCPS_MAX_RESTARTS="2", HPCPS_LAUNCHER=launcher,
+               OMPI_MCA_pml="ob1", OMPI_MCA_btl="tcp,self,sm", OMPI_MCA_btl_tcp_if_include=str(th.SUBNET))
     p = subprocess.run(["sbatch", "--parsable", "--nodes=3", "--ntasks=6", "--ntasks-per-node=2", "--overcommit",
                         f"--output={tmp_path / name}.out", *extra, str(ROOT / "slurm" / script), str(job)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
@@ -98,11 +101,12 @@ def out(tmp_path, name) -> str:
     return p.read_text(errors="replace") if p.exists() else ""
 
 
-@pytest.mark.parametrize("script", ["multinode.sbatch", "train.sbatch"])
-def test_sbatch_on_three_nodes_completes_bit_identical(cluster, tmp_path, reference, script):
+@pytest.mark.parametrize("script,launcher", [("multinode.sbatch", "mpirun"), ("train.sbatch", "mpirun"),
+                                             ("multinode.sbatch", "srun-pmix")])
+def test_sbatch_on_three_nodes_completes_bit_identical(cluster, tmp_path, reference, script, launcher):
     c, hs = cluster
     name = script.split(".")[0]
-    jobid = submit(c, tmp_path, script, name)
+    jobid = submit(c, tmp_path, script, name, launcher=launcher)
     info = wait_done(c, jobid)
     text = out(tmp_path, name)
     assert info["JobState"] == "COMPLETED", text[-4000:]
