@@ -54,7 +54,7 @@ def test_netem_delay_loss_rate_train_bit_identical(tmp_path, hosts, reference):
 def test_rma_pulls_across_hosts_give_the_p2p_model(tmp_path, hosts, reference):
     job = write_job(tmp_path, "rma", pull="rma")
     p = start_on_hosts(tmp_path, hosts, RANKS, job)
-    out = wait(p, timeout=90)
+    out = wait(p, timeout=45)
     assert p.returncode == 0, out[-4000:]
     assert "RMA pulls" in out or "rma" in out.lower(), out[-3000:]
     assert same_weights(weights(tmp_path / "rma"), reference[0])
