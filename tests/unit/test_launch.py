@@ -135,3 +135,21 @@ def test_a_map_by_after_double_dash_replaces_the_oversubscribe_one():
     cmd, _ = launch.build_command(6, "j.toml", mpirun="mpirun", flavour=("openmpi", 4), cores=2,
                                   is_root=False, extra=["--map-by", "node"])
     assert "--oversubscribe" not in cmd
+
+
+def test_a_launch_that_exits_0_without_the_jobs_summary_did_not_finish(tmp_path):
+    """Open MPI 5's mpirun exits 0 after losing a daemon (a node's link cut, tests/multihost):
+    hpcps run then looks for this launch's summary in metrics.json."""
+    import json
+    import types
+
+    from hpcps.cli.main import _unfinished
+    cfg = types.SimpleNamespace(output=types.SimpleNamespace(dir=tmp_path))
+    since = time.time()
+    assert _unfinished(cfg, since)                                     # no metrics.json
+    (tmp_path / "metrics.json").write_text(json.dumps({"epochs": [{"epoch": 1}]}))
+    assert _unfinished(cfg, since)                                     # epochs, no summary
+    (tmp_path / "metrics.json").write_text(json.dumps({"epochs": [], "summary": {"steps": 3}}))
+    assert not _unfinished(cfg, since)
+    os.utime(tmp_path / "metrics.json", (since - 60, since - 60))     # an earlier launch's
+    assert _unfinished(cfg, since)
