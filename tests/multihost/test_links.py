@@ -8,7 +8,8 @@
 * ``pull = "rma"`` across hosts (Open MPI 5's ``osc/rdma`` over the TCP BTL): the same weights
   as p2p pulls. It hangs today (xfail, strict): a server waits for ever in the exclusive
   ``Lock`` on its own window (``hpcps/comm/rma.py`` ``exclusive``, from ``_advance``) while the
-  workers poll with shared locks; one host (``osc/sm``) is fine.
+  workers poll with shared locks (also with ``--mca btl tcp,self``, no shared memory at all);
+  one host (``osc/sm``) is fine, and a plain mpi4py Lock/Get/Unlock across the hosts works.
 """
 
 import subprocess
