@@ -165,6 +165,23 @@ def _finished_anyway(cfg, since: float) -> str | None:
     return None
 
 
+def _unfinished(cfg, since: float) -> bool:
+    """Whether this launch's job did not finish although mpirun exited 0: no ``metrics.json``
+    with a summary written after ``since``. Open MPI 5's mpirun exits 0 after "PRTE has lost
+    communication with a remote daemon" (a node's link cut: tests/multihost). Local.
+
+    A finished run launched again trains nothing and leaves its ``metrics.json`` as it was:
+    a summary of every epoch counts as finished, whenever it was written."""
+    path = cfg.output.dir / "metrics.json"
+    try:
+        doc = json.loads(path.read_text())
+        fresh = path.stat().st_mtime >= since
+    except (OSError, ValueError):
+        return True
+    summary = doc.get("summary")
+    return not isinstance(summary, dict) or (not fresh and summary.get("epochs", 0) < cfg.train.epochs)
+
+
 def _default_job(job):
     if job:
         return job
@@ -219,7 +236,7 @@ def cmd_run(args) -> int:
 
     run_dir = RunDir(cfg.output.dir)
     t_launch = time.time()
-    rc = launch.run(cmd, env)
+    rc = _checked(launch.run(cmd, env), cfg, t_launch, args)
     run_dir.clear_stale_running()           # an aborted job's chief could not remove it
     why = _finished_anyway(cfg, t_launch) if rc != 0 else None
     if why:
@@ -242,8 +259,21 @@ def cmd_run(args) -> int:
                 i = cmd.index(opt)
                 cmd = cmd[:i] + cmd[i + 2:]
         cmd += ["--restart", f"{restarts}:{rc}"]   # recorded in metrics.json (summary.launches)
-        rc = launch.run(cmd, env)
+        t_launch = time.time()
+        rc = _checked(launch.run(cmd, env), cfg, t_launch, args)
         run_dir.clear_stale_running()
+    return rc
+
+
+def _checked(rc: int, cfg, since: float, args) -> int:
+    """``rc``, or 1 (a rank lost: restartable) when mpirun said 0 but the job did not finish."""
+    from hpcps.runtime import launch
+
+    if rc == 0 and not args.dry_run and not launch.forwarded and _unfinished(cfg, since):
+        print("hpcps run: mpirun exited with status 0 but the job did not finish (no summary in "
+              f"{cfg.output.dir / 'metrics.json'}; a node lost? see above): counted as status 1",
+              flush=True)
+        return 1
     return rc
 
 

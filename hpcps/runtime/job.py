@@ -207,6 +207,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 ranges = np.full((ft_state.n_ranges, 5), -1, dtype=np.int64)
             ranges = allreduce_max(world, ranges)
         rows = gather_rows(world, mine.to_row(cfg.train.epochs))
+        hosts = core.allgather_hostnames(world)      # rows[i] ran on hosts[i]
         stopped = bool(any_rank_failed(world, mine.stopped))
         crows = gather_rows(world, consistency_report.local_row(
             server is not None, roles.index, server.staleness if server else None, client,
@@ -233,7 +234,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
         out.flush()
         return {"stopped_by_signal": True}
     summary = summarize(result, [RankStats.from_row(r) for r in rows],
-                        time.perf_counter() - t_start)
+                        time.perf_counter() - t_start, hosts)
     if launches:
         launches[-1]["steps"] = summary["steps"]
         summary["run_steps"] = int(result["clock"])      # every launch's, to the end

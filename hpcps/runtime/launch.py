@@ -117,7 +117,7 @@ def build_launch(n: int, program, *, mpirun: str, flavour=("unknown", 0), cores=
     cmd = [mpirun, "-n", str(n)]
     env: dict[str, str] = {}
     if kind == "openmpi":
-        if n + spare > cores:
+        if n + spare > cores and "--map-by" not in extra:       # the user's mapping wins
             cmd += ["--map-by", ":OVERSUBSCRIBE"] if major >= 5 else ["--oversubscribe"]
         if is_root:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

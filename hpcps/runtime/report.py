@@ -109,7 +109,7 @@ class RankStats:
         self.clock_seconds = float(stats.seconds.get("clock", 0.0))
 
 
-def summarize(result: dict, ranks: list, wall: float) -> dict:
+def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None) -> dict:
     """The job's summary from the training result (the chief worker's) and every rank's
     :class:`RankStats`. Local (the chief).
 
@@ -121,7 +121,10 @@ def summarize(result: dict, ranks: list, wall: float) -> dict:
     ranks : list of RankStats
     wall : float
         Seconds from the job's start.
+    hosts : list of str, optional
+        ``hosts[i]`` is the host ``ranks[i]`` ran on (``hpcps.comm.core.allgather_hostnames``).
     """
+    host = {id(r): (hosts[i] if hosts else "") for i, r in enumerate(ranks)}
     servers = sorted((r for r in ranks if r.is_server), key=lambda r: r.index)
     workers = sorted((r for r in ranks if not r.is_server), key=lambda r: r.index)
     return {
@@ -137,12 +140,13 @@ def summarize(result: dict, ranks: list, wall: float) -> dict:
         "servers": [{"index": r.index, "rows": r.rows, "memory_bytes": r.memory_bytes,
                      "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
                      "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "requests": r.requests,
-                     "examples": r.examples, "examples_per_epoch": list(r.examples_per_epoch)}
+                     "examples": r.examples, "examples_per_epoch": list(r.examples_per_epoch),
+                     "host": host[id(r)]}
                     for r in servers],
         "workers": [{"index": r.index, "bytes_pulled": r.bytes_in, "bytes_pushed": r.bytes_out,
                      "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
                      "pull_seconds": r.pull_seconds, "push_seconds": r.push_seconds,
-                     "clock_seconds": r.clock_seconds}
+                     "clock_seconds": r.clock_seconds, "host": host[id(r)]}
                     for r in workers],
     }
 
@@ -182,6 +186,13 @@ def summary_lines(s: dict, history: list) -> list[str]:
             read = f"read {keys:,} keys ({mb(got)}) by RMA, "
         lines.append(f"  workers: {read}pull wait {tot_pull:.2f} s, push {tot_push:.2f} s "
                      f"(summed over workers)")
+    by_host: dict = {}
+    for kind in ("server", "worker"):
+        for d in s.get(kind + "s", []):
+            if d.get("host"):
+                by_host.setdefault(d["host"], []).append(f"{kind} {d['index']}")
+    if by_host:
+        lines.append("  hosts: " + "; ".join(f"{h}: {', '.join(r)}" for h, r in by_host.items()))
     if history and all(k in history[-1] for k in ("test_auc", "test_logloss", "test_accuracy")):
         h = history[-1]
         lines.append(f"  hpcps                              test AUC {h['test_auc']:.4f}  "
