@@ -19,7 +19,8 @@ of a row touches one record (one cache line for ``dim`` 1)::
 The arena grows by 1.5x into a fresh ``numpy.empty`` buffer: the pages past the used rows
 are never written, so they cost address space, not resident memory.
 
-*Index*: ``C`` slots of one uint64 each (0 = empty, else ``tag << 32 | (row + 1)``), linear
+*Index*: ``C`` slots of one uint64 each (0 = empty, else ``tag << 32 | (row + 1)``, row + 1
+in the low 31 bits; bit 31 is set only while a push is in progress, see below), linear
 probing. ``h = fmix64(key)`` (MurmurHash3's 64-bit finaliser, a bijection with full
 avalanche); the home slot is ``floor(h * C / 2**64)`` (Lemire's multiply-shift range
 reduction, so ``C`` need not be a power of two) and ``tag`` is the low 32 bits of ``h``. A
@@ -37,7 +38,10 @@ minimum is ``8 + dim*T + state`` (key + row + slots, no padding). For ``dim`` 1:
     ftrl     z, n             24              32               20 / 32
     adam     m, v, step       32              40               28 / 40
 
-Limits: at most ``2**32 - 2`` rows per table (the index packs ``row + 1`` into 32 bits).
+Both live in anonymous private mappings (``mmap``; huge pages asked for from 4 MiB), so
+a grown-out buffer returns to the system at once instead of staying in the heap.
+
+Limits: at most ``2**31 - 2`` rows per table (the index packs ``row + 1`` into 31 bits).
 
 Key -> server spread
 --------------------
@@ -54,10 +58,14 @@ Updates
 value), sums the gradient rows of equal keys in input order (never dropping one), then
 runs the rule once per distinct row, with exactly the arithmetic of
 :mod:`hpcps.kernels.optim` (so a dynamic table gives bitwise the values a fixed table
-gives for the same pushes).
+gives for the same pushes). Duplicates are summed in the same pass that finds the rows:
+the first occurrence of a row in a push marks its index slot with the row's number ``u``
+in the push (``u << 32 | 1 << 31 | row + 1``), so a repeat reads ``u`` from the slot it
+probes anyway; the tags are restored at the end of the pass (and around a rehash).
 """
 
 import math
+import mmap
 
 import numpy as np
 
@@ -91,16 +99,21 @@ cdef enum:
     _R_ADAGRAD = 1
     _R_ADAM = 2
     _R_FTRL = 3
-    _AHEAD_INDEX = 16       # keys ahead whose index slot is prefetched
-    _AHEAD_RECORD = 8       # keys ahead whose (likely) record is prefetched
     _AHEAD_UPDATE = 8       # distinct rows ahead whose record is prefetched in the update
+
+cdef Py_ssize_t _AHEAD_INDEX = 16       # keys ahead whose index slot is prefetched
+cdef Py_ssize_t _AHEAD_RECORD = 8       # keys ahead whose (likely) record is prefetched
+
 
 _RULE_CODES = {"sgd": _R_SGD, "adagrad": _R_ADAGRAD, "adam": _R_ADAM, "ftrl": _R_FTRL}
 
 cdef uint64_t _GOLDEN = 0x9E3779B97F4A7C15ULL
 cdef uint64_t _EMPTY = 0
-cdef uint64_t _MAX_ROWS = 0xFFFFFFFEULL           # row + 1 must fit 32 bits
+cdef uint64_t _MAX_ROWS = 0x7FFFFFFEULL           # row + 1 must fit 31 bits
+cdef uint64_t _MARK = 0x80000000ULL               # bit 31: slot marked by a push in progress
+cdef uint64_t _ROW = 0x7FFFFFFFULL                # row + 1 of a slot
 _MAX_LOAD_DEFAULT = 0.8
+_HUGE_MIN = 4 << 20         # mappings from this size ask for transparent huge pages
 _GROWTH = 1.5
 
 
@@ -383,43 +396,135 @@ cdef void _update_rows(char* arena, Py_ssize_t rec, Py_ssize_t soff,
                       <floating>(1.0 - pow(hp.beta2, <double>t)))
 
 
-cdef Py_ssize_t _merge_by_row(const int64_t* rows, Py_ssize_t n, const floating* grads,
-                              Py_ssize_t dim, uint64_t* cmap, int mbits, int64_t* urows,
-                              floating* summed) noexcept nogil:
-    """Distinct rows in first-occurrence order (``urows[:m]``) and, for each, the sum of
-    its gradient rows in input order starting from +0.0 (``summed[:m]``, zeroed by the
-    caller), through a small open-addressing map row -> u (``cmap``: 2**mbits zeroed
-    entries, ``(row + 1) << 32 | u``); returns m."""
-    cdef Py_ssize_t i, j, m = 0
-    cdef uint64_t mask = ((<uint64_t>1) << mbits) - 1, key, e, p
-    cdef int64_t u
+ctypedef struct _Tab:
+    uint64_t* index
+    uint64_t C
+    char* arena
+    Py_ssize_t rec
+    Py_ssize_t size
+    Py_ssize_t grow_at
+    Py_ssize_t rows_cap
+
+
+cdef inline void _new_u(Py_ssize_t* m, int64_t r, uint64_t p, int64_t* urows, uint64_t* upos,
+                        floating* summed, Py_ssize_t dim) noexcept nogil:
+    cdef Py_ssize_t j, u = m[0]
+    urows[u] = r
+    upos[u] = p
+    for j in range(dim):
+        summed[u * dim + j] = 0
+    m[0] = u + 1
+
+
+cdef Py_ssize_t _push_pass(_Tab* t, const int64_t* keys, const floating* grads, Py_ssize_t n,
+                           Py_ssize_t dim, Py_ssize_t start, Py_ssize_t* m_io, int64_t* urows,
+                           uint64_t* upos, floating* summed, const char* tmpl) noexcept nogil:
+    """One pass over a push: insert-or-find each key and sum its gradient row into the
+    row's entry ``u`` (distinct rows numbered in first-occurrence order; ``summed[u]``
+    starts at +0.0 and adds the rows in input order, as ``merge_duplicates`` does).
+
+    The first occurrence of a row *marks* its index slot: ``u << 32 | MARK | (row + 1)``
+    (``upos[u]`` remembers the slot), so a later occurrence finds ``u`` in the slot it
+    probes anyway — no second map. Marked slots compare the key (the record is in cache)
+    instead of the tag; :func:`_unmark` restores the tags. Returns the i at which it
+    stopped because the index or the arena is full (n when done); ``m_io`` in/out."""
+    cdef Py_ssize_t i, j, m = m_io[0], rec = t.rec
+    cdef uint64_t k, h, p, e, tag, C = t.C
+    cdef uint64_t* index = t.index
+    cdef int64_t r, u
+    cdef char* dst
     cdef const floating* g
     cdef floating* o
-    for i in range(n):
-        key = <uint64_t>rows[i] + 1
-        p = (key * _GOLDEN) >> (64 - mbits)
+    for i in range(start, n):
+        if i + _AHEAD_INDEX < n:
+            hpcps_ht_prefetch(index + hpcps_ht_range(_fmix64(<uint64_t>keys[i + _AHEAD_INDEX]), C))
+        if i + _AHEAD_RECORD < n:
+            e = index[hpcps_ht_range(_fmix64(<uint64_t>keys[i + _AHEAD_RECORD]), C)]
+            if e != _EMPTY:
+                hpcps_ht_prefetch(t.arena + (<int64_t>(e & _ROW) - 1) * rec)
+        k = <uint64_t>keys[i]
+        h = _fmix64(k)
+        tag = h & 0xFFFFFFFFULL
+        p = hpcps_ht_range(h, C)
         while True:
-            e = cmap[p]
-            if e == 0:
+            e = index[p]
+            if e == _EMPTY:
+                if t.size >= t.grow_at or t.size >= t.rows_cap:
+                    m_io[0] = m
+                    return i
+                r = t.size
+                dst = t.arena + r * rec
+                memcpy(dst, tmpl, rec)
+                (<uint64_t*>dst)[0] = k
+                t.size += 1
                 u = m
-                cmap[p] = (key << 32) | <uint64_t>u
-                urows[u] = rows[i]
-                m += 1
+                _new_u(&m, r, p, urows, upos, summed, dim)
+                index[p] = (<uint64_t>u << 32) | _MARK | <uint64_t>(r + 1)
                 break
-            if (e >> 32) == key:
-                u = <int64_t>(e & 0xFFFFFFFFULL)
+            r = <int64_t>(e & _ROW) - 1
+            if e & _MARK:
+                if (<uint64_t*>(t.arena + r * rec))[0] == k:
+                    u = <int64_t>(e >> 32)
+                    break
+            elif (e >> 32) == tag and (<uint64_t*>(t.arena + r * rec))[0] == k:
+                u = m
+                _new_u(&m, r, p, urows, upos, summed, dim)
+                index[p] = (<uint64_t>u << 32) | _MARK | (e & _ROW)
                 break
-            p = (p + 1) & mask
+            p += 1
+            if p == C:
+                p = 0
         g = grads + i * dim
         o = summed + u * dim
         for j in range(dim):
             o[j] += g[j]
-    return m
+    m_io[0] = m
+    return n
+
+
+cdef void _unmark(_Tab* t, Py_ssize_t m, const int64_t* urows, const uint64_t* upos) noexcept nogil:
+    """Restore the tags of the slots a push marked."""
+    cdef Py_ssize_t u
+    cdef int64_t r
+    cdef uint64_t h
+    for u in range(m):
+        r = urows[u]
+        h = _fmix64((<uint64_t*>(t.arena + r * t.rec))[0])
+        t.index[upos[u]] = ((h & 0xFFFFFFFFULL) << 32) | <uint64_t>(r + 1)
+
+
+cdef void _remark(_Tab* t, Py_ssize_t m, const int64_t* urows, uint64_t* upos) noexcept nogil:
+    """Mark again (after the index was rebuilt) the slots of the rows ``urows[:m]``."""
+    cdef Py_ssize_t u
+    cdef int64_t r
+    cdef uint64_t p
+    for u in range(m):
+        r = urows[u]
+        p = hpcps_ht_range(_fmix64((<uint64_t*>(t.arena + r * t.rec))[0]), t.C)
+        while (t.index[p] & _ROW) != <uint64_t>(r + 1):
+            p += 1
+            if p == t.C:
+                p = 0
+        upos[u] = p
+        t.index[p] = (<uint64_t>u << 32) | _MARK | <uint64_t>(r + 1)
 
 
 # --------------------------------------------------------------------------------------
 # The table
 # --------------------------------------------------------------------------------------
+
+def _anonymous(Py_ssize_t nbytes):
+    """A zero-filled uint8 array of ``nbytes`` in its own anonymous mapping: its pages cost
+    memory only once written, and all of it returns to the system when the array is
+    dropped (a heap block of ``malloc`` may stay resident after ``free``)."""
+    m = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if nbytes >= _HUGE_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:        # random probes: 2 MiB pages spare a TLB miss per access (numpy does so too)
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return np.frombuffer(m, dtype=np.uint8)[:nbytes]
+
 
 def _finite(x, name):
     x = float(x)
@@ -484,7 +589,7 @@ cdef class HashTable:
     cdef Py_ssize_t grow_at
     cdef char* arena
     cdef Py_ssize_t rows_cap
-    cdef object _cmap         # scratch of apply: the row -> u map
+    cdef object _scratch      # apply's buffers: distinct rows, their slots, summed grads
     cdef object _template     # one record holding a new row's state (key and w zero)
 
     def __init__(self, dim, dtype="float64", rule="sgd", *, lr=0.01, l2=0.0, eps=1e-8,
@@ -535,7 +640,7 @@ cdef class HashTable:
         self.rows_cap = 0
         self._arena = None
         self.arena = NULL
-        self._cmap = np.zeros(0, dtype=np.uint64)
+        self._scratch = None
         cap = int(capacity)
         if cap < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
@@ -548,7 +653,7 @@ cdef class HashTable:
         """Replace the index by one of ``slots`` slots and re-insert every stored key."""
         cdef Py_ssize_t r
         cdef uint64_t h, p, C = slots
-        idx = np.zeros(slots, dtype=np.uint64)        # calloc: untouched pages cost nothing
+        idx = _anonymous(slots * 8).view(np.uint64)   # zero pages
         cdef uint64_t[::1] iv = idx
         cdef uint64_t* ip = &iv[0]
         cdef char* a = self.arena
@@ -576,7 +681,7 @@ cdef class HashTable:
             if rows <= self.rows_cap:
                 raise ValueError(f"a dynamic table holds at most {int(_MAX_ROWS):,} keys "
                                  f"per server")
-        buf = np.empty(rows * self.record_bytes, dtype=np.uint8)   # pages written on use
+        buf = _anonymous(rows * self.record_bytes)      # pages are backed when written
         if self.size:
             buf[:self.size * self.record_bytes] = self._arena[:self.size * self.record_bytes]
         cdef uint8_t[::1] bv = buf
@@ -603,7 +708,7 @@ cdef class HashTable:
             if e == _EMPTY:
                 return -1
             if (e >> 32) == tag:
-                r = <int64_t>(e & 0xFFFFFFFFULL) - 1
+                r = <int64_t>(e & _ROW) - 1
                 if (<uint64_t*>(self.arena + r * self.record_bytes))[0] == key:
                     return r
             p += 1
@@ -620,7 +725,7 @@ cdef class HashTable:
             return
         e = slot[0]
         if e != _EMPTY:
-            hpcps_ht_prefetch(self.arena + (<int64_t>(e & 0xFFFFFFFFULL) - 1) * self.record_bytes)
+            hpcps_ht_prefetch(self.arena + (<int64_t>(e & _ROW) - 1) * self.record_bytes)
 
     cdef Py_ssize_t _lookup_loop(self, const int64_t* keys, Py_ssize_t n,
                                  int64_t* rows) noexcept nogil:
@@ -688,7 +793,7 @@ cdef class HashTable:
         Raises
         ------
         ValueError
-            If the table would exceed ``2**32 - 2`` keys (the keys inserted so far stay).
+            If the table would exceed ``2**31 - 2`` keys (the keys inserted so far stay).
         """
         k = _key_vector(keys)
         rows = np.empty(k.shape[0], dtype=np.int64)
@@ -736,7 +841,7 @@ cdef class HashTable:
                     self.size += 1
                     break
                 if (e >> 32) == tag:
-                    r = <int64_t>(e & 0xFFFFFFFFULL) - 1
+                    r = <int64_t>(e & _ROW) - 1
                     if (<uint64_t*>(self.arena + r * rec))[0] == k:
                         break
                 p += 1
@@ -849,7 +954,7 @@ cdef class HashTable:
         Raises
         ------
         TypeError, ValueError
-            For another dtype or shape, a non-finite ``scale``, more than ``2**32 - 2``
+            For another dtype or shape, a non-finite ``scale``, more than ``2**31 - 2``
             keys in one push or in the table. Nothing is modified when the arguments
             are wrong.
 
@@ -871,37 +976,66 @@ cdef class HashTable:
         if <uint64_t>n > _MAX_ROWS:
             raise ValueError(f"a push of {n:,} keys is more than {int(_MAX_ROWS):,}")
         g = np.ascontiguousarray(g)
-        rows = self.insert(k)
-        cdef int mbits = max(4, int(2 * n - 1).bit_length())
-        if self._cmap.shape[0] < (1 << mbits):
-            self._cmap = np.zeros(1 << mbits, dtype=np.uint64)
-        cmap = self._cmap[:1 << mbits]
-        cmap[:] = 0
-        urows = np.empty(n, dtype=np.int64)
-        summed = np.zeros((n, self.dim), dtype=self.dtype)
-        cdef const int64_t[::1] rv = rows
-        cdef uint64_t[::1] cv = cmap
+        if self._scratch is None or self._scratch[0].shape[0] < n:
+            self._scratch = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.uint64),
+                             np.empty(n * self.dim, dtype=self.dtype))
+        urows, upos, summed = self._scratch
+        cdef const int64_t[::1] kv = k
         cdef int64_t[::1] uv = urows
+        cdef uint64_t[::1] pv = upos
         cdef const float[:, ::1] g32
         cdef const double[:, ::1] g64
-        cdef float[:, ::1] s32
-        cdef double[:, ::1] s64
-        cdef _Hyper hp = self.hp
-        hp.scale = sc
-        if self.dtype == np.float32:
+        cdef float[::1] s32
+        cdef double[::1] s64
+        cdef bint f32 = self.dtype == np.float32
+        if f32:
             g32, s32 = g, summed
-            with nogil:
-                m = _merge_by_row[float](&rv[0], n, &g32[0, 0], self.dim, &cv[0], mbits,
-                                         &uv[0], &s32[0, 0])
-                _update_rows[float](self.arena, self.record_bytes, self.soff,
-                                    self.step_off, self.dim, &uv[0], m, &s32[0, 0], &hp)
         else:
             g64, s64 = g, summed
-            with nogil:
-                m = _merge_by_row[double](&rv[0], n, &g64[0, 0], self.dim, &cv[0], mbits,
-                                          &uv[0], &s64[0, 0])
-                _update_rows[double](self.arena, self.record_bytes, self.soff,
-                                     self.step_off, self.dim, &uv[0], m, &s64[0, 0], &hp)
+        cdef uint8_t[::1] tv = self._template
+        cdef const char* tmpl = <const char*>&tv[0]
+        cdef _Hyper hp = self.hp
+        hp.scale = sc
+        cdef _Tab t
+        cdef Py_ssize_t i = 0, before = self.size
+        m = 0
+        try:
+            while True:
+                self._fill(&t)
+                with nogil:
+                    if f32:
+                        i = _push_pass[float](&t, &kv[0], &g32[0, 0], n, self.dim, i, &m,
+                                              &uv[0], &pv[0], &s32[0], tmpl)
+                    else:
+                        i = _push_pass[double](&t, &kv[0], &g64[0, 0], n, self.dim, i, &m,
+                                               &uv[0], &pv[0], &s64[0], tmpl)
+                    _unmark(&t, m, &uv[0], &pv[0])
+                self.size = t.size
+                if i == n:
+                    break
+                self._make_room()                 # the index is clean while it grows
+                self._fill(&t)
+                with nogil:
+                    _remark(&t, m, &uv[0], &pv[0])
+        finally:
+            if self.size > before:
+                self._init_rows(before, self.size)
+        with nogil:
+            if f32:
+                _update_rows[float](t.arena, t.rec, self.soff, self.step_off, self.dim,
+                                    &uv[0], m, &s32[0], &hp)
+            else:
+                _update_rows[double](t.arena, t.rec, self.soff, self.step_off, self.dim,
+                                     &uv[0], m, &s64[0], &hp)
+
+    cdef void _fill(self, _Tab* t):
+        t.index = self.index
+        t.C = self.C
+        t.arena = self.arena
+        t.rec = self.record_bytes
+        t.size = self.size
+        t.grow_at = self.grow_at
+        t.rows_cap = self.rows_cap
 
     # ---------------------------------------------------------------- contents
 

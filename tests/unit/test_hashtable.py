@@ -253,3 +253,17 @@ def test_bytes_per_key_within_twice_the_minimum():
         t = _table(rule, 1, "float64")
         t.insert(keys)
         assert t.nbytes / len(t) <= 2 * t.min_record_bytes, (rule, t.nbytes / len(t))
+
+
+def test_push_that_grows_the_index_midway_still_sums_repeats():
+    """A push of 5,000 new keys, each twice (second half repeats the first), into an empty
+    table: the index grows several times during the pass (slots re-marked each time), and
+    each key receives both of its gradient rows."""
+    t = HashTable(1, "float64", "sgd", lr=1.0)
+    keys = np.arange(5_000, dtype=np.int64) * 7919 - 10**15
+    g = np.arange(1, 10_001, dtype=np.float64).reshape(-1, 1)
+    t.apply(np.concatenate([keys, keys]), g)
+    assert len(t) == 5_000 and t.index_slots > 5_000
+    np.testing.assert_array_equal(t.gather(keys)[:, 0], -(g[:5_000, 0] + g[5_000:, 0]))
+    t.apply(keys, np.ones((5_000, 1)))            # the tags were restored: found, not re-added
+    assert len(t) == 5_000
