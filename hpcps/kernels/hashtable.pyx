@@ -101,8 +101,8 @@ cdef enum:
     _R_FTRL = 3
     _AHEAD_UPDATE = 8       # distinct rows ahead whose record is prefetched in the update
 
-cdef Py_ssize_t _AHEAD_INDEX = 16       # keys ahead whose index slot is prefetched
-cdef Py_ssize_t _AHEAD_RECORD = 8       # keys ahead whose (likely) record is prefetched
+cdef Py_ssize_t _AHEAD_INDEX = 32       # keys ahead whose index slot is prefetched
+cdef Py_ssize_t _AHEAD_RECORD = 16      # keys ahead whose record is prefetched (tag scan)
 
 
 _RULE_CODES = {"sgd": _R_SGD, "adagrad": _R_ADAGRAD, "adam": _R_ADAM, "ftrl": _R_FTRL}
@@ -356,9 +356,12 @@ cdef inline void _ftrl_row(floating* w, floating* z, floating* n, const floating
 
 cdef void _update_rows(char* arena, Py_ssize_t rec, Py_ssize_t soff,
                        Py_ssize_t step_off, Py_ssize_t dim, const int64_t* urows,
-                       Py_ssize_t m, const floating* summed, const _Hyper* hp) noexcept nogil:
+                       Py_ssize_t m, const floating* summed, const _Hyper* hp,
+                       uint64_t* index, const uint64_t* upos) noexcept nogil:
     """Run rule ``hp.rule`` on the records ``urows[u]`` (distinct) with gradient
-    ``summed[u]``, prefetching the record ``_AHEAD_UPDATE`` rows ahead."""
+    ``summed[u]``, prefetching the record ``_AHEAD_UPDATE`` rows ahead; and restore the
+    tag of the index slot ``upos[u]`` each row's push marked (in the same pass: the
+    record holds the key to hash)."""
     cdef Py_ssize_t u, j
     cdef char* r
     cdef floating* w
@@ -372,12 +375,15 @@ cdef void _update_rows(char* arena, Py_ssize_t rec, Py_ssize_t soff,
         if u + _AHEAD_UPDATE < m:
             r = arena + urows[u + _AHEAD_UPDATE] * rec
             hpcps_ht_prefetch(r)
+            hpcps_ht_prefetch(index + upos[u + _AHEAD_UPDATE])
             if rec > 64:
                 j = 64
                 while j < rec:
                     hpcps_ht_prefetch(r + j)
                     j += 64
         r = arena + urows[u] * rec
+        index[upos[u]] = ((_fmix64((<uint64_t*>r)[0]) & 0xFFFFFFFFULL) << 32) | \
+            <uint64_t>(urows[u] + 1)
         w = <floating*>(r + 8)
         s = <floating*>(r + soff)
         if hp.rule == _R_SGD:
@@ -394,6 +400,27 @@ cdef void _update_rows(char* arena, Py_ssize_t rec, Py_ssize_t soff,
             _adam_row(w, s, s + dim, summed + u * dim, dim, lr, l2, scale, b1, b2, eps,
                       <floating>(1.0 - pow(hp.beta1, <double>t)),
                       <floating>(1.0 - pow(hp.beta2, <double>t)))
+
+
+cdef inline void _prefetch_record(const uint64_t* index, uint64_t C, const char* arena,
+                                  Py_ssize_t rec, uint64_t key) noexcept nogil:
+    """Prefetch the record of ``key``: scan its probe run (whose index line was prefetched
+    earlier) for the first slot with its tag, up to 8 slots; the home slot alone holds
+    another key's row about half the time at load 0.6. Marked slots are skipped (their
+    records were touched by this push already)."""
+    cdef uint64_t h = _fmix64(key), tag = h & 0xFFFFFFFFULL, e
+    cdef uint64_t p = hpcps_ht_range(h, C)
+    cdef int s
+    for s in range(8):
+        e = index[p]
+        if e == _EMPTY:
+            return
+        if not (e & _MARK) and (e >> 32) == tag:
+            hpcps_ht_prefetch(arena + (<int64_t>(e & _ROW) - 1) * rec)
+            return
+        p += 1
+        if p == C:
+            p = 0
 
 
 ctypedef struct _Tab:
@@ -439,9 +466,7 @@ cdef Py_ssize_t _push_pass(_Tab* t, const int64_t* keys, const floating* grads, 
         if i + _AHEAD_INDEX < n:
             hpcps_ht_prefetch(index + hpcps_ht_range(_fmix64(<uint64_t>keys[i + _AHEAD_INDEX]), C))
         if i + _AHEAD_RECORD < n:
-            e = index[hpcps_ht_range(_fmix64(<uint64_t>keys[i + _AHEAD_RECORD]), C)]
-            if e != _EMPTY:
-                hpcps_ht_prefetch(t.arena + (<int64_t>(e & _ROW) - 1) * rec)
+            _prefetch_record(index, C, t.arena, rec, <uint64_t>keys[i + _AHEAD_RECORD])
         k = <uint64_t>keys[i]
         h = _fmix64(k)
         tag = h & 0xFFFFFFFFULL
@@ -723,9 +748,7 @@ cdef class HashTable:
         if not record:
             hpcps_ht_prefetch(slot)
             return
-        e = slot[0]
-        if e != _EMPTY:
-            hpcps_ht_prefetch(self.arena + (<int64_t>(e & _ROW) - 1) * self.record_bytes)
+        _prefetch_record(self.index, self.C, self.arena, self.record_bytes, key)
 
     cdef Py_ssize_t _lookup_loop(self, const int64_t* keys, Py_ssize_t n,
                                  int64_t* rows) noexcept nogil:
@@ -999,34 +1022,41 @@ cdef class HashTable:
         cdef _Tab t
         cdef Py_ssize_t i = 0, before = self.size
         m = 0
-        try:
-            while True:
-                self._fill(&t)
-                with nogil:
-                    if f32:
-                        i = _push_pass[float](&t, &kv[0], &g32[0, 0], n, self.dim, i, &m,
-                                              &uv[0], &pv[0], &s32[0], tmpl)
-                    else:
-                        i = _push_pass[double](&t, &kv[0], &g64[0, 0], n, self.dim, i, &m,
-                                               &uv[0], &pv[0], &s64[0], tmpl)
-                    _unmark(&t, m, &uv[0], &pv[0])
-                self.size = t.size
-                if i == n:
-                    break
-                self._make_room()                 # the index is clean while it grows
-                self._fill(&t)
-                with nogil:
-                    _remark(&t, m, &uv[0], &pv[0])
-        finally:
-            if self.size > before:
+        while True:
+            self._fill(&t)
+            with nogil:
+                if f32:
+                    i = _push_pass[float](&t, &kv[0], &g32[0, 0], n, self.dim, i, &m,
+                                          &uv[0], &pv[0], &s32[0], tmpl)
+                else:
+                    i = _push_pass[double](&t, &kv[0], &g64[0, 0], n, self.dim, i, &m,
+                                           &uv[0], &pv[0], &s64[0], tmpl)
+            self.size = t.size
+            if i == n:
+                break
+            with nogil:
+                _unmark(&t, m, &uv[0], &pv[0])    # the index is clean while it grows
+            try:
+                self._make_room()
+            except BaseException:
                 self._init_rows(before, self.size)
-        with nogil:
+                raise
+            self._fill(&t)
+            with nogil:
+                _remark(&t, m, &uv[0], &pv[0])
+        try:
+            self._init_rows(before, self.size)
+        except BaseException:
+            with nogil:
+                _unmark(&t, m, &uv[0], &pv[0])
+            raise
+        with nogil:                               # step each row, unmark its slot
             if f32:
                 _update_rows[float](t.arena, t.rec, self.soff, self.step_off, self.dim,
-                                    &uv[0], m, &s32[0], &hp)
+                                    &uv[0], m, &s32[0], &hp, t.index, &pv[0])
             else:
                 _update_rows[double](t.arena, t.rec, self.soff, self.step_off, self.dim,
-                                     &uv[0], m, &s64[0], &hp)
+                                     &uv[0], m, &s64[0], &hp, t.index, &pv[0])
 
     cdef void _fill(self, _Tab* t):
         t.index = self.index

@@ -267,3 +267,25 @@ def test_push_that_grows_the_index_midway_still_sums_repeats():
     np.testing.assert_array_equal(t.gather(keys)[:, 0], -(g[:5_000, 0] + g[5_000:, 0]))
     t.apply(keys, np.ones((5_000, 1)))            # the tags were restored: found, not re-added
     assert len(t) == 5_000
+
+
+def test_failing_init_leaves_a_consistent_table():
+    """An init that raises during a push: the error propagates, no update is applied, and
+    the index is usable (the push's marks were removed): every key is found, later
+    pushes work."""
+    calls = []
+
+    def init(keys):
+        calls.append(keys.size)
+        if len(calls) == 1:
+            raise RuntimeError("init failed")
+        return np.full((keys.size, 1), 0.5)
+
+    t = HashTable(1, "float64", "sgd", lr=1.0, init=init)
+    keys = np.array([3, 4, 3, 5], dtype=np.int64)
+    with pytest.raises(RuntimeError, match="init failed"):
+        t.apply(keys, np.ones((4, 1)))
+    np.testing.assert_array_equal(t.lookup([3, 4, 5, 6]), [0, 1, 2, -1])
+    t.apply([6, 3], np.ones((2, 1)))
+    np.testing.assert_array_equal(t.lookup([3, 4, 5, 6]), [0, 1, 2, 3])
+    np.testing.assert_array_equal(t.gather([6]), [[-0.5]])
