@@ -60,8 +60,12 @@ runs the rule once per distinct row, with exactly the arithmetic of
 :mod:`hpcps.kernels.optim` (so a dynamic table gives bitwise the values a fixed table
 gives for the same pushes). Duplicates are summed in the same pass that finds the rows:
 the first occurrence of a row in a push marks its index slot with the row's number ``u``
-in the push (``u << 32 | 1 << 31 | row + 1``), so a repeat reads ``u`` from the slot it
-probes anyway; the tags are restored at the end of the pass (and around a rehash).
+in the push (``tag << 32 | 1 << 31 | u + 1``), so a repeat reads ``u`` from the slot it
+probes anyway; the rows are put back in the update pass (and around a rehash). The pass
+takes a tag match for the key without reading the record (that dependent read is what
+stalls on cold keys), then checks every such match in one prefetched pass over the
+distinct rows before any update; a false match (probability about 2**-32 per probed
+slot) makes it redo the push with the records read.
 """
 
 import math
@@ -382,8 +386,7 @@ cdef void _update_rows(char* arena, Py_ssize_t rec, Py_ssize_t soff,
                     hpcps_ht_prefetch(r + j)
                     j += 64
         r = arena + urows[u] * rec
-        index[upos[u]] = ((_fmix64((<uint64_t*>r)[0]) & 0xFFFFFFFFULL) << 32) | \
-            <uint64_t>(urows[u] + 1)
+        index[upos[u]] = (index[upos[u]] & 0xFFFFFFFF00000000ULL) | <uint64_t>(urows[u] + 1)
         w = <floating*>(r + 8)
         s = <floating*>(r + soff)
         if hp.rule == _R_SGD:
@@ -445,16 +448,21 @@ cdef inline void _new_u(Py_ssize_t* m, int64_t r, uint64_t p, int64_t* urows, ui
 
 cdef Py_ssize_t _push_pass(_Tab* t, const int64_t* keys, const floating* grads, Py_ssize_t n,
                            Py_ssize_t dim, Py_ssize_t start, Py_ssize_t* m_io, int64_t* urows,
-                           uint64_t* upos, floating* summed, const char* tmpl) noexcept nogil:
+                           uint64_t* upos, int64_t* ukeys, floating* summed, const char* tmpl,
+                           bint exact) noexcept nogil:
     """One pass over a push: insert-or-find each key and sum its gradient row into the
     row's entry ``u`` (distinct rows numbered in first-occurrence order; ``summed[u]``
     starts at +0.0 and adds the rows in input order, as ``merge_duplicates`` does).
 
-    The first occurrence of a row *marks* its index slot: ``u << 32 | MARK | (row + 1)``
-    (``upos[u]`` remembers the slot), so a later occurrence finds ``u`` in the slot it
-    probes anyway — no second map. Marked slots compare the key (the record is in cache)
-    instead of the tag; :func:`_unmark` restores the tags. Returns the i at which it
-    stopped because the index or the arena is full (n when done); ``m_io`` in/out."""
+    The first occurrence of a row *marks* its index slot: ``tag << 32 | MARK | (u + 1)``
+    (``upos[u]``, ``urows[u]`` and ``ukeys[u]`` remember slot, row and key), so a later
+    occurrence finds ``u`` in the slot it probes anyway (tag, then ``ukeys[u]``) — no second
+    map; :func:`_unmark` puts the rows back. ``exact`` False: a tag match on an unmarked
+    slot is taken for the key without reading its record (the read that stalls a cold
+    key); :func:`_verify` checks every such match before any update. A marked slot with
+    the key's tag but another key stops a non-exact pass (returns -1: redo it exactly).
+    Returns the i at which it stopped because the index or the arena is full (n when
+    done); ``m_io`` in/out."""
     cdef Py_ssize_t i, j, m = m_io[0], rec = t.rec
     cdef uint64_t k, h, p, e, tag, C = t.C
     cdef uint64_t* index = t.index
@@ -465,7 +473,7 @@ cdef Py_ssize_t _push_pass(_Tab* t, const int64_t* keys, const floating* grads, 
     for i in range(start, n):
         if i + _AHEAD_INDEX < n:
             hpcps_ht_prefetch(index + hpcps_ht_range(_fmix64(<uint64_t>keys[i + _AHEAD_INDEX]), C))
-        if i + _AHEAD_RECORD < n:
+        if exact and i + _AHEAD_RECORD < n:
             _prefetch_record(index, C, t.arena, rec, <uint64_t>keys[i + _AHEAD_RECORD])
         k = <uint64_t>keys[i]
         h = _fmix64(k)
@@ -484,18 +492,25 @@ cdef Py_ssize_t _push_pass(_Tab* t, const int64_t* keys, const floating* grads, 
                 t.size += 1
                 u = m
                 _new_u(&m, r, p, urows, upos, summed, dim)
-                index[p] = (<uint64_t>u << 32) | _MARK | <uint64_t>(r + 1)
+                ukeys[u] = <int64_t>k
+                index[p] = (tag << 32) | _MARK | <uint64_t>(u + 1)
                 break
-            r = <int64_t>(e & _ROW) - 1
-            if e & _MARK:
-                if (<uint64_t*>(t.arena + r * rec))[0] == k:
-                    u = <int64_t>(e >> 32)
-                    break
-            elif (e >> 32) == tag and (<uint64_t*>(t.arena + r * rec))[0] == k:
-                u = m
-                _new_u(&m, r, p, urows, upos, summed, dim)
-                index[p] = (<uint64_t>u << 32) | _MARK | (e & _ROW)
-                break
+            if (e >> 32) == tag:
+                if e & _MARK:
+                    u = <int64_t>(e & _ROW) - 1
+                    if <uint64_t>ukeys[u] == k:
+                        break
+                    if not exact:
+                        m_io[0] = m
+                        return -1
+                else:
+                    r = <int64_t>(e & _ROW) - 1
+                    if not exact or (<uint64_t*>(t.arena + r * rec))[0] == k:
+                        u = m
+                        _new_u(&m, r, p, urows, upos, summed, dim)
+                        ukeys[u] = <int64_t>k
+                        index[p] = (tag << 32) | _MARK | <uint64_t>(u + 1)
+                        break
             p += 1
             if p == C:
                 p = 0
@@ -507,15 +522,24 @@ cdef Py_ssize_t _push_pass(_Tab* t, const int64_t* keys, const floating* grads, 
     return n
 
 
+cdef bint _verify(_Tab* t, Py_ssize_t m, const int64_t* urows, const int64_t* ukeys) noexcept nogil:
+    """True when the record of every ``urows[u]`` holds ``ukeys[u]`` (prefetching ahead)."""
+    cdef Py_ssize_t u
+    for u in range(m):
+        if u + _AHEAD_UPDATE < m:
+            hpcps_ht_prefetch(t.arena + urows[u + _AHEAD_UPDATE] * t.rec)
+        if (<int64_t*>(t.arena + urows[u] * t.rec))[0] != ukeys[u]:
+            return False
+    return True
+
+
 cdef void _unmark(_Tab* t, Py_ssize_t m, const int64_t* urows, const uint64_t* upos) noexcept nogil:
     """Restore the tags of the slots a push marked."""
     cdef Py_ssize_t u
     cdef int64_t r
     cdef uint64_t h
     for u in range(m):
-        r = urows[u]
-        h = _fmix64((<uint64_t*>(t.arena + r * t.rec))[0])
-        t.index[upos[u]] = ((h & 0xFFFFFFFFULL) << 32) | <uint64_t>(r + 1)
+        t.index[upos[u]] = (t.index[upos[u]] & 0xFFFFFFFF00000000ULL) | <uint64_t>(urows[u] + 1)
 
 
 cdef void _remark(_Tab* t, Py_ssize_t m, const int64_t* urows, uint64_t* upos) noexcept nogil:
@@ -526,12 +550,12 @@ cdef void _remark(_Tab* t, Py_ssize_t m, const int64_t* urows, uint64_t* upos) n
     for u in range(m):
         r = urows[u]
         p = hpcps_ht_range(_fmix64((<uint64_t*>(t.arena + r * t.rec))[0]), t.C)
-        while (t.index[p] & _ROW) != <uint64_t>(r + 1):
+        while (t.index[p] & _MARK) or (t.index[p] & _ROW) != <uint64_t>(r + 1):
             p += 1
             if p == t.C:
                 p = 0
         upos[u] = p
-        t.index[p] = (<uint64_t>u << 32) | _MARK | <uint64_t>(r + 1)
+        t.index[p] = (t.index[p] & 0xFFFFFFFF00000000ULL) | _MARK | <uint64_t>(u + 1)
 
 
 # --------------------------------------------------------------------------------------
@@ -1001,11 +1025,12 @@ cdef class HashTable:
         g = np.ascontiguousarray(g)
         if self._scratch is None or self._scratch[0].shape[0] < n:
             self._scratch = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.uint64),
-                             np.empty(n * self.dim, dtype=self.dtype))
-        urows, upos, summed = self._scratch
+                             np.empty(n, dtype=np.int64), np.empty(n * self.dim, dtype=self.dtype))
+        urows, upos, ukeys, summed = self._scratch
         cdef const int64_t[::1] kv = k
         cdef int64_t[::1] uv = urows
         cdef uint64_t[::1] pv = upos
+        cdef int64_t[::1] ukv = ukeys
         cdef const float[:, ::1] g32
         cdef const double[:, ::1] g64
         cdef float[::1] s32
@@ -1021,21 +1046,26 @@ cdef class HashTable:
         hp.scale = sc
         cdef _Tab t
         cdef Py_ssize_t i = 0, before = self.size
+        cdef bint exact = False, ok
         m = 0
         while True:
             self._fill(&t)
             with nogil:
                 if f32:
-                    i = _push_pass[float](&t, &kv[0], &g32[0, 0], n, self.dim, i, &m,
-                                          &uv[0], &pv[0], &s32[0], tmpl)
+                    i = _push_pass[float](&t, &kv[0], &g32[0, 0], n, self.dim, i, &m, &uv[0],
+                                          &pv[0], &ukv[0], &s32[0], tmpl, exact)
                 else:
-                    i = _push_pass[double](&t, &kv[0], &g64[0, 0], n, self.dim, i, &m,
-                                           &uv[0], &pv[0], &s64[0], tmpl)
+                    i = _push_pass[double](&t, &kv[0], &g64[0, 0], n, self.dim, i, &m, &uv[0],
+                                           &pv[0], &ukv[0], &s64[0], tmpl, exact)
+                ok = i == n and (exact or _verify(&t, m, &uv[0], &ukv[0]))
             self.size = t.size
-            if i == n:
+            if ok:
                 break
             with nogil:
                 _unmark(&t, m, &uv[0], &pv[0])    # the index is clean while it grows
+            if i < 0 or i == n:                   # a tag matched another key: redo exactly
+                exact, i, m = True, 0, 0          # (the keys inserted so far are real)
+                continue
             try:
                 self._make_room()
             except BaseException:

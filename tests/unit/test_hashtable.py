@@ -289,3 +289,39 @@ def test_failing_init_leaves_a_consistent_table():
     t.apply([6, 3], np.ones((2, 1)))
     np.testing.assert_array_equal(t.lookup([3, 4, 5, 6]), [0, 1, 2, 3])
     np.testing.assert_array_equal(t.gather([6]), [[-0.5]])
+
+
+def _inverse_fmix64(h):
+    """The key whose fmix64 (MurmurHash3's finaliser) is ``h``."""
+    M = (1 << 64) - 1
+
+    def unxorshift33(x):
+        return x ^ (x >> 33)                      # 33 >= 64 / 2: one step inverts it
+
+    h = unxorshift33(h)
+    h = (h * pow(0xC4CEB9FE1A85EC53, -1, 1 << 64)) & M
+    h = unxorshift33(h)
+    h = (h * pow(0xFF51AFD7ED558CCD, -1, 1 << 64)) & M
+    return unxorshift33(h)
+
+
+@pytest.mark.parametrize("order", ["b_alone", "abab", "b_then_a"])
+def test_keys_with_equal_tags_are_told_apart(order):
+    """Keys whose hashes share the 32-bit tag and the probe run: a push first trusts tag
+    matches (no record read), then verifies them; a false match or a marked slot with the
+    tag of another key makes it redo the push exactly. Weights as a dict reference."""
+    ha = 0x1234_5678_9ABC_DEF0
+    hb = (ha + (1 << 33)) % (1 << 64)             # same low 32 bits, neighbouring home slot
+    a, b = (np.uint64(_inverse_fmix64(h)).view(np.int64) for h in (ha, hb))
+    assert table_hash(np.array([a, b])).tolist() == [ha, hb]
+    t = HashTable(1, "float64", "sgd", lr=1.0)
+    t.apply([a], np.array([[1.0]]))
+    ref = {int(a): -1.0}
+    keys = {"b_alone": [b], "abab": [a, b, a, b], "b_then_a": [b, a]}[order]
+    g = np.arange(1.0, len(keys) + 1).reshape(-1, 1)
+    t.apply(np.array(keys, dtype=np.int64), g)
+    for k, x in zip(keys, g[:, 0]):
+        ref[int(k)] = ref.get(int(k), 0.0) - x
+    assert len(t) == 2
+    np.testing.assert_array_equal(t.gather([a, b])[:, 0], [ref[int(a)], ref[int(b)]])
+    np.testing.assert_array_equal(t.lookup([a, b]), [0, 1])
