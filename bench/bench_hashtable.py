@@ -23,7 +23,7 @@ inserted into an empty table (index growth and arena copies included), divided b
 
 Usage::
 
-    python bench/bench_hashtable.py                       # 10^6 and 10^8 keys (~5.5 GB peak)
+    python bench/bench_hashtable.py                       # 10^6 and 10^8 keys (~5-6 GB, ~5-10 min)
     python bench/bench_hashtable.py --sizes 1000000       # 10^6 only
 """
 
