@@ -173,7 +173,11 @@ def iter_chunks(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES, start: 
                         left -= len(got)
             tail = b""
             while True:
-                want = chunk_bytes if stop is None else min(chunk_bytes, max(stop - offset - len(tail), 0))
+                # a chunk covers [offset, offset + chunk_bytes) cut at its last line end, so that
+                # the chunks from a given offset do not depend on where reading started
+                want = chunk_bytes - len(tail) if len(tail) < chunk_bytes else chunk_bytes
+                if stop is not None:
+                    want = min(want, max(stop - offset - len(tail), 0))
                 block = f.read(want) if want > 0 else b""
                 if not block:
                     if tail:
