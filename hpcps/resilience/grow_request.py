@@ -26,10 +26,9 @@ import uuid
 from pathlib import Path
 
 from hpcps.core.atomic import write_metrics
+from hpcps.core.procs import hpcps_alive as _alive
+from hpcps.core.paths import ANSWER, CKPT, METRICS, REQUEST, RUNNING  # noqa: F401 (re-exported)
 
-RUNNING = "running.json"
-REQUEST = "grow-request.json"
-ANSWER = "grow-answer.json"
 #: Largest request file read, bytes.
 MAX_REQUEST_BYTES = 65536
 #: Largest number of workers one request may add.
@@ -86,20 +85,6 @@ def read_request(path: Path) -> dict:
     return req
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host and is an hpcps process."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return b"hpcps" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-
-
 def running_job(run_dir) -> dict:
     """The ``running.json`` record of the job running in ``run_dir``. Local.
 
@@ -115,7 +100,7 @@ def running_job(run_dir) -> dict:
                         "[output] dir, e.g. runs/<job name>)")
     marker = d / RUNNING
     if not marker.exists():
-        metrics = d / "metrics.json"
+        metrics = d / METRICS
         try:
             done = "summary" in json.loads(metrics.read_text())
         except (OSError, ValueError):
@@ -124,10 +109,10 @@ def running_job(run_dir) -> dict:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metrics.stat().st_mtime))
             raise GrowError(f"{d}: the job has finished (its summary was written at {when}); "
                             "there is nothing running to add workers to")
-        if metrics.exists() or (d / "ckpt").exists():
+        if metrics.exists() or (d / CKPT).exists():
             raise GrowError(f"{d}: no parameter-server job is running here (no {RUNNING}: the "
                             "last one stopped, or has not started training yet)")
-        raise GrowError(f"{d}: not an hpcps run directory (no {RUNNING}, metrics.json or ckpt/)")
+        raise GrowError(f"{d}: not an hpcps run directory (no {RUNNING}, {METRICS} or {CKPT}/)")
     try:
         info = json.loads(marker.read_text())
         pid, host = int(info["pid"]), str(info["host"])

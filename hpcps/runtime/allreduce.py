@@ -18,6 +18,7 @@ from hpcps.runtime import metrics
 from hpcps.runtime.output import write_model
 from hpcps.runtime.preflight import load_model
 from hpcps.runtime.report import mb, print_summary
+from hpcps.runtime.rundir import RunDir, fresh_start_note
 from hpcps.worker.allreduce import AllReduceClient
 from hpcps.worker.trainer import Trainer
 
@@ -45,6 +46,10 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
                           f"mode = 'allreduce' is synchronous by construction; use 'bsp', got "
                           f"{cfg.consistency.model!r}")
     model = load_model(cfg)
+    if world.Get_rank() == 0:                # no checkpoints in this mode: always afresh
+        note = fresh_start_note(RunDir(cfg.output.dir))
+        if note:
+            out.write(f"hpcps: note: {note}\n")
     tables = model.tables()
     comm = world.Dup()
     t_start = time.perf_counter()
@@ -69,7 +74,7 @@ def run_allreduce(cfg, world, out=None, stop=None, step_hook=None) -> dict:
         rows = gather_rows(comm, stats)
         stopped = bool(any_rank_failed(comm, result["stopped_by_signal"]))
         if rank == 0 and not stopped:
-            path = write_model(cfg.output.dir / "model.h5",
+            path = write_model(RunDir(cfg.output.dir).model,
                                {s.name: client.pull_table(s.name) for s in client.specs}, cfg,
                                step=result["clock"], epoch=result["epochs"])
             result["model_path"] = str(path)

@@ -9,6 +9,7 @@ before training live in :mod:`hpcps.runtime.preflight`, the AllReduce mode in
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -18,7 +19,7 @@ from hpcps import checkpoint as ckpt
 from hpcps.analysis import consistency_report
 from hpcps.comm import core
 from hpcps.comm import ft
-from hpcps.comm.collectives import allreduce_max, barrier, bcast_int, gather_rows
+from hpcps.comm.collectives import allreduce_max, barrier, gather_rows
 from hpcps.comm.core import any_rank_failed
 from hpcps.comm.rma import allocate_windows, free_windows
 from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint, check_ranges
@@ -32,6 +33,7 @@ from hpcps.resilience.supervisor import supervise
 from hpcps.runtime import metrics
 from hpcps.runtime.allreduce import run_allreduce
 from hpcps.runtime.output import write_model
+from hpcps.runtime.rundir import RunDir, find_restore, launch_records
 from hpcps.runtime.preflight import (  # noqa: F401 - importable from here as before
     ResourceError, available_memory, check_memory, check_rma_progress, limit_threads,
     load_model, server_bytes)
@@ -43,54 +45,20 @@ from hpcps.worker.client import PSClient
 from hpcps.worker.trainer import Trainer
 
 
-def find_restore(cfg, world, resume="auto", out=None):
-    """Pick the checkpoint to resume from; the same on every rank. Collective over ``world``.
 
-    Rank 0 looks for the newest *valid* checkpoint under ``cfg.output.dir`` (warning about
-    newer ones that are incomplete or corrupt) — or validates the one named by ``resume`` —
-    and broadcasts its step; every rank then reads that manifest.
-
-    Parameters
-    ----------
-    resume : "auto", "never" or a checkpoint directory
-
-    Returns
-    -------
-    (directory, manifest) or None
-    """
-    out = out or sys.stdout
-    if resume == "never":
-        return None
-    step = -1
-    if world.Get_rank() == 0:
-        try:
-            if resume == "auto":
-                found = ckpt.latest_valid(cfg.output.dir,
-                                          warn=lambda m: out.write(f"hpcps: warning: {m}\n"))
-                step = int(found[1]["step"]) if found else -1
-            else:
-                step = int(ckpt.verify(resume)["step"])
-        except ckpt.CheckpointError as e:
-            out.write(f"hpcps: error: --resume {resume}: {e}\n")
-            step = -2
-    step = bcast_int(world, step)
-    if step == -2:
-        raise ckpt.ResumeError(f"cannot resume from {resume} (see rank 0's message)")
-    if step < 0:
-        return None
-    d = ckpt.step_dir(cfg.output.dir, step) if resume == "auto" else resume
-    return d, ckpt.read_manifest(d)
-
-
-def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> dict | None:
+def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None,
+            restart=None) -> dict | None:
     """Run job ``cfg`` on communicator ``world``. Collective over ``world``.
 
     Returns the summary dict on the chief (world rank 0), ``{"stopped_by_signal": bool}``
-    elsewhere. ``resume`` is ``"auto"``, ``"never"`` or a checkpoint directory
+    elsewhere, ``{"already_finished": True, ...}`` on every rank when the run had finished.
+    ``resume`` is ``"auto"``, ``"require"``, ``"never"`` or a checkpoint directory
     (:func:`find_restore`). ``stop`` (:class:`hpcps.core.signals.StopRequest`) lets a signal end
     the training after one checkpoint. ``step_hook(worker_index, clock)``, if given, is called
     by every worker in each step between computing the gradient and pushing it (tests slow a
-    worker down with it).
+    worker down with it). ``restart``: ``(n, status)`` when ``hpcps run`` relaunched the job
+    after a failure (restart ``n``, the failed launch's exit status), recorded with every
+    launch of the run in ``metrics.json`` (``summary.launches``).
 
     Raises
     ------
@@ -111,9 +79,13 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
     tables = model.tables()
     specs = [t[0] for t in tables]
     restore = find_restore(cfg, world, resume, out)
+    if restore is not None and restore.finished:      # every rank: the record stays as it is
+        return {"stopped_by_signal": False, "already_finished": True}
     if restore is not None:
         ckpt.check_compatible(restore[0], restore[1], specs,  # every rank, before any traffic
                               slots={spec.name: opt.slot_names for spec, opt in tables})
+        if restore.refuse:
+            raise ckpt.ResumeError(restore.refuse)
     check_memory(cfg, tables, world)
     check_ranges(world, cfg.cluster.servers)
     roles = core.split_roles(world, cfg.cluster.servers)
@@ -125,7 +97,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None) -> d
         windows = allocate_windows(roles.ps, sizes)
     elastic = Elastic(cfg, roles, specs, windows, ft_state, out)
     return _run_roles(cfg, elastic, model, tables, policy, out, restore=restore, stop=stop,
-                      step_hook=step_hook)
+                      step_hook=step_hook, restart=restart)
 
 
 def join_job(out=None, stop=None) -> dict:
@@ -149,7 +121,7 @@ def join_job(out=None, stop=None) -> dict:
 
 
 def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None,
-               step_hook=None, join=None) -> dict:
+               step_hook=None, join=None, restart=None) -> dict:
     """Serve or train on the layout of ``elastic`` (servers and workers of the launch, or an
     added worker when ``join`` is given), then gather the statistics and write the outputs.
     Collective over every rank of the job (which may change while it runs)."""
@@ -159,6 +131,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     mine = RankStats(index=roles.index)          # this rank's counters for the report
     result = None
     history: list = []
+    launches = []                     # this run's launches, this one last (workers)
     try:
         if roles.is_chief:
             elastic.mark_running()
@@ -209,6 +182,10 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             checkpointer = Checkpointer(cfg, client, roles.role_comm, roles.is_chief,
                                         roles.n_workers, [o.slot_specs(t.dim, t.dtype) for t, o in tables], out,
                                         async_cut=not policy.aggregate, flush=trainer.steps.flush)
+            if join is None:
+                earlier, this_launch = launch_records(restore, restart)
+                launches = earlier + [this_launch]
+                checkpointer.more = {"launches": json.dumps(launches)}
             result = supervise(trainer, restore=restore[1] if restore else None,
                                checkpointer=checkpointer, join=join)
             roles, windows = elastic.roles, elastic.windows
@@ -223,7 +200,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             client.stop()
             mine.add_client(client.ep.stats)
             if roles.is_chief and final is not None:
-                path = write_model(cfg.output.dir / "model.h5", final, cfg,
+                path = write_model(RunDir(cfg.output.dir).model, final, cfg,
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
         world = roles.ps                     # the job's ranks now (after failures, growths)
@@ -234,6 +211,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 ranges = np.full((ft_state.n_ranges, 5), -1, dtype=np.int64)
             ranges = allreduce_max(world, ranges)
         rows = gather_rows(world, mine.to_row(cfg.train.epochs))
+        hosts = core.allgather_hostnames(world)      # rows[i] ran on hosts[i]
         stopped = bool(any_rank_failed(world, mine.stopped))
         crows = gather_rows(world, consistency_report.local_row(
             server is not None, roles.index, server.staleness if server else None, client,
@@ -259,7 +237,12 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
         out.flush()
         return {"stopped_by_signal": True}
     summary = summarize(result, [RankStats.from_row(r) for r in rows],
-                        time.perf_counter() - t_start)
+                        time.perf_counter() - t_start, hosts)
+    if launches:
+        launches[-1]["steps"] = summary["steps"]
+        summary["run_steps"] = int(result["clock"])      # every launch's, to the end
+        summary["launches"] = launches
+        summary["restarts"] = sum("restart" in r for r in launches)
     if ft_state is not None:
         summary["failures"] = list(ft_state.events)
         if ft_state.events and summary["servers"]:

@@ -7,11 +7,11 @@ the summary's printed lines. No MPI.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 
 from hpcps.analysis import consistency_report
+from hpcps.runtime.baseline import cached_baseline, sklearn_baseline  # noqa: F401
 
 # role codes of the gathered row's first column
 _WORKER, _SERVER, _STOPPED = 0.0, 1.0, -1.0
@@ -109,7 +109,7 @@ class RankStats:
         self.clock_seconds = float(stats.seconds.get("clock", 0.0))
 
 
-def summarize(result: dict, ranks: list, wall: float) -> dict:
+def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None) -> dict:
     """The job's summary from the training result (the chief worker's) and every rank's
     :class:`RankStats`. Local (the chief).
 
@@ -121,7 +121,10 @@ def summarize(result: dict, ranks: list, wall: float) -> dict:
     ranks : list of RankStats
     wall : float
         Seconds from the job's start.
+    hosts : list of str, optional
+        ``hosts[i]`` is the host ``ranks[i]`` ran on (``hpcps.comm.core.allgather_hostnames``).
     """
+    host = {id(r): (hosts[i] if hosts else "") for i, r in enumerate(ranks)}
     servers = sorted((r for r in ranks if r.is_server), key=lambda r: r.index)
     workers = sorted((r for r in ranks if not r.is_server), key=lambda r: r.index)
     return {
@@ -137,12 +140,13 @@ def summarize(result: dict, ranks: list, wall: float) -> dict:
         "servers": [{"index": r.index, "rows": r.rows, "memory_bytes": r.memory_bytes,
                      "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
                      "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "requests": r.requests,
-                     "examples": r.examples, "examples_per_epoch": list(r.examples_per_epoch)}
+                     "examples": r.examples, "examples_per_epoch": list(r.examples_per_epoch),
+                     "host": host[id(r)]}
                     for r in servers],
         "workers": [{"index": r.index, "bytes_pulled": r.bytes_in, "bytes_pushed": r.bytes_out,
                      "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
                      "pull_seconds": r.pull_seconds, "push_seconds": r.push_seconds,
-                     "clock_seconds": r.clock_seconds}
+                     "clock_seconds": r.clock_seconds, "host": host[id(r)]}
                     for r in workers],
     }
 
@@ -159,7 +163,11 @@ def summary_lines(s: dict, history: list) -> list[str]:
     requests, so their lines give the bytes they sent and leave the key count to the
     workers' line (the keys the workers read from the windows).
     """
-    lines = [f"done: {s['epochs']} epoch(s), {s['steps']} steps, {s['examples']:,} examples in "
+    from hpcps.runtime.rundir import launch_phrase
+
+    phrase = launch_phrase(s) if "run_steps" in s else ""
+    steps = f"{s['run_steps']:,} steps{phrase}" if phrase else f"{s['steps']} steps"
+    lines = [f"done: {s['epochs']} epoch(s), {steps}, {s['examples']:,} examples in "
              f"{s['train_seconds']:.1f} s ({s['examples_per_second']:,.0f} ex/s)"]
     rma = s.get("consistency", {}).get("pull") == "rma"
     for d in s["servers"]:
@@ -178,6 +186,13 @@ def summary_lines(s: dict, history: list) -> list[str]:
             read = f"read {keys:,} keys ({mb(got)}) by RMA, "
         lines.append(f"  workers: {read}pull wait {tot_pull:.2f} s, push {tot_push:.2f} s "
                      f"(summed over workers)")
+    by_host: dict = {}
+    for kind in ("server", "worker"):
+        for d in s.get(kind + "s", []):
+            if d.get("host"):
+                by_host.setdefault(d["host"], []).append(f"{kind} {d['index']}")
+    if by_host:
+        lines.append("  hosts: " + "; ".join(f"{h}: {', '.join(r)}" for h, r in by_host.items()))
     if history and all(k in history[-1] for k in ("test_auc", "test_logloss", "test_accuracy")):
         h = history[-1]
         lines.append(f"  hpcps                              test AUC {h['test_auc']:.4f}  "
@@ -190,7 +205,9 @@ def summary_lines(s: dict, history: list) -> list[str]:
         b = s["baseline"]
         lines.append(f"  scikit-learn LogisticRegression    test AUC {b['test_auc']:.4f}  "
                      f"log-loss {b['test_logloss']:.4f}  accuracy {b['test_accuracy']:.4f}  "
-                     f"(same features, C = 1/(l2 n) = {b['C']:.4g}; {b['seconds']:.1f} s)")
+                     f"(same features, C = 1/(l2 n) = {b['C']:.4g}; "
+                     + (f"cached, fitted once in {b['fitted_seconds']:.1f} s)" if b.get("cached")
+                        else f"{b['seconds']:.1f} s)"))
         if "auc_gap" in b:
             lines.append(f"  AUC gap (scikit-learn - hpcps): {b['auc_gap']:+.4f}")
     c = s["checkpoints"]
@@ -211,29 +228,12 @@ def print_summary(s: dict, history: list, out) -> None:
     out.flush()
 
 
-def sklearn_baseline(cfg) -> dict:
-    """Fit scikit-learn ``LogisticRegression`` on the job's own features; test metrics. Local."""
-    from sklearn.linear_model import LogisticRegression
-
-    from hpcps.data.source import load_split
-    from hpcps.models.logistic_math import binary_metrics
-
-    t0 = time.perf_counter()
-    X, y = load_split(cfg.data, "train", 0, 1)
-    Xt, yt = load_split(cfg.data, "test", 0, 1)
-    c = 1.0 / (cfg.model.l2 * X.shape[0]) if cfg.model.l2 > 0 else 1.0
-    clf = LogisticRegression(C=c, max_iter=1000)
-    clf.fit(X, y)
-    m = binary_metrics(yt, clf.predict_proba(Xt)[:, 1])
-    return {"C": c, "test_auc": m["auc"], "test_logloss": m["logloss"],
-            "test_accuracy": m["accuracy"], "seconds": time.perf_counter() - t0}
-
-
 def add_baseline(cfg, summary: dict, history: list) -> None:
-    """With ``[evaluate] sklearn_baseline`` on a logistic model: fit the baseline and put it
-    (with the AUC gap to the last epoch) under ``summary["baseline"]``. Local (the chief)."""
+    """With ``[evaluate] sklearn_baseline`` on a logistic model: the baseline (fitted once per
+    set of features, :func:`hpcps.runtime.baseline.cached_baseline`) with the AUC gap to the
+    last epoch, under ``summary["baseline"]``. Local (the chief)."""
     if cfg.evaluate.sklearn_baseline and cfg.model.type == "logistic":
-        summary["baseline"] = sklearn_baseline(cfg)
+        summary["baseline"] = cached_baseline(cfg, sklearn_baseline)
         if history:
             summary["baseline"]["auc_gap"] = (summary["baseline"]["test_auc"]
                                               - history[-1]["test_auc"])

@@ -33,19 +33,19 @@ import time
 
 import numpy as np
 
-from hpcps import __version__
 from hpcps.checkpoint import ResumeError
 from hpcps.comm import core
 from hpcps.comm.collectives import gather_rows
 from hpcps.comm.sandblaster import CMD_EVAL, CMD_STOP, COORDINATOR, SERVER, node_total, split_sandblaster
 from hpcps.comm.sandblaster_links import CoordinatorLink, ServerLink, WorkerLink
-from hpcps.config import check_world, to_dict
+from hpcps.config import check_world
 from hpcps.core.resources import ResourceError, available_memory
+from hpcps.runtime.output import write_model
+from hpcps.runtime.rundir import MetricsFile, RunDir
 from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.core.tables import KeyPartition
 from hpcps.data.source import load_split
 from hpcps.models.logistic_math import binary_metrics, predict
-from hpcps.runtime.output import write_metrics, write_model
 from hpcps.sandblaster.baseline import objective, sklearn_solution
 from hpcps.sandblaster.lbfgs import LBFGS, Reply, X, n_slots
 from hpcps.sandblaster.local import to_original_order
@@ -108,8 +108,8 @@ def run_sandblaster(cfg, world, out=None, resume="auto", stop=None, step_hook=No
     core.check_launch(world)
     check_world(cfg, world.Get_size())
     if resume not in ("auto", "never"):
-        raise ResumeError(f"cluster.mode = 'sandblaster' writes no checkpoints; cannot resume "
-                          f"from {resume}")
+        what = "--resume require" if resume == "require" else f"cannot resume from {resume}"
+        raise ResumeError(f"cluster.mode = 'sandblaster' writes no checkpoints; {what}")
     t_start = time.perf_counter()
     roles = split_sandblaster(world, cfg.cluster.servers)
     row = np.zeros(len(RANK_FIELDS))
@@ -423,7 +423,7 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
                         "bytes_out": int(link.stats.total("bytes_out")),
                         "messages": int(link.stats.total("messages"))},
     }
-    path = write_model(cfg.output.dir / "model.h5", {"weights": wts.reshape(-1, 1),
+    path = write_model(RunDir(cfg.output.dir).model, {"weights": wts.reshape(-1, 1),
                                                      "bias": np.array([[bias]])},
                        cfg, step=res.iterations, epoch=res.evaluations)
     summary["model_path"] = str(path)
@@ -433,9 +433,7 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
               "test_rows": test["n"]}
     if cfg.evaluate.sklearn_baseline:
         summary["baseline"] = _baseline(cfg, wts, bias, res.objective, Xt, yt)
-    write_metrics(cfg.output.dir / "metrics.json",
-                  {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg),
-                   "iterations": res.history, "epochs": [record], "summary": summary})
+    MetricsFile(cfg).final([record], summary, iterations=res.history)
     _print_summary(summary, record, out)
     return summary
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import DATA, ROOT, launch
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 JOBS = ROOT / "tests" / "data" / "bad" / "jobs"
 
 CASES = {

@@ -7,8 +7,11 @@ import socket
 
 import h5py
 import numpy as np
+import pytest
 
 from tests.helpers import DATA, hpcps, launch, mpi_env, write_job
+
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
 SMALL = """
 name = "small"
