@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from hpcps import checkpoint as ckpt
-from hpcps.analysis.sources import AnalysisError, Source, _one_line, read_tables, resolve
+from hpcps.analysis.sources import (AnalysisError, Source, _one_line, metric_label,
+                                    read_tables, resolve)
 
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -101,7 +102,8 @@ def job_config(source, data, job=None):
     source : Source or path-like
         Anything :func:`resolve` accepts.
     data : path-like
-        Evaluation data: an svmlight file for svmlight jobs, the Adult CSV for adult_csv jobs.
+        Evaluation data: an svmlight file for svmlight jobs, the Adult CSV for adult_csv
+        jobs, a file written by ``hpcps data prepare`` for prepared jobs.
     job : path-like, optional
         A job file to use instead of the stored configuration.
 
@@ -147,12 +149,62 @@ def job_config(source, data, job=None):
     return parse_job(toml_text(doc), where)
 
 
-def evaluate(source, data, job=None) -> dict:
-    """Test metrics of the logistic model of a source on a data set.
+def _model_for(cfg, where):
+    """The job's model (:func:`hpcps.models.make_model`); load errors become AnalysisError."""
+    from hpcps.models import ModelLoadError, make_model
 
-    For an svmlight job every row of ``data`` is scored (feature count and index base from
-    the job); for an adult_csv job ``data`` is the Adult CSV and the job's own test split
-    (``test_fraction``, ``split_seed``, ``max_rows``, featurizer settings) is scored.
+    try:
+        return make_model(cfg)
+    except ModelLoadError as e:
+        raise AnalysisError(f"{where}: {_one_line(e)} (hpcps eval imports a user model as "
+                            "hpcps run does: set PYTHONPATH as for the run)") from None
+
+
+def _check_tables(model, tables: dict, src, cfg) -> None:
+    """Every table the job's model declares is in ``tables`` with the declared shape."""
+    try:
+        specs = [spec for spec, _ in model.tables()]
+    except (ValueError, TypeError) as e:
+        raise AnalysisError(f"{cfg.path}: the model's tables cannot be built ({_one_line(e)})") from None
+    missing = [s.name for s in specs if s.name not in tables]
+    if missing:
+        raise AnalysisError(f"{src.path}: no table(s) {missing} (has {sorted(tables)}); not "
+                            f"the tables of a {model.name!r} model as the job {cfg.path} defines it")
+    for s in specs:
+        have, want = tuple(tables[s.name].shape), (int(s.num_keys), int(s.dim))
+        if have != want:
+            raise AnalysisError(f"{src.path}: {s.name} has {have[0]} rows of {have[1:] or 1} but "
+                                f"the job {cfg.path} has {want[0]} rows of {want[1]} for it "
+                                f"({_SIZE_HINT.get(cfg.data.format, 'other data or job?')})")
+
+
+_SIZE_HINT = {"svmlight": "n_features; wrong --job?", "adult_csv": "hash_bits; wrong --job?",
+              "prepared": "sizes of the data file; other --data or --job?"}
+
+
+class _Rows:
+    """Rows of the tables by key, as a parameter server's pull returns them."""
+
+    def __init__(self, tables: dict):
+        self.tables = tables
+
+    def pull(self, keys: dict) -> dict:
+        return {t: self.tables[t][k] for t, k in keys.items()}
+
+
+def evaluate(source, data, job=None) -> dict:
+    """Test metrics of the model of a source on a data set, as training evaluates an epoch.
+
+    The job's model (``[model] type``: a built-in model or a user model, imported as
+    ``hpcps run`` imports it) is built from the job configuration (:func:`job_config`), and
+    its ``load("test", 0, 1)``, ``batch_keys``, ``predict`` and ``metrics``
+    (:mod:`hpcps.models.base`) score the test rows with the source's tables
+    (:func:`hpcps.models.local.evaluate`). Which rows are test rows follows the data format:
+    an svmlight job scores every row of ``data`` (feature count and index base from the job);
+    an adult_csv job reads ``data`` as the Adult CSV and scores the job's own test split
+    (``test_fraction``, ``split_seed``, ``max_rows``, featurizer settings); a prepared job
+    (``hpcps data prepare``: MovieLens for ``mf``, Fashion-MNIST for ``mlp``) scores the
+    file's ``test`` split (``max_rows`` applies as in training).
 
     Parameters
     ----------
@@ -166,52 +218,49 @@ def evaluate(source, data, job=None) -> dict:
     Returns
     -------
     dict
-        ``source`` (:class:`Source`), ``data`` (Path), ``format``, ``rows``, ``positives``,
-        ``logloss``, ``auc``, ``accuracy`` (:func:`hpcps.models.logistic_math.binary_metrics`).
+        ``source`` (:class:`Source`), ``data`` (Path), ``format`` (the job's data format),
+        ``model`` (the model's name), ``primary`` (its primary metric), ``rows`` (test rows
+        scored), ``positives`` (rows labelled 1 when every label is 0 or 1, else None) and
+        ``metrics``: the model's ``metrics`` without ``n`` (dict of str -> float, e.g.
+        ``logloss``, ``auc``, ``accuracy`` for logistic; ``mse``, ``rmse``, ``mae`` for mf).
 
     Raises
     ------
     AnalysisError
-        If the model is not logistic, its tables are missing or do not match the job's
-        feature count, a model file's ``index_base`` differs from the job's, or the data
-        set is empty.
+        If the model cannot be imported, the source's tables are not those of the job's
+        model (missing, or another shape), a model file's svmlight ``index_base`` differs
+        from the job's, or the data set has no test row.
     hpcps.config.ConfigError, hpcps.data.DataError
         For an invalid configuration or malformed data.
     """
-    from hpcps.data.source import load_split
-    from hpcps.models.logistic_math import BIAS, WEIGHTS, batch_keys, binary_metrics, predict
+    from hpcps.models.local import evaluate as score
 
     src = source if isinstance(source, Source) else resolve(source)
     cfg = job_config(src, data, job)
-    if cfg.model.type != "logistic":
-        raise AnalysisError(f"{src.path}: model type {cfg.model.type!r}; eval supports 'logistic'")
+    model = _model_for(cfg, cfg.path)
     tables, _ = read_tables(src, slots=False)
-    missing = [t for t in (WEIGHTS, BIAS) if t not in tables]
-    if missing:
-        raise AnalysisError(f"{src.path}: no table(s) {missing} (has {sorted(tables)}); "
-                            "not a logistic model")
-    w, b = tables[WEIGHTS], tables[BIAS]
-    if w.ndim != 2 or w.shape[1] != 1 or b.shape != (1, 1):
-        raise AnalysisError(f"{src.path}: weights {w.shape} / bias {b.shape}, expected "
-                            "(num_features, 1) / (1, 1)")
-    if w.shape[0] != cfg.data.num_features:
-        raise AnalysisError(f"{src.path}: weights has {w.shape[0]} rows but the job {cfg.path} has "
-                            f"{cfg.data.num_features} features (wrong --job?)")
+    _check_tables(model, tables, src, cfg)
     stored = src.meta.get("index_base", -1) if src.kind == "model" else -1
     if cfg.data.format == "svmlight" and stored in (0, 1) and cfg.data.index_base != stored:
         raise AnalysisError(f"{src.path}: the model was trained on {stored}-based svmlight "
                             f"indices but the job {cfg.path} reads them {cfg.data.index_base}-"
                             "based (data.index_base); the test file must be read as the "
                             "training file was")
-    X, y = load_split(cfg.data, "test", 0, 1)
+    X, y = model.load("test", 0, 1)
     if X.shape[0] == 0:
-        raise AnalysisError(f"{data}: no rows to evaluate")
-    keys, local = batch_keys(X)
-    p = predict(X, local, np.ascontiguousarray(w[keys, 0]), float(b[0, 0]))
-    res = binary_metrics(y, p)
-    return {"source": src, "data": Path(data), "format": cfg.data.format, "rows": res["n"],
-            "positives": int(np.sum(y)), "logloss": res["logloss"], "auc": res["auc"],
-            "accuracy": res["accuracy"]}
+        raise AnalysisError(f"{data}: no test rows to evaluate")
+    m = dict(score(model, _Rows(tables), X, y))
+    n = int(m.pop("n", X.shape[0]))
+    yv = np.asarray(y)
+    binary = yv.ndim == 1 and bool(np.all((yv == 0) | (yv == 1)))
+    return {"source": src, "data": Path(data), "format": cfg.data.format, "model": model.name,
+            "primary": model.primary_metric, "rows": n,
+            "positives": int(np.count_nonzero(yv)) if binary else None,
+            "metrics": {k: float(v) for k, v in m.items()}}
+
+
+_SPLIT = {"svmlight": "all rows", "adult_csv": "the job's test split",
+          "prepared": "the file's test split"}
 
 
 def format_evaluate(res: dict) -> str:
@@ -225,9 +274,12 @@ def format_evaluate(res: dict) -> str:
     Returns
     -------
     str
+        Three lines: the source; the data, its rows (and positives for 0/1 labels); every
+        metric of the model (labels of :func:`hpcps.analysis.sources.metric_label`).
     """
-    split = "all rows" if res["format"] == "svmlight" else "the job's test split"
+    split = _SPLIT.get(res["format"], "its test split")
+    pos = "" if res.get("positives") is None else f", {res['positives']:,} positive"
+    values = "  ".join(f"{metric_label(k)} {v:.6f}" for k, v in res["metrics"].items())
     return (f"{res['source'].label}\n"
-            f"data {res['data']} ({res['format']}, {split}): {res['rows']:,} rows, "
-            f"{res['positives']:,} positive\n"
-            f"log-loss {res['logloss']:.6f}  AUC {res['auc']:.6f}  accuracy {res['accuracy']:.6f}")
+            f"data {res['data']} ({res['format']}, {split}): {res['rows']:,} rows{pos}\n"
+            f"model {res['model']}: {values}")

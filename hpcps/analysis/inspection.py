@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 
 from hpcps import checkpoint as ckpt
-from hpcps.analysis.sources import AnalysisError, _one_line, array_stats, resolve
+from hpcps.analysis.sources import AnalysisError, _one_line, array_stats, metric_label, resolve
 
 
 _KNOWN_ATTRS = {"format", "hpcps_version", "job_name", "config", "step", "epoch", "step_in_epoch",
@@ -78,6 +78,24 @@ def _clocks(values) -> str:
     return str(v) if len(v) <= 16 else f"min {min(v)}, max {max(v)} over {len(v)} workers"
 
 
+def _checkpoint_epochs(m: dict) -> str:
+    """Epochs a checkpoint has finished, counted as ``model.h5`` and the history count them.
+
+    The manifest's ``epoch`` is the 0-based index of the epoch the readers resume in and
+    ``step_in_epoch`` the steps of it already done, so ``epoch 1, step_in_epoch 8`` of 8 is
+    the end of the second epoch: 2 epochs done, as ``model.h5`` (``epoch 2``) says.
+    """
+    try:
+        e, s, n = int(m["epoch"]), int(m["step_in_epoch"]), int(m["steps_per_epoch"])
+    except (KeyError, TypeError, ValueError):
+        return f"? (epoch {m.get('epoch')}, step_in_epoch {m.get('step_in_epoch')})"
+    if n > 0 and s >= n:
+        return f"{e + 1}  (end of epoch {e + 1}: {s} of {n} steps)"
+    if s == 0:
+        return f"{e}  (epoch {e + 1} not started)"
+    return f"{e}  (epoch {e + 1} in progress: {s} of {n} steps done)"
+
+
 def format_inspect(report: dict) -> str:
     """Human-readable text of an :func:`inspect` report (several lines, no trailing newline).
 
@@ -89,6 +107,9 @@ def format_inspect(report: dict) -> str:
     Returns
     -------
     str
+        Epochs are counted from 1 everywhere (as in progress lines and ``metrics.json``):
+        ``epochs done N`` is the number of whole epochs trained, for a checkpoint (from its
+        0-based ``epoch`` and ``step_in_epoch``) as for a model file (its ``epoch``).
     """
     src, m = report["source"], report["source"].meta
     lines = []
@@ -107,8 +128,8 @@ def format_inspect(report: dict) -> str:
             f"format       {m.get('format')} (written by hpcps {m.get('hpcps_version')})",
             f"job          {m.get('job_name')}",
             f"created      {m.get('created')}",
-            f"step         {m.get('step')}  (epoch {m.get('epoch')}, step_in_epoch "
-            f"{m.get('step_in_epoch')}, steps_per_epoch {m.get('steps_per_epoch')})",
+            f"step         {m.get('step')}  (steps done by each worker)",
+            f"epochs done  {_checkpoint_epochs(m)}",
             f"servers      {m.get('n_servers')}",
             f"workers      {m.get('n_workers')}",
             f"clocks       {_clocks(m['workers'].get('clock', []))}",
@@ -118,8 +139,10 @@ def format_inspect(report: dict) -> str:
         hist = m.get("history") or []
         if hist:
             h = hist[-1]
-            lines.append(f"history      {len(hist)} epoch(s); last: epoch {h.get('epoch')} test AUC "
-                         f"{_g(h.get('test_auc'))}, test log-loss {_g(h.get('test_logloss'))}")
+            tests = ", ".join(f"{metric_label(k[5:])} {_g(v)}" for k, v in h.items()
+                              if k.startswith("test_") and k != "test_rows")
+            lines.append(f"history      {len(hist)} epoch(s) evaluated; last: epoch {h.get('epoch')}"
+                         + (f": test {tests}" if tests else ""))
         else:
             lines.append("history      no finished epoch yet")
     else:
@@ -127,8 +150,10 @@ def format_inspect(report: dict) -> str:
             f"model file   {src.path}",
             f"written by   hpcps {m.get('hpcps_version')}",
             f"job          {m.get('job_name')}",
-            f"step         {m.get('step')}  (epoch {m.get('epoch')})",
-            f"features     {m.get('num_features')} (index_base {m.get('index_base')})",
+            f"step         {m.get('step')}  (steps done by each worker)",
+            f"epochs done  {m.get('epoch')}",
+            *([f"features     {m.get('num_features')} (index_base {m.get('index_base')})"]
+              if m.get("num_features") else []),
         ]
     for k, v in report["extra"].items():
         lines.append(f"{k:<12} {v}")

@@ -26,6 +26,27 @@ _BLOCK_ROWS = 1 << 20
 _STEP_DIR_RE = re.compile(r"^step-\d{8,}$")
 
 
+#: How metric names of :meth:`hpcps.models.base.Model.metrics` (and ``metrics.json``'s
+#: ``train_<name>`` / ``test_<name>``) are written in reports and plots; others as they are.
+METRIC_LABELS = {"logloss": "log-loss", "auc": "AUC", "accuracy": "accuracy", "mse": "MSE",
+                 "rmse": "RMSE", "mae": "MAE", "hinge": "hinge loss"}
+
+
+def metric_label(name: str) -> str:
+    """The label of a metric name, e.g. ``"rmse"`` -> ``"RMSE"`` (unknown names unchanged).
+
+    Parameters
+    ----------
+    name : str
+        A key of a model's metrics (without ``train_`` / ``test_``).
+
+    Returns
+    -------
+    str
+    """
+    return METRIC_LABELS.get(name, name)
+
+
 class AnalysisError(RuntimeError):
     """A source cannot be analysed (the one-line message names the file and says why)."""
 
