@@ -503,6 +503,24 @@ def test_cli_plot(tmp_path):
     assert proc.returncode == 1 and "staleness histogram" in proc.stderr and "must be" in proc.stderr
 
 
+def test_plot_refuses_a_record_with_nothing_to_plot(tmp_path):
+    """22.7: epoch records without any metric, no per-server load, no staleness: a clear
+    refusal instead of a figure of empty panels; a panel is drawn only with data."""
+    run = tmp_path / "run"
+    write_metrics(run / "metrics.json", {"job": "x", "epochs": [{"epoch": 1, "clock": 3, "seconds": 0.1}],
+                                         "summary": {"servers": [{"index": 0, "bytes_in": 0,
+                                                                  "bytes_out": 0}]}})
+    with pytest.raises(analysis.AnalysisError, match="nothing to plot"):
+        analysis.plot_run(run)
+    proc = run_cli(["plot", run])
+    assert proc.returncode == 1 and "nothing to plot" in proc.stderr and proc.stdout == ""
+    assert not (run / "curves.png").exists()
+    # only the test log-loss recorded (train_ missing, AUC null): one curve, no AUC panel
+    write_metrics(run / "metrics.json", {"epochs": [{"epoch": 1, "train_logloss": None,
+                                                     "test_logloss": 0.5, "test_auc": None}]})
+    assert analysis.plot_run(run)[1] == ["log-loss vs epoch"]
+
+
 # ---------------------------------------------------------------------------- diff
 
 
