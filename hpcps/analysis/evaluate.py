@@ -173,8 +173,8 @@ def _check_tables(model, tables: dict, src, cfg) -> None:
     for s in specs:
         have, want = tuple(tables[s.name].shape), (int(s.num_keys), int(s.dim))
         if have != want:
-            raise AnalysisError(f"{src.path}: {s.name} has {have[0]} rows of {have[1:] or 1} but "
-                                f"the job {cfg.path} has {want[0]} rows of {want[1]} for it "
+            raise AnalysisError(f"{src.path}: table {s.name!r} has shape {have} but the job "
+                                f"{cfg.path} makes it {want} "
                                 f"({_SIZE_HINT.get(cfg.data.format, 'other data or job?')})")
 
 

@@ -357,8 +357,8 @@ def test_eval_rejects_job_with_other_feature_count(svm_run, tmp_path):
     job = svm_run["job"].parent / "wide.toml"
     job.write_text(SVM_JOB.replace("n_features = 50", "n_features = 64"))
     with pytest.raises(analysis.AnalysisError,
-                       match=r"weights has 50 rows of \(1,\) but the job .* has 64 rows of 1 "
-                             r"for it \(n_features; wrong --job\?\)"):
+                       match=r"table 'weights' has shape \(50, 1\) but the job .* makes it "
+                             r"\(64, 1\) \(n_features; wrong --job\?\)"):
         analysis.evaluate(svm_run["c2"], svm_run["test"], job=job)
     proc = run_cli(["eval", svm_run["c2"], "--data", tmp_path / "missing.svm"])
     assert proc.returncode == 1 and "missing.svm: no such data file" in proc.stderr
