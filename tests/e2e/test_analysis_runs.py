@@ -25,6 +25,8 @@ from hpcps.analysis import offline as analysis
 from hpcps.data import DataError
 from tests.helpers import ROOT, hpcps
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 ADULT = ROOT / "data" / "adult.csv.gz"
 PLUGINS = ROOT / "examples" / "plugins"
 
