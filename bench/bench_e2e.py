@@ -16,8 +16,9 @@ Run it with plain ``python`` (it launches what it needs)::
 * **AllReduce** (``[cluster] mode = "allreduce"``): the same ranks, all workers, gradients
   summed with ``MPI.Allreduce``; included when this hpcps implements the mode, otherwise the
   row says so.
-* **torch RPC PS**: ``bench_torch_ps.py`` with ``workers`` trainers + 1 server process (skipped
-  with a message when torch is not installed).
+* **torch RPC PS**: ``bench_torch_ps.py`` with ``workers`` trainers + 1 server process, in its
+  BSP and its async mode (sparse rows only, one fused push-pull RPC per step), each compared
+  with hpcps's mode of the same name (skipped with a message when torch is not installed).
 
 The job: ``jobs/adult_lr.toml`` (2^20 hashed features with crosses, AdaGrad lr 0.1, batch 256
 per worker) with ``l2 = 0`` (the torch model has no L2 term), no checkpoints, no scikit-learn
@@ -45,7 +46,7 @@ import benchlib
 
 benchlib.ensure_importable()
 
-TARGET_LOGLOSS = 0.34      # reached by every system within 2 epochs here (README "Benchmarks")
+TARGET_LOGLOSS = 0.34      # reached by every system within 2 epochs here (docs/benchmarks.md)
 HERE = Path(__file__).resolve().parent
 
 
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
                 + (["--allreduce"] if ar else []),
                 mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
 
-        torch_runs = []
+        torch_runs = {"BSP": [], "async": []}
         torch_cmd = [sys.executable, str(HERE / "bench_torch_ps.py"), str(job), "--workers",
                      str(args.workers), "--epochs", str(args.epochs), "--json", str(d / "torch.json")]
         skipped = args.no_torch
@@ -248,9 +249,9 @@ def main(argv=None) -> int:
         for i in range(rounds):
             # torch, hpcps, hpcps, torch, ...: both sides see the same drift of the load
             for side in (("torch", "hpcps") if i % 2 == 0 else ("hpcps", "torch")):
-                if side == "torch" and not skipped:
-                    print(f"e2e: torch rpc PS run {i + 1}/{rounds}", flush=True)
-                    p = subprocess.run(torch_cmd, capture_output=True, text=True)
+                for mode in (("bsp", "async") if side == "torch" and not skipped else ()):
+                    print(f"e2e: torch rpc PS ({mode}) run {i + 1}/{rounds}", flush=True)
+                    p = subprocess.run(torch_cmd + ["--mode", mode], capture_output=True, text=True)
                     if p.returncode != 0:
                         sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
                         raise SystemExit("bench_e2e.py: the torch rpc PS run failed")
@@ -258,9 +259,9 @@ def main(argv=None) -> int:
                     if t["details"].get("skipped"):
                         skipped = True
                         print(p.stdout.strip().splitlines()[-1])
-                    else:
-                        torch_runs.append(t["details"])
-                elif side == "hpcps":
+                        break
+                    torch_runs["BSP" if mode == "bsp" else "async"].append(t["details"])
+                if side == "hpcps":
                     cmd, env = hpcps_cmd(i)
                     print(f"e2e: hpcps run {i + 1}/{rounds}: {' '.join(cmd)}", flush=True)
                     p = subprocess.run(cmd, env={**os.environ, **env},
@@ -271,10 +272,11 @@ def main(argv=None) -> int:
                     for name, runs in json.loads(out.read_text()).items():
                         hp.setdefault(name, []).extend(runs)
     rows = {name: summarize(runs, args.target) for name, runs in hp.items()}
-    if torch_runs:
-        tr = [{"examples_per_second": t["examples_per_second"], "epochs": t["epochs"]} for t in torch_runs]
-        rows["torch rpc PS"] = summarize(tr, args.target, unreached_as_bound=True)
-        rows["torch rpc PS"]["torch"] = torch_runs[0]["torch"]
+    for mode, runs in torch_runs.items():
+        if runs:
+            tr = [{"examples_per_second": t["examples_per_second"], "epochs": t["epochs"]} for t in runs]
+            rows[f"torch PS {mode}"] = summarize(tr, args.target, unreached_as_bound=True)
+            rows[f"torch PS {mode}"]["torch"] = runs[0]["torch"]
     rep.details.update({"rows": rows, "target_logloss": args.target, "workers": args.workers,
                         "servers": 1, "epochs": args.epochs, "allreduce_available": ar,
                         "torch_skipped": skipped})
@@ -290,23 +292,26 @@ def main(argv=None) -> int:
         print("AllReduce: not available in this hpcps ([cluster] mode = \"allreduce\" is not "
               "implemented yet): no row")
         rep.note("AllReduce baseline: not implemented in this hpcps yet (hole)")
-    tp = rows.get("torch rpc PS")
-    if tp and tp["unreached"]:
-        rep.note(f"torch rpc PS: {tp['unreached']} of {tp['reps']} runs ended above log-loss "
-                 f"{args.target}; their whole training time counts as their time to it (a lower "
-                 "bound), so the time-to-target ratios are lower bounds")
+    for mode in ("BSP", "async"):
+        tp = rows.get(f"torch PS {mode}")
+        if tp and tp["unreached"]:
+            rep.note(f"torch rpc PS {mode}: {tp['unreached']} of {tp['reps']} runs ended above log-loss "
+                     f"{args.target}; their whole training time counts as their time to it (a lower "
+                     "bound), so the time-to-target ratio is a lower bound")
     for name in ("hpcps BSP", "hpcps async"):
         h = rows[name]
+        tp = rows.get("torch PS " + name.split()[1])
         if tp:
-            rep.ratio(f"e2e {name} / torch rpc PS, examples/s", h["examples_per_second"] / tp["examples_per_second"],
+            rep.ratio(f"e2e {name} / torch rpc PS {name.split()[1]}, examples/s",
+                      h["examples_per_second"] / tp["examples_per_second"],
                       5, headline=name == "hpcps async")
             v = (tp["time_to_target"] / h["time_to_target"]
                  if tp["time_to_target"] and h["time_to_target"] else None)
-            rep.ratio(f"e2e torch rpc PS / {name}, time to log-loss {args.target}", v, 5,
+            rep.ratio(f"e2e torch rpc PS {name.split()[1]} / {name}, time to log-loss {args.target}", v, 5,
                       headline=name == "hpcps async")
         else:
             rep.ratio(f"e2e {name} / torch rpc PS, examples/s", None, 5, headline=name == "hpcps async")
-    if not tp:
+    if not any(torch_runs.values()):
         rep.note("the torch rpc PS comparison was skipped (" + ("--quick" if args.quick else
                  "--no-torch" if args.no_torch else "torch is not installed") + ")")
     if "AllReduce" in rows:

@@ -18,7 +18,7 @@ batch 32, AdaGrad; every launch is ``mpirun --with-ft ulfm`` (``hpcps.runtime.la
   ``SIGKILL`` at a fixed clock (from its step hook, after that step's gradient; the pids are
   gathered at start) and the job goes on. Reported from the chief's failure record: the gap from
   the last step it finished before the failure to the first step it finished after the
-  recovery (the figure the README quotes), and from the kill to that first step. Scenarios:
+  recovery (the figure docs/fault_tolerance.md quotes), and from the kill to that first step. Scenarios:
   a worker lost (its rows are split over the survivors, who re-read the training split), a
   server lost with ``replicas = 2`` (its backup takes over), a server lost with ``replicas = 1``
   (the range is reloaded from the last checkpoint; the steps lost are reported), and

@@ -1,26 +1,28 @@
-"""The Adult job on a torch.distributed.rpc parameter server, written as PyTorch's own
-parameter-server tutorial writes one ("Implementing a Parameter Server Using Distributed RPC
-Framework", pytorch.org/tutorials/intermediate/rpc_param_server_tutorial.html).
+"""The Adult job on a torch.distributed.rpc parameter server, written the way a user who
+knows the pattern would write it for a sparse model (PyTorch's tutorials "Implementing a
+Parameter Server Using Distributed RPC Framework" and "Implementing Batch RPC Processing
+Using Asynchronous Executions", pytorch.org/tutorials/intermediate/).
 
-The peer ``bench_e2e.py`` compares hpcps with. The tutorial's pattern, applied to the
-Adult hashed-cross logistic regression (the same features, read with hpcps's own featurizer):
+The peer ``bench_e2e.py`` compares hpcps with. Applied to the Adult hashed-cross logistic
+regression (the same features, read with hpcps's own featurizer):
 
-* rank 0 hosts the ``ParameterServer`` module (the model: an ``nn.EmbeddingBag`` of
-  ``2**hash_bits`` rows of 1 weight, ``mode="sum"`` with per-sample weights, sparse
-  gradients, plus a bias), created once behind a lock by ``get_parameter_server``;
-* every trainer holds a ``TrainerNet`` whose ``forward`` calls ``ParameterServer.forward`` on
-  the server through an ``RRef`` (``rpc_sync`` of a ``call_method`` helper), so the model runs
-  where it lives;
-* each step runs in a ``dist_autograd.context()``: forward over RPC, the loss on the
-  trainer, ``dist_autograd.backward``, then ``DistributedOptimizer.step`` applies AdaGrad on
-  the server (trainers do not wait for each other: asynchronous, like Downpour);
-* the processes are started with ``torch.multiprocessing``; rendezvous over TCP on 127.0.0.1.
+* rank 0 holds the model: one float32 weight per feature, the bias and AdaGrad's sums;
+* only sparse rows travel: a trainer finds its batch's distinct features (``torch.unique``),
+  computes the log-loss gradient of those rows itself, and sends ``(keys, gradient)``;
+* one fused RPC per step: ``push_pull(keys, grad, bias_grad, next_keys)`` applies the step's
+  gradient and returns the rows of the trainer's next batch;
+* ``--mode async`` (Downpour): the server applies each push at once, under a lock;
+  ``--mode bsp``: ``bsp_push_pull`` is an ``@rpc.functions.async_execution`` function whose
+  future completes when every trainer has pushed the clock; the summed gradient is applied
+  once, then every trainer gets its next rows (one batched RPC per step);
+* torch threads per process: its share of the cores (at least 1); processes started with
+  ``torch.multiprocessing``; rendezvous over TCP on 127.0.0.1.
 
 Same work as the hpcps job: the same train/test split and features, the same number of
 trainers (``--workers``) plus one server process, the same batch size, epochs, AdaGrad
 (lr, initial accumulator, eps), no L2. After every epoch trainer 1 asks the server for the
 test log-loss and AUC of its current model (the time includes the evaluations, as hpcps's
-does). Intra-op threads are limited to 1 per process (hpcps's kernels are single-threaded too).
+does).
 
 Prints the examples/s and the epochs' test log-loss; ``--json`` writes them for
 ``bench_e2e.py``. Without torch the script says so and exits with status 0 (torch is not a
@@ -44,14 +46,8 @@ benchlib.ensure_importable()
 
 try:
     import torch
-    import torch.distributed.autograd as dist_autograd
     import torch.distributed.rpc as rpc
     import torch.multiprocessing as mp
-    import torch.nn as nn
-    import torch.nn.functional as F
-    from torch import optim
-    from torch.distributed.optim import DistributedOptimizer
-    from torch.distributed.rpc import RRef
 except ImportError:  # pragma: no cover - exercised where torch is missing
     torch = None
 
@@ -87,114 +83,169 @@ def load(job, split, part, n_parts, npz=None):
 
 # ------------------------------------------------------------------ the server's side
 
-class ParameterServer(nn.Module if torch is not None else object):
-    """The model, held by rank 0; trainers run its forward remotely."""
+class SparsePS:
+    """The model on the server process (rank 0): one weight per feature, the bias, AdaGrad's
+    sums; only the rows a step touches travel (sparse rows only)."""
 
-    def __init__(self, n_features, job, npz=None):
-        super().__init__()
-        self.npz = npz
-        self.emb = nn.EmbeddingBag(n_features, 1, mode="sum", sparse=True)
-        nn.init.zeros_(self.emb.weight)
-        self.bias = nn.Parameter(torch.zeros(1))
-        self.job = job
+    def __init__(self, n_features, n_trainers, lr, init_acc, eps, job, npz):
+        self.w = torch.zeros(n_features)
+        self.acc = torch.full((n_features,), float(init_acc))
+        self.b = torch.zeros(1)
+        self.bacc = torch.full((1,), float(init_acc))
+        self.lr, self.eps = float(lr), float(eps)
+        self.n_trainers, self.job, self.npz = n_trainers, job, npz
+        self.lock = Lock()
         self.test = None
+        self.sizes = {}
+        self.size_futures = []
+        self.pending = []          # BSP: (keys, grads, bias grad, next keys, future) of this clock
 
-    def forward(self, indices, offsets, weights):
-        return self.emb(indices, offsets, per_sample_weights=weights).squeeze(1) + self.bias
-
-    def get_param_rrefs(self):
-        return [RRef(p) for p in self.parameters()]
+    def apply(self, keys, g, gb):
+        """AdaGrad (as torch.optim.Adagrad: sum += g^2; w -= lr g / (sqrt(sum) + eps)) on
+        unique ``keys``."""
+        acc = self.acc[keys] + g * g
+        self.acc[keys] = acc
+        self.w[keys] -= self.lr * g / (acc.sqrt() + self.eps)
+        self.bacc += gb * gb
+        self.b -= self.lr * gb / (self.bacc.sqrt() + self.eps)
 
     def evaluate(self):
         """Test log-loss and AUC of the current model (the server holds the test split)."""
         from hpcps.models.logistic_math import binary_metrics
 
         if self.test is None:
-            indptr, indices, data, y, _ = load(self.job, "test", 0, 1, self.npz)
-            self.test = (indices, indptr[:-1], data, y)
-        indices, offsets, data, y = self.test
-        with torch.no_grad():
-            p = torch.sigmoid(self.forward(indices, offsets, data)).double().numpy()
-        m = binary_metrics(y.double().numpy(), p)
+            self.test = load(self.job, "test", 0, 1, self.npz)
+        indptr, indices, data, y, _ = self.test
+        with self.lock:
+            z = torch.zeros(y.numel()).index_add_(0, _row_ids(indptr), self.w[indices] * data) + self.b
+        m = binary_metrics(y.double().numpy(), torch.sigmoid(z).double().numpy())
         return float(m["logloss"]), float(m["auc"])
 
 
-param_server = None
-global_lock = Lock()
+_PS = None
 
 
-def get_parameter_server(n_features, job, npz=None):
-    global param_server
-    with global_lock:
-        if param_server is None:
-            param_server = ParameterServer(n_features, job, npz)
-        return param_server
+def _row_ids(indptr):
+    lens = indptr[1:] - indptr[:-1]
+    return torch.repeat_interleave(torch.arange(lens.numel()), lens)
 
 
-def call_method(method, rref, *args):
-    return method(rref.local_value(), *args)
+def start_server(n_features, n_trainers, lr, init_acc, eps, job, npz):
+    global _PS
+    _PS = SparsePS(n_features, n_trainers, lr, init_acc, eps, job, npz)
 
 
-def remote_method(method, rref, *args):
-    return rpc.rpc_sync(rref.owner(), call_method, args=[method, rref] + list(args))
+@rpc.functions.async_execution if torch is not None else (lambda f: f)
+def register(rank, n_rows):
+    """Every trainer's row count; answers the largest when all have registered (BSP: every
+    trainer takes as many steps per epoch, those with fewer rows send empty steps)."""
+    ps, fut = _PS, torch.futures.Future()
+    with ps.lock:
+        ps.sizes[rank] = n_rows
+        ps.size_futures.append(fut)
+        if len(ps.sizes) == ps.n_trainers:
+            for f in ps.size_futures:
+                f.set_result(max(ps.sizes.values()))
+    return fut
+
+
+def push_pull(keys, g, gb, next_keys):
+    """Asynchronous step (Downpour): apply this trainer's gradient, return the rows of its
+    next batch — one RPC per step."""
+    ps = _PS
+    with ps.lock:
+        if keys.numel() or gb:
+            ps.apply(keys, g, gb)
+        return ps.w[next_keys], ps.b.clone()
+
+
+@rpc.functions.async_execution if torch is not None else (lambda f: f)
+def bsp_push_pull(keys, g, gb, next_keys):
+    """BSP step: the answer (the rows of the next batch) comes when every trainer has pushed
+    this clock and the summed gradient is applied — one batched RPC per step, as PyTorch's
+    batch-updating parameter server tutorial does with ``async_execution``."""
+    ps, fut = _PS, torch.futures.Future()
+    with ps.lock:
+        ps.pending.append((keys, g, gb, next_keys, fut))
+        if len(ps.pending) == ps.n_trainers:
+            k = torch.cat([p[0] for p in ps.pending])
+            uk, inv = torch.unique(k, return_inverse=True)
+            gs = torch.zeros(uk.numel()).index_add_(0, inv, torch.cat([p[1] for p in ps.pending]))
+            ps.apply(uk, gs / ps.n_trainers, sum(p[2] for p in ps.pending) / ps.n_trainers)
+            for p in ps.pending:
+                p[4].set_result((ps.w[p[3]], ps.b.clone()))
+            ps.pending = []
+    return fut
+
+
+def evaluate():
+    return _PS.evaluate()
 
 
 # ------------------------------------------------------------------ the trainers' side
-
-class TrainerNet(nn.Module if torch is not None else object):
-    def __init__(self, n_features, job, npz=None):
-        super().__init__()
-        self.param_server_rref = rpc.remote("parameter_server", get_parameter_server,
-                                            args=(n_features, job, npz))
-
-    def get_global_param_rrefs(self):
-        return remote_method(ParameterServer.get_param_rrefs, self.param_server_rref)
-
-    def forward(self, indices, offsets, weights):
-        return remote_method(ParameterServer.forward, self.param_server_rref, indices, offsets, weights)
-
 
 def run_trainer(rank, n_workers, args, queue):
     from hpcps.config import load_job
 
     cfg = load_job(args.job)
     indptr, indices, data, y, nf = load(args.job, "train", rank - 1, n_workers, args.data_npz)
-    net = TrainerNet(nf, args.job, args.data_npz)
-    opt = DistributedOptimizer(optim.Adagrad, net.get_global_param_rrefs(),
-                               lr=cfg.optimizer.learning_rate,
-                               initial_accumulator_value=cfg.optimizer.initial_accumulator,
-                               eps=cfg.optimizer.eps)
     bs, n = cfg.train.batch_size, y.shape[0]
+    step_fn = bsp_push_pull if args.mode == "bsp" else push_pull
+    longest = rpc.rpc_sync("parameter_server", register, args=(rank, n))
+    steps = -(-longest // bs)
     g = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+    empty = torch.zeros(0, dtype=torch.int64)
     t0 = time.time()
     examples, epochs = 0, []
+
+    def batch(order, s):
+        rows = order[s * bs:(s + 1) * bs]
+        starts, lens = indptr[rows], indptr[rows + 1] - indptr[rows]
+        offsets = torch.cumsum(lens, 0) - lens
+        idx = torch.repeat_interleave(starts - offsets, lens) + torch.arange(int(lens.sum()))
+        keys, inv = torch.unique(indices[idx], return_inverse=True)
+        row_ids = torch.repeat_interleave(torch.arange(rows.numel()), lens)
+        return rows, keys, inv, row_ids, data[idx]
+
     for epoch in range(args.epochs):
         order = torch.randperm(n, generator=g)
-        for s in range(0, n, bs):
-            rows = order[s:s + bs]
-            starts, lens = indptr[rows], indptr[rows + 1] - indptr[rows]
-            offsets = torch.cumsum(lens, 0) - lens                 # where each row's bag starts
-            idx = torch.repeat_interleave(starts - offsets, lens) + torch.arange(int(lens.sum()))
-            with dist_autograd.context() as context_id:
-                logits = net(indices[idx], offsets, data[idx])
-                loss = F.binary_cross_entropy_with_logits(logits, y[rows])
-                dist_autograd.backward(context_id, [loss])
-                opt.step(context_id)
+        cur = batch(order, 0)
+        w, b = rpc.rpc_sync("parameter_server", push_pull, args=(empty, torch.zeros(0), 0.0, cur[1]))
+        for s in range(steps):
+            rows, keys, inv, row_ids, vals = cur
+            nxt = batch(order, s + 1) if s + 1 < steps else None
+            if rows.numel():
+                z = torch.zeros(rows.numel()).index_add_(0, row_ids, w[inv] * vals) + b
+                err = (torch.sigmoid(z) - y[rows]) / rows.numel()         # mean log-loss
+                gk = torch.zeros(keys.numel()).index_add_(0, inv, err[row_ids] * vals)
+                gb = float(err.sum())
+            else:
+                gk, gb = torch.zeros(0), 0.0
+            w, b = rpc.rpc_sync("parameter_server", step_fn,
+                                args=(keys, gk, gb, nxt[1] if nxt is not None else empty))
             examples += rows.numel()
+            cur = nxt
         if rank == 1:
-            ll, auc = remote_method(ParameterServer.evaluate, net.param_server_rref)
+            ll, auc = rpc.rpc_sync("parameter_server", evaluate)
             epochs.append({"epoch": epoch + 1, "seconds": time.time() - t0, "test_logloss": ll,
                            "test_auc": auc})
-            print(f"torch rpc PS: epoch {epoch + 1}: test log-loss {ll:.4f} AUC {auc:.4f} "
-                  f"({time.time() - t0:.1f} s)", flush=True)
+            print(f"torch rpc PS ({args.mode}): epoch {epoch + 1}: test log-loss {ll:.4f} AUC "
+                  f"{auc:.4f} ({time.time() - t0:.1f} s)", flush=True)
     queue.put({"rank": rank, "t0": t0, "t1": time.time(), "examples": examples, "epochs": epochs})
 
 
 def run_worker(rank, world_size, args, port, queue):
-    torch.set_num_threads(1)
-    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=600,
+    # each process's share of the cores (at least one thread)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=max(4, world_size), rpc_timeout=600,
                                            init_method=f"tcp://127.0.0.1:{port}")
     if rank == 0:
+        from hpcps.config import load_job
+
+        cfg = load_job(args.job)
+        nf = cfg.data.num_features
+        start_server(nf, world_size - 1, cfg.optimizer.learning_rate,
+                     cfg.optimizer.initial_accumulator, cfg.optimizer.eps, args.job, args.data_npz)
         rpc.init_rpc("parameter_server", rank=0, world_size=world_size, rpc_backend_options=opts)
     else:
         rpc.init_rpc(f"trainer_{rank}", rank=rank, world_size=world_size, rpc_backend_options=opts)
@@ -214,6 +265,9 @@ def main(argv=None) -> int:
                     help="hpcps job file: data, features, batch size, AdaGrad settings")
     ap.add_argument("--workers", type=int, default=3, help="trainer processes (plus 1 server)")
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--mode", choices=["async", "bsp"], default="async",
+                    help="async: each trainer's push_pull RPC applies at once (Downpour); bsp: the "
+                         "answer waits for every trainer's push of the clock (default async)")
     ap.add_argument("--data-npz", help="featurized data written by adultdata.save_npz (default: featurize "
                                        "in every process)")
     benchlib.add_common_args(ap)
@@ -244,7 +298,7 @@ def main(argv=None) -> int:
     t1 = max(r["t1"] for r in results)
     examples = sum(r["examples"] for r in results)
     epochs = next(r["epochs"] for r in results if r["rank"] == 1)
-    out = {"torch": torch.__version__, "workers": args.workers, "processes": world,
+    out = {"torch": torch.__version__, "mode": args.mode, "workers": args.workers, "processes": world,
            "examples": examples, "seconds": t1 - t0, "examples_per_second": examples / (t1 - t0),
            "epochs": epochs}
     rep = benchlib.Report("torch_ps")
@@ -252,7 +306,7 @@ def main(argv=None) -> int:
     rep.ratio("torch rpc PS examples/s", out["examples_per_second"], None, unit=" ex/s",
               headline=True)
     rep.write(args.json)
-    print(f"torch {torch.__version__} rpc parameter server, {args.workers} trainers + 1 server: "
+    print(f"torch {torch.__version__} rpc parameter server ({args.mode}), {args.workers} trainers + 1 server: "
           f"{examples:,} examples in {t1 - t0:.1f} s")
     print(rep.last_line())
     return 0

@@ -231,7 +231,7 @@ def finish(p, lines=(), timeout=300) -> str:
 
 def kill_while_paused(tmp_path: Path, job: Path, ranks: int, kills, timeout=300):
     """Run ``job`` on ``ranks`` ranks under ``mpirun --with-ft ulfm`` and
-    ``tests/e2e/pause_driver.py``: at each ``(clock, world rank, workers alive)`` of ``kills``
+    ``tests/tools/pause_driver.py``: at each ``(clock, world rank, workers alive)`` of ``kills``
     every live worker waits (after that step's gradient, before its push), the rank is killed
     with SIGKILL, and the workers go on. Under BSP every key range has then applied exactly
     ``clock`` steps; under SSP/async each worker is at its own ``clock``. Either way the kill
@@ -241,7 +241,7 @@ def kill_while_paused(tmp_path: Path, job: Path, ranks: int, kills, timeout=300)
     Returns (exit status, output, the time.time() of each kill).
     """
     flag = tmp_path / "go"
-    driver = ROOT / "tests" / "e2e" / "pause_driver.py"
+    driver = ROOT / "tests" / "tools" / "pause_driver.py"
     cmd = [mpirun(), "-n", str(ranks), "--with-ft", "ulfm", sys.executable, str(driver),
            str(job), ",".join(str(c) for c, _, _ in kills), str(flag)]
     p = subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,

@@ -1,38 +1,58 @@
 #!/usr/bin/env python3
 """Run the whole hpcps test suite: the README's test command (``python tests/run.py``).
 
-1. unit tests in one pytest process, then each end-to-end file (``tests/e2e/test_*.py``, which
-   launch real ``mpirun`` jobs) in its own, then ``tests/slurm`` (a real one-node Slurm, started
-   by its fixture), each with a timeout;
-2. every ``tests/mpi/test_*.py`` under ``mpirun -n K python -m pytest --with-mpi`` for each K
-   listed in its ``# mpi-ranks: ...`` line, each launch in its own process with a timeout so
-   that one hang cannot eat the budget.
+The suite is a list of groups (``GROUPS``), run in order, each a list of launches:
+
+1. ``unit``: ``tests/unit`` in one pytest process;
+2. ``e2e``: each end-to-end file (``tests/e2e/test_*.py``, which launch real ``mpirun`` jobs)
+   in its own pytest process;
+3. ``slurm``: ``tests/slurm`` (a real one-node Slurm, started by its fixture);
+4. ``multihost``: ``tests/multihost`` (test hosts made of namespaces on this machine), if present;
+5. ``mpi``: every ``tests/mpi/test_*.py`` under ``mpirun -n K python -m pytest --with-mpi``
+   for each K listed in its ``# mpi-ranks: ...`` line (two sizes where that tests more).
+
+Each launch runs in its own session with a timeout (``HPCPS_TEST_TIMEOUT``, 900 s), so one
+hang cannot eat the budget, and its output is streamed as it comes, each line prefixed with the
+launch's label (pytest's progress dots, then its skip reasons: ``-rfEs``). Counts come from
+pytest's JUnit XML (``--junitxml``; one file per rank under mpirun, a test failing on any rank
+counts as failed), not from its text. A launch that exits non-zero with no failed test counts
+as one failure, except exit status 5 with nothing run (nothing collected, e.g. ``-k``).
 
 Launcher settings that only a test machine needs (run-as-root, oversubscription) are set here,
-for these launches only. Prints one closing line ``N passed, N failed``; exits non-zero if
-anything failed or timed out.
+for these launches only. Ends with the skip reasons, the wall time of each group and one
+closing line ``N passed, N failed[, N skipped]``; exits non-zero if anything failed or timed out.
+
+To add a group, append a :class:`Group` to ``GROUPS`` (``mpi = True`` if ``--no-mpi`` should
+leave it out and ``--only-mpi`` keep it).
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import re
+import select
+import shlex
 import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.helpers import run_in_session, session_dir_base  # noqa: E402  (the checkout, not an installed copy)
+from tests.helpers import kill_session, session_dir_base  # noqa: E402  (the checkout, not an installed copy)
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIPPED: list = []
 TIMEOUT = int(os.environ.get("HPCPS_TEST_TIMEOUT", "900"))
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--color=no"]
 
 
 def mpi_env() -> dict:
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")       # progress as it comes, also under mpirun
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -49,70 +69,229 @@ def with_session_dir(env: dict) -> dict:
     return dict(env, PRTE_MCA_prte_tmpdir_base=session_dir_base())
 
 
-def counts(text: str) -> tuple[int, int]:
-    tail = text.strip().splitlines()[-1:] or [""]
-    line = tail[0]
-    p = sum(int(m) for m in re.findall(r"(\d+) passed", line))
-    SKIPPED.append(sum(int(m) for m in re.findall(r"(\d+) skipped", line)))
-    f = sum(int(m) for m in re.findall(r"(\d+) (?:failed|error|errors)\b", line))
-    return p, f
+# ---------------------------------------------------------------------------------------------
+# counting from JUnit XML
 
 
-def run(cmd, env, label) -> tuple[int, int, int]:
-    print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
+@dataclass
+class Counts:
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    skips: list = field(default_factory=list)          # (test id, reason)
+
+    def add(self, other: "Counts") -> None:
+        self.passed += other.passed
+        self.failed += other.failed
+        self.skipped += other.skipped
+        self.skips += other.skips
+
+
+def junit_counts(paths) -> Counts:
+    """Outcomes of the test cases in the JUnit XML files ``paths`` (one per rank of a launch).
+
+    A test case is failed if it failed or errored on any rank, skipped if skipped on every
+    rank that ran it, passed otherwise. Files that do not exist (a rank that died) are ignored.
+    """
+    outcome: dict = {}
+    reasons: dict = {}
+    for path in paths:
+        try:
+            root = ET.parse(path).getroot()
+        except (OSError, ET.ParseError):
+            continue
+        for case in root.iter("testcase"):
+            key = (case.get("classname", ""), case.get("name", ""))
+            tags = {child.tag for child in case}
+            if tags & {"failure", "error"}:
+                o = "failed"
+            elif "skipped" in tags:
+                o = "skipped"
+                reasons[key] = case.find("skipped").get("message", "")
+            else:
+                o = "passed"
+            prev = outcome.get(key)
+            if prev == "failed" or o == "failed":
+                outcome[key] = "failed"
+            elif prev == "passed" or o == "passed":
+                outcome[key] = "passed"
+            else:
+                outcome[key] = o
+    c = Counts()
+    for key, o in outcome.items():
+        setattr(c, o, getattr(c, o) + 1)
+        if o == "skipped":
+            c.skips.append((f"{key[0]}::{key[1]}" if key[0] else key[1], reasons.get(key, "")))
+    return c
+
+
+# ---------------------------------------------------------------------------------------------
+# one launch, streamed
+
+
+@dataclass
+class Launch:
+    label: str
+    cmd: list                       # without --junitxml
+    env: dict
+    ranks: int = 0                  # 0: one pytest process; K: mpirun -n K (one XML per rank)
+
+
+def stream(cmd, env, label: str, timeout: float) -> int:
+    """Run ``cmd`` in its own session, copying its output (stdout and stderr) to ours as it
+    comes, each line prefixed with ``label``; on timeout kill every process of the session.
+    Returns the exit status (124 on timeout)."""
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    fd = p.stdout.fileno()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")   # a character split between reads
+    deadline = time.monotonic() + timeout
+    at_line_start = True
+    out = sys.stdout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            kill_session(p.pid)
+            p.wait()
+            out.write(("" if at_line_start else "\n") + f"[{label}] TIMEOUT after {timeout:.0f} s\n")
+            out.flush()
+            return 124
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        text = decoder.decode(chunk).replace("\x00", "")   # pytest-mpi prints MPI's NUL-ended version
+        pieces = text.split("\n")
+        for i, piece in enumerate(pieces):
+            if at_line_start and piece:
+                out.write(f"[{label}] ")
+                at_line_start = False
+            out.write(piece)
+            if i < len(pieces) - 1:
+                out.write("\n")
+                at_line_start = True
+        out.flush()
+    if not at_line_start:
+        out.write("\n")
+    p.stdout.close()
+    return p.wait()
+
+
+def run(launch: Launch, workdir: Path) -> Counts:
+    """Run one launch; count its tests from its JUnit XML; apply the exit-status rules."""
+    xml = workdir / (re.sub(r"[^\w.-]+", "_", launch.label) + ("-{rank}.xml" if launch.ranks else ".xml"))
+    cmd = launch.cmd + [f"--junitxml={xml}"]
+    print(f"\n=== {launch.label}: {shlex.join(map(str, cmd))}", flush=True)
     t0 = time.time()
-    try:
-        proc = run_in_session(cmd, cwd=ROOT, env=env, errors="replace", timeout=TIMEOUT)
-        out = proc.stdout + proc.stderr
-        rc = proc.returncode
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or "") + (e.stderr or "")
-        out += f"\nTIMEOUT after {TIMEOUT} s\n"
-        rc = 124
-    sys.stdout.write(out[-20000:])
-    p, f = counts(proc.stdout if rc != 124 else "")
-    if rc == 5 and p == 0 and f == 0:
+    rc = stream(cmd, launch.env, launch.label, TIMEOUT)
+    files = ([Path(str(xml).replace("{rank}", str(r))) for r in range(launch.ranks)]
+             if launch.ranks else [xml])
+    c = junit_counts(files)
+    if rc == 5 and c.passed == 0 and c.failed == 0:
         pass                                   # nothing collected (e.g. -k matched nothing)
-    elif rc != 0 and f == 0:
-        f = 1
-    print(f"=== {label}: exit {rc}, {p} passed, {f} failed, {time.time() - t0:.1f} s", flush=True)
-    return rc, p, f
+    elif rc != 0 and c.failed == 0:
+        c.failed = 1                           # died, timed out, or a rank's XML is missing
+    print(f"=== {launch.label}: exit {rc}, {c.passed} passed, {c.failed} failed, "
+          f"{c.skipped} skipped, {time.time() - t0:.1f} s", flush=True)
+    return c
+
+
+# ---------------------------------------------------------------------------------------------
+# the groups
+
+
+def unit(args) -> list[Launch]:
+    return [Launch("tests/unit", PYTEST + ["tests/unit"] + k_option(args), with_session_dir(mpi_env()))]
+
+
+def e2e(args) -> list[Launch]:
+    # each end-to-end file (real mpirun launches) in its own process
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "e2e").glob("test_*.py"))
+    return [Launch(f, PYTEST + [f] + k_option(args), with_session_dir(mpi_env())) for f in files]
+
+
+def slurm(args) -> list[Launch]:
+    # tests/slurm starts a private one-node Slurm (skips without Slurm unless CI is set)
+    return [Launch("tests/slurm", PYTEST + ["tests/slurm"] + k_option(args), with_session_dir(mpi_env()))]
+
+
+def multihost(args) -> list[Launch]:
+    # tests/multihost: test hosts made of namespaces on this machine (tests/hosts/README.md)
+    if not (ROOT / "tests" / "multihost").is_dir():
+        return []
+    return [Launch("tests/multihost", PYTEST + ["tests/multihost"] + k_option(args),
+                   with_session_dir(mpi_env()))]
+
+
+def mpi_sizes(path: Path) -> list[str]:
+    """The world sizes of a multi-rank file: its ``# mpi-ranks: K [K2 ...]`` line (default 2)."""
+    m = re.search(r"^# mpi-ranks:\s*([\d ]+)$", path.read_text(), re.M)
+    return m.group(1).split() if m else ["2"]
+
+
+def mpi(args) -> list[Launch]:
+    py = sys.executable
+    mpirun = str(Path(py).parent / "mpirun") if (Path(py).parent / "mpirun").exists() else "mpirun"
+    launches = []
+    for path in sorted((ROOT / "tests" / "mpi").glob("test_*.py")):
+        for k in mpi_sizes(path):
+            cmd = [mpirun, "-n", k] + PYTEST + ["--with-mpi", str(path.relative_to(ROOT))]
+            launches.append(Launch(f"{path.name} on {k} ranks", cmd, with_session_dir(mpi_env()), int(k)))
+    return launches
+
+
+def k_option(args) -> list[str]:
+    return ["-k", args.k] if args.k else []
+
+
+@dataclass
+class Group:
+    name: str
+    launches: Callable              # args -> list[Launch]
+    mpi: bool = False               # left out by --no-mpi, the only one run by --only-mpi
+
+
+GROUPS = [Group("unit", unit), Group("e2e", e2e), Group("slurm", slurm), Group("multihost", multihost),
+          Group("mpi", mpi, mpi=True)]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", help="pytest -k expression for the serial part")
-    ap.add_argument("--no-mpi", action="store_true", help="skip the multi-rank files")
-    ap.add_argument("--only-mpi", action="store_true", help="only the multi-rank files")
+    ap.add_argument("--no-mpi", action="store_true", help="skip the multi-rank groups")
+    ap.add_argument("--only-mpi", action="store_true", help="only the multi-rank groups")
+    ap.add_argument("--group", action="append", choices=[g.name for g in GROUPS],
+                    help="run only this group (repeatable)")
+    ap.add_argument("--file", help="only the launches whose label contains this (e.g. test_rma.py)")
     args = ap.parse_args()
-    env = mpi_env()
-    py = sys.executable
-    total_p = total_f = 0
-    if not args.only_mpi:
-        # unit tests in one process; each end-to-end file (real mpirun launches) in its own
-        e2e = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "e2e").glob("test_*.py"))
-        # tests/slurm starts a private one-node Slurm (skips without Slurm unless CI is set)
-        for target in ["tests/unit"] + e2e + ["tests/slurm"]:
-            cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no", target]
-            if args.k:
-                cmd += ["-k", args.k]
-            _, p, f = run(cmd, with_session_dir(env), target)
-            total_p += p
-            total_f += f
-    if not args.no_mpi:
-        mpirun = str(Path(py).parent / "mpirun") if (Path(py).parent / "mpirun").exists() else "mpirun"
-        for path in sorted((ROOT / "tests" / "mpi").glob("test_*.py")):
-            m = re.search(r"^# mpi-ranks:\s*([\d ]+)$", path.read_text(), re.M)
-            for k in (m.group(1).split() if m else ["2"]):
-                cmd = [mpirun, "-n", k, py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no",
-                       "--with-mpi", str(path.relative_to(ROOT))]
-                _, p, f = run(cmd, with_session_dir(env), f"{path.name} on {k} ranks")
-                # every rank prints its own summary line; count rank 0's (the last line seen)
-                total_p += p
-                total_f += f
-    skipped = sum(SKIPPED)
-    print(f"\n{total_p} passed, {total_f} failed" + (f", {skipped} skipped" if skipped else ""))
-    return 1 if total_f else 0
+    total = Counts()
+    walls = []
+    with tempfile.TemporaryDirectory(prefix="hpcps-junit-") as tmp:
+        for group in GROUPS:
+            if (args.no_mpi and group.mpi) or (args.only_mpi and not group.mpi) or (
+                    args.group and group.name not in args.group):
+                continue
+            launches = [x for x in group.launches(args) if not args.file or args.file in x.label]
+            if not launches:
+                continue
+            t0 = time.time()
+            for launch in launches:
+                c = run(launch, Path(tmp))
+                c.skips = [(launch.label, t, r) for t, r in c.skips]
+                total.add(c)
+            walls.append((group.name, len(launches), time.time() - t0))
+    if total.skips:
+        print(f"\nskipped ({total.skipped}):")
+        for label, test, reason in total.skips:
+            print(f"  [{label}] {test}: {reason}")
+    print("\nwall time per group: " + ", ".join(f"{name} {s:.0f} s ({n} launch{'es' if n > 1 else ''})"
+                                                  for name, n, s in walls)
+          + f"; total {sum(s for _, _, s in walls):.0f} s")
+    print(f"\n{total.passed} passed, {total.failed} failed"
+          + (f", {total.skipped} skipped" if total.skipped else ""), flush=True)
+    return 1 if total.failed else 0
 
 
 if __name__ == "__main__":

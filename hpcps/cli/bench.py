@@ -9,9 +9,9 @@ needs, from :mod:`hpcps.runtime.launch`) where it needs ranks — collects the J
 * ``results.md``: the table of ratios next to their goals, met or missed, with the date and
   machine, and each script's notes (what was skipped, why a goal is missed).
 
-into ``bench/`` (full run) or a temporary directory (``--quick``, unless ``--out`` is given).
-``--readme`` also replaces the table between the ``<!-- bench-results -->`` markers of
-README.md. ``--quick`` uses tiny sizes: a smoke test that the suite runs, not a measurement.
+into ``bench/`` (full run) or a temporary directory (``--quick``, unless ``--out`` is given),
+and nowhere else: the docs (``docs/benchmarks.md``) point to ``bench/results.md``.
+``--quick`` uses tiny sizes: a smoke test that the suite runs, not a measurement.
 
 The suite needs a source checkout: the ``bench/`` directory next to the ``hpcps`` package.
 No MPI is imported here (the MPI library version is read through :mod:`hpcps.comm.info`).
@@ -31,8 +31,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-README_BEGIN = "<!-- bench-results:begin -->"
-README_END = "<!-- bench-results:end -->"
 
 
 def suite(quick: bool, tmp: Path) -> list[dict]:
@@ -103,7 +101,7 @@ def _command(step: dict, mpirun: str | None, flavour) -> tuple[list[str], dict]:
     return launch.build_launch(step["ranks"], program, mpirun=mpirun, flavour=flavour)
 
 
-def run_suite(quick: bool = False, out_dir=None, only=None, readme: bool = False,
+def run_suite(quick: bool = False, out_dir=None, only=None,
               mpirun: str | None = None, timeout: float = 900.0, stream=None) -> int:
     """Run the suite; write ``results.json`` and ``results.md``; return 0, or 1 if a script
     failed (its output is shown and the others still run).
@@ -117,8 +115,6 @@ def run_suite(quick: bool = False, out_dir=None, only=None, readme: bool = False
     only : list of str or None
         Names of the scripts to run (``kernels``, ``pushpull``, ``rma``, ``rma_fanin``,
         ``checkpoint``, ``e2e``, ``scaling``, ``recovery``).
-    readme : bool
-        Replace the results table in README.md.
     """
     from hpcps.runtime import launch
 
@@ -181,8 +177,6 @@ def run_suite(quick: bool = False, out_dir=None, only=None, readme: bool = False
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     md = markdown(results)
     (out_dir / "results.md").write_text(md)
-    if readme and not quick:
-        update_readme(ROOT / "README.md", md)
     out.write(f"\n{md}\nhpcps bench: {len(reports) - len(failed)} of {len(reports)} benchmarks ran "
               f"in {total:.0f} s; results in {out_dir / 'results.json'} and "
               f"{out_dir / 'results.md'}\n")
@@ -225,16 +219,6 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme(path: Path, md: str) -> None:
-    """Replace the text between the bench markers of ``path`` with ``md``."""
-    text = path.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        return
-    a = text.index(README_BEGIN) + len(README_BEGIN)
-    b = text.index(README_END)
-    path.write_text(text[:a] + "\n" + md + text[b:])
-
-
 def register(sub) -> None:
     """Add ``hpcps bench`` to the command-line parser's subcommands."""
     b = sub.add_parser("bench", help="run the benchmark suite (bench/) and write its results table")
@@ -246,7 +230,6 @@ def register(sub) -> None:
                         "recovery")
     b.add_argument("--out", help="directory for results.json/.md (default: bench/, or a "
                                  "temporary one with --quick)")
-    b.add_argument("--readme", action="store_true", help="also put the table into README.md")
     b.add_argument("--mpirun", help="mpirun to use (default: next to python, then PATH)")
     b.set_defaults(func=lambda a: run_suite(quick=a.quick, out_dir=a.out, only=a.only,
-                                            readme=a.readme, mpirun=a.mpirun))
+                                            mpirun=a.mpirun))

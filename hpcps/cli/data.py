@@ -1,4 +1,4 @@
-"""``hpcps data prepare NAME [--from PATH] [--out PATH]``: write a prepared data set (no MPI).
+"""``hpcps data prepare|generate``: write a prepared or a synthetic data set (no MPI).
 
 Each name in :data:`PREPARERS` turns a data set's original files into one HDF5 file in the
 layout of :mod:`hpcps.data.prepared`, which jobs read with ``[data] format = "prepared"``.
@@ -73,6 +73,47 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+@_guard
+def cmd_generate(args) -> int:
+    """``hpcps data generate``: write a synthetic data set and print where and what.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``kind``, ``rows``, ``files``, ``out``, ``seed``, ``compress``.
+
+    Returns
+    -------
+    int
+        Exit status (0).
+    """
+    from hpcps.data.generate import GENERATORS
+
+    info = GENERATORS[args.kind](args.out, args.rows, args.files, seed=args.seed,
+                                 compress=args.compress, progress=print)
+    rows = sum(f["rows"] for f in info["files"])
+    size = sum(f["bytes"] for f in info["files"])
+    print(f"hpcps data: wrote {args.kind} to {info['path']}: {rows:,} rows in "
+          f"{len(info['files'])} file(s), {size / 1e6:.1f} MB; ground truth in "
+          f"{info['path']}/_truth.json")
+    return 0
+
+
+def _count(text: str) -> int:
+    """An integer >= 1 with optional ``_`` or a k/M/G suffix (``10M``)."""
+    import argparse
+
+    t = text.strip().replace("_", "")
+    mult = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9}.get(t[-1:], 1)
+    try:
+        n = int(float(t[:-1]) * mult) if mult > 1 else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (e.g. 1000, 2_000_000, 10M)") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return n
+
+
 def register(subparsers) -> None:
     """Add ``data prepare`` to the ``hpcps`` parser.
 
@@ -91,3 +132,16 @@ def register(subparsers) -> None:
     p.add_argument("--from", dest="src", metavar="PATH", help="input file or directory")
     p.add_argument("--out", metavar="PATH", help="output file (default: data/NAME.h5)")
     p.set_defaults(func=cmd_prepare)
+    g = dsub.add_parser("generate", help="write a synthetic data set with a known ground truth",
+                        description="Write a Criteo-format click log (label, 13 integer and 26 "
+                                    "categorical fields) drawn from a seeded ground-truth logistic "
+                                    "model over Zipf-distributed ids; DIR/_truth.json holds the "
+                                    "distributions and the ground truth's AUC per file.")
+    g.add_argument("kind", choices=["criteo-like"], help="what to generate")
+    g.add_argument("--rows", type=_count, required=True, help="rows in all (e.g. 1000000 or 1M)")
+    g.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    g.add_argument("--files", type=_count, default=1, help="number of files (default 1)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the model and the rows (default 0)")
+    g.add_argument("--compress", choices=["none", "gzip", "zstd"], default="none",
+                   help="file compression (default none)")
+    g.set_defaults(func=cmd_generate)

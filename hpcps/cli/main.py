@@ -30,7 +30,9 @@ def _rank_label() -> str:
 
 
 def _fail(msg: str, code: int = 2) -> int:
-    sys.stderr.write(f"hpcps: {_rank_label()}error: {msg}\n")
+    # one line per problem (a job file's errors are reported together), each with the prefix
+    sys.stderr.write("".join(f"hpcps: {_rank_label()}error: {line}\n"
+                             for line in str(msg).splitlines() or [""]))
     sys.stderr.flush()
     return code
 
@@ -44,6 +46,10 @@ def cmd_train(args) -> int:
 
     stop = StopRequest().install()      # first: a stop signal may come during start-up
     from hpcps.config import ConfigError, check_output_writable, load_job
+    from hpcps.core import log
+
+    log.configure(args.verbosity)
+    out = log.LineStream()              # every line of the job through the "hpcps" logger
 
     error = None
     try:
@@ -68,10 +74,11 @@ def cmd_train(args) -> int:
 
     note = output_note(cfg) if world.Get_rank() == 0 else None
     if note:
-        print(f"hpcps: note: {note}", flush=True)
+        out.write(f"hpcps: note: {note}\n")
     with core.abort_on_error(world):
         try:
-            res = run_job(cfg, world, resume=args.resume, stop=stop)
+            res = run_job(cfg, world, out=out, resume=args.resume, stop=stop,
+                          restart=args.restart)
             code = EXIT_REQUEUE if res and res.get("stopped_by_signal") else 0
             if res and res.get("skip_finalize"):
                 # after surviving a lost rank, Open MPI's MPI_Finalize can wait forever for the
@@ -96,13 +103,16 @@ def cmd_join(args) -> int:
 
     stop = StopRequest().install()
     from hpcps.comm import core, spawn
+    from hpcps.core import log
     from hpcps.runtime.job import join_job
+
+    log.configure(args.verbosity)
 
     if spawn.parent() is None:
         return _fail("`hpcps join` is started by a running job to add workers to it (hpcps "
                      "grow, [elastic] add_workers); it cannot run by itself")
     with core.abort_on_error(core.world()):
-        res = join_job(stop=stop)
+        res = join_job(out=log.LineStream(), stop=stop)
     return EXIT_REQUEUE if res.get("stopped_by_signal") else 0
 
 
@@ -138,7 +148,9 @@ def _finished_anyway(cfg, since: float) -> str | None:
     did not end well even when the job did without it: the workers that ``MPI_Comm_spawn``
     could not start (status 213, "All nodes which are allocated for this job are already
     filled"), or added workers lost and survived in continue mode. Local."""
-    path = cfg.output.dir / "metrics.json"
+    from hpcps.runtime.rundir import RunDir
+
+    path = RunDir(cfg.output.dir).metrics
     try:
         if path.stat().st_mtime < since:
             return None
@@ -151,6 +163,23 @@ def _finished_anyway(cfg, since: float) -> str | None:
     if summary.get("growth") and summary.get("failures"):
         return "a rank was lost (the job survived it in continue mode)"
     return None
+
+
+def _unfinished(cfg, since: float) -> bool:
+    """Whether this launch's job did not finish although mpirun exited 0: no ``metrics.json``
+    with a summary written after ``since``. Open MPI 5's mpirun exits 0 after "PRTE has lost
+    communication with a remote daemon" (a node's link cut: tests/multihost). Local.
+
+    A finished run launched again trains nothing and leaves its ``metrics.json`` as it was:
+    a summary of every epoch counts as finished, whenever it was written."""
+    path = cfg.output.dir / "metrics.json"
+    try:
+        doc = json.loads(path.read_text())
+        fresh = path.stat().st_mtime >= since
+    except (OSError, ValueError):
+        return True
+    summary = doc.get("summary")
+    return not isinstance(summary, dict) or (not fresh and summary.get("epochs", 0) < cfg.train.epochs)
 
 
 def _default_job(job):
@@ -179,6 +208,13 @@ def cmd_run(args) -> int:
         n = cfg.cluster.servers + QUICKSTART_WORKERS + 1
     else:
         n = cfg.cluster.servers + QUICKSTART_WORKERS
+    # before launching: the rank count, the model's import, the memory (all ranks on this node)
+    from hpcps.runtime.prelaunch import check_before_launch
+
+    local = not args.mpirun_args and os.environ.get("SLURM_JOB_NUM_NODES", "1") in ("", "1")
+    problems = check_before_launch(cfg, n, local)
+    if problems:
+        return _fail("\n".join(str(p) for p in problems))
     try:
         mpirun = launch.find_mpirun(args.mpirun)
     except FileNotFoundError as e:
@@ -190,12 +226,18 @@ def cmd_run(args) -> int:
     resume = args.resume or ("never" if args.func is cmd_check else "auto")
     if resume != "auto":
         cmd += ["--resume", resume]
+    if args.verbosity:                  # -v / -q: for every rank's output
+        cmd += ["-v" if args.verbosity > 0 else "-q"]
     shown = " ".join(f"{k}={v}" for k, v in env.items())
     print(f"hpcps run: {(shown + ' ') if shown else ''}{' '.join(cmd)}", flush=True)
     if args.dry_run:
         return 0
+    from hpcps.runtime.rundir import RunDir
+
+    run_dir = RunDir(cfg.output.dir)
     t_launch = time.time()
-    rc = launch.run(cmd, env)
+    rc = _checked(launch.run(cmd, env), cfg, t_launch, args)
+    run_dir.clear_stale_running()           # an aborted job's chief could not remove it
     why = _finished_anyway(cfg, t_launch) if rc != 0 else None
     if why:
         print(f"hpcps run: mpirun exited with status {rc} because {why}; the job itself "
@@ -212,10 +254,26 @@ def cmd_run(args) -> int:
         print(f"hpcps run: mpirun exited with status {rc} ({describe(rc)}); restart "
               f"{restarts}/{args.max_restarts} (the job resumes from its newest valid checkpoint)",
               flush=True)
-        if "--resume" in cmd:                  # a restart continues from the checkpoints
-            i = cmd.index("--resume")
-            cmd = cmd[:i] + cmd[i + 2:]
-        rc = launch.run(cmd, env)
+        for opt in ("--resume", "--restart"):  # a restart continues from the checkpoints
+            if opt in cmd:
+                i = cmd.index(opt)
+                cmd = cmd[:i] + cmd[i + 2:]
+        cmd += ["--restart", f"{restarts}:{rc}"]   # recorded in metrics.json (summary.launches)
+        t_launch = time.time()
+        rc = _checked(launch.run(cmd, env), cfg, t_launch, args)
+        run_dir.clear_stale_running()
+    return rc
+
+
+def _checked(rc: int, cfg, since: float, args) -> int:
+    """``rc``, or 1 (a rank lost: restartable) when mpirun said 0 but the job did not finish."""
+    from hpcps.runtime import launch
+
+    if rc == 0 and not args.dry_run and not launch.forwarded and _unfinished(cfg, since):
+        print("hpcps run: mpirun exited with status 0 but the job did not finish (no summary in "
+              f"{cfg.output.dir / 'metrics.json'}; a node lost? see above): counted as status 1",
+              flush=True)
+        return 1
     return rc
 
 
@@ -229,7 +287,9 @@ def cmd_check(args) -> int:
         cfg = load_job(_default_job(args.job))
     except ConfigError as e:
         return _fail(str(e))
-    metrics = json.loads((cfg.output.dir / "metrics.json").read_text())
+    from hpcps.runtime.rundir import RunDir
+
+    metrics = json.loads(RunDir(cfg.output.dir).metrics.read_text())
     base = metrics.get("summary", {}).get("baseline")
     if not base or not metrics.get("epochs"):
         return _fail(f"{cfg.path}: set [evaluate] sklearn_baseline = true for hpcps check")
@@ -266,6 +326,25 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _restart_arg(text: str):
+    # "N:STATUS", given by `hpcps run` to a relaunch (hpcps.runtime.rundir.parse_restart)
+    from hpcps.runtime.rundir import parse_restart
+
+    try:
+        return parse_restart(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N:STATUS, got {text!r}") from None
+
+
+def _verbosity(p) -> None:
+    """``-v`` / ``-q`` (:mod:`hpcps.core.log`) on a command that runs a job."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
+                   help="put the rank and host in front of every line; show debug messages")
+    g.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
+                   help="warnings and errors only (no progress lines, no summary)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcps", description="An MPI parameter server for machine learning.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -273,11 +352,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("job", help="TOML job file")
     t.add_argument("--resume", default="auto",
                    help="'auto' (default): resume from the newest valid checkpoint in the run "
-                        "directory if there is one; 'never': start afresh; or a checkpoint directory")
+                        "directory if there is one, else train afresh; 'require': resume from "
+                        "it or exit with status 2; 'never': train afresh (earlier checkpoints "
+                        "are moved to ckpt.aside-<time>/); or a checkpoint directory")
+    t.add_argument("--restart", type=_restart_arg, default=None, help=argparse.SUPPRESS)
+    _verbosity(t)
     t.set_defaults(func=cmd_train)
+    about = {
+        "run": "Launch mpirun for a job file: check the job, the rank count, the model's import "
+               "and (all ranks on this node) the servers' memory first, then start the ranks "
+               "(each runs `hpcps train`); resume from the run directory's newest valid "
+               "checkpoint unless --resume says otherwise.",
+        "check": "Train a job afresh (--resume never by default) and compare its test AUC with "
+                 "scikit-learn's LogisticRegression on the same features: the job must set "
+                 "[evaluate] sklearn_baseline = true; exit status 1 when the gap exceeds "
+                 "[evaluate] max_auc_gap. Takes the same options as `hpcps run`.",
+    }
     for name, func, hlp in (("run", cmd_run, "launch mpirun for a job"),
                             ("check", cmd_check, "run a job and compare its AUC with scikit-learn")):
-        r = sub.add_parser(name, help=hlp)
+        r = sub.add_parser(name, help=hlp, description=about[name])
         r.add_argument("job", nargs="?", help=f"TOML job file (default: {QUICKSTART.name}, 1 server + 3 workers)")
         r.add_argument("-n", type=int, default=0, help="number of ranks (default: servers + 3 workers; 3 for allreduce; "
                             "servers + 4 for sandblaster)")
@@ -285,11 +378,14 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
         r.add_argument("--resume", default=None,
                        help="passed to `hpcps train`: auto (default for run: continue from the "
-                            "newest valid checkpoint), never (default for check: train afresh), "
-                            "or a checkpoint directory; restarts after a failure always resume")
+                            "newest valid checkpoint, else train afresh), require (resume or "
+                            "exit 2), never (default for check: train afresh, moving earlier "
+                            "checkpoints aside), or a checkpoint directory; restarts after a "
+                            "failure always resume")
         r.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="relaunch mpirun up to N times after a failure (e.g. a rank was "
                             "killed); the job resumes from its newest valid checkpoint")
+        _verbosity(r)
         r.set_defaults(func=func, mpirun_args=[])
         r.epilog = "Extra mpirun arguments go after --, e.g. `hpcps run -n 8 job.toml -- --host a,b`."
     g = sub.add_parser("grow", help="add workers to a running job (parameter-server mode)")
@@ -303,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_grow)
     j = sub.add_parser("join", help="(internal) a worker added to a running job; started by "
                                      "MPI_Comm_spawn, not by hand")
+    _verbosity(j)
     j.set_defaults(func=cmd_join)
     i = sub.add_parser("info", help="versions and the MPI in use")
     i.set_defaults(func=cmd_info)

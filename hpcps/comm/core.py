@@ -340,11 +340,17 @@ def abort_on_error(comm: MPI.Comm, stream=None):
         _report_and_abort(comm, stream, text.rstrip(), code=code)
 
 
+#: Seconds between a rank's error line and its ``Abort``: mpirun forwards the line before it
+#: prints its own ``MPI_ABORT was invoked`` banner (issue 21.8: the banner came first).
+ABORT_GRACE = 1.0
+
+
 def _report_and_abort(comm, stream, text, code):
     stream = stream or sys.stderr
     try:
         stream.write(f"hpcps: rank {comm.Get_rank()} on {hostname()}: {text}\n")
         stream.flush()
+        time.sleep(ABORT_GRACE)
     finally:
         comm.Abort(code)
 

@@ -19,7 +19,7 @@ revoked. ``MPI_Comm_revoke`` is not used because, in Open MPI 5.0.x (seen with 5
 revoke while point-to-point messages are in flight on the communicator aborts the sender
 ("Send error after request freed", ``MPI_ERRORS_ARE_FATAL`` on a NULL communicator): an eager
 send whose request the sender already completed gets the revoke's error when its fragment
-comes back, and an error on a freed request is fatal. ``tests/e2e/ulfm_revoke_repro.py``
+comes back, and an error on a freed request is fatal. ``tests/tools/ulfm_revoke_repro.py``
 reproduces it with mpi4py alone.
 
 Recovery (:func:`shrink`) is collective over the survivors: ``Shrink`` builds a communicator of

@@ -17,7 +17,7 @@ code   name                 meaning                                             
 75     ``EXIT_REQUEUE``     stopped by a signal after a checkpoint              yes
 =====  ===================  ==================================================  ==========
 
-The same table is in the README ("Troubleshooting") and in ``slurm/train.sbatch``.
+The same table is in ``docs/troubleshooting.md`` ("Exit status") and in ``slurm/common.sh``.
 """
 
 from __future__ import annotations

@@ -91,12 +91,14 @@ _MAX_HASH_BITS = 30
 
 
 def _open_text(path: str | os.PathLike) -> io.TextIOBase:
-    """Open ``path`` for csv reading; gzip is detected from the magic bytes."""
+    """Open ``path`` for csv reading; gzip is detected from the magic bytes. A UTF-8
+    byte-order mark is skipped (``utf-8-sig``), else the first column would be named
+    ``'\\ufeffage'``; the csv module ends lines at CR, LF or CRLF (``newline=""``)."""
     with open(path, "rb") as f:
         magic = f.read(2)
     if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return open(path, "rt", encoding="utf-8", newline="")
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return open(path, "rt", encoding="utf-8-sig", newline="")
 
 
 def load_adult_columns(path: str | os.PathLike) -> dict[str, np.ndarray]:

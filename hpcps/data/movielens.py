@@ -114,7 +114,7 @@ def read_ratings(path) -> tuple:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")      # a byte-order mark is skipped
     except FileNotFoundError:
         raise DataError(f"{path}: ratings file not found") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -12,7 +12,9 @@ any ``n_parts``.  The parsing is :func:`hpcps.kernels.svmlight.parse_svmlight` (
 Format: ``<label> [qid:<int>] <index>:<value> ...`` per line, indices strictly
 increasing (or repeated, when duplicates are summed), ``#`` starts a comment, blank
 lines and CRLF line ends are fine, the last line need not end with a newline.  Lines are
-split on ``\\n``.  Indices are int64 (up to 2**63 - 1).  Compressed files (``.gz``,
+split on ``\\n``; a carriage return that does not end a line (old Mac files: CR line
+ends) is an error at its line, never read as a space.  A UTF-8 byte-order mark at the
+start of the file is skipped; UTF-16 text is refused at line 1.  Indices are int64 (up to 2**63 - 1).  Compressed files (``.gz``,
 ``.bz2``) are rejected: byte ranges of the compressed file do not match its
 decompressed stream.
 
@@ -42,6 +44,10 @@ __all__ = ["DUPLICATES", "byte_ranges", "read_svmlight_part", "write_svmlight"]
 
 #: Values of ``duplicates`` (``[data] duplicate_indices``): refuse or add repeated indices.
 DUPLICATES = ("error", "sum")
+
+#: Byte-order marks at the start of a file: UTF-8 (skipped), UTF-16 LE/BE (refused).
+UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 #: Suffixes of compressed files, which cannot be split into byte ranges.
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
@@ -147,7 +153,8 @@ def read_svmlight_part(
         If ``index_base`` is not 0 or 1, ``n_features < 1``, ``duplicates`` is not
         "error" or "sum", ``part`` is outside ``[0, n_parts)``, or the file is compressed.
     DataError
-        ``FILE:LINE: reason`` for the first bad line of the part: a label or value that is
+        ``FILE:LINE: reason`` for the first bad line of the part: a carriage return that
+        does not end a line (CR line endings), UTF-16 text, a label or value that is
         not a number, a non-finite value, a feature index below ``index_base``, at or
         beyond ``n_features``, of 2**63 or more, smaller than its predecessor or repeated
         (``duplicates="error"``), or a label that is not -1, 0 or +1.
@@ -171,6 +178,13 @@ def read_svmlight_part(
         q = _line_start_at_or_after(f, offset + length, size)
         f.seek(p)
         buf = f.read(max(q - p, 0))
+    if p == 0:
+        if buf.startswith(UTF8_BOM):               # skipped: the rows read exactly
+            p, buf = len(UTF8_BOM), buf[len(UTF8_BOM):]
+        elif buf.startswith(UTF16_BOMS):
+            raise DataError(f"{path}:1: the file starts with a UTF-16 byte-order mark; "
+                            "svmlight files are ASCII (or UTF-8) text: convert it, e.g. "
+                            "iconv -f UTF-16 -t UTF-8")
     try:
         y, indptr, indices, data, line_at = parse_svmlight(
             buf, index_base, n_features, sum_duplicates=(duplicates == "sum"))

@@ -5,6 +5,8 @@
 - :mod:`hpcps.kernels.keys` — the key permutation ``p(k) = k * A mod num_keys``.
 - :mod:`hpcps.kernels.svmlight` — svmlight text (a ``bytes`` buffer) to CSR arrays with
   int64 indices.
+- :mod:`hpcps.kernels.hashtable` — dynamic sparse tables: an open-addressing hash index
+  over a row arena (any 64-bit key), the update rules applied through it.
 """
 
 from hpcps.kernels.keys import choose_multiplier, inverse_multiplier, permute_keys, permute_keys_into

@@ -8,10 +8,13 @@ tables of more than 2**31 (and 2**32) features can be read, and duplicate indice
 may be summed instead of refused.
 
 Format (Joachims, SVMlight, http://svmlight.joachims.org/; LIBSVM's README):
-``<label> [qid:<int>] <index>:<value> ...`` per line; lines end in ``\\n`` (a ``\\r``
-before it is whitespace); ``#`` starts a comment to the end of the line; blank and
-comment-only lines make no row; tokens are separated by spaces, tabs, ``\\r``, ``\\v``,
-``\\f``. Indices are decimal digits only and must increase along a row.
+``<label> [qid:<int>] <index>:<value> ...`` per line; lines end in ``\\n``, and ``\\r``
+before it is whitespace (CRLF files read as LF ones); a ``\\r`` followed by anything else
+(old Mac files end lines in CR alone) is an error, never whitespace: read as one line, a
+``#`` comment on the first line would swallow every other row. ``#`` starts a comment to
+the end of the line; blank and comment-only lines make no row; tokens are separated by
+spaces, tabs, ``\\v``, ``\\f``. Indices are decimal digits only and must increase along a
+row.
 """
 
 import numpy as np
@@ -39,6 +42,7 @@ cdef enum:
     E_UNSORTED = 9       # index smaller than the previous one of the row
     E_DUPLICATE = 10     # index equal to the previous one (duplicates = error)
     E_QID = 11           # qid:X with X not an integer
+    E_BARE_CR = 12       # a CR not followed by LF (old Mac line ending)
 
 
 class SvmlightSyntaxError(ValueError):
@@ -93,7 +97,8 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
     Raises
     ------
     SvmlightSyntaxError
-        At the first bad line: ``offset`` is where that line starts in ``buf``.
+        At the first bad line: ``offset`` is where that line starts in ``buf``. A ``\\r``
+        followed by neither ``\\r`` nor ``\\n`` (nor the end of ``buf``) is one.
     ValueError
         If ``index_base`` is not 0 or 1 or ``n_features < 1``.
 
@@ -135,7 +140,16 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
             line_start = pos
             eol = pos
             while eol < n and s[eol] != c'\n':
+                if s[eol] == c'\r':
+                    k = eol + 1
+                    while k < n and s[k] == c'\r':
+                        k += 1
+                    if k < n and s[k] != c'\n':       # CR CR... then not LF nor the end
+                        err = E_BARE_CR
+                        break
                 eol += 1
+            if err != E_OK:
+                break
             end = pos
             while end < eol and s[end] != c'#':
                 end += 1
@@ -254,6 +268,10 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
 def _reason(int err, bytes token, int64_t col, int64_t prev, int index_base, int64_t n_features):
     tok = str(token, "utf-8", "replace")
     value = tok.partition(":")[2]
+    if err == E_BARE_CR:
+        return ("carriage return (CR) not followed by LF: lines must end in LF or CRLF; "
+                "old Mac (CR) line endings are not read (convert the file, e.g. "
+                "tr '\\r' '\\n' < FILE > NEW)")
     if err == E_LABEL:
         return f"could not convert string to float: {tok!r} (the label)"
     if err == E_PAIR:

@@ -26,10 +26,7 @@ import uuid
 from pathlib import Path
 
 from hpcps.runtime.output import write_metrics
-
-RUNNING = "running.json"
-REQUEST = "grow-request.json"
-ANSWER = "grow-answer.json"
+from hpcps.runtime.rundir import ANSWER, CKPT, METRICS, REQUEST, RUNNING  # noqa: F401 (re-exported)
 #: Largest request file read, bytes.
 MAX_REQUEST_BYTES = 65536
 #: Largest number of workers one request may add.
@@ -115,7 +112,7 @@ def running_job(run_dir) -> dict:
                         "[output] dir, e.g. runs/<job name>)")
     marker = d / RUNNING
     if not marker.exists():
-        metrics = d / "metrics.json"
+        metrics = d / METRICS
         try:
             done = "summary" in json.loads(metrics.read_text())
         except (OSError, ValueError):
@@ -124,10 +121,10 @@ def running_job(run_dir) -> dict:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metrics.stat().st_mtime))
             raise GrowError(f"{d}: the job has finished (its summary was written at {when}); "
                             "there is nothing running to add workers to")
-        if metrics.exists() or (d / "ckpt").exists():
+        if metrics.exists() or (d / CKPT).exists():
             raise GrowError(f"{d}: no parameter-server job is running here (no {RUNNING}: the "
                             "last one stopped, or has not started training yet)")
-        raise GrowError(f"{d}: not an hpcps run directory (no {RUNNING}, metrics.json or ckpt/)")
+        raise GrowError(f"{d}: not an hpcps run directory (no {RUNNING}, {METRICS} or {CKPT}/)")
     try:
         info = json.loads(marker.read_text())
         pid, host = int(info["pid"]), str(info["host"])

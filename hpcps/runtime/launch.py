@@ -7,9 +7,16 @@
 * sets Open MPI's run-as-root variables only when running as root, and ``OMPI_MCA_osc=^ucx``
   (unless set) to skip the UCX one-sided component, whose failed query prints an error per
   rank on machines without UCX hardware;
-* forwards SIGINT, SIGUSR1 and SIGUSR2 to mpirun (which passes them to the ranks); the first
-  SIGTERM is sent on as SIGUSR1 (Open MPI's mpirun kills the ranks on SIGTERM, while hpcps
-  ranks take SIGUSR1 as "checkpoint and exit with status 75"), a second one as SIGTERM;
+* forwards SIGUSR1 and SIGUSR2 to mpirun (which passes them to the ranks); the first SIGTERM
+  and the first SIGINT (Ctrl-C) are sent on as SIGUSR1 (Open MPI's mpirun kills the ranks on
+  SIGTERM and SIGINT, while hpcps ranks take SIGUSR1 as "checkpoint and exit with status
+  75"), a second one as itself (mpirun then stops the ranks at once). After a SIGINT,
+  :func:`run` says that the job was interrupted and returns :data:`EXIT_INTERRUPTED` (130,
+  the shell's status for Ctrl-C; never relaunched);
+* starts mpirun in a process group of its own (so that a terminal's Ctrl-C reaches
+  ``hpcps run`` alone, which stops the job as above; stdin is not passed on), with the
+  parent-death signal SIGTERM (Linux): when ``hpcps run`` dies, even by SIGKILL, mpirun
+  is told to stop its ranks, so no mpirun outlives it;
 * removes, just before mpirun starts, a session directory that an earlier, killed Open MPI
   mpirun with the same process id left (it would make mpirun exit with status 213 at once:
   :func:`clear_stale_session_dir`);
@@ -27,6 +34,12 @@ import sys
 from pathlib import Path
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+#: ``hpcps run``'s status after a SIGINT (Ctrl-C): 128 + SIGINT, as a shell reports it.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+#: Signals whose first arrival asks the ranks to checkpoint and stop (sent on as SIGUSR1).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def find_mpirun(explicit: str | None = None) -> str:
@@ -104,7 +117,7 @@ def build_launch(n: int, program, *, mpirun: str, flavour=("unknown", 0), cores=
     cmd = [mpirun, "-n", str(n)]
     env: dict[str, str] = {}
     if kind == "openmpi":
-        if n + spare > cores:
+        if n + spare > cores and "--map-by" not in extra:       # the user's mapping wins
             cmd += ["--map-by", ":OVERSUBSCRIBE"] if major >= 5 else ["--oversubscribe"]
         if is_root:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -161,17 +174,42 @@ def clear_stale_session_dir(pid: int, environ=None) -> Path | None:
     return d
 
 
-def run(cmd: list[str], env_extra: dict) -> int:
-    """Run ``cmd``, forwarding signals; return its exit status (128 + signal if killed).
+def _libc_prctl():
+    """``prctl`` of the C library (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
 
-    In the child, before ``cmd`` starts, a session directory left under the child's process
-    id by a killed Open MPI mpirun is removed (:func:`clear_stale_session_dir`), saying so
-    on stderr. The signals forwarded are recorded in :data:`forwarded`.
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def run(cmd: list[str], env_extra: dict) -> int:
+    """Run ``cmd`` (mpirun), forwarding signals; return its exit status (128 + signal if
+    killed), or :data:`EXIT_INTERRUPTED` after a SIGINT (saying so on stderr).
+
+    The child runs in a process group of its own with stdin from ``/dev/null`` and, on
+    Linux, SIGTERM as its parent-death signal (see the module docstring). In the child,
+    before ``cmd`` starts, a session directory left under the child's process id by a killed
+    Open MPI mpirun is removed (:func:`clear_stale_session_dir`), saying so on stderr. The
+    signal handlers are set before the child starts (a signal that comes before it exists is
+    sent to it as soon as it does). The signals forwarded are recorded in :data:`forwarded`.
     """
     env = dict(os.environ, **env_extra)
     forwarded.clear()
+    parent = os.getpid()
+    prctl = _libc_prctl()
 
     def before_exec():                # in the child: single-threaded, its pid is final
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:          # the parent died before the line above
+                os._exit(128 + signal.SIGTERM)
         try:
             d = clear_stale_session_dir(os.getpid(), env)
             if d is not None:
@@ -180,24 +218,39 @@ def run(cmd: list[str], env_extra: dict) -> int:
         except Exception:             # noqa: BLE001 - never keep mpirun from starting
             pass
 
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=before_exec)
+    child: list = []                  # the Popen, once it exists
+    early: list = []                  # signals to send once it does
 
     def forward(signum, _frame):
-        first_term = signum == signal.SIGTERM and signal.SIGTERM not in forwarded
+        first_stop = signum in STOP_SIGNALS and signum not in forwarded
         forwarded.append(signum)
-        if first_term:
-            # mpirun would kill the ranks on SIGTERM; SIGUSR1 is passed on to them instead,
-            # and hpcps treats it as "checkpoint and exit". A second SIGTERM goes through.
+        if first_stop:
+            # mpirun would kill the ranks on SIGTERM/SIGINT; SIGUSR1 is passed on to them
+            # instead, and hpcps treats it as "checkpoint and exit". A second one goes through.
             signum = signal.SIGUSR1
+        if not child:
+            early.append(signum)
+            return
         try:
-            proc.send_signal(signum)
+            child[0].send_signal(signum)
         except ProcessLookupError:
             pass
 
     old = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     try:
-        rc = proc.wait()
+        child.append(subprocess.Popen(cmd, env=env, preexec_fn=before_exec, process_group=0,
+                                      stdin=subprocess.DEVNULL))
+        for signum in early:
+            child[0].send_signal(signum)
+        rc = child[0].wait()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    return 128 - rc if rc < 0 else rc
+    rc = 128 - rc if rc < 0 else rc
+    if signal.SIGINT in forwarded:
+        sys.stderr.write(f"hpcps run: interrupted (SIGINT); mpirun exited with status {rc}"
+                         f"{' after the ranks checkpointed' if rc == 75 else ''}; the next "
+                         "`hpcps run` of this job resumes from its newest checkpoint\n")
+        sys.stderr.flush()
+        return EXIT_INTERRUPTED
+    return rc

@@ -33,14 +33,14 @@ import time
 
 import numpy as np
 
-from hpcps import __version__
 from hpcps.checkpoint import ResumeError
 from hpcps.comm import core
 from hpcps.comm.collectives import gather_rows
 from hpcps.comm.sandblaster import (CMD_EVAL, CMD_STOP, COORDINATOR, SERVER, CoordinatorLink,
                                 ServerLink, WorkerLink, node_total, split_sandblaster)
-from hpcps.config import check_world, to_dict
-from hpcps.runtime.output import write_metrics, write_model
+from hpcps.config import check_world
+from hpcps.runtime.output import write_model
+from hpcps.runtime.rundir import MetricsFile, RunDir
 from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.core.tables import KeyPartition
 from hpcps.sandblaster.baseline import objective, sklearn_solution
@@ -105,8 +105,8 @@ def run_sandblaster(cfg, world, out=None, resume="auto", stop=None, step_hook=No
     core.check_launch(world)
     check_world(cfg, world.Get_size())
     if resume not in ("auto", "never"):
-        raise ResumeError(f"cluster.mode = 'sandblaster' writes no checkpoints; cannot resume "
-                          f"from {resume}")
+        what = "--resume require" if resume == "require" else f"cannot resume from {resume}"
+        raise ResumeError(f"cluster.mode = 'sandblaster' writes no checkpoints; {what}")
     t_start = time.perf_counter()
     roles = split_sandblaster(world, cfg.cluster.servers)
     row = np.zeros(len(RANK_FIELDS))
@@ -426,7 +426,7 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
                         "bytes_out": int(link.stats.total("bytes_out")),
                         "messages": int(link.stats.total("messages"))},
     }
-    path = write_model(cfg.output.dir / "model.h5", {"weights": wts.reshape(-1, 1),
+    path = write_model(RunDir(cfg.output.dir).model, {"weights": wts.reshape(-1, 1),
                                                      "bias": np.array([[bias]])},
                        cfg, step=res.iterations, epoch=res.evaluations)
     summary["model_path"] = str(path)
@@ -436,9 +436,7 @@ def _finish(cfg, state, rows, link, out, wall) -> dict:
               "test_rows": test["n"]}
     if cfg.evaluate.sklearn_baseline:
         summary["baseline"] = _baseline(cfg, wts, bias, res.objective, Xt, yt)
-    write_metrics(cfg.output.dir / "metrics.json",
-                  {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg),
-                   "iterations": res.history, "epochs": [record], "summary": summary})
+    MetricsFile(cfg).final([record], summary, iterations=res.history)
     _print_summary(summary, record, out)
     return summary
 

@@ -57,6 +57,9 @@ class Checkpointer:
         #: () -> dict of more manifest attributes, set by the trainer (the voted count of
         #: rejected non-finite steps)
         self.extra = dict
+        #: more manifest attributes set by the job (``launches``: JSON list of this run's
+        #: launches, :func:`hpcps.runtime.rundir.launch_records`)
+        self.more = {}
 
     def after_step(self, clock, epoch, step_in_epoch, plan, history, collective=True) -> None:
         """Called by every worker after each clock. Collective when ``every_seconds`` is set
@@ -113,8 +116,8 @@ class Checkpointer:
             worker_clocks=[clock] * self.n_workers,
             last_push_seq=(pushes.sum(axis=1) if pushes is not None else [0] * self.n_workers),
             shards=shards, partitions=partitions, history=history,
-            extra={"epoch_plan": json.dumps(plan), **self.extra()})
-        ckpt.prune(self.cfg.output.dir, self.c.keep, warn=self._say)
+            extra={"epoch_plan": json.dumps(plan), **self.extra(), **self.more})
+        ckpt.prune(self.cfg.output.dir, self.c.keep, warn=self._say, current=clock)
         dt = time.perf_counter() - t0
         nbytes = sum(n for n, _ in shards) + path.stat().st_size
         self.seconds += dt

@@ -262,7 +262,14 @@ class PSClient:
         self.seq += 1
 
     def _pull_rma(self, tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh) -> None:
-        """One-sided reads of each server's window (see :meth:`ShardWindow.read`)."""
+        """One-sided reads of each server's window (see :meth:`ShardWindow.read`).
+
+        Sends still pending (the last clock's ``PUSH_CLOCK``) are completed first: a read
+        that waits for a fresh shard polls the window and nothing else, so a send that needs
+        this rank's progress to finish (a rendezvous without single-copy shared memory, a
+        chunked message) would never reach the server, which would wait for it for ever."""
+        if self.ep.pending:
+            self.ep.complete(tp.PUSH)
         t0 = time.perf_counter()
         win = self.windows[tid]
         c = self.clock_value
@@ -323,9 +330,11 @@ class PSClient:
         defer : bool
             Hold the push and send it with this step's :meth:`clock`: one request per server
             for the pushes of every table and the CLOCK (``PUSH_CLOCK``), which the server
-            loop handles in one trip. ``keys`` and ``grads`` must then stay unchanged until
-            the clock (they may be sent from in place). Any other request sends held pushes
-            first, as plain PUSHes.
+            loop handles in one trip. The push holds its own copy of ``keys`` and ``grads``
+            where it would otherwise send from the caller's memory (a conversion or a
+            reordering by server makes one already), so the caller may change them as soon
+            as this returns, although the sends complete only later. Any other request sends
+            held pushes first, as plain PUSHes.
 
         Raises
         ------
@@ -333,6 +342,7 @@ class PSClient:
             On a shape mismatch or a key outside the key space.
         """
         tid, spec, part = self._table(table)
+        given_keys, given_grads = keys, grads
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
         grads = np.asarray(grads, dtype=spec.dtype).reshape(keys.size, -1) if keys.size else \
             np.empty((0, spec.dim), dtype=spec.dtype)
@@ -342,7 +352,12 @@ class PSClient:
         if keys.size == 0:
             return
         order, bounds = _group(part, keys)
-        k, g = (keys, grads) if order is None else (keys[order], grads[order])
+        if order is None:
+            k, g = keys, grads
+            if defer:       # sent after clock() returns: never from the caller's memory
+                k, g = _private(k, given_keys), _private(g, given_grads)
+        else:
+            k, g = keys[order], grads[order]
         versions = self.read_version[tid] if versions is None else versions
         for s in range(self.n_servers):
             a, b = bounds[s], bounds[s + 1]
@@ -380,10 +395,11 @@ class PSClient:
 
         A range with pushes held by ``push(..., defer=True)`` gets them and the CLOCK in one
         ``PUSH_CLOCK`` request. The sends are not waited for here: the next request's wait
-        completes them (their buffers are kept until then), so the worker goes on to its
-        next minibatch while the servers receive. Sends still pending from the previous
-        clock (RMA pulls involve no wait of this endpoint) are waited for first, so at most
-        one step's buffers are held.
+        (or the next RMA pull, which completes them before it reads a window) completes
+        them, so the worker goes on to its next minibatch while the servers receive. They
+        go from buffers the client owns (see ``push``'s ``defer``): the caller's arrays are
+        free again when this returns. Sends still pending from the previous clock are
+        waited for first, so at most one step's buffers are held.
         """
         if self.ep.pending:
             self.ep.complete(tp.PUSH)
@@ -496,6 +512,18 @@ class PSClient:
         for s in range(self.n_servers):
             self.ep.send(s, tp.make_header(tp.STOP, rng=s))
         self.ep.complete(tp.STOP)
+
+
+def _private(a: np.ndarray, given) -> np.ndarray:
+    """``a`` (the conversion of the caller's ``given`` to the dtype and layout sent), or a copy
+    of it when it may be the caller's memory: ``given`` itself, a view of it, or a buffer
+    shared with some other object (``np.asarray`` of a list or tuple always makes a new
+    array). Local."""
+    if isinstance(given, (list, tuple)):
+        return a
+    if isinstance(given, np.ndarray) and not np.may_share_memory(a, given):
+        return a
+    return a.copy()
 
 
 def _group(part: KeyPartition, keys: np.ndarray):

@@ -34,7 +34,12 @@ from hpcps.core.optim import NonFiniteError, check_finite
 
 
 def _as_rows(grad, n: int) -> np.ndarray:
-    return np.asarray(grad).reshape(n, -1)
+    """``grad`` as ``(n, dim)`` rows; ``n = 0`` (a minibatch of rows without features touches
+    no key of a table) gives ``(0, last axis or 1)``, which ``reshape(0, -1)`` cannot."""
+    g = np.asarray(grad)
+    if n == 0 and g.size == 0:
+        return g.reshape(0, g.shape[-1] if g.ndim > 1 else 1)
+    return g.reshape(n, -1)
 
 
 #: Codes of a step's outcome in the vote: fine, non-finite loss, non-finite gradient.

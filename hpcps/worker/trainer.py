@@ -390,8 +390,10 @@ class Trainer:
                   f"{n_train} train / {n_test} test rows; model {self.model.name} "
                   f"({self._n_params():,} parameters); "
                   f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
-                  f"{self.policy.describe()} ({self.client.pull_mode} pulls), "
-                  f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
+                  + ("AllReduce of the gradients (BSP by construction), "  # [cluster] mode
+                     if self.client.pull_mode == "allreduce" else
+                     f"{self.policy.describe()} ({self.client.pull_mode} pulls), ")
+                  + f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
         if restore is not None:
             self._say(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
                       f"step {int(restore['step_in_epoch'])} of the epoch, written by "

@@ -7,6 +7,8 @@ import pytest
 
 from tests.helpers import ROOT, hpcps, launch, write_job
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 BAD = ROOT / "tests" / "data" / "bad"
 GOOD = "1 1:1 3:0.5\n0 2:1\n1 1:0.5 4:1\n0 3:1\n"
 
@@ -36,6 +38,7 @@ CASES = {
     "index_2pow32.svm": "index_2pow32.svm:4: feature index 4294967297 (index_base=1) is out of range for n_features=8",
     "duplicate_index.svm": 'duplicate_index.svm:2: duplicate feature index 4 in a row (set [data] duplicate_indices = "sum"',
     "empty.svm": "empty.svm: no training rows",
+    "cr_line_endings.svm": "cr_line_endings.svm:1: carriage return (CR) not followed by LF: lines must end in LF or CRLF",
 }
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import DATA, ROOT, launch
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 JOBS = ROOT / "tests" / "data" / "bad" / "jobs"
 
 CASES = {
@@ -60,3 +62,63 @@ def test_bad_job_file_is_reported_on_every_rank_with_exit_2(tmp_path, read_only_
     assert sorted(l.split(":")[1].strip() for l in lines) == ["rank 0", "rank 1", "rank 2"], \
         proc.stderr[-2000:]
     assert secs < 60
+
+
+# ------------------------------------------------------------- hpcps run, before mpirun
+
+SMALL = """
+name = "small"
+[data]
+format = "adult_csv"
+path = "@DATA@"
+max_rows = 500
+[output]
+dir = "out"
+"""
+
+BEFORE_LAUNCH = {
+    # issue 21, item 6: found only after MPI started (10-27 s), with an empty run directory
+    "servers": ("[cluster]\nservers = 3\n",
+                "s.toml: cluster.servers: 3 server(s) in a world of 3 ranks leave"),
+    "memory": ("[data]\nhash_bits = 36\n",
+               "s.toml: data.hash_bits: the tables do not fit the servers' memory: per server "
+               "weights: 68,719,476,736 rows x (1 x 4 B weights + 4 B accumulator) = 512.00 GiB"),
+    # issue 22, item 9: found only after launch, once per rank, under an MPI abort banner
+    "model": ('[model]\ntype = "nosuchpkg.mod:Model"\n',
+              "s.toml: model.type: cannot import module 'nosuchpkg.mod'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BEFORE_LAUNCH))
+def test_run_refuses_before_launching_once_naming_file_and_key(tmp_path, case):
+    from tests.helpers import hpcps
+
+    extra, want = BEFORE_LAUNCH[case]
+    text = SMALL.replace("@DATA@", str(DATA))
+    if extra.startswith("[data]"):
+        text = text.replace("max_rows = 500\n", "max_rows = 500\n" + extra.split("\n", 1)[1])
+    else:
+        text += extra
+    (tmp_path / "s.toml").write_text(text)
+    proc, secs = hpcps(["run", "-n", "3", "s.toml"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    lines = [l for l in proc.stderr.splitlines() if want in l]
+    assert len(lines) == 1 and lines[0].startswith("hpcps: error: "), proc.stderr[-2000:]
+    assert "hpcps run:" not in proc.stdout and "MPI_ABORT" not in proc.stderr   # no launch
+    assert not (tmp_path / "out").exists()                                    # nothing created
+    assert secs < 30
+
+
+def test_run_imports_a_user_model_as_the_ranks_will(tmp_path):
+    """The ranks run ``python -m hpcps`` in the working directory: a model module there is
+    importable for them, so the check before the launch must find it too."""
+    from tests.helpers import hpcps
+
+    (tmp_path / "mymodel.py").write_text(
+        "from hpcps.models.logistic import LogisticRegression\n\n"
+        "class Mine(LogisticRegression):\n    pass\n")
+    (tmp_path / "s.toml").write_text(SMALL.replace("@DATA@", str(DATA))
+                                     + '[model]\ntype = "mymodel:Mine"\n')
+    proc, _ = hpcps(["run", "--dry-run", "-n", "3", "s.toml"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "hpcps run:" in proc.stdout

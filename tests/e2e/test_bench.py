@@ -7,7 +7,11 @@ results table — so the suite cannot rot between full runs.
 
 import json
 
+import pytest
+
 from tests.helpers import hpcps
+
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
 NAMES = ["kernels", "pushpull", "rma", "rma_fanin", "checkpoint", "e2e", "scaling", "recovery"]
 

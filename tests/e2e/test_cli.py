@@ -7,8 +7,11 @@ import socket
 
 import h5py
 import numpy as np
+import pytest
 
 from tests.helpers import DATA, hpcps, launch, mpi_env, write_job
+
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
 SMALL = """
 name = "small"
@@ -146,3 +149,19 @@ def test_tables_too_big_for_memory_are_refused_with_the_arithmetic(tmp_path):
     # float32 already: the advice must not suggest it (it did)
     assert "Use more servers ([cluster] servers = 1 now) or fewer keys." in proc.stderr, proc.stderr[-2000:]
     assert secs < 60
+
+
+def test_verbose_and_quiet(tmp_path):
+    """-v: every line of the ranks carries its rank and host; -q: no progress, no summary
+    (issue 16, item 6)."""
+    job = write_job(tmp_path / "small.toml", SMALL.replace("epochs = 2", "epochs = 1"))
+    host = socket.gethostname()
+    proc, _ = hpcps(["run", "-n", "3", "-v", job, "--resume", "never"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [l for l in proc.stdout.splitlines() if not l.startswith("hpcps run:")]
+    assert ranks and all(l.startswith("[rank ") and f" on {host}] " in l for l in ranks), ranks
+    assert any(l.startswith("[rank 0 on ") and "] done: 1 epoch(s)" in l for l in ranks)
+    proc, _ = hpcps(["run", "-n", "3", "-q", job, "--resume", "never"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [l for l in proc.stdout.splitlines() if not l.startswith("hpcps run:")]
+    assert not any("ETA" in l or "done:" in l for l in ranks), ranks

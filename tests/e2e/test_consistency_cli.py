@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from tests.helpers import launch, write_job
+
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
 JOB = """
 name = "cons_e2e"

@@ -12,6 +12,8 @@ import pytest
 from hpcps import checkpoint as ck
 from tests.helpers import launch, write_job
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 JOB = """
 name = "full"
 seed = 1

@@ -25,9 +25,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from hpcps.runtime.output import read_model
 from tests.helpers import DATA, hpcps, mpi_env, read_until, start_run
+
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
 JOB = """
 name = "{name}"

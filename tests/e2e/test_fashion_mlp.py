@@ -19,9 +19,9 @@ import pytest
 from hpcps.data.fashion_mnist import DEFAULT_SOURCE, FILES
 from tests.helpers import launch
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (DEFAULT_SOURCE / FILES["train"][0]).exists(),
-    reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+    reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")]
 
 JOB = """
 name = "fm"

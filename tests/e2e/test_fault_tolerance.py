@@ -10,7 +10,7 @@ real ``kill -9``, under ``mpirun --with-ft ulfm`` (the reference runs and the re
   restart) with a status that ``--max-restarts`` relaunches, and a relaunch resumes from the
   last checkpoint and runs to the end.
 
-Every kill lands at a known clock while the workers wait (``tests/e2e/pause_driver.py``,
+Every kill lands at a known clock while the workers wait (``tests/tools/pause_driver.py``,
 :func:`tests.helpers.kill_while_paused`): a kill sent when a line of the piped output shows up
 can land after the last step of a fast run.
 """
@@ -23,6 +23,8 @@ import pytest
 
 from hpcps.core.exitcodes import restartable
 from tests.helpers import hpcps, kill_while_paused, write_continue_job
+
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
 RANKS = 4
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import mpi_env, mpirun, run_in_session, session_pids
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 
 def test_timed_out_launch_kills_every_rank(tmp_path, monkeypatch):
     cmd = [mpirun(), "-n", "2", sys.executable, "-c",

@@ -5,7 +5,11 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import DATA, launch, mpi_env, write_job
+
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = """

@@ -13,6 +13,8 @@ from hpcps.data import DataError
 from hpcps.data.movielens import recbole_copy
 from tests.helpers import ROOT, hpcps
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 SHIPPED = ROOT / "jobs" / "movielens_mf.toml"
 # CI sizing: 2 workers × 1024 rows per step (40 steps an epoch), 4 epochs, a larger step
 CI = {"servers": "2", "batch_size": "1024", "epochs": "4", "learning_rate": "0.2"}

@@ -11,6 +11,8 @@ import pytest
 from hpcps import checkpoint as ck
 from tests.helpers import launch, write_job
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 # 24 lines of equal length, so that 3 byte ranges hold 8 rows each; 1.0e39 overflows float32
 GOOD = ["1 1:1.0e00 2:0.25", "0 2:1.0e00 3:0.50", "1 3:1.0e00 4:0.75", "0 1:1.0e00 4:0.25"]
 ROWS = [GOOD[i % 4] for i in range(24)]

@@ -6,9 +6,12 @@ import re
 
 import h5py
 import numpy as np
+import pytest
 
 from hpcps import checkpoint as ck
 from tests.helpers import DATA, ROOT, launch, write_job
+
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
 SHIPPED = (ROOT / "jobs" / "adult_lr.toml").read_text()
 

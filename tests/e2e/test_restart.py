@@ -22,6 +22,8 @@ import pytest
 from hpcps import checkpoint as ck
 from tests.helpers import hpcps, launch, mpi_env, rank_pids, write_job
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 JOB = """
 name = "restart"
 seed = 5
@@ -92,6 +94,15 @@ def test_kill_9_a_rank_then_resume_is_bit_identical(tmp_path, victim, opt):
     assert p.returncode == 0, out[-3000:]
     assert "restart 1/2" in out and "resumed from checkpoint step" in out, out[-3000:]
     assert_identical(weights(tmp_path / "killed"), want)
+    # issue 22.5: the whole run and each restart are reported, not the relaunch's steps only
+    s = json.loads((tmp_path / "killed" / "metrics.json").read_text())["summary"]
+    first, last = s["launches"][0], s["launches"][-1]
+    assert s["run_steps"] == 800 and s["restarts"] == len(s["launches"]) - 1 >= 1, s["launches"]
+    assert last["restart"] == s["restarts"] and last["after_status"] != 0
+    assert first["resumed_from_step"] is None and first["steps_kept"] > 0
+    assert last["resumed_from_step"] + last["steps"] == 800 == s["steps"] + last["resumed_from_step"]
+    assert f"done: 2 epoch(s), 800 steps in all ({s['steps']:,} in this launch, restart " in out, \
+        out[-3000:]
 
 
 def test_resume_on_fewer_and_more_servers_is_bit_identical(tmp_path):
@@ -293,3 +304,91 @@ def test_async_resume_with_one_worker_is_bit_identical(tmp_path):
     proc, _ = launch(2, ["train", b], cwd=tmp_path)
     assert proc.returncode == 0 and "resumed from checkpoint step" in proc.stdout, proc.stderr[-2000:]
     assert_identical(weights(tmp_path / "a"), weights(tmp_path / "ref"))
+
+
+def _damage(run_dir) -> list[str]:
+    """Truncate a shard of the older checkpoint(s) and flip a data byte of the newest's."""
+    steps = ck.list_steps(run_dir)
+    for s in steps[:-1]:
+        shard = ck.step_dir(run_dir, s) / "shard-0000.h5"
+        shard.write_bytes(shard.read_bytes()[:1000])
+    shard = ck.step_dir(run_dir, steps[-1]) / "shard-0000.h5"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    return [ck.step_dir(run_dir, s).name for s in steps]
+
+
+def test_every_checkpoint_damaged_require_stops_and_auto_trains_afresh_saying_so(tmp_path):
+    """Issue 21.3: every checkpoint of the run directory damaged. ``--resume require`` exits
+    2 naming each; ``--resume auto`` says so in one line and trains from scratch, and its new
+    checkpoints survive pruning (a damaged step-25 used to count as newer: the new step-10 was
+    deleted right after it was written and the chief died on its missing manifest)."""
+    j = job(tmp_path, "d", epochs=1, every=10, keep=2)          # 25 steps: keeps 20 and 25
+    assert launch(4, ["train", j], cwd=tmp_path)[0].returncode == 0
+    names = _damage(tmp_path / "d")
+    assert names == ["step-00000020", "step-00000025"]
+    proc, _ = launch(4, ["train", j, "--resume", "require"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = next(x for x in proc.stderr.splitlines() if "no valid checkpoint in" in x)
+    assert all(n in line for n in names) and "--resume require" in line, line
+    assert ck.list_steps(tmp_path / "d") == [20, 25]                 # left as they were
+    proc, _ = launch(4, ["train", j], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = [x for x in proc.stdout.splitlines() if "checkpoint" in x and "warning" in x]
+    assert line.startswith("hpcps: warning: no valid checkpoint in") and "trains from scratch" \
+        in line and "truncated" in line and "checksum does not match" in line, line
+    assert "resumed from" not in proc.stdout
+    assert ck.list_steps(tmp_path / "d") == [20, 25]                 # this run's own
+    for s in (20, 25):
+        assert ck.verify(ck.step_dir(tmp_path / "d", s))["step"] == s
+    (aside,) = (tmp_path / "d").glob("ckpt.aside-*")
+    assert sorted(p.name for p in aside.iterdir()) == names
+
+
+def test_resume_never_in_a_used_run_directory_trains_the_new_job_through_a_restart(tmp_path):
+    """Issue 23.3: ``--resume never`` where an earlier run of another job file finished. The
+    earlier checkpoints (higher steps) used to count as newer: the fresh run's first
+    checkpoint was pruned, the chief crashed, and the relaunch resumed the *old* run's final
+    checkpoint ("already finished", exit 0, model.h5 with the old weights). Now they are moved
+    aside and the result equals the new job run in an empty directory."""
+    old = job(tmp_path, "old", epochs=2, keep=2, out=tmp_path / "u")
+    assert launch(4, ["train", old], cwd=tmp_path)[0].returncode == 0
+    new_text = job(tmp_path, "new", epochs=2, keep=2, out=tmp_path / "u").read_text() \
+        .replace("l2 = 0.001", "l2 = 0.002")
+    new = write_job(tmp_path / "new.toml", new_text)
+    ref = write_job(tmp_path / "ref.toml", new_text.replace(str(tmp_path / "u"), str(tmp_path / "ref")))
+    assert launch(4, ["train", ref], cwd=tmp_path)[0].returncode == 0
+    proc, _ = hpcps(["run", "-n", "4", "--max-restarts", "1", "--resume", "never", new],
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "already finished" not in proc.stdout and "restart 1/1" not in proc.stdout, \
+        proc.stdout[-3000:]
+    assert "are moved to" in proc.stdout
+    assert_identical(weights(tmp_path / "u"), weights(tmp_path / "ref"))
+    # the old run's final checkpoint, of another job text, is never taken as "finished"
+    (aside,) = (tmp_path / "u").glob("ckpt.aside-*")
+    shutil.rmtree(tmp_path / "u" / "ckpt")
+    aside.rename(tmp_path / "u" / "ckpt")
+    proc, _ = launch(4, ["train", new], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "another job file" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_finished_run_launched_again_leaves_its_record_intact(tmp_path):
+    """Issue 22.4: launching a finished job again trains nothing and used to overwrite
+    metrics.json with an empty epoch (log-loss nan, 0 steps). Issue 21.4: with ckpt/ deleted,
+    a new run over model.h5/metrics.json says it overwrites them."""
+    j = job(tmp_path, "f", epochs=1)
+    assert launch(4, ["train", j], cwd=tmp_path)[0].returncode == 0
+    run = tmp_path / "f"
+    record, model = (run / "metrics.json").read_bytes(), (run / "model.h5").read_bytes()
+    proc, _ = launch(4, ["train", j], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "this job already finished" in proc.stdout and "done:" not in proc.stdout
+    assert (run / "metrics.json").read_bytes() == record
+    assert (run / "model.h5").read_bytes() == model
+    shutil.rmtree(run / "ckpt")
+    proc, _ = launch(4, ["train", j], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "holds model.h5 and metrics.json of an earlier run" in proc.stdout \
+        and "overwrites them" in proc.stdout, proc.stdout[-2000:]

@@ -7,8 +7,11 @@ import re
 
 import h5py
 import numpy as np
+import pytest
 
 from tests.helpers import hpcps, launch, write_job
+
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
 JOB = """
 name = "sb_cli"

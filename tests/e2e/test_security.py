@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import launch, write_job
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 JOB = """
 name = "sec"
 [data]

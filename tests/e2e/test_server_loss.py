@@ -24,6 +24,8 @@ import pytest
 
 from tests.helpers import finish, kill_while_paused, start_run, write_continue_job
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 RANKS = 6                      # 3 workers (ranks 0-2) + 3 servers (ranks 3-5)
 EXAMPLES = 2 * 9600            # 2 epochs of the 9600 training rows (80 % of 12000)
 STEP_EXAMPLES = 3 * 32         # every step is full: 3200 rows per worker, batch 32

@@ -13,6 +13,8 @@ import pytest
 from hpcps import checkpoint as ck
 from tests.helpers import mpi_env, rank_pids, write_job
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 JOB = """
 name = "sig"
 seed = 2

@@ -18,6 +18,8 @@ import pytest
 from hpcps.runtime import launch
 from tests.helpers import kill_session, mpi_env, mpirun
 
+pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
+
 #: Writes the old mpirun's files under its own pid, then execs mpirun (which keeps the pid).
 SHIM = r"""
 import os, shutil, sys

@@ -60,7 +60,7 @@ def test_duplicate_keys_summed_across_workers_and_servers(dtype):
         client.clock(1)
         return client.pull("w", np.array([7, 1000, 3, 7]))
 
-    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    roles, got = _ps(comm, comm.size // 2, tables, work)
     if roles.role == core.WORKER:
         nw = roles.n_workers
         s = sum(range(1, nw + 1))            # sum of (index + 1) over workers
@@ -101,7 +101,7 @@ def test_pooled_push_buffers_reused_across_clocks(mode):
         return seen
 
     policy = BSP() if mode == "bsp" else Async()
-    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work, policy=policy,
+    roles, got = _ps(comm, comm.size // 2, tables, work, policy=policy,
                      server_fn=lambda s: s.ep.pool.reused)
     if roles.role == core.WORKER:
         nw = roles.n_workers
@@ -136,7 +136,7 @@ def test_deferred_pushes_go_with_the_clock_in_one_request_per_server(mode):
     rule = "adagrad" if mode == "bsp" else "sgd"
     tables = [(sparse, Optimizer(rule, 0.5)), (dense, Optimizer("sgd", 1.0))]
     policy = BSP() if mode == "bsp" else Async()
-    n_servers = 1 if comm.size == 3 else 2
+    n_servers = comm.size // 2
 
     def run(defer):
         def work(client, roles):
@@ -178,6 +178,38 @@ def test_deferred_pushes_go_with_the_clock_in_one_request_per_server(mode):
 
 
 @pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("overwrite", ["grads", "keys"])
+def test_buffers_rewritten_after_clock_do_not_change_the_deferred_push(overwrite):
+    """push(..., defer=True) then clock(): the caller may reuse its arrays as soon as clock()
+    returns. A 1 M-key dense push of ones (float32 rows and int64 keys: sent from in place
+    before, large enough to wait for the server), then ``g[:] = 999`` (or the keys set to 0):
+    the server applies the ones it was given, to the keys it was given (issue 23.1: it
+    applied -999)."""
+    comm = MPI.COMM_WORLD
+    n = 1 << 20
+    spec = TableSpec("w", n, 1, "float32", sparse=False)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+
+    def work(client, roles):
+        for _ in range(2):
+            keys = np.arange(n, dtype=np.int64)
+            g = np.ones((n, 1), dtype=np.float32)
+            client.push("w", keys, g, defer=True)
+            client.clock(1)
+            if overwrite == "grads":
+                g[:] = 999
+            else:
+                keys[:] = 0
+        return client.pull_table("w")
+
+    n_servers = comm.size // 2
+    roles, got = _ps(comm, n_servers, tables, work)
+    if roles.role == core.WORKER:
+        # every worker pushes ones, one example each: -1 per clock, two clocks
+        np.testing.assert_array_equal(got, np.full((n, 1), -2.0, dtype=np.float32))
+
+
+@pytest.mark.mpi(min_size=3)
 def test_pull_many_equals_one_pull_per_table():
     """pull_many posts every table's requests before waiting: the rows are those of one pull
     per table (sparse and dense tables, an empty key set, keys on every server), and a bad
@@ -204,7 +236,7 @@ def test_pull_many_equals_one_pull_per_table():
                 client.pull_many({"w": np.array([1, 2]), "b": np.array([17])})
         return True
 
-    roles, ok = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    roles, ok = _ps(comm, comm.size // 2, tables, work)
     assert roles.role == core.SERVER or ok
 
 
@@ -282,7 +314,7 @@ def test_servers_start_tables_from_the_per_key_initial_rows():
     def work(client, roles):
         return {s.name: client.pull(s.name, np.arange(s.num_keys)) for s in (sparse, dense, zero)}
 
-    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    roles, got = _ps(comm, comm.size // 2, tables, work)
     if roles.role == core.WORKER:
         for s in (sparse, dense):
             np.testing.assert_array_equal(got[s.name], s.initial_rows(np.arange(s.num_keys), 0))
@@ -313,7 +345,7 @@ def test_block_pulls_into_a_buffer_and_grouped_or_scattered_keys_agree():
             client.pull("d", np.arange(4), out=np.zeros((4, 3), dtype=np.float32))
         return block, same, buf, scattered, in_order
 
-    roles, got = _ps(comm, 1 if comm.size == 3 else 2, tables, work)
+    roles, got = _ps(comm, comm.size // 2, tables, work)
     if roles.role == core.WORKER:
         block, same, buf, scattered, in_order = got
         nw = roles.n_workers

@@ -1,4 +1,4 @@
-# mpi-ranks: 3
+# mpi-ranks: 2 3
 """The start-up check of RMA progress (hpcps.runtime.job.check_rma_progress) on a real world
 communicator: rank 0 judges, warns once, and every rank takes the same path."""
 

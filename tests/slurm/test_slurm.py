@@ -363,13 +363,17 @@ def test_bad_data_is_not_requeued(slurm, tmp_path):
 
 def _body(path: Path) -> str:
     text = path.read_text()
-    marker = "# ---------------------------------------------------------------- the rest is the same in\n"
+    marker = "# ---------------------------------------------------------------- the rest is slurm/common.sh,\n"
     assert marker in text, path
     return text.split(marker, 1)[1]
 
 
 def test_train_and_multinode_scripts_share_their_body():
+    """Both scripts end by sourcing slurm/common.sh, the same way (their #SBATCH headers and
+    SITE lines differ); the common part is not copied into either."""
     assert _body(TRAIN) == _body(MULTI)
+    assert '. "$HPCPS_COMMON"' in _body(TRAIN) and "scontrol requeue" not in _body(TRAIN)
+    assert "scontrol requeue" in (ROOT / "slurm" / "common.sh").read_text()
 
 
 @pytest.mark.parametrize("script", [TRAIN, MULTI], ids=["train", "multinode"])

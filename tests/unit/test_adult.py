@@ -327,3 +327,19 @@ def test_data_layer_never_imports_mpi4py():
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+def test_utf8_bom_and_bare_cr_line_endings_read_exactly(tmp_path):
+    """A UTF-8 byte-order mark before the header made its first column '\\ufeffage', so
+    'missing column age' (issue 21.5 for the CSV reader); old Mac (CR) line endings are line
+    ends for the csv module (issue 21.2): both read the same rows as the plain file."""
+    rows = [ROW.format(">50K"), ROW.format("<=50K").replace("25,", "31,", 1)]
+    ref = load_adult_columns(write_csv(tmp_path / "plain.csv", rows))
+    text = HEADER + "\n" + "".join(r + "\n" for r in rows)
+    for name, data in [("bom.csv", b"\xef\xbb\xbf" + text.encode()),
+                       ("mac.csv", text.replace("\n", "\r").encode()),
+                       ("bom_mac.csv.gz", gzip.compress(b"\xef\xbb\xbf" + text.replace("\n", "\r").encode()))]:
+        (tmp_path / name).write_bytes(data)
+        cols = load_adult_columns(tmp_path / name)
+        for k in ref:
+            np.testing.assert_array_equal(cols[k], ref[k], err_msg=name)

@@ -21,7 +21,8 @@ from hpcps.worker.trainer import epoch_rows, epoch_order
 NUM_KEYS, DIM = 1000, 2
 
 
-def make_checkpoint(run_dir, step, n_servers, seed=0):
+def make_checkpoint(run_dir, step, n_servers, seed=0, epoch=1, step_in_epoch=3,
+                    text='name = "t"\n'):
     """A real checkpoint of a (NUM_KEYS, DIM) table 'w' with an AdaGrad slot; returns the full
     table in permuted order (and its keys) for comparison."""
     part = KeyPartition(NUM_KEYS, n_servers)
@@ -37,7 +38,8 @@ def make_checkpoint(run_dir, step, n_servers, seed=0):
             lo=lo, hi=hi, num_keys=NUM_KEYS, multiplier=part.multiplier, sparse=True,
             optimizer="adagrad")]))
     ranges = np.array([part.shard_range(s) for s in range(n_servers)])
-    ck.write_manifest(d, cfg_text='name = "t"\n', job_name="t", step=step, epoch=1, step_in_epoch=3,
+    ck.write_manifest(d, cfg_text=text, job_name="t", step=step, epoch=epoch,
+                      step_in_epoch=step_in_epoch,
                       steps_per_epoch=9, n_workers=2, worker_clocks=[step, step],
                       last_push_seq=[0, 0], shards=shards,
                       partitions={"w": dict(num_keys=NUM_KEYS, dim=DIM, dtype="float64",
@@ -141,6 +143,117 @@ def test_prune_keeps_the_newest_complete(tmp_path):
     (ck.step_dir(tmp_path, 5)).mkdir()                   # being written: must survive
     ck.prune(tmp_path, keep=2)
     assert ck.list_steps(tmp_path) == [3, 4, 5]
+
+
+def _damage_all(run_dir):
+    """Damage every checkpoint of ``run_dir`` in a different way; their names, ascending."""
+    steps = ck.list_steps(run_dir)
+    hurts = [_corrupt_flip, _corrupt_truncate, _corrupt_missing_shard]
+    for s, hurt in zip(steps, hurts):
+        hurt(ck.step_dir(run_dir, s))
+    return [ck.step_dir(run_dir, s).name for s in steps]
+
+
+def test_prune_counts_only_verified_checkpoints(tmp_path):
+    """Issue 21.3: three damaged checkpoints of an earlier launch and a new valid one at a
+    lower step: pruning (keep 1) must keep the new one, the only one that verifies (it used
+    to count every directory with a manifest, keep the damaged step 300 and delete the new
+    checkpoint, and the chief then died on its missing manifest)."""
+    for step in (100, 200, 300):
+        make_checkpoint(tmp_path, step, 3, seed=step)
+    _damage_all(tmp_path)
+    new, *_ = make_checkpoint(tmp_path, 10, 3)
+    ck.prune(tmp_path, keep=1)
+    assert ck.verify(new)["step"] == 10
+
+
+def test_prune_deletes_damaged_checkpoints_older_than_the_newest_verified(tmp_path):
+    for step in (10, 15, 20):
+        make_checkpoint(tmp_path, step, 3, seed=step)
+    _corrupt_flip(ck.step_dir(tmp_path, 15))
+    assert [d.name for d in ck.prune(tmp_path, keep=2)] == ["step-00000015"]
+    assert ck.list_steps(tmp_path) == [10, 20]
+
+
+def test_prune_never_deletes_the_checkpoint_just_written(tmp_path):
+    """Issue 23.3: an earlier run's higher-numbered checkpoints must not push out the one
+    this run has just written."""
+    for step in (100, 200, 300):
+        make_checkpoint(tmp_path, step, 1, seed=step)
+    make_checkpoint(tmp_path, 10, 1)
+    ck.prune(tmp_path, keep=3, current=10)
+    assert ck.list_steps(tmp_path) == [10, 100, 200, 300]
+
+
+def test_checksum_mismatch_names_the_expected_and_the_actual_digest(tmp_path):
+    """Issue 21.9."""
+    d, *_ = make_checkpoint(tmp_path, 10, 2)
+    want = ck.read_manifest(d)["shards"]["digest"][1]
+    _flip_byte(d / "shard-0001.h5", _rows_offset(d / "shard-0001.h5"))
+    have = xxhash.xxh3_128((d / "shard-0001.h5").read_bytes()).hexdigest()
+    with pytest.raises(ck.CheckpointError) as e:
+        ck.verify(d)
+    assert f"expected {want}, file has {have}" in str(e.value) and "shard-0001.h5" in str(e.value)
+
+
+def test_a_leftover_temporary_shard_is_named_and_removed_when_the_step_is_written_again(tmp_path):
+    """Issue 21.9: a server killed while writing its shard leaves ``.shard-0001.h5.*.tmp`` and
+    no manifest; the warning names it, and writing that checkpoint again removes it."""
+    make_checkpoint(tmp_path, 10, 2)
+    d, *_ = make_checkpoint(tmp_path, 20, 2)
+    (d / ck.MANIFEST).unlink()
+    (d / "shard-0001.h5").unlink()
+    tmp = d / ".shard-0001.h5.k2x9q1zz.tmp"
+    tmp.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    warnings = []
+    assert ck.latest_valid(tmp_path, warn=warnings.append)[1]["step"] == 10
+    assert len(warnings) == 1 and tmp.name in warnings[0], warnings
+    make_checkpoint(tmp_path, 20, 2)                        # the relaunch writes step 20 again
+    assert not tmp.exists() and ck.verify(d)["step"] == 20
+
+
+def test_no_valid_checkpoint_is_one_line_naming_each_and_auto_sets_them_aside(tmp_path):
+    """Issue 21.3: every checkpoint damaged. ``--resume auto`` says so in one line naming
+    every checkpoint and why, trains from scratch and moves them aside (so that the new
+    run's checkpoints are never ranked against them); ``--resume require`` is an error."""
+    for step in (10, 20, 30):
+        make_checkpoint(tmp_path, step, 3, seed=step)
+    names = _damage_all(tmp_path)
+    st = ck.choose_start(tmp_path, "require", 'name = "t"\n', epochs=2)
+    assert st.error and st.directory is None and "--resume require" in st.error
+    assert all(n in st.error for n in names) and "\n" not in st.error
+    assert ck.list_steps(tmp_path) == [10, 20, 30]          # untouched
+    st = ck.choose_start(tmp_path, "auto", 'name = "t"\n', epochs=2)
+    assert st.error is None and st.directory is None and not st.notes
+    (line,) = st.warnings
+    assert "\n" not in line and "trains from scratch" in line
+    for n, why in zip(names, ("checksum does not match", "truncated", "missing")):
+        assert f"{n} (" in line and why in line
+    assert ck.list_steps(tmp_path) == [] and sorted(p.name for p in st.aside.iterdir()) == names
+
+
+def test_resume_never_moves_an_earlier_runs_checkpoints_aside(tmp_path):
+    """Issue 23.3."""
+    for step in (100, 200):
+        make_checkpoint(tmp_path, step, 1, seed=step)
+    st = ck.choose_start(tmp_path, "never", 'name = "t"\n', epochs=2)
+    assert st.directory is None and st.error is None and ck.list_steps(tmp_path) == []
+    assert st.aside.name.startswith("ckpt.aside-") and str(st.aside) in st.notes[0]
+    assert ck.list_steps(tmp_path) == [] and len(list(st.aside.iterdir())) == 2
+    assert ck.choose_start(tmp_path, "never", "", 2).aside is None     # nothing to move
+
+
+def test_a_finished_checkpoint_of_another_job_text_is_not_taken_as_finished(tmp_path):
+    """Issue 23.3: the end of a run of another job file is refused, not 'already finished';
+    the end of this very job is 'finished' (nothing to train); a checkpoint mid-run of another
+    job text is resumed as before."""
+    make_checkpoint(tmp_path, 10, 1, epoch=1, step_in_epoch=9, text='name = "old"\n')
+    st = ck.choose_start(tmp_path, "auto", 'name = "new"\n', epochs=2)
+    assert st.refuse and "another job file" in st.refuse and not st.finished and not st.error
+    st = ck.choose_start(tmp_path, "auto", 'name = "old"\n', epochs=2)
+    assert st.error is None and st.finished
+    st = ck.choose_start(tmp_path, "auto", 'name = "new"\n', epochs=3)     # one more epoch
+    assert st.error is None and not st.finished and st.manifest["step"] == 10
 
 
 def test_write_error_names_the_file(tmp_path):

@@ -123,3 +123,52 @@ def test_stale_session_dir_removed_only_with_rendezvous_files(tmp_path):
     assert launch.clear_stale_session_dir(42, env) is None         # another pid's: kept
     assert launch.clear_stale_session_dir(41, env) == d
     assert not d.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_check_has_its_own_help():
+    """Issue 22, item 10: `hpcps check --help` was identical to `hpcps run --help`."""
+    import subprocess
+
+    def help_of(cmd):
+        return subprocess.run([sys.executable, "-m", "hpcps", cmd, "--help"], capture_output=True,
+                              text=True, check=True).stdout.replace(f"hpcps {cmd}", "hpcps X")
+
+    run, check = help_of("run"), help_of("check")
+    assert run != check
+    assert "scikit-learn" in check and "max_auc_gap" in check
+    assert "memory" in run and "scikit-learn" not in run
+
+
+def test_a_map_by_after_double_dash_replaces_the_oversubscribe_one():
+    """``hpcps run ... -- --map-by node:OVERSUBSCRIBE`` (one rank per test host in turn): Open MPI 5
+    refuses a second --map-by, so the user's replaces hpcps's own (tests/multihost)."""
+    extra = ["--map-by", "node:OVERSUBSCRIBE", "--hostfile", "hf"]
+    cmd, _ = launch.build_command(6, "j.toml", mpirun="mpirun", flavour=("openmpi", 5), cores=2,
+                                  is_root=False, extra=extra)
+    assert cmd.count("--map-by") == 1 and cmd[cmd.index("--map-by") + 1] == "node:OVERSUBSCRIBE"
+    cmd, _ = launch.build_command(6, "j.toml", mpirun="mpirun", flavour=("openmpi", 4), cores=2,
+                                  is_root=False, extra=["--map-by", "node"])
+    assert "--oversubscribe" not in cmd
+
+
+def test_a_launch_that_exits_0_without_the_jobs_summary_did_not_finish(tmp_path):
+    """Open MPI 5's mpirun exits 0 after losing a daemon (a node's link cut, tests/multihost):
+    hpcps run then looks for this launch's summary in metrics.json."""
+    import json
+    import types
+
+    from hpcps.cli.main import _unfinished
+    cfg = types.SimpleNamespace(output=types.SimpleNamespace(dir=tmp_path),
+                                train=types.SimpleNamespace(epochs=2))
+    since = time.time()
+    assert _unfinished(cfg, since)                                     # no metrics.json
+    (tmp_path / "metrics.json").write_text(json.dumps({"epochs": [{"epoch": 1}]}))
+    assert _unfinished(cfg, since)                                     # epochs, no summary
+    (tmp_path / "metrics.json").write_text(json.dumps({"epochs": [], "summary": {"epochs": 1}}))
+    assert not _unfinished(cfg, since)
+    os.utime(tmp_path / "metrics.json", (since - 60, since - 60))     # an earlier launch's
+    assert _unfinished(cfg, since)
+    # a finished run launched again trains nothing and leaves its record as it was
+    (tmp_path / "metrics.json").write_text(json.dumps({"epochs": [], "summary": {"epochs": 2}}))
+    os.utime(tmp_path / "metrics.json", (since - 60, since - 60))
+    assert not _unfinished(cfg, since)

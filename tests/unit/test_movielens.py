@@ -143,3 +143,19 @@ def test_cli_prepare_default_out_and_errors(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith("hpcps data: error: ") and "bad.inter:1: rating 'five'" in err
     assert not (tmp_path / "o.h5").exists()
+
+
+@pytest.mark.parametrize("header", ["", "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"])
+def test_utf8_bom_and_cr_line_endings_read_exactly(tmp_path, header):
+    """A UTF-8 byte-order mark made the first field '\\ufeff196' — taken for a header, or a
+    header without 'user_id' (issue 21.5 for this reader); CR line ends are line ends."""
+    text = header + "196\t242\t3\t881250949\n186\t302\t3.5\t891717742\n"
+    (tmp_path / "plain.tsv").write_text(text)
+    want = read_ratings(tmp_path / "plain.tsv")
+    for name, data in [("bom.tsv", b"\xef\xbb\xbf" + text.encode()),
+                       ("mac.tsv", b"\xef\xbb\xbf" + text.replace("\n", "\r").encode())]:
+        (tmp_path / name).write_bytes(data)
+        got = read_ratings(tmp_path / name)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(want[0], [196, 186])

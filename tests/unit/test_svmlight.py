@@ -450,3 +450,63 @@ def test_write_then_read_round_trips(tmp_path_factory, seed, n_rows, n_features,
     assert_same_rows(X2, y2, sp.csr_matrix(X_ref), (y_ref > 0).astype(np.float64))
     np.testing.assert_allclose(X2.toarray(), X.toarray(), rtol=1e-15, atol=0)
     np.testing.assert_array_equal(y2, y)
+
+
+# ------------------------------------------------ line endings and byte-order marks (issue 21)
+
+def test_bare_cr_line_endings_are_refused_at_line_1_naming_the_line_ending(tmp_path):
+    """Old Mac files end lines in CR alone. Read as one line, a '#' comment on the first
+    line swallowed the other rows: 3 rows trained as 1, silently (issue 21.2). Refused at
+    line 1 for every split of the file: part 0 holds the one 'line'."""
+    path = tmp_path / "mac.svm"
+    path.write_bytes(b"1 1:1 # first row\r0 2:1\r1 3:1\r")
+    for n_parts in (1, 2, 5):
+        with pytest.raises(DataError, match=r"mac\.svm:1: .*carriage return \(CR\).*LF or CRLF"):
+            read_all_parts(path, n_parts, 4, 1)
+    # without a comment too (it was an "expected INDEX:VALUE" error on the next row's label)
+    path.write_bytes(b"1 1:1\r0 2:1\r1 3:1\r")
+    with pytest.raises(DataError, match=r"mac\.svm:1: .*carriage return \(CR\)"):
+        read_svmlight_part(path, 0, 1, n_features=4, index_base=1)
+
+
+def test_a_bare_cr_inside_an_lf_file_is_refused_at_its_line(tmp_path):
+    path = tmp_path / "mixed.svm"
+    path.write_bytes(b"1 1:1\n0 2:1\r1 3:1\n1 4:1\n")
+    with pytest.raises(DataError, match=r"mixed\.svm:2: .*carriage return"):
+        read_svmlight_part(path, 0, 1, n_features=4, index_base=1)
+
+
+def test_crlf_and_a_final_cr_are_line_ends(tmp_path):
+    """CRLF (and CR CR LF, a twice-converted file) end lines; a CR at the end of the file
+    ends the last line."""
+    path = tmp_path / "win.svm"
+    path.write_bytes(b"1 1:1 # c\r\n0 2:1\r\r\n1 3:1\r")
+    X, y, _ = read_all_parts(path, 1, 4, 1)
+    np.testing.assert_array_equal(X.toarray(), [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]])
+    np.testing.assert_array_equal(y, [1, 0, 1])
+
+
+def test_utf8_bom_is_skipped_and_the_rows_read_exactly(tmp_path):
+    """A UTF-8 byte-order mark before the first label was 'could not convert string to
+    float: '\\ufeff1'' (issue 21.5): it is skipped, every split reads the same rows."""
+    plain = b"1 1:1 3:0.5\n-1 2:1\n1 4:2\n"
+    ref = tmp_path / "plain.svm"
+    ref.write_bytes(plain)
+    path = tmp_path / "bom.svm"
+    path.write_bytes(b"\xef\xbb\xbf" + plain)
+    X_ref, y_ref, _ = read_all_parts(ref, 1, 4, 1)
+    for n_parts in (1, 2, 3, 40):
+        X, y, _ = read_all_parts(path, n_parts, 4, 1)
+        assert_same_rows(X, y, X_ref, y_ref)
+    # line numbers are not shifted by the mark
+    path.write_bytes(b"\xef\xbb\xbf" + b"1 1:1\n1 2:x\n")
+    with pytest.raises(DataError, match=r"bom\.svm:2: could not convert"):
+        read_svmlight_part(path, 0, 1, n_features=4, index_base=1)
+
+
+@pytest.mark.parametrize("bom,name", [(b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")])
+def test_utf16_text_is_refused_naming_the_encoding(tmp_path, bom, name):
+    path = tmp_path / "u16.svm"
+    path.write_bytes(bom + "1 1:1\n".encode("utf-16-le" if bom == b"\xff\xfe" else "utf-16-be"))
+    with pytest.raises(DataError, match=rf"u16\.svm:1: .*{name}"):
+        read_svmlight_part(path, 0, 1, n_features=4, index_base=1)

@@ -1,8 +1,8 @@
 """Minimal reproducer (mpi4py only, no hpcps): in Open MPI 5.0.x with ULFM, revoking a
 communicator while point-to-point messages are in flight on it aborts the sender.
 
-    mpirun --with-ft ulfm -n 6 python tests/e2e/ulfm_revoke_repro.py revoke     # aborts
-    mpirun --with-ft ulfm -n 6 python tests/e2e/ulfm_revoke_repro.py norevoke   # "done" x5
+    mpirun --with-ft ulfm -n 6 python tests/tools/ulfm_revoke_repro.py revoke     # aborts
+    mpirun --with-ft ulfm -n 6 python tests/tools/ulfm_revoke_repro.py norevoke   # "done" x5
 
 Ranks 0-2 ("workers") send 1.2 KB to ranks 3 and 5 and wait for a one-double reply from 3, 4
 and 5; rank 4 is SIGKILLed first; ranks 3 and 5 ("servers") answer in an ``Iprobe`` loop,

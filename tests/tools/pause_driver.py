@@ -1,7 +1,7 @@
 """Run a job like ``hpcps train`` does, but make every worker wait at one clock until a file
 appears (a test harness, launched under ``mpirun --with-ft ulfm``).
 
-    python tests/e2e/pause_driver.py JOB CLOCK[,CLOCK...] FLAG
+    python tests/tools/pause_driver.py JOB CLOCK[,CLOCK...] FLAG
 
 Each worker, at each clock ``CLOCK`` (after computing that step's gradient, before pushing it:
 :func:`hpcps.runtime.job.run_job`'s ``step_hook``), creates ``FLAG.<worker>`` and waits until ``FLAG``

@@ -1,0 +1,133 @@
+"""From job-file text to a validated :class:`~hpcps.config.sections.JobConfig`: TOML, then
+the keys (:mod:`hpcps.config.schema`), the rules between them (:mod:`hpcps.config.rules`) and
+the files they name (:mod:`hpcps.config.files`); every problem found is reported at once, in
+the order of the file. No MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+
+from hpcps.config import files, rules
+from hpcps.config.errors import raise_all
+from hpcps.config.schema import Checker, show, toml_error
+from hpcps.config.sections import (SECTIONS, TOP, CheckpointConfig, ClusterConfig, CommConfig,
+                                   ConsistencyConfig, DataConfig, ElasticConfig,
+                                   EvaluateConfig, FaultToleranceConfig, JobConfig,
+                                   LbfgsConfig, ModelConfig, OptimizerConfig, OutputConfig,
+                                   TrainConfig)
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _data(ck: Checker, doc: dict) -> DataConfig:
+    table = ck.section(doc, "data")
+    fmt = ck.value(table, "format", SECTIONS["data"]["format"], "data.format")
+    keys = rules.data_keys(ck, table, fmt if ck.good("data.format") else None)
+    vals = ck.values(table, "data", keys)
+    path = vals.pop("path", None)
+    path = files.resolve(ck, path, "data.path") if ck.good("data.path") else None
+    test_path = vals.pop("test_path", None)
+    if fmt == "svmlight" and ck.good("data.test_path"):
+        test_path = files.resolve(ck, test_path, "data.test_path")
+    else:
+        test_path = None
+    if fmt in rules.FORMAT_ONLY:
+        files.check_inputs(ck, fmt, table, path, test_path)
+    return DataConfig(format=fmt, path=path, test_path=test_path, **vals)
+
+
+def _build(ck: Checker, doc: dict, text: str, path: Path) -> JobConfig:
+    ck.unknown_keys(doc, {**TOP, **SECTIONS}, "")
+    name = ck.value(doc, "name", TOP["name"], "name")
+    if ck.good("name") and (not _NAME_RE.fullmatch(name) or name in (".", "..")):
+        ck.fail("name", "must match [A-Za-z0-9_.-]+ (and not be '.' or '..'), "
+                        f"got {show(name)}")
+    seed = ck.value(doc, "seed", TOP["seed"], "seed")
+    tables = {s: ck.section(doc, s) for s in SECTIONS if s != "data"}
+    vals = {s: ck.values(tables[s], s) for s in tables}
+    data = _data(ck, doc)
+    rules.model(ck, vals["model"])
+    rules.optimizer(ck, tables["optimizer"], vals["optimizer"])
+    rules.consistency(ck, tables["consistency"], vals["consistency"])
+    rules.fault_tolerance(ck, tables["fault_tolerance"], vals["fault_tolerance"],
+                          vals["cluster"], vals["consistency"])
+    use_lbfgs = rules.lbfgs(ck, doc, tables["lbfgs"], vals["lbfgs"], vals["cluster"],
+                            vals["model"])
+    rules.elastic(ck, tables["elastic"], vals["elastic"], vals["cluster"])
+    out_dir = vals["output"]["dir"] or f"runs/{name if ck.good('name') else 'job'}"
+    if "\x00" in out_dir:
+        ck.fail("output.dir", f"path contains a NUL character: {out_dir!r}")
+        out_dir = "."
+    output = OutputConfig(dir=(Path.cwd() / Path(out_dir).expanduser()).resolve())
+    v = vals
+    return JobConfig(name=name, seed=seed, cluster=ClusterConfig(**v["cluster"]), data=data,
+                     model=ModelConfig(**v["model"]), optimizer=OptimizerConfig(**v["optimizer"]),
+                     train=TrainConfig(**v["train"]),
+                     consistency=ConsistencyConfig(**v["consistency"]),
+                     comm=CommConfig(**v["comm"]), output=output,
+                     evaluate=EvaluateConfig(**v["evaluate"]),
+                     checkpoint=CheckpointConfig(**v["checkpoint"]),
+                     fault_tolerance=FaultToleranceConfig(**v["fault_tolerance"]),
+                     lbfgs=LbfgsConfig(**v["lbfgs"]) if use_lbfgs else LbfgsConfig(),
+                     elastic=ElasticConfig(**v["elastic"]), path=path.resolve(), text=text)
+
+
+def parse_job(text: str, path: str | os.PathLike) -> JobConfig:
+    """Parse and validate job-file text.
+
+    Parameters
+    ----------
+    text : str
+        TOML text of the job file.
+    path : str or os.PathLike
+        Path of the job file: used in error messages and as the base directory of
+        relative data paths. It need not exist.
+
+    Returns
+    -------
+    JobConfig
+        The validated configuration; ``JobConfig.path`` is `path` made absolute.
+
+    Raises
+    ------
+    ConfigError
+        On a TOML syntax error (naming the line, and the key of a key set twice), an
+        unknown / missing / mistyped / out-of-range key, or a missing input file. Several
+        problems are raised together as :class:`~hpcps.config.errors.ConfigErrors` (a
+        ``ConfigError``), in the order of the file.
+    """
+    path = Path(path)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise toml_error(path, text, e) from None
+    ck = Checker(path, text)
+    cfg = _build(ck, doc, text, path)
+    raise_all(ck.found())
+    return cfg
+
+
+def load_job(path: str | os.PathLike) -> JobConfig:
+    """Read, parse and validate a job file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The job file (TOML, UTF-8).
+
+    Returns
+    -------
+    JobConfig
+        The validated configuration.
+
+    Raises
+    ------
+    ConfigError
+        If the file cannot be read, or for any error :func:`parse_job` reports.
+    """
+    path = Path(path)
+    return parse_job(files.read_job_text(path), path)

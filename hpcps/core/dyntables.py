@@ -1,0 +1,126 @@
+"""Dynamic (hash) tables: their key -> server map and a server's shard (no MPI).
+
+A *dynamic* sparse table has no key space: its keys are any 64-bit ids, and each server
+holds only the rows of the keys pushed to it, in a :class:`hpcps.kernels.hashtable.HashTable`
+(memory proportional to the keys stored; bytes per key: :func:`bytes_per_key`).
+
+Key -> server: ``server(k) = floor(splitmix64(k) * S / 2**64)``
+(:func:`hpcps.kernels.hashtable.server_of`) — a hash of the key, not a modulo of a key
+space, so consecutive, strided or hot low ids spread over the servers, and a key's server
+depends on ``S`` alone: a checkpoint taken on S servers is re-distributed to S' servers by
+the same formula (:func:`hpcps.checkpoint.dynamic`).
+
+Semantics (as fixed tables): a pull of an absent key returns the table's initial value
+(zeros, or :meth:`hpcps.core.tables.TableSpec.initial_rows` — the per-key draw of fixed
+tables) without inserting it; a push inserts it at that value and then applies the update,
+so a dynamic shard gives bitwise the weights a fixed shard gives for the same pushes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcps.core.optim import Optimizer
+from hpcps.core.tables import TableSpec
+from hpcps.kernels.hashtable import HashTable, record_layout, server_of
+
+__all__ = ["HashPartition", "new_shard", "bytes_per_key"]
+
+
+class HashPartition:
+    """The key -> server map of a dynamic table over ``n_servers`` servers.
+
+    Offers the part of :class:`hpcps.core.tables.KeyPartition`'s interface that routes
+    keys (``n_servers``, :meth:`server_of`, :meth:`route`, :meth:`split`); there are no key
+    ranges or local rows (a server finds a key's row in its hash table).
+
+    Parameters
+    ----------
+    n_servers : int
+        Number of servers (>= 1).
+
+    Raises
+    ------
+    ValueError
+        If ``n_servers`` < 1.
+    """
+
+    def __init__(self, n_servers: int):
+        if int(n_servers) < 1:
+            raise ValueError(f"n_servers must be >= 1, got {n_servers}")
+        self.n_servers = int(n_servers)
+
+    def server_of(self, keys) -> np.ndarray:
+        """Server of each key, int64 (n,); keys int64 or uint64 (reinterpreted bitwise)."""
+        return server_of(keys, self.n_servers)
+
+    def route(self, keys):
+        """``(servers, counts, grouped)`` as :meth:`KeyPartition.route`: ``servers`` int64
+        (n,) (None with one server), ``counts`` keys per server (int64 (n_servers,)),
+        ``grouped`` True when ``servers`` is non-decreasing."""
+        keys = np.asarray(keys)
+        if self.n_servers == 1:
+            return None, np.array([keys.size], dtype=np.int64), True
+        srv = self.server_of(keys)
+        counts = np.bincount(srv, minlength=self.n_servers).astype(np.int64)
+        grouped = bool(srv.size < 2 or np.all(srv[1:] >= srv[:-1]))
+        return srv, counts, grouped
+
+    def split(self, keys):
+        """Group ``keys`` by server: ``(order, bounds)`` — ``order[bounds[s]:bounds[s+1]]``
+        are the positions of the keys of server s, in input order (stable)."""
+        srv = self.server_of(keys)
+        order = np.argsort(srv, kind="stable")
+        bounds = np.zeros(self.n_servers + 1, dtype=np.int64)
+        np.cumsum(np.bincount(srv, minlength=self.n_servers), out=bounds[1:])
+        return order, bounds
+
+    def owned(self, keys, server: int) -> np.ndarray:
+        """Boolean mask (n,): the keys that belong to ``server``."""
+        return self.server_of(keys) == int(server)
+
+
+def new_shard(spec: TableSpec, optimizer: Optimizer, seed: int, capacity: int = 0) -> HashTable:
+    """An empty dynamic shard of table ``spec`` updated by ``optimizer``.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        ``dim``, ``dtype`` and ``init_std`` are used; ``num_keys`` is not (any 64-bit key).
+    optimizer : Optimizer
+        The rule and hyper-parameters (its ``l2``, AdaGrad's ``initial_accumulator``,
+        FTRL's ``beta``/``lambda1``/``lambda2`` for the ``z`` of a randomly initialised row).
+    seed : int
+        The job seed of :meth:`TableSpec.initial_rows` (used when ``init_std`` > 0).
+    capacity : int
+        Keys to make room for up front.
+
+    Returns
+    -------
+    HashTable
+    """
+    o = optimizer
+    init = None
+    if spec.init_std > 0:
+        def init(keys, _spec=spec, _seed=int(seed)):
+            return _spec.initial_rows(keys, _seed)
+    return HashTable(spec.dim, spec.dtype, o.name, lr=o.learning_rate, l2=o.l2, eps=o.eps,
+                     beta1=o.beta1, beta2=o.beta2, beta=o.beta, lambda1=o.lambda1,
+                     lambda2=o.lambda2,
+                     initial_accumulator=o.initial_accumulator if o.name == "adagrad" else 0.0,
+                     init=init, capacity=capacity)
+
+
+def bytes_per_key(rule: str, dim: int, dtype) -> dict:
+    """Memory per stored key of a dynamic table.
+
+    Returns
+    -------
+    dict
+        ``minimum``: key + row + optimizer state (8 + dim*T + state bytes, the arithmetic
+        minimum); ``record``: the arena record (padded to 8 B); ``low``/``high``: record +
+        the index's 8 B per slot at its highest (0.8) and lowest (0.8/1.5) load.
+    """
+    rec, minimum = record_layout(rule, dim, dtype)
+    return {"minimum": minimum, "record": rec.itemsize,
+            "low": rec.itemsize + 8 / 0.8, "high": rec.itemsize + 8 * 1.5 / 0.8}

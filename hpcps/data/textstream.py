@@ -1,0 +1,266 @@
+"""Data files as streams of whole lines: one file, a directory or a glob; plain, gzip or zstd.
+
+No MPI. A job's ``[data] path`` may name
+
+- a file;
+- a directory: every regular file in it whose name does not start with ``.`` or ``_``,
+  sorted by name;
+- a glob pattern (``*``, ``?``, ``[``): the matching regular files, sorted.
+
+Each file is read as a stream of chunks that end on a line end, so that a reader's memory is
+set by the chunk size, not the file size. Compression is recognised by the file's first
+bytes (gzip ``1f 8b``, zstd ``28 b5 2f fd``) and decoded while streaming with the standard
+library's :mod:`gzip` and the ``zstandard`` package; a compressed file cannot be split into
+byte ranges, so it is the unit of assignment across workers.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from hpcps.data import DataError
+
+__all__ = ["Chunk", "Piece", "data_files", "compression", "iter_chunks", "plan_parts", "CHUNK_BYTES"]
+
+#: Default size of a chunk read from a file (decompressed bytes), before it is cut at its
+#: last line end.
+CHUNK_BYTES = 4 << 20
+
+_GZIP = b"\x1f\x8b"
+_ZSTD = b"\x28\xb5\x2f\xfd"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Whole lines of one file.
+
+    Attributes
+    ----------
+    data : bytes
+        Whole lines; the last one may lack its ``\\n`` only at end of file.
+    offset : int
+        Offset of ``data[0]`` in the file's (decompressed) byte stream.
+    line : int
+        1-based line number of the first line of ``data``.
+    """
+
+    data: bytes
+    offset: int
+    line: int
+
+
+def data_files(path: str | os.PathLike) -> list[str]:
+    """The data files a ``[data] path`` names (see the module docstring).
+
+    Parameters
+    ----------
+    path : str or path-like
+        A file, a directory or a glob pattern.
+
+    Returns
+    -------
+    list of str
+        At least one path, sorted (a single file: itself).
+
+    Raises
+    ------
+    DataError
+        If nothing exists at ``path``, or a directory or pattern holds no data file.
+    """
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        names = sorted(n for n in os.listdir(p) if not n.startswith((".", "_")))
+        files = [os.path.join(p, n) for n in names if os.path.isfile(os.path.join(p, n))]
+        if not files:
+            raise DataError(f"{p}: the directory holds no data file")
+        return files
+    if any(c in p for c in "*?["):
+        files = sorted(f for f in glob.glob(p) if os.path.isfile(f))
+        if not files:
+            raise DataError(f"{p}: no file matches this pattern")
+        return files
+    if not os.path.isfile(p):
+        raise DataError(f"{p}: no such file or directory")
+    return [p]
+
+
+def compression(path: str | os.PathLike) -> str | None:
+    """``"gzip"``, ``"zstd"`` or ``None``, from the file's first four bytes.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:2] == _GZIP:
+        return "gzip"
+    if head == _ZSTD:
+        return "zstd"
+    return None
+
+
+def _open(path: str, kind: str | None):
+    if kind == "gzip":
+        return gzip.open(path, "rb")
+    if kind == "zstd":
+        import zstandard
+
+        return zstandard.open(path, "rb")
+    return open(path, "rb")
+
+
+def _decode_errors():
+    errors = [EOFError, gzip.BadGzipFile, zlib.error]
+    try:
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    except ImportError:                                       # pragma: no cover
+        pass
+    return tuple(errors)
+
+
+def iter_chunks(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES, start: int = 0,
+                start_line: int = 1, stop: int | None = None) -> Iterator[Chunk]:
+    """Whole lines of ``path`` from byte ``start`` of its decompressed stream, in chunks.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A plain, gzip or zstd file.
+    chunk_bytes : int, default :data:`CHUNK_BYTES`
+        Bytes read at a time; a chunk holds at most this plus one line.
+    start : int, default 0
+        A line start in the decompressed stream (a resume position). In a compressed file
+        the bytes before it are decoded and dropped.
+    start_line : int, default 1
+        The line number of the line at ``start`` (for messages).
+    stop : int or None
+        Read only the lines that start before this offset (a byte range of a plain file).
+
+    Yields
+    ------
+    Chunk
+
+    Raises
+    ------
+    DataError
+        If a compressed stream is damaged or truncated: the message names the file and the
+        decompressed byte offset reached.
+    """
+    p = os.fspath(path)
+    kind = compression(p)
+    chunk_bytes = max(int(chunk_bytes), 1)
+    offset, line = int(start), int(start_line)
+    try:
+        with _open(p, kind) as f:
+            if start:
+                if kind is None:
+                    f.seek(start)
+                else:
+                    left = start
+                    while left > 0:
+                        got = f.read(min(left, 1 << 22))
+                        if not got:
+                            break
+                        left -= len(got)
+            tail = b""
+            while True:
+                # a chunk covers [offset, offset + chunk_bytes) cut at its last line end, so that
+                # the chunks from a given offset do not depend on where reading started
+                want = chunk_bytes - len(tail) if len(tail) < chunk_bytes else chunk_bytes
+                if stop is not None:
+                    want = min(want, max(stop - offset - len(tail), 0))
+                block = f.read(want) if want > 0 else b""
+                if not block:
+                    if tail:
+                        yield Chunk(tail, offset, line)
+                    return
+                buf = tail + block
+                cut = buf.rfind(b"\n") + 1
+                if stop is not None and offset + len(buf) >= stop:
+                    # the line that starts before stop ends with the next newline
+                    if buf[-1:] != b"\n":
+                        buf += f.readline()
+                    yield Chunk(buf, offset, line)
+                    return
+                if cut == 0:
+                    tail = buf
+                    continue
+                out, tail = buf[:cut], buf[cut:]
+                yield Chunk(out, offset, line)
+                offset += len(out)
+                line += out.count(b"\n")
+    except _decode_errors() as e:
+        raise DataError(f"{p}: {kind} stream damaged or truncated after byte {offset} of its "
+                        f"decompressed data (line {line}): {e}") from None
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The lines of ``path`` that start in ``[start, stop)`` (``stop`` None: to the end)."""
+
+    path: str
+    start: int
+    stop: int | None
+
+
+def _line_start_at_or_after(path: str, pos: int) -> int:
+    size = os.path.getsize(path)
+    if pos <= 0:
+        return 0
+    if pos >= size:
+        return size
+    with open(path, "rb") as f:
+        f.seek(pos - 1)
+        f.readline()
+        return f.tell()
+
+
+def plan_parts(files: list[str], part: int, n_parts: int) -> list[Piece]:
+    """The pieces of ``files`` that worker ``part`` of ``n_parts`` reads.
+
+    A compressed file goes whole to worker ``i % n_parts`` (``i``: its index among the
+    compressed files); a plain file is cut into ``n_parts`` byte ranges, each moved to the
+    next line start, and worker ``part`` reads range ``part`` of every plain file. Over all
+    parts every line is read exactly once.
+
+    Parameters
+    ----------
+    files : list of str
+        From :func:`data_files`.
+    part, n_parts : int
+        ``0 <= part < n_parts``.
+
+    Returns
+    -------
+    list of Piece
+        In file order; empty ranges are left out.
+
+    Raises
+    ------
+    ValueError
+        If ``part`` is outside ``[0, n_parts)``.
+    """
+    if not 0 <= part < n_parts:
+        raise ValueError(f"part {part} is outside [0, {n_parts})")
+    pieces, n_comp = [], 0
+    for f in files:
+        if compression(f) is not None:
+            if n_comp % n_parts == part:
+                pieces.append(Piece(f, 0, None))
+            n_comp += 1
+            continue
+        size = os.path.getsize(f)
+        lo = _line_start_at_or_after(f, part * size // n_parts)
+        hi = _line_start_at_or_after(f, (part + 1) * size // n_parts)
+        if hi > lo:
+            pieces.append(Piece(f, lo, hi))
+    return pieces

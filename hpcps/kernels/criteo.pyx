@@ -1,0 +1,379 @@
+# cython: language_level=3
+"""Criteo display-advertising TSV → CSR feature ids, and the reverse for generated data.
+
+No I/O, no MPI. Format (Criteo Labs, "Display Advertising Challenge" data set, 2014; the
+same layout in the 1 TB "Criteo Terabyte" click logs): one example per line, 40 fields
+separated by tabs: the label (``0`` or ``1``), 13 integer fields ``I1..I13`` (decimal, may be
+negative), 26 categorical fields ``C1..C26`` (hexadecimal, 8 digits in the released files);
+any field but the label may be empty (missing). Lines end in ``\\n``; a ``\\r`` before it is
+dropped.
+
+Every field becomes exactly one feature id, so each row has 39 non-zeros of value 1:
+
+- integer field ``i`` with value ``v``: the bin ``v`` for ``v <= 2`` and
+  ``floor(log(v) ** 2)`` above (the log-square binning of the Criteo challenge's winning
+  entry, Juan et al., "Field-aware Factorization Machines in a Real-world Online Advertising
+  System", 2016, §3); a missing value is its own bin;
+- categorical field ``j``: its 32-bit value; a missing value is its own value.
+
+The id of (field ``f``, value ``x``) is ``mix(mix(x ^ seed) + (f + 1) * G)`` with SplitMix64's
+output function ``mix`` and ``G = 0x9E3779B97F4A7C15``, masked to 63 bits (a non-negative
+int64: raw 64-bit ids for a table with ``storage = "hash"``), or to ``hash_bits`` bits when
+``hash_bits > 0`` (buckets of a fixed table).
+"""
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.math cimport floor, log
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+
+cnp.import_array()
+
+__all__ = ["N_INT", "N_CAT", "N_FIELDS", "MISSING", "CriteoSyntaxError", "parse_criteo",
+           "feature_ids", "int_bins", "format_criteo"]
+
+#: Integer fields, categorical fields, and the features per row.
+cdef enum:
+    NI = 13
+    NC = 26
+    NF = 39
+N_INT = NI
+N_CAT = NC
+N_FIELDS = NF
+#: The value a missing field is binned to (outside every bin and every 32-bit category).
+MISSING = 1 << 62
+
+cdef enum:
+    E_OK = 0
+    E_LABEL = 1          # label is not 0 or 1
+    E_FIELDS = 2         # not 40 tab-separated fields
+    E_INT = 3            # integer field is not a decimal integer
+    E_HEX = 4            # categorical field is not 1..16 hexadecimal digits
+
+cdef uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL
+cdef int64_t C_MISSING = 1LL << 62
+
+
+class CriteoSyntaxError(ValueError):
+    """A line of the buffer is not a Criteo TSV row.
+
+    Attributes
+    ----------
+    offset : int
+        Byte offset (in the buffer) of the start of the offending line.
+    reason : str
+        What is wrong, e.g. ``"field C3 'zz12' is not hexadecimal"``.
+    """
+
+    def __init__(self, offset, reason):
+        self.offset = int(offset)
+        self.reason = reason
+        super().__init__(f"byte {offset}: {reason}")
+
+
+cdef inline uint64_t _mix(uint64_t z) noexcept nogil:
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+    return z ^ (z >> 31)
+
+
+cdef inline int64_t _feature(int field, int64_t value, uint64_t seed, uint64_t mask) noexcept nogil:
+    return <int64_t>(_mix(_mix(<uint64_t>value ^ seed) + <uint64_t>(field + 1) * GOLDEN) & mask)
+
+
+cdef inline int64_t _int_bin(int64_t v) noexcept nogil:
+    cdef double l
+    if v <= 2:
+        return v
+    l = log(<double>v)
+    return <int64_t>floor(l * l)
+
+
+def _mask(int hash_bits):
+    if hash_bits < 0 or hash_bits > 63:
+        raise ValueError(f"hash_bits must be in [0, 63], got {hash_bits}")
+    return (1 << 63) - 1 if hash_bits == 0 else (1 << hash_bits) - 1
+
+
+def parse_criteo(bytes buf, int hash_bits=0, uint64_t seed=0):
+    """Parse whole Criteo TSV lines into labels and CSR feature ids.
+
+    Parameters
+    ----------
+    buf : bytes
+        Whole lines (the last one may lack its ``\\n``). Empty lines make no row.
+    hash_bits : int, default 0
+        0: 63-bit ids (for a hash-stored table); ``b`` in 1..63: ids in ``[0, 2**b)``.
+    seed : int, default 0
+        Mixed into every id (uint64).
+
+    Returns
+    -------
+    labels : ndarray of float64, shape (n_rows,)
+        0.0 or 1.0.
+    indptr : ndarray of int64, shape (n_rows + 1,)
+        ``39 * arange(n_rows + 1)``: every row has one feature per field.
+    indices : ndarray of int64, shape (39 * n_rows,)
+        Feature ids, field order (``I1..I13``, ``C1..C26``) within a row; not sorted.
+    line_offsets : ndarray of int64, shape (n_rows,)
+        Byte offset in ``buf`` of each row's line.
+
+    Raises
+    ------
+    CriteoSyntaxError
+        At the first bad line (``offset`` = where it starts in ``buf``).
+    ValueError
+        If ``hash_bits`` is outside ``[0, 63]``.
+    """
+    cdef uint64_t mask = _mask(hash_bits)
+    cdef Py_ssize_t n = len(buf)
+    cdef const char* s = buf
+    cdef Py_ssize_t max_rows = buf.count(b"\n") + 1
+    labels_a = np.empty(max_rows, dtype=np.float64)
+    indices_a = np.empty(max_rows * NF, dtype=np.int64)
+    offsets_a = np.empty(max_rows, dtype=np.int64)
+    cdef double[::1] labels = labels_a
+    cdef int64_t[::1] indices = indices_a
+    cdef int64_t[::1] offsets = offsets_a
+    cdef Py_ssize_t pos = 0, line_start = 0, line_end, row = 0, k = 0, fstart, q, p, next_line
+    cdef int field, err = E_OK, err_field = 0
+    cdef int64_t v, nd
+    cdef bint neg
+    cdef char c
+    cdef Py_ssize_t err_line = 0
+    with nogil:
+        while pos < n:
+            line_start = pos
+            line_end = pos
+            while line_end < n and s[line_end] != c'\n':
+                line_end += 1
+            next_line = line_end + 1
+            pos = next_line
+            if line_end > line_start and s[line_end - 1] == c'\r':
+                line_end -= 1
+            if line_end == line_start:
+                continue                                    # blank line
+            # label
+            if line_end - line_start >= 2 and (s[line_start] == c'0' or s[line_start] == c'1') \
+                    and s[line_start + 1] == c'\t':
+                labels[row] = <double>(s[line_start] - c'0')
+            else:
+                err = E_LABEL
+                err_line = line_start
+                break
+            fstart = line_start + 2
+            k = row * NF
+            for field in range(NF):
+                # the field is [fstart, q)
+                q = fstart
+                while q < line_end and s[q] != c'\t':
+                    q += 1
+                if (field < NF - 1 and q >= line_end) or (field == NF - 1 and q != line_end):
+                    err = E_FIELDS
+                    break
+                if q == fstart:
+                    v = C_MISSING
+                elif field < NI:
+                    v = 0
+                    nd = 0
+                    neg = s[fstart] == c'-'
+                    for p in range(fstart + neg, q):
+                        c = s[p]
+                        if c < c'0' or c > c'9' or nd >= 18:
+                            err = E_INT
+                            break
+                        v = v * 10 + (c - c'0')
+                        nd += 1
+                    if err != E_OK or nd == 0:
+                        err = E_INT
+                        break
+                    if neg:
+                        v = -v
+                    v = _int_bin(v)
+                else:
+                    v = 0
+                    if q - fstart > 16:
+                        err = E_HEX
+                        break
+                    for p in range(fstart, q):
+                        c = s[p]
+                        if c >= c'0' and c <= c'9':
+                            v = (v << 4) | (c - c'0')
+                        elif c >= c'a' and c <= c'f':
+                            v = (v << 4) | (c - c'a' + 10)
+                        elif c >= c'A' and c <= c'F':
+                            v = (v << 4) | (c - c'A' + 10)
+                        else:
+                            err = E_HEX
+                            break
+                    if err != E_OK:
+                        break
+                indices[k + field] = _feature(field, v, seed, mask)
+                fstart = q + 1
+            if err != E_OK:
+                err_field = field
+                err_line = line_start
+                break
+            offsets[row] = line_start
+            row += 1
+            pos = next_line
+    if err != E_OK:
+        raise CriteoSyntaxError(err_line, _reason(buf, err, err_field, err_line))
+    indptr_a = np.arange(row + 1, dtype=np.int64) * NF
+    return labels_a[:row].copy(), indptr_a, indices_a[:row * NF].copy(), offsets_a[:row].copy()
+
+
+def _field_name(int f):
+    return f"I{f + 1}" if f < N_INT else f"C{f - NI + 1}"
+
+
+def _reason(bytes buf, int err, int field, Py_ssize_t start):
+    end = buf.find(b"\n", start)
+    line = buf[start:end if end >= 0 else len(buf)].rstrip(b"\r")
+    text = line.decode("utf-8", "replace")
+    parts = text.split("\t")
+    if err == E_LABEL and parts[0] in ("0", "1"):
+        err = E_FIELDS
+    if err == E_LABEL:
+        return f"label {parts[0][:20]!r} is not 0 or 1 (a Criteo row starts with the label and a tab)"
+    if err == E_FIELDS:
+        return f"{len(parts)} tab-separated fields, expected {NF + 1} (label, I1..I13, C1..C26)"
+    value = parts[field + 1] if field + 1 < len(parts) else ""
+    if err == E_INT:
+        return f"field {_field_name(field)} {value[:24]!r} is not a decimal integer"
+    return f"field {_field_name(field)} {value[:24]!r} is not hexadecimal (1 to 16 digits)"
+
+
+def int_bins(values):
+    """The bin of each integer-field value (``v`` for ``v <= 2``, else ``floor(log(v)**2)``).
+
+    Parameters
+    ----------
+    values : array_like of int64
+
+    Returns
+    -------
+    ndarray of int64, same shape.
+    """
+    v = np.asarray(values, dtype=np.int64)
+    out = v.copy()
+    big = v > 2
+    out[big] = np.floor(np.log(v[big].astype(np.float64)) ** 2).astype(np.int64)
+    return out
+
+
+def feature_ids(fields, values, int hash_bits=0, uint64_t seed=0):
+    """Feature ids of (field, binned value) pairs, as :func:`parse_criteo` computes them.
+
+    Parameters
+    ----------
+    fields : array_like of int, shape (n,)
+        0..12 for ``I1..I13``, 13..38 for ``C1..C26``.
+    values : array_like of int64, shape (n,)
+        The bin (integer fields, see :func:`int_bins`), the category's value (categorical
+        fields), or :data:`MISSING`.
+    hash_bits, seed
+        As in :func:`parse_criteo`.
+
+    Returns
+    -------
+    ndarray of int64, shape (n,)
+    """
+    cdef uint64_t mask = _mask(hash_bits)
+    f = np.ascontiguousarray(fields, dtype=np.int64)
+    v = np.ascontiguousarray(values, dtype=np.int64)
+    if f.shape != v.shape:
+        raise ValueError(f"fields {f.shape} and values {v.shape} differ in shape")
+    out_a = np.empty(f.size, dtype=np.int64)
+    cdef const int64_t[::1] fv = f.ravel()
+    cdef const int64_t[::1] vv = v.ravel()
+    cdef int64_t[::1] out = out_a
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(fv.shape[0]):
+            out[i] = _feature(<int>fv[i], vv[i], seed, mask)
+    return out_a.reshape(f.shape)
+
+
+cdef inline Py_ssize_t _put_int(char* o, Py_ssize_t p, int64_t v) noexcept nogil:
+    cdef char tmp[24]
+    cdef int m = 0
+    cdef uint64_t u
+    if v < 0:
+        o[p] = c'-'
+        p += 1
+        u = <uint64_t>(-v)
+    else:
+        u = <uint64_t>v
+    if u == 0:
+        o[p] = c'0'
+        return p + 1
+    while u > 0:
+        tmp[m] = c'0' + <char>(u % 10)
+        u //= 10
+        m += 1
+    while m > 0:
+        m -= 1
+        o[p] = tmp[m]
+        p += 1
+    return p
+
+
+def format_criteo(const uint8_t[::1] labels, const int64_t[:, ::1] ints,
+                  const uint32_t[:, ::1] cats, const uint8_t[:, ::1] int_missing,
+                  const uint8_t[:, ::1] cat_missing):
+    """Criteo TSV lines (the generator's writer; inverse of the parser up to binning).
+
+    Parameters
+    ----------
+    labels : ndarray of uint8, shape (n,)
+        0 or 1.
+    ints : ndarray of int64, shape (n, 13)
+    cats : ndarray of uint32, shape (n, 26)
+        Written as 8 lower-case hexadecimal digits.
+    int_missing, cat_missing : ndarray of uint8, shapes (n, 13) and (n, 26)
+        1 where the field is written empty.
+
+    Returns
+    -------
+    bytes
+        ``n`` lines, each ending in ``\\n``.
+
+    Raises
+    ------
+    ValueError
+        If the shapes disagree.
+    """
+    cdef Py_ssize_t n = labels.shape[0], i, j, p = 0
+    if ints.shape[0] != n or cats.shape[0] != n or ints.shape[1] != NI or cats.shape[1] != NC \
+            or int_missing.shape[0] != n or cat_missing.shape[0] != n \
+            or int_missing.shape[1] != NI or cat_missing.shape[1] != NC:
+        raise ValueError("format_criteo: labels (n,), ints/int_missing (n, 13) and "
+                         "cats/cat_missing (n, 26) must agree")
+    out_a = np.empty(n * (2 + NI * 21 + NC * 9) + 1, dtype=np.uint8)
+    cdef uint8_t[::1] outv = out_a
+    cdef char* o = <char*>&outv[0]
+    cdef const char* hexd = b"0123456789abcdef"
+    cdef uint32_t c
+    cdef int b
+    with nogil:
+        for i in range(n):
+            o[p] = c'0' + <char>labels[i]
+            p += 1
+            for j in range(NI):
+                o[p] = c'\t'
+                p += 1
+                if not int_missing[i, j]:
+                    p = _put_int(o, p, ints[i, j])
+            for j in range(NC):
+                o[p] = c'\t'
+                p += 1
+                if not cat_missing[i, j]:
+                    c = cats[i, j]
+                    for b in range(7, -1, -1):
+                        o[p] = hexd[(c >> (4 * b)) & 15]
+                        p += 1
+            o[p] = c'\n'
+            p += 1
+    return out_a[:p].tobytes()

@@ -1,0 +1,1170 @@
+"""A growable sparse table: open-addressing hash index over a row arena (Cython, ``nogil``).
+
+A *dynamic* table stores only the rows of the keys that occurred. Keys are arbitrary 64-bit
+ids: int64 input is taken as is (every value, negatives included), uint64 input is
+reinterpreted bitwise (uint64 ``2**64 - 1`` is the key ``-1``); keys come back as int64.
+
+Layout
+------
+*Row arena*: one record per stored key, in insertion order, each record holding the key,
+the row's ``dim`` weights and the row's optimizer state right after them, so an update
+of a row touches one record (one cache line for ``dim`` 1)::
+
+    offset 0            key      int64
+    offset 8            w        dim x T          (T = float32 or float64)
+    offset 8 + dim*T    state    sgd: none; adagrad: acc[dim]; ftrl: z[dim], n[dim];
+                                 adam: m[dim], v[dim], then step (int64, 8-aligned)
+    record size rounded up to a multiple of 8 bytes
+
+The arena grows by 1.5x into a fresh ``numpy.empty`` buffer: the pages past the used rows
+are never written, so they cost address space, not resident memory.
+
+*Index*: ``C`` slots of one uint64 each (0 = empty, else ``tag << 32 | (row + 1)``, row + 1
+in the low 31 bits; bit 31 is set only while a push is in progress, see below), linear
+probing. ``h = fmix64(key)`` (MurmurHash3's 64-bit finaliser, a bijection with full
+avalanche); the home slot is ``floor(h * C / 2**64)`` (Lemire's multiply-shift range
+reduction, so ``C`` need not be a power of two) and ``tag`` is the low 32 bits of ``h``. A
+probe compares the tag first and reads the record's key only on a tag match (a false match
+has probability 2**-32 per probed slot), so an absent key costs index reads only. The
+index grows by 1.5x (all keys re-inserted) when the load would pass ``max_load`` (0.8):
+its load stays in [0.53, 0.8] once it has grown.
+
+Bytes per stored key: ``record + 8 / load``, i.e. record + 10 to 15 bytes; the arithmetic
+minimum is ``8 + dim*T + state`` (key + row + slots, no padding). For ``dim`` 1::
+
+    rule     state            float32 record  float64 record   minimum f32 / f64
+    sgd      -                16              16               12 / 16
+    adagrad  acc              16              24               16 / 24
+    ftrl     z, n             24              32               20 / 32
+    adam     m, v, step       32              40               28 / 40
+
+Both live in anonymous private mappings (``mmap``; huge pages asked for from 4 MiB), so
+a grown-out buffer returns to the system at once instead of staying in the heap.
+
+Limits: at most ``2**31 - 2`` rows per table (the index packs ``row + 1`` into 31 bits).
+
+Key -> server spread
+--------------------
+:func:`server_of`: ``server(k) = floor(splitmix64(k) * S / 2**64)`` with ``splitmix64(k)``
+the first output of SplitMix64 (Steele, Lea & Flood, OOPSLA 2014) seeded with ``k``
+(``mix(k + 0x9E3779B97F4A7C15)``, the same mix as ``hpcps.core.tables._splitmix_mix``). A
+hash, not a modulo of a key space: consecutive or strided ids (one-hot blocks, low
+frequent ids) spread evenly, and the index of each server uses another, independent
+mix (fmix64), so a server's keys do not crowd one part of its index.
+
+Updates
+-------
+:meth:`HashTable.apply` inserts absent keys (their rows start at the table's initial
+value), sums the gradient rows of equal keys in input order (never dropping one), then
+runs the rule once per distinct row, with exactly the arithmetic of
+:mod:`hpcps.kernels.optim` (so a dynamic table gives bitwise the values a fixed table
+gives for the same pushes). Duplicates are summed in the same pass that finds the rows:
+the first occurrence of a row in a push marks its index slot with the row's number ``u``
+in the push (``tag << 32 | 1 << 31 | u + 1``), so a repeat reads ``u`` from the slot it
+probes anyway; the rows are put back in the update pass (and around a rehash). The pass
+takes a tag match for the key without reading the record (that dependent read is what
+stalls on cold keys), then checks every such match in one prefetched pass over the
+distinct rows before any update; a false match (probability about 2**-32 per probed
+slot) makes it redo the push with the records read.
+"""
+
+import math
+import mmap
+
+import numpy as np
+
+from libc.math cimport copysign, copysignf, fabs, fabsf, pow, sqrt
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define hpcps_ht_prefetch(p) __builtin_prefetch((const void *)(p))
+    #else
+    #define hpcps_ht_prefetch(p) ((void)0)
+    #endif
+    /* floor(h * c / 2**64): Lemire, "Fast random integer generation in an interval",
+       ACM TOMACS 29(1), 2019 */
+    static inline unsigned long long hpcps_ht_range(unsigned long long h, unsigned long long c) {
+        return (unsigned long long)(((unsigned __int128)h * c) >> 64);
+    }
+    """
+    void hpcps_ht_prefetch(const void* p) noexcept nogil
+    uint64_t hpcps_ht_range(uint64_t h, uint64_t c) noexcept nogil
+
+__all__ = ["HashTable", "server_of", "table_hash", "record_layout", "RULES"]
+
+#: Update rules of :meth:`HashTable.apply` (those of :mod:`hpcps.kernels.optim`).
+RULES = ("sgd", "adagrad", "adam", "ftrl")
+
+cdef enum:
+    _R_SGD = 0
+    _R_ADAGRAD = 1
+    _R_ADAM = 2
+    _R_FTRL = 3
+    _AHEAD_UPDATE = 8       # distinct rows ahead whose record is prefetched in the update
+
+cdef Py_ssize_t _AHEAD_INDEX = 32       # keys ahead whose index slot is prefetched
+cdef Py_ssize_t _AHEAD_RECORD = 16      # keys ahead whose record is prefetched (tag scan)
+
+
+_RULE_CODES = {"sgd": _R_SGD, "adagrad": _R_ADAGRAD, "adam": _R_ADAM, "ftrl": _R_FTRL}
+
+cdef uint64_t _GOLDEN = 0x9E3779B97F4A7C15ULL
+cdef uint64_t _EMPTY = 0
+cdef uint64_t _MAX_ROWS = 0x7FFFFFFEULL           # row + 1 must fit 31 bits
+cdef uint64_t _MARK = 0x80000000ULL               # bit 31: slot marked by a push in progress
+cdef uint64_t _ROW = 0x7FFFFFFFULL                # row + 1 of a slot
+_MAX_LOAD_DEFAULT = 0.8
+_HUGE_MIN = 4 << 20         # mappings from this size ask for transparent huge pages
+_GROWTH = 1.5
+
+
+# --------------------------------------------------------------------------------------
+# Hashes
+# --------------------------------------------------------------------------------------
+
+cdef inline uint64_t _fmix64(uint64_t k) noexcept nogil:
+    """MurmurHash3's 64-bit finaliser (Appleby): a bijection of uint64, full avalanche."""
+    k ^= k >> 33
+    k *= 0xFF51AFD7ED558CCDULL
+    k ^= k >> 33
+    k *= 0xC4CEB9FE1A85EC53ULL
+    k ^= k >> 33
+    return k
+
+
+cdef inline uint64_t _splitmix64(uint64_t k) noexcept nogil:
+    """The first output of SplitMix64 seeded with ``k`` (Steele, Lea & Flood 2014)."""
+    cdef uint64_t z = k + _GOLDEN
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+    return z ^ (z >> 31)
+
+
+def _key_vector(keys, name="keys"):
+    """``keys`` as a C-contiguous int64 1-D array; uint64 is reinterpreted bitwise."""
+    a = np.asarray(keys)
+    if a.ndim != 1:
+        a = a.reshape(-1) if a.ndim == 0 else a
+        if a.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.dtype == np.uint64:
+        return np.ascontiguousarray(a).view(np.int64)
+    if a.dtype != np.int64:
+        if a.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"{name} must have an integer dtype (int64 or uint64), got {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def server_of(keys, n_servers):
+    """The server of each key of a dynamic table: ``floor(splitmix64(k) * S / 2**64)``.
+
+    Parameters
+    ----------
+    keys : int64 or uint64 array-like (n,)
+        Any 64-bit ids (uint64 reinterpreted bitwise as int64).
+    n_servers : int
+        ``S`` >= 1.
+
+    Returns
+    -------
+    ndarray of int64, shape (n,)
+        Values in ``[0, S)``; depends only on the key and ``S``.
+
+    Raises
+    ------
+    ValueError
+        If ``n_servers`` < 1 or ``keys`` is not 1-D.
+    TypeError
+        For non-integer keys.
+    """
+    cdef int64_t s = int(n_servers)
+    if s < 1:
+        raise ValueError(f"n_servers must be >= 1, got {n_servers}")
+    k = _key_vector(keys)
+    out = np.empty(k.shape[0], dtype=np.int64)
+    cdef const int64_t[::1] kv = k
+    cdef int64_t[::1] ov = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(kv.shape[0]):
+            ov[i] = <int64_t>hpcps_ht_range(_splitmix64(<uint64_t>kv[i]), <uint64_t>s)
+    return out
+
+
+def table_hash(keys):
+    """``fmix64`` of each key (uint64 (n,)): the hash a server's index places keys by."""
+    k = _key_vector(keys)
+    out = np.empty(k.shape[0], dtype=np.uint64)
+    cdef const int64_t[::1] kv = k
+    cdef uint64_t[::1] ov = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(kv.shape[0]):
+            ov[i] = _fmix64(<uint64_t>kv[i])
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Record layout
+# --------------------------------------------------------------------------------------
+
+def record_layout(rule, dim, dtype):
+    """The arena record of a table: ``(numpy dtype, minimum bytes)``.
+
+    Parameters
+    ----------
+    rule : {"sgd", "adagrad", "adam", "ftrl"}
+    dim : int (>= 1)
+    dtype : float32 or float64
+
+    Returns
+    -------
+    record : numpy.dtype
+        Fields ``key`` (int64), ``w`` (T, (dim,)) and the state fields of the rule
+        (``accumulator``; ``m``, ``v``, ``step``; ``z``, ``n``) at the offsets in the module
+        docstring; itemsize a multiple of 8.
+    minimum : int
+        Bytes of key + row + state without padding (the arithmetic minimum per key).
+
+    Raises
+    ------
+    ValueError, TypeError
+        For an unknown rule, ``dim`` < 1 or another dtype.
+    """
+    if rule not in _RULE_CODES:
+        raise ValueError(f"unknown optimizer {rule!r}; valid: {', '.join(map(repr, RULES))}")
+    dt = np.dtype(dtype)
+    if dt != np.float32 and dt != np.float64:
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    dt = dt.newbyteorder("=")
+    dim = int(dim)
+    if dim < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    t = dt.itemsize
+    names, formats, offsets = ["key", "w"], [np.int64, (dt, (dim,))], [0, 8]
+    end = 8 + dim * t
+    minimum = end
+    slot_fields = {"sgd": (), "adagrad": ("accumulator",), "ftrl": ("z", "n"),
+                   "adam": ("m", "v")}[rule]
+    for name in slot_fields:
+        names.append(name)
+        formats.append((dt, (dim,)))
+        offsets.append(end)
+        end += dim * t
+        minimum += dim * t
+    if rule == "adam":
+        end = (end + 7) // 8 * 8
+        names.append("step")
+        formats.append(np.int64)
+        offsets.append(end)
+        end += 8
+        minimum += 8
+    itemsize = (end + 7) // 8 * 8
+    rec = np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                    "itemsize": itemsize})
+    return rec, minimum
+
+
+# --------------------------------------------------------------------------------------
+# Update rules on one row (the arithmetic of hpcps.kernels.optim, operation for operation)
+# --------------------------------------------------------------------------------------
+
+ctypedef struct _Hyper:
+    int rule
+    double lr
+    double l2
+    double scale
+    double eps
+    double beta1
+    double beta2
+    double beta
+    double lambda1
+    double lambda2
+
+
+ctypedef fused floating:
+    float
+    double
+
+
+cdef inline void _sgd_row(floating* w, const floating* grad, Py_ssize_t dim, floating lr,
+                          floating l2, floating scale) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef floating g
+    for j in range(dim):
+        g = scale * grad[j] + l2 * w[j]
+        w[j] = w[j] - lr * g
+
+
+cdef inline void _adagrad_row(floating* w, floating* acc, const floating* grad, Py_ssize_t dim,
+                              floating lr, floating l2, floating scale,
+                              floating eps) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef floating g, a
+    for j in range(dim):
+        g = scale * grad[j] + l2 * w[j]
+        a = acc[j] + g * g
+        acc[j] = a
+        w[j] = w[j] - lr * g / (<floating>sqrt(a) + eps)
+
+
+cdef inline void _adam_row(floating* w, floating* m, floating* v, const floating* grad,
+                           Py_ssize_t dim, floating lr, floating l2, floating scale,
+                           floating b1, floating b2, floating eps, floating bc1,
+                           floating bc2) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef floating g, mj, vj
+    cdef floating c1 = 1 - b1, c2 = 1 - b2
+    for j in range(dim):
+        g = scale * grad[j] + l2 * w[j]
+        mj = b1 * m[j] + c1 * g
+        vj = b2 * v[j] + c2 * (g * g)
+        m[j] = mj
+        v[j] = vj
+        w[j] = w[j] - lr * (mj / bc1) / (<floating>sqrt(vj / bc2) + eps)
+
+
+cdef inline void _ftrl_row(floating* w, floating* z, floating* n, const floating* grad,
+                           Py_ssize_t dim, floating alpha, floating beta, floating l1,
+                           floating l2p, floating l2, floating scale) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef floating g, nj, nn, sn, sigma, zj, d, a
+    for j in range(dim):
+        g = scale * grad[j] + l2 * w[j]
+        nj = n[j]
+        nn = nj + g * g
+        sn = <floating>sqrt(nn)
+        sigma = (sn - <floating>sqrt(nj)) / alpha
+        zj = z[j] + g - sigma * w[j]
+        z[j] = zj
+        n[j] = nn
+        if floating is float:
+            a = fabsf(zj) - l1
+        else:
+            a = fabs(zj) - l1
+        a = a if a > 0 else 0
+        d = (beta + sn) / alpha + l2p
+        if d > 0:
+            if floating is float:
+                w[j] = copysignf(a, -zj) / d + <floating>0
+            else:
+                w[j] = copysign(a, -zj) / d + <floating>0
+        else:
+            w[j] = 0
+
+
+cdef void _update_rows(char* arena, Py_ssize_t rec, Py_ssize_t soff,
+                       Py_ssize_t step_off, Py_ssize_t dim, const int64_t* urows,
+                       Py_ssize_t m, const floating* summed, const _Hyper* hp,
+                       uint64_t* index, const uint64_t* upos) noexcept nogil:
+    """Run rule ``hp.rule`` on the records ``urows[u]`` (distinct) with gradient
+    ``summed[u]``, prefetching the record ``_AHEAD_UPDATE`` rows ahead; and restore the
+    tag of the index slot ``upos[u]`` each row's push marked (in the same pass: the
+    record holds the key to hash)."""
+    cdef Py_ssize_t u, j
+    cdef char* r
+    cdef floating* w
+    cdef floating* s
+    cdef int64_t t
+    cdef floating lr = <floating>hp.lr, l2 = <floating>hp.l2, scale = <floating>hp.scale
+    cdef floating eps = <floating>hp.eps, b1 = <floating>hp.beta1, b2 = <floating>hp.beta2
+    cdef floating beta = <floating>hp.beta, l1 = <floating>hp.lambda1
+    cdef floating l2p = <floating>hp.lambda2
+    for u in range(m):
+        if u + _AHEAD_UPDATE < m:
+            r = arena + urows[u + _AHEAD_UPDATE] * rec
+            hpcps_ht_prefetch(r)
+            hpcps_ht_prefetch(index + upos[u + _AHEAD_UPDATE])
+            if rec > 64:
+                j = 64
+                while j < rec:
+                    hpcps_ht_prefetch(r + j)
+                    j += 64
+        r = arena + urows[u] * rec
+        index[upos[u]] = (index[upos[u]] & 0xFFFFFFFF00000000ULL) | <uint64_t>(urows[u] + 1)
+        w = <floating*>(r + 8)
+        s = <floating*>(r + soff)
+        if hp.rule == _R_SGD:
+            _sgd_row(w, summed + u * dim, dim, lr, l2, scale)
+        elif hp.rule == _R_ADAGRAD:
+            _adagrad_row(w, s, summed + u * dim, dim, lr, l2, scale, eps)
+        elif hp.rule == _R_FTRL:
+            _ftrl_row(w, s, s + dim, summed + u * dim, dim, <floating>hp.lr, beta, l1, l2p,
+                      l2, scale)
+        else:
+            t = (<int64_t*>(r + step_off))[0] + 1
+            (<int64_t*>(r + step_off))[0] = t
+            # 1 - beta**t in double, as optim's table/_bias_correction give it (bitwise)
+            _adam_row(w, s, s + dim, summed + u * dim, dim, lr, l2, scale, b1, b2, eps,
+                      <floating>(1.0 - pow(hp.beta1, <double>t)),
+                      <floating>(1.0 - pow(hp.beta2, <double>t)))
+
+
+cdef inline void _prefetch_record(const uint64_t* index, uint64_t C, const char* arena,
+                                  Py_ssize_t rec, uint64_t key) noexcept nogil:
+    """Prefetch the record of ``key``: scan its probe run (whose index line was prefetched
+    earlier) for the first slot with its tag, up to 8 slots; the home slot alone holds
+    another key's row about half the time at load 0.6. Marked slots are skipped (their
+    records were touched by this push already)."""
+    cdef uint64_t h = _fmix64(key), tag = h & 0xFFFFFFFFULL, e
+    cdef uint64_t p = hpcps_ht_range(h, C)
+    cdef int s
+    for s in range(8):
+        e = index[p]
+        if e == _EMPTY:
+            return
+        if not (e & _MARK) and (e >> 32) == tag:
+            hpcps_ht_prefetch(arena + (<int64_t>(e & _ROW) - 1) * rec)
+            return
+        p += 1
+        if p == C:
+            p = 0
+
+
+ctypedef struct _Tab:
+    uint64_t* index
+    uint64_t C
+    char* arena
+    Py_ssize_t rec
+    Py_ssize_t size
+    Py_ssize_t grow_at
+    Py_ssize_t rows_cap
+
+
+cdef inline void _new_u(Py_ssize_t* m, int64_t r, uint64_t p, int64_t* urows, uint64_t* upos,
+                        floating* summed, Py_ssize_t dim) noexcept nogil:
+    cdef Py_ssize_t j, u = m[0]
+    urows[u] = r
+    upos[u] = p
+    for j in range(dim):
+        summed[u * dim + j] = 0
+    m[0] = u + 1
+
+
+cdef Py_ssize_t _push_pass(_Tab* t, const int64_t* keys, const floating* grads, Py_ssize_t n,
+                           Py_ssize_t dim, Py_ssize_t start, Py_ssize_t* m_io, int64_t* urows,
+                           uint64_t* upos, int64_t* ukeys, floating* summed, const char* tmpl,
+                           bint exact) noexcept nogil:
+    """One pass over a push: insert-or-find each key and sum its gradient row into the
+    row's entry ``u`` (distinct rows numbered in first-occurrence order; ``summed[u]``
+    starts at +0.0 and adds the rows in input order, as ``merge_duplicates`` does).
+
+    The first occurrence of a row *marks* its index slot: ``tag << 32 | MARK | (u + 1)``
+    (``upos[u]``, ``urows[u]`` and ``ukeys[u]`` remember slot, row and key), so a later
+    occurrence finds ``u`` in the slot it probes anyway (tag, then ``ukeys[u]``) — no second
+    map; :func:`_unmark` puts the rows back. ``exact`` False: a tag match on an unmarked
+    slot is taken for the key without reading its record (the read that stalls a cold
+    key); :func:`_verify` checks every such match before any update. A marked slot with
+    the key's tag but another key stops a non-exact pass (returns -1: redo it exactly).
+    Returns the i at which it stopped because the index or the arena is full (n when
+    done); ``m_io`` in/out."""
+    cdef Py_ssize_t i, j, m = m_io[0], rec = t.rec
+    cdef uint64_t k, h, p, e, tag, C = t.C
+    cdef uint64_t* index = t.index
+    cdef int64_t r, u
+    cdef char* dst
+    cdef const floating* g
+    cdef floating* o
+    for i in range(start, n):
+        if i + _AHEAD_INDEX < n:
+            hpcps_ht_prefetch(index + hpcps_ht_range(_fmix64(<uint64_t>keys[i + _AHEAD_INDEX]), C))
+        if exact and i + _AHEAD_RECORD < n:
+            _prefetch_record(index, C, t.arena, rec, <uint64_t>keys[i + _AHEAD_RECORD])
+        k = <uint64_t>keys[i]
+        h = _fmix64(k)
+        tag = h & 0xFFFFFFFFULL
+        p = hpcps_ht_range(h, C)
+        while True:
+            e = index[p]
+            if e == _EMPTY:
+                if t.size >= t.grow_at or t.size >= t.rows_cap:
+                    m_io[0] = m
+                    return i
+                r = t.size
+                dst = t.arena + r * rec
+                memcpy(dst, tmpl, rec)
+                (<uint64_t*>dst)[0] = k
+                t.size += 1
+                u = m
+                _new_u(&m, r, p, urows, upos, summed, dim)
+                ukeys[u] = <int64_t>k
+                index[p] = (tag << 32) | _MARK | <uint64_t>(u + 1)
+                break
+            if (e >> 32) == tag:
+                if e & _MARK:
+                    u = <int64_t>(e & _ROW) - 1
+                    if <uint64_t>ukeys[u] == k:
+                        break
+                    if not exact:
+                        m_io[0] = m
+                        return -1
+                else:
+                    r = <int64_t>(e & _ROW) - 1
+                    if not exact or (<uint64_t*>(t.arena + r * rec))[0] == k:
+                        u = m
+                        _new_u(&m, r, p, urows, upos, summed, dim)
+                        ukeys[u] = <int64_t>k
+                        index[p] = (tag << 32) | _MARK | <uint64_t>(u + 1)
+                        break
+            p += 1
+            if p == C:
+                p = 0
+        g = grads + i * dim
+        o = summed + u * dim
+        for j in range(dim):
+            o[j] += g[j]
+    m_io[0] = m
+    return n
+
+
+cdef bint _verify(_Tab* t, Py_ssize_t m, const int64_t* urows, const int64_t* ukeys) noexcept nogil:
+    """True when the record of every ``urows[u]`` holds ``ukeys[u]`` (prefetching ahead)."""
+    cdef Py_ssize_t u
+    for u in range(m):
+        if u + _AHEAD_UPDATE < m:
+            hpcps_ht_prefetch(t.arena + urows[u + _AHEAD_UPDATE] * t.rec)
+        if (<int64_t*>(t.arena + urows[u] * t.rec))[0] != ukeys[u]:
+            return False
+    return True
+
+
+cdef void _unmark(_Tab* t, Py_ssize_t m, const int64_t* urows, const uint64_t* upos) noexcept nogil:
+    """Restore the tags of the slots a push marked."""
+    cdef Py_ssize_t u
+    cdef int64_t r
+    cdef uint64_t h
+    for u in range(m):
+        t.index[upos[u]] = (t.index[upos[u]] & 0xFFFFFFFF00000000ULL) | <uint64_t>(urows[u] + 1)
+
+
+cdef void _remark(_Tab* t, Py_ssize_t m, const int64_t* urows, uint64_t* upos) noexcept nogil:
+    """Mark again (after the index was rebuilt) the slots of the rows ``urows[:m]``."""
+    cdef Py_ssize_t u
+    cdef int64_t r
+    cdef uint64_t p
+    for u in range(m):
+        r = urows[u]
+        p = hpcps_ht_range(_fmix64((<uint64_t*>(t.arena + r * t.rec))[0]), t.C)
+        while (t.index[p] & _MARK) or (t.index[p] & _ROW) != <uint64_t>(r + 1):
+            p += 1
+            if p == t.C:
+                p = 0
+        upos[u] = p
+        t.index[p] = (t.index[p] & 0xFFFFFFFF00000000ULL) | _MARK | <uint64_t>(u + 1)
+
+
+# --------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------
+
+def _anonymous(Py_ssize_t nbytes):
+    """A zero-filled uint8 array of ``nbytes`` in its own anonymous mapping: its pages cost
+    memory only once written, and all of it returns to the system when the array is
+    dropped (a heap block of ``malloc`` may stay resident after ``free``)."""
+    m = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if nbytes >= _HUGE_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:        # random probes: 2 MiB pages spare a TLB miss per access (numpy does so too)
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return np.frombuffer(m, dtype=np.uint8)[:nbytes]
+
+
+def _finite(x, name):
+    x = float(x)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x}")
+    return x
+
+
+cdef class HashTable:
+    """A dynamic sparse table: rows of ``dim`` values for the keys that occurred.
+
+    Parameters
+    ----------
+    dim : int
+        Values per row (>= 1).
+    dtype : float32 or float64, default float64
+    rule : {"sgd", "adagrad", "adam", "ftrl"}, default "sgd"
+        The update rule of :meth:`apply`; fixes the record layout (:func:`record_layout`).
+    lr : float
+        Learning rate (FTRL's alpha, > 0).
+    l2, eps, beta1, beta2, beta, lambda1, lambda2 : float
+        As :func:`hpcps.kernels.optim.apply_sparse` (``l2`` lazy, added to the gradient).
+    initial_accumulator : float, default 0.0
+        AdaGrad's starting sum of squared gradients of a new row (>= 0).
+    init : callable or None
+        ``init(keys) -> ndarray (n, dim)`` of the table's dtype: the initial weights of the
+        rows of ``keys`` (int64 (n,)), e.g. ``TableSpec.initial_rows`` with the job seed;
+        ``None``: zeros. Called for the new rows of a push and for the absent keys of a
+        gather; must depend only on the key. FTRL's new rows get the ``z`` whose closed
+        form is their weight, as ``hpcps.core.optim.Optimizer.init_slots`` does.
+    capacity : int, default 0
+        Keys to make room for up front (the table grows anyway).
+    max_load : float, default 0.8
+        Index load (stored keys / slots) at which the index grows 1.5x, in (0, 0.95].
+
+    Raises
+    ------
+    ValueError, TypeError
+        For a bad rule, dim, dtype or hyper-parameter (the message names it).
+
+    Notes
+    -----
+    Not thread-safe: one thread at a time (the server's loop) may use a table.
+    """
+
+    cdef readonly Py_ssize_t dim
+    cdef readonly Py_ssize_t size
+    cdef readonly object dtype
+    cdef readonly str rule
+    cdef readonly Py_ssize_t record_bytes
+    cdef readonly Py_ssize_t min_record_bytes
+    cdef readonly object record_dtype
+    cdef readonly double max_load
+    cdef readonly double initial_accumulator
+    cdef object init
+    cdef _Hyper hp
+    cdef Py_ssize_t soff, step_off
+    cdef object _index        # uint64 (C,)
+    cdef object _arena        # uint8 (rows_cap * record_bytes,)
+    cdef uint64_t* index
+    cdef uint64_t C
+    cdef Py_ssize_t grow_at
+    cdef char* arena
+    cdef Py_ssize_t rows_cap
+    cdef object _scratch      # apply's buffers: distinct rows, their slots, summed grads
+    cdef object _template     # one record holding a new row's state (key and w zero)
+
+    def __init__(self, dim, dtype="float64", rule="sgd", *, lr=0.01, l2=0.0, eps=1e-8,
+                 beta1=0.9, beta2=0.999, beta=1.0, lambda1=0.0, lambda2=0.0,
+                 initial_accumulator=0.0, init=None, capacity=0, max_load=_MAX_LOAD_DEFAULT):
+        rec, minimum = record_layout(rule, dim, dtype)
+        self.record_dtype = rec
+        self.record_bytes = rec.itemsize
+        self.min_record_bytes = minimum
+        self.dim = int(dim)
+        self.dtype = rec.fields["w"][0].base
+        self.rule = rule
+        self.soff = 8 + self.dim * self.dtype.itemsize
+        self.step_off = rec.fields["step"][1] if rule == "adam" else 0
+        self.hp.rule = _RULE_CODES[rule]
+        self.hp.lr = _finite(lr, "lr")
+        if rule == "ftrl" and not self.hp.lr > 0:
+            raise ValueError(f"alpha (learning rate) must be > 0, got {self.hp.lr}")
+        self.hp.l2 = _finite(l2, "l2")
+        self.hp.scale = 1.0
+        self.hp.eps = _finite(eps, "eps")
+        if rule in ("adagrad", "adam") and not self.hp.eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.hp.eps}")
+        self.hp.beta1 = _finite(beta1, "beta1")
+        self.hp.beta2 = _finite(beta2, "beta2")
+        if rule == "adam" and not (0 <= self.hp.beta1 < 1 and 0 <= self.hp.beta2 < 1):
+            raise ValueError(f"beta1 and beta2 must be in [0, 1), got {beta1}, {beta2}")
+        self.hp.beta = _finite(beta, "beta")
+        self.hp.lambda1 = _finite(lambda1, "lambda1")
+        self.hp.lambda2 = _finite(lambda2, "lambda2")
+        if rule == "ftrl" and min(self.hp.beta, self.hp.lambda1, self.hp.lambda2) < 0:
+            raise ValueError("beta, lambda1 and lambda2 must be >= 0")
+        self.initial_accumulator = _finite(initial_accumulator, "initial_accumulator")
+        if self.initial_accumulator < 0:
+            raise ValueError(f"initial_accumulator must be >= 0, got {initial_accumulator}")
+        ml = float(max_load)
+        if not 0 < ml <= 0.95:
+            raise ValueError(f"max_load must be in (0, 0.95], got {max_load}")
+        self.max_load = ml
+        if init is not None and not callable(init):
+            raise TypeError(f"init must be callable or None, got {type(init).__name__}")
+        self.init = init
+        tmpl = np.zeros(1, dtype=rec)
+        if rule == "adagrad":
+            tmpl["accumulator"] = self.initial_accumulator
+        self._template = tmpl.view(np.uint8)
+        self.size = 0
+        self.rows_cap = 0
+        self._arena = None
+        self.arena = NULL
+        self._scratch = None
+        cap = int(capacity)
+        if cap < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self._new_index(max(16, int(math.ceil(cap / ml)) + 1))
+        self._grow_arena(max(cap, 16))
+
+    # ---------------------------------------------------------------- storage growth
+
+    def _new_index(self, Py_ssize_t slots):
+        """Replace the index by one of ``slots`` slots and re-insert every stored key."""
+        cdef Py_ssize_t r
+        cdef uint64_t h, p, C = slots
+        idx = _anonymous(slots * 8).view(np.uint64)   # zero pages
+        cdef uint64_t[::1] iv = idx
+        cdef uint64_t* ip = &iv[0]
+        cdef char* a = self.arena
+        cdef Py_ssize_t rec = self.record_bytes, n = self.size
+        with nogil:
+            for r in range(n):
+                h = _fmix64((<uint64_t*>(a + r * rec))[0])
+                p = hpcps_ht_range(h, C)
+                while ip[p] != _EMPTY:
+                    p += 1
+                    if p == C:
+                        p = 0
+                ip[p] = ((h & 0xFFFFFFFFULL) << 32) | <uint64_t>(r + 1)
+        self._index = idx
+        self.index = ip
+        self.C = C
+        self.grow_at = min(<Py_ssize_t>(self.max_load * slots), slots - 1)
+
+    def _grow_arena(self, Py_ssize_t rows):
+        """Make room for ``rows`` records (copying the stored ones)."""
+        if rows <= self.rows_cap:
+            return
+        if <uint64_t>rows > _MAX_ROWS:
+            rows = <Py_ssize_t>_MAX_ROWS
+            if rows <= self.rows_cap:
+                raise ValueError(f"a dynamic table holds at most {int(_MAX_ROWS):,} keys "
+                                 f"per server")
+        buf = _anonymous(rows * self.record_bytes)      # pages are backed when written
+        if self.size:
+            buf[:self.size * self.record_bytes] = self._arena[:self.size * self.record_bytes]
+        cdef uint8_t[::1] bv = buf
+        self._arena = buf
+        self.arena = <char*>&bv[0]
+        self.rows_cap = rows
+
+    def _make_room(self):
+        """Grow the index and/or the arena so that one more key fits."""
+        if self.size >= self.grow_at:
+            self._new_index(max(int(self.C * _GROWTH),
+                                int((self.size + 2) / self.max_load) + 1))
+        if self.size >= self.rows_cap:
+            self._grow_arena(max(int(self.rows_cap * _GROWTH), self.size + 1))
+
+    # ---------------------------------------------------------------- probing
+
+    cdef inline int64_t _find(self, uint64_t key, uint64_t h) noexcept nogil:
+        """Row of ``key`` (hash ``h``) or -1."""
+        cdef uint64_t p = hpcps_ht_range(h, self.C), e, tag = h & 0xFFFFFFFFULL
+        cdef int64_t r
+        while True:
+            e = self.index[p]
+            if e == _EMPTY:
+                return -1
+            if (e >> 32) == tag:
+                r = <int64_t>(e & _ROW) - 1
+                if (<uint64_t*>(self.arena + r * self.record_bytes))[0] == key:
+                    return r
+            p += 1
+            if p == self.C:
+                p = 0
+
+    cdef inline void _prefetch(self, uint64_t key, bint record) noexcept nogil:
+        """Prefetch the home slot of ``key``; with ``record``, read it (it should be in
+        cache by now) and prefetch the record it points to."""
+        cdef uint64_t h = _fmix64(key), e
+        cdef uint64_t* slot = self.index + hpcps_ht_range(h, self.C)
+        if not record:
+            hpcps_ht_prefetch(slot)
+            return
+        _prefetch_record(self.index, self.C, self.arena, self.record_bytes, key)
+
+    cdef Py_ssize_t _lookup_loop(self, const int64_t* keys, Py_ssize_t n,
+                                 int64_t* rows) noexcept nogil:
+        """rows[i] = row of keys[i] or -1; returns the number absent."""
+        cdef Py_ssize_t i, absent = 0
+        cdef uint64_t k
+        for i in range(n):
+            if i + _AHEAD_INDEX < n:
+                self._prefetch(<uint64_t>keys[i + _AHEAD_INDEX], False)
+            if i + _AHEAD_RECORD < n:
+                self._prefetch(<uint64_t>keys[i + _AHEAD_RECORD], True)
+            k = <uint64_t>keys[i]
+            rows[i] = self._find(k, _fmix64(k))
+            if rows[i] < 0:
+                absent += 1
+        return absent
+
+    # ---------------------------------------------------------------- public API
+
+    def __len__(self):
+        return self.size
+
+    @property
+    def index_slots(self):
+        """Slots of the index (its load is ``len(self) / index_slots``)."""
+        return int(self.C)
+
+    @property
+    def nbytes(self):
+        """Bytes of the index plus the used arena records (resident memory of the data)."""
+        return int(self.C) * 8 + self.size * self.record_bytes
+
+    def lookup(self, keys):
+        """Arena row of each key, -1 for an absent key (nothing inserted).
+
+        Parameters
+        ----------
+        keys : int64 or uint64 array-like (n,)
+
+        Returns
+        -------
+        ndarray of int64, shape (n,)
+        """
+        k = _key_vector(keys)
+        rows = np.empty(k.shape[0], dtype=np.int64)
+        cdef const int64_t[::1] kv = k
+        cdef int64_t[::1] rv = rows
+        if k.shape[0]:
+            with nogil:
+                self._lookup_loop(&kv[0], kv.shape[0], &rv[0])
+        return rows
+
+    def insert(self, keys):
+        """Insert the absent keys (their rows at the initial value) and return every key's
+        arena row (insert-or-find; duplicates get the same row).
+
+        Parameters
+        ----------
+        keys : int64 or uint64 array-like (n,)
+
+        Returns
+        -------
+        ndarray of int64, shape (n,)
+
+        Raises
+        ------
+        ValueError
+            If the table would exceed ``2**31 - 2`` keys (the keys inserted so far stay).
+        """
+        k = _key_vector(keys)
+        rows = np.empty(k.shape[0], dtype=np.int64)
+        cdef const int64_t[::1] kv = k
+        cdef int64_t[::1] rv = rows
+        cdef Py_ssize_t i = 0, n = k.shape[0], before = self.size
+        cdef uint8_t[::1] tv = self._template
+        cdef const char* tmpl = <const char*>&tv[0]
+        try:
+            while i < n:
+                with nogil:
+                    i = self._insert_from(&kv[0], n, i, &rv[0], tmpl)
+                if i < n:
+                    self._make_room()
+        finally:
+            if self.size > before:
+                self._init_rows(before, self.size)
+        return rows
+
+    cdef Py_ssize_t _insert_from(self, const int64_t* keys, Py_ssize_t n, Py_ssize_t start,
+                                 int64_t* rows, const char* tmpl) noexcept nogil:
+        cdef Py_ssize_t i, rec = self.record_bytes
+        cdef uint64_t k, h, p, e, tag
+        cdef int64_t r = -1
+        cdef char* dst
+        for i in range(start, n):
+            if i + _AHEAD_INDEX < n:
+                self._prefetch(<uint64_t>keys[i + _AHEAD_INDEX], False)
+            if i + _AHEAD_RECORD < n:
+                self._prefetch(<uint64_t>keys[i + _AHEAD_RECORD], True)
+            k = <uint64_t>keys[i]
+            h = _fmix64(k)
+            tag = h & 0xFFFFFFFFULL
+            p = hpcps_ht_range(h, self.C)
+            while True:
+                e = self.index[p]
+                if e == _EMPTY:
+                    if self.size >= self.grow_at or self.size >= self.rows_cap:
+                        return i
+                    r = self.size
+                    dst = self.arena + r * rec
+                    memcpy(dst, tmpl, rec)
+                    (<uint64_t*>dst)[0] = k
+                    self.index[p] = (tag << 32) | <uint64_t>(r + 1)
+                    self.size += 1
+                    break
+                if (e >> 32) == tag:
+                    r = <int64_t>(e & _ROW) - 1
+                    if (<uint64_t*>(self.arena + r * rec))[0] == k:
+                        break
+                p += 1
+                if p == self.C:
+                    p = 0
+            rows[i] = r
+        return n
+
+    def _records(self, lo=0, hi=None):
+        """Structured view of the records ``[lo, hi)`` (default: all stored)."""
+        hi = self.size if hi is None else hi
+        rb = self.record_bytes
+        return self._arena[lo * rb:hi * rb].view(self.record_dtype)
+
+    def _init_rows(self, Py_ssize_t lo, Py_ssize_t hi):
+        """Initial weights (``init``) and FTRL's matching ``z`` for the new rows [lo, hi);
+        zero weights and the template state are already in place."""
+        if self.init is None or hi <= lo:
+            return
+        recs = self._records(lo, hi)
+        w = self._initial(recs["key"])
+        recs["w"] = w
+        if self.rule == "ftrl" and np.any(w):
+            dt = self.dtype.type        # as hpcps.core.optim.Optimizer.init_slots
+            c = dt(self.hp.beta / self.hp.lr + self.hp.lambda2)
+            recs["z"] = -c * w - np.sign(w).astype(self.dtype) * dt(self.hp.lambda1)
+
+    def _initial(self, keys):
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        w = np.asarray(self.init(keys))
+        if w.shape != (keys.shape[0], self.dim) or w.dtype != self.dtype:
+            raise ValueError(f"init returned {w.dtype} {w.shape}, expected {self.dtype} "
+                             f"({keys.shape[0]}, {self.dim})")
+        return w
+
+    def gather(self, keys, out=None):
+        """The weights of each key (a pull's reply); an absent key gets the initial value
+        (zeros or ``init``) and is not inserted.
+
+        Parameters
+        ----------
+        keys : int64 or uint64 array-like (n,)
+            Any order, duplicates allowed.
+        out : ndarray (n, dim) of the table's dtype, C-contiguous, writeable, optional
+
+        Returns
+        -------
+        ndarray (n, dim)
+
+        Raises
+        ------
+        ValueError
+            If ``out`` has another shape, dtype or layout.
+        """
+        k = _key_vector(keys)
+        cdef Py_ssize_t n = k.shape[0], dim = self.dim, absent = 0
+        if out is None:
+            out = np.empty((n, dim), dtype=self.dtype)
+        elif (not isinstance(out, np.ndarray) or out.dtype != self.dtype
+              or out.shape != (n, dim) or not out.flags.c_contiguous
+              or not out.flags.writeable):
+            raise ValueError(f"out must be a writeable C-contiguous {self.dtype} array of "
+                             f"shape ({n}, {dim})")
+        if n == 0:
+            return out
+        rows = np.empty(n, dtype=np.int64)
+        cdef const int64_t[::1] kv = k
+        cdef int64_t[::1] rv = rows
+        cdef uint8_t[:, ::1] ov = out.view(np.uint8)
+        cdef Py_ssize_t wb = dim * self.dtype.itemsize
+        with nogil:
+            absent = self._gather_loop(&kv[0], n, &rv[0], <char*>&ov[0, 0], wb)
+        if absent and self.init is not None:
+            miss = np.flatnonzero(rows < 0)
+            out[miss] = self._initial(k[miss])
+        return out
+
+    cdef Py_ssize_t _gather_loop(self, const int64_t* keys, Py_ssize_t n, int64_t* rows,
+                                 char* out, Py_ssize_t wb) noexcept nogil:
+        cdef Py_ssize_t i, absent = 0
+        cdef uint64_t k
+        cdef int64_t r
+        for i in range(n):
+            if i + _AHEAD_INDEX < n:
+                self._prefetch(<uint64_t>keys[i + _AHEAD_INDEX], False)
+            if i + _AHEAD_RECORD < n:
+                self._prefetch(<uint64_t>keys[i + _AHEAD_RECORD], True)
+            k = <uint64_t>keys[i]
+            r = self._find(k, _fmix64(k))
+            rows[i] = r
+            if r < 0:
+                memset(out + i * wb, 0, wb)
+                absent += 1
+            else:
+                memcpy(out + i * wb, self.arena + r * self.record_bytes + 8, wb)
+        return absent
+
+    def apply(self, keys, grads, scale=1.0):
+        """One optimizer step for a push: insert the absent keys, sum the gradient rows of
+        equal keys (input order, from +0.0), run the rule once per distinct row.
+
+        Parameters
+        ----------
+        keys : int64 or uint64 array-like (n,)
+            Duplicates allowed (summed, never dropped).
+        grads : ndarray (n, dim) of the table's dtype
+        scale : float, default 1.0
+            Multiplies the summed gradient (e.g. 1 / examples).
+
+        Raises
+        ------
+        TypeError, ValueError
+            For another dtype or shape, a non-finite ``scale``, more than ``2**31 - 2``
+            keys in one push or in the table. Nothing is modified when the arguments
+            are wrong.
+
+        Notes
+        -----
+        Bitwise the result of ``hpcps.kernels.optim.apply_sparse`` on a fixed table whose
+        rows hold the same values: the same summation order and the same arithmetic.
+        """
+        k = _key_vector(keys)
+        g = np.asarray(grads)
+        if g.dtype != self.dtype:
+            raise TypeError(f"grads has dtype {g.dtype} but the table has dtype {self.dtype}")
+        if g.ndim != 2 or g.shape != (k.shape[0], self.dim):
+            raise ValueError(f"grads has shape {g.shape}, expected ({k.shape[0]}, {self.dim})")
+        sc = _finite(scale, "scale")
+        cdef Py_ssize_t n = k.shape[0], m
+        if n == 0:
+            return
+        if <uint64_t>n > _MAX_ROWS:
+            raise ValueError(f"a push of {n:,} keys is more than {int(_MAX_ROWS):,}")
+        g = np.ascontiguousarray(g)
+        if self._scratch is None or self._scratch[0].shape[0] < n:
+            self._scratch = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.uint64),
+                             np.empty(n, dtype=np.int64), np.empty(n * self.dim, dtype=self.dtype))
+        urows, upos, ukeys, summed = self._scratch
+        cdef const int64_t[::1] kv = k
+        cdef int64_t[::1] uv = urows
+        cdef uint64_t[::1] pv = upos
+        cdef int64_t[::1] ukv = ukeys
+        cdef const float[:, ::1] g32
+        cdef const double[:, ::1] g64
+        cdef float[::1] s32
+        cdef double[::1] s64
+        cdef bint f32 = self.dtype == np.float32
+        if f32:
+            g32, s32 = g, summed
+        else:
+            g64, s64 = g, summed
+        cdef uint8_t[::1] tv = self._template
+        cdef const char* tmpl = <const char*>&tv[0]
+        cdef _Hyper hp = self.hp
+        hp.scale = sc
+        cdef _Tab t
+        cdef Py_ssize_t i = 0, before = self.size
+        cdef bint exact = False, ok
+        m = 0
+        while True:
+            self._fill(&t)
+            with nogil:
+                if f32:
+                    i = _push_pass[float](&t, &kv[0], &g32[0, 0], n, self.dim, i, &m, &uv[0],
+                                          &pv[0], &ukv[0], &s32[0], tmpl, exact)
+                else:
+                    i = _push_pass[double](&t, &kv[0], &g64[0, 0], n, self.dim, i, &m, &uv[0],
+                                           &pv[0], &ukv[0], &s64[0], tmpl, exact)
+                ok = i == n and (exact or _verify(&t, m, &uv[0], &ukv[0]))
+            self.size = t.size
+            if ok:
+                break
+            with nogil:
+                _unmark(&t, m, &uv[0], &pv[0])    # the index is clean while it grows
+            if i < 0 or i == n:                   # a tag matched another key: redo exactly
+                exact, i, m = True, 0, 0          # (the keys inserted so far are real)
+                continue
+            try:
+                self._make_room()
+            except BaseException:
+                self._init_rows(before, self.size)
+                raise
+            self._fill(&t)
+            with nogil:
+                _remark(&t, m, &uv[0], &pv[0])
+        try:
+            self._init_rows(before, self.size)
+        except BaseException:
+            with nogil:
+                _unmark(&t, m, &uv[0], &pv[0])
+            raise
+        with nogil:                               # step each row, unmark its slot
+            if f32:
+                _update_rows[float](t.arena, t.rec, self.soff, self.step_off, self.dim,
+                                    &uv[0], m, &s32[0], &hp, t.index, &pv[0])
+            else:
+                _update_rows[double](t.arena, t.rec, self.soff, self.step_off, self.dim,
+                                     &uv[0], m, &s64[0], &hp, t.index, &pv[0])
+
+    cdef void _fill(self, _Tab* t):
+        t.index = self.index
+        t.C = self.C
+        t.arena = self.arena
+        t.rec = self.record_bytes
+        t.size = self.size
+        t.grow_at = self.grow_at
+        t.rows_cap = self.rows_cap
+
+    # ---------------------------------------------------------------- contents
+
+    def keys(self):
+        """The stored keys in arena (insertion) order: int64 (size,), a copy."""
+        return np.ascontiguousarray(self._records()["key"])
+
+    def weights(self):
+        """The stored rows in arena order: (size, dim) of the table's dtype, a copy."""
+        return np.ascontiguousarray(self._records()["w"]).reshape(self.size, self.dim)
+
+    @property
+    def slot_names(self):
+        """Names of the optimizer state fields (as ``hpcps.core.optim.Optimizer``)."""
+        return {"sgd": (), "adagrad": ("accumulator",), "adam": ("m", "v", "step"),
+                "ftrl": ("z", "n")}[self.rule]
+
+    def slots(self):
+        """``{slot name: array}`` of the stored rows in arena order (copies): (size, dim)
+        of the table's dtype, ``step`` int64 (size,)."""
+        recs = self._records()
+        out = {}
+        for s in self.slot_names:
+            a = np.ascontiguousarray(recs[s])
+            out[s] = a if s == "step" else a.reshape(self.size, self.dim)
+        return out
+
+    def load(self, keys, weights, slots=None):
+        """Insert rows with given values (a checkpoint's shard): the keys must be absent.
+
+        Parameters
+        ----------
+        keys : int64 or uint64 array-like (n,), distinct
+        weights : array (n, dim), cast to the table's dtype
+        slots : dict, optional
+            ``{slot name: array}`` as :meth:`slots` returns; missing: the initial state.
+
+        Raises
+        ------
+        ValueError
+            If a key repeats or is already stored, or a shape does not fit (the table is
+            then unchanged).
+        """
+        k = _key_vector(keys)
+        n = k.shape[0]
+        w = np.asarray(weights)
+        if w.shape != (n, self.dim):
+            raise ValueError(f"weights has shape {w.shape}, expected ({n}, {self.dim})")
+        slots = dict(slots or {})
+        for s, a in slots.items():
+            if s not in self.slot_names:
+                raise ValueError(f"slot {s!r} is not one of {self.rule}'s {self.slot_names}")
+            want = (n,) if s == "step" else (n, self.dim)
+            if np.shape(a) != want:
+                raise ValueError(f"slot {s!r} has shape {np.shape(a)}, expected {want}")
+        if n == 0:
+            return
+        if np.unique(k).shape[0] != n:
+            raise ValueError("load: the keys are not distinct")
+        present = self.lookup(k) >= 0
+        if present.any():
+            raise ValueError(f"load: key {int(k[np.argmax(present)])} is already stored")
+        before = self.size
+        save_init, self.init = self.init, None
+        try:
+            self.insert(k)
+        finally:
+            self.init = save_init
+        recs = self._records(before, before + n)
+        recs["w"] = w
+        for s, a in slots.items():
+            recs[s] = a

@@ -1,0 +1,239 @@
+"""The end-of-job report: each rank's counters (:class:`RankStats`, gathered to the chief as
+one float64 row per rank), the summary dict built from them (returned by
+:func:`hpcps.runtime.job.run_job` and stored under ``"summary"`` in ``metrics.json``), and
+the summary's printed lines. No MPI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from hpcps.analysis import consistency_report
+from hpcps.runtime.baseline import cached_baseline, sklearn_baseline  # noqa: F401
+
+# role codes of the gathered row's first column
+_WORKER, _SERVER, _STOPPED = 0.0, 1.0, -1.0
+
+
+@dataclasses.dataclass
+class RankStats:
+    """One rank's counters at the end of a job; their meaning depends on the role.
+
+    Attributes
+    ----------
+    is_server : bool
+    stopped : bool
+        A worker whose training a signal stopped (after a checkpoint).
+    index : int
+        Server index (original) or worker index.
+    rows, memory_bytes : int
+        Servers: rows of their shards, and their bytes with the optimizer slots.
+    keys_pulled, keys_pushed : int
+        Keys served (servers) or requested (workers). Under RMA pulls a server serves no
+        pull requests (the workers read its windows), so its ``keys_pulled`` is 0.
+    bytes_in, bytes_out, requests : int
+        Bytes received and sent, and messages; servers: requests served.
+    pull_seconds, push_seconds, clock_seconds : float
+        Workers: time spent waiting for pulls, pushes and clock exchanges.
+    examples : int
+        Servers: examples whose gradients they applied.
+    examples_per_epoch : list of int
+        Servers: the same per epoch (``[train] epochs`` entries).
+    """
+
+    is_server: bool = False
+    stopped: bool = False
+    index: int = 0
+    rows: int = 0
+    memory_bytes: int = 0
+    keys_pulled: int = 0
+    keys_pushed: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    requests: int = 0
+    pull_seconds: float = 0.0
+    push_seconds: float = 0.0
+    clock_seconds: float = 0.0
+    examples: int = 0
+    examples_per_epoch: list = dataclasses.field(default_factory=list)
+
+    # the scalar fields after the role column, in row order
+    _COUNTS = ("index", "rows", "memory_bytes", "keys_pulled", "keys_pushed", "bytes_in",
+               "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds",
+               "examples")
+    _SECONDS = ("pull_seconds", "push_seconds", "clock_seconds")
+
+    def to_row(self, epochs: int) -> np.ndarray:
+        """This rank's float64 row for :func:`hpcps.comm.collectives.gather_rows`:
+        role code, the counters, then ``epochs`` per-epoch example counts."""
+        role = _SERVER if self.is_server else _STOPPED if self.stopped else _WORKER
+        per_epoch = np.zeros(epochs)
+        n = min(epochs, len(self.examples_per_epoch))
+        per_epoch[:n] = self.examples_per_epoch[:n]
+        return np.concatenate([[role], [float(getattr(self, k)) for k in self._COUNTS],
+                               per_epoch])
+
+    @classmethod
+    def from_row(cls, row) -> "RankStats":
+        """The inverse of :meth:`to_row`."""
+        role = float(row[0])
+        vals = {k: (float(v) if k in cls._SECONDS else int(v))
+                for k, v in zip(cls._COUNTS, row[1:1 + len(cls._COUNTS)])}
+        return cls(is_server=role == _SERVER, stopped=role == _STOPPED, **vals,
+                   examples_per_epoch=[int(v) for v in row[1 + len(cls._COUNTS):]])
+
+    @classmethod
+    def of_server(cls, load: dict, epochs: int) -> "RankStats":
+        """A server's counters from :meth:`hpcps.server.server.ParameterServer.load`."""
+        per_epoch = [0] * epochs
+        for e, n in load["examples_per_epoch"].items():
+            if 0 <= e < epochs:
+                per_epoch[e] = int(n)
+        return cls(is_server=True, index=int(load["server"]), examples=int(load["examples"]),
+                   examples_per_epoch=per_epoch,
+                   **{k: int(load[k]) for k in ("rows", "memory_bytes", "keys_pulled",
+                                                "keys_pushed", "bytes_in", "bytes_out",
+                                                "requests")})
+
+    def add_client(self, stats) -> None:
+        """A worker's counters from its endpoint's :class:`hpcps.comm.transport` stats."""
+        self.keys_pulled = int(stats.keys.get("pull", 0))
+        self.keys_pushed = int(stats.keys.get("push", 0))
+        self.bytes_in = int(stats.total("bytes_in"))
+        self.bytes_out = int(stats.total("bytes_out"))
+        self.requests = int(stats.total("messages"))
+        self.pull_seconds = float(stats.seconds.get("pull", 0.0))
+        self.push_seconds = float(stats.seconds.get("push", 0.0))
+        self.clock_seconds = float(stats.seconds.get("clock", 0.0))
+
+
+def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None) -> dict:
+    """The job's summary from the training result (the chief worker's) and every rank's
+    :class:`RankStats`. Local (the chief).
+
+    Parameters
+    ----------
+    result : dict
+        :meth:`hpcps.worker.trainer.Trainer.run`'s result, with ``"checkpoints"`` and
+        optionally ``"model_path"``.
+    ranks : list of RankStats
+    wall : float
+        Seconds from the job's start.
+    hosts : list of str, optional
+        ``hosts[i]`` is the host ``ranks[i]`` ran on (``hpcps.comm.core.allgather_hostnames``).
+    """
+    host = {id(r): (hosts[i] if hosts else "") for i, r in enumerate(ranks)}
+    servers = sorted((r for r in ranks if r.is_server), key=lambda r: r.index)
+    workers = sorted((r for r in ranks if not r.is_server), key=lambda r: r.index)
+    return {
+        "wall_seconds": wall,
+        "train_seconds": result["seconds"],
+        "examples": result["examples"],
+        "examples_per_second": result["examples_per_second"],
+        "steps": result["steps"],
+        "epochs": result["epochs"],
+        "model_path": result.get("model_path"),
+        "checkpoints": dict(result["checkpoints"],
+                            share_of_run=result["checkpoints"]["seconds"] / wall if wall else 0.0),
+        "servers": [{"index": r.index, "rows": r.rows, "memory_bytes": r.memory_bytes,
+                     "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
+                     "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "requests": r.requests,
+                     "examples": r.examples, "examples_per_epoch": list(r.examples_per_epoch),
+                     "host": host[id(r)]}
+                    for r in servers],
+        "workers": [{"index": r.index, "bytes_pulled": r.bytes_in, "bytes_pushed": r.bytes_out,
+                     "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
+                     "pull_seconds": r.pull_seconds, "push_seconds": r.push_seconds,
+                     "clock_seconds": r.clock_seconds, "host": host[id(r)]}
+                    for r in workers],
+    }
+
+
+def mb(n) -> str:
+    """``n`` bytes in MB, for the printed lines."""
+    return f"{n / 1e6:,.1f} MB"
+
+
+def summary_lines(s: dict, history: list) -> list[str]:
+    """The printed summary of a run (:func:`summarize`'s dict, the epochs' records).
+
+    Under RMA pulls (``s["consistency"]["pull"] == "rma"``) the servers serve no pull
+    requests, so their lines give the bytes they sent and leave the key count to the
+    workers' line (the keys the workers read from the windows).
+    """
+    from hpcps.runtime.rundir import launch_phrase
+
+    phrase = launch_phrase(s) if "run_steps" in s else ""
+    steps = f"{s['run_steps']:,} steps{phrase}" if phrase else f"{s['steps']} steps"
+    lines = [f"done: {s['epochs']} epoch(s), {steps}, {s['examples']:,} examples in "
+             f"{s['train_seconds']:.1f} s ({s['examples_per_second']:,.0f} ex/s)"]
+    rma = s.get("consistency", {}).get("pull") == "rma"
+    for d in s["servers"]:
+        pulled = (f"sent {mb(d['bytes_out'])} by messages (pulls are RMA reads)" if rma else
+                  f"pulled out {mb(d['bytes_out'])} ({d['keys_pulled']:,} keys)")
+        lines.append(f"  server {d['index']}: {d['rows']:,} rows ({mb(d['memory_bytes'])}); "
+                     f"pushed in {mb(d['bytes_in'])} ({d['keys_pushed']:,} keys), {pulled}, "
+                     f"{d['requests']:,} requests")
+    if s.get("mode") != "allreduce":
+        tot_pull = sum(d["pull_seconds"] for d in s["workers"])
+        tot_push = sum(d["push_seconds"] for d in s["workers"])
+        read = ""
+        if rma:
+            keys = sum(d.get("keys_pulled", 0) for d in s["workers"])
+            got = sum(d["bytes_pulled"] for d in s["workers"])
+            read = f"read {keys:,} keys ({mb(got)}) by RMA, "
+        lines.append(f"  workers: {read}pull wait {tot_pull:.2f} s, push {tot_push:.2f} s "
+                     f"(summed over workers)")
+    by_host: dict = {}
+    for kind in ("server", "worker"):
+        for d in s.get(kind + "s", []):
+            if d.get("host"):
+                by_host.setdefault(d["host"], []).append(f"{kind} {d['index']}")
+    if by_host:
+        lines.append("  hosts: " + "; ".join(f"{h}: {', '.join(r)}" for h, r in by_host.items()))
+    if history and all(k in history[-1] for k in ("test_auc", "test_logloss", "test_accuracy")):
+        h = history[-1]
+        lines.append(f"  hpcps                              test AUC {h['test_auc']:.4f}  "
+                     f"log-loss {h['test_logloss']:.4f}  accuracy {h['test_accuracy']:.4f}")
+    elif history:
+        lines.append("  hpcps  test " + "  ".join(
+            f"{k[5:]} {v:.4f}" for k, v in history[-1].items()
+            if k.startswith("test_") and k != "test_rows"))
+    if "baseline" in s:
+        b = s["baseline"]
+        lines.append(f"  scikit-learn LogisticRegression    test AUC {b['test_auc']:.4f}  "
+                     f"log-loss {b['test_logloss']:.4f}  accuracy {b['test_accuracy']:.4f}  "
+                     f"(same features, C = 1/(l2 n) = {b['C']:.4g}; "
+                     + (f"cached, fitted once in {b['fitted_seconds']:.1f} s)" if b.get("cached")
+                        else f"{b['seconds']:.1f} s)"))
+        if "auc_gap" in b:
+            lines.append(f"  AUC gap (scikit-learn - hpcps): {b['auc_gap']:+.4f}")
+    c = s["checkpoints"]
+    if c["count"]:
+        lines.append(f"  checkpoints: {c['count']} written, {mb(c['bytes'])}, "
+                     f"{c['seconds']:.2f} s ({100 * c['share_of_run']:.1f} % of the run)")
+    if "consistency" in s:
+        lines.extend(consistency_report.lines(s["consistency"]))
+    if s.get("model_path"):
+        lines.append(f"  model: {s['model_path']}")
+    return lines
+
+
+def print_summary(s: dict, history: list, out) -> None:
+    """Write :func:`summary_lines` to ``out``. Local (the chief)."""
+    for line in summary_lines(s, history):
+        out.write(line + "\n")
+    out.flush()
+
+
+def add_baseline(cfg, summary: dict, history: list) -> None:
+    """With ``[evaluate] sklearn_baseline`` on a logistic model: the baseline (fitted once per
+    set of features, :func:`hpcps.runtime.baseline.cached_baseline`) with the AUC gap to the
+    last epoch, under ``summary["baseline"]``. Local (the chief)."""
+    if cfg.evaluate.sklearn_baseline and cfg.model.type == "logistic":
+        summary["baseline"] = cached_baseline(cfg, sklearn_baseline)
+        if history:
+            summary["baseline"]["auc_gap"] = (summary["baseline"]["test_auc"]
+                                              - history[-1]["test_auc"])

@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""Test hosts on one machine: N "nodes" made of Linux namespaces, for multi-host tests.
+
+Each host ``hpcps-hK`` (K = 1..N) is
+
+* a network namespace ``hpcps-hK`` (``ip netns``) with ``lo`` and ``eth0`` up, ``eth0``
+  having the address ``10.213.7.K/24``;
+* a persistent UTS namespace (a bind-mounted file under ``/run/hpcps-hosts/uts/``) whose
+  hostname is ``hpcps-hK`` (Open MPI's daemons fail to wire up when two hosts share a name);
+* the other end of ``eth0``, a veth ``hpcps-vK`` on the machine, enslaved to one bridge
+  ``hpcps-br0`` (address ``10.213.7.254/24``, so that daemons in the machine's own namespace,
+  e.g. a slurmctld, can reach the hosts).
+
+The subnet ``10.213.7.0/24`` exists only on that bridge and inside these namespaces: every
+address a test uses belongs to a test host (or the bridge). Nothing is routed elsewhere.
+
+``python tests/hosts/testhosts.py up N`` makes the hosts (idempotent: what exists is kept,
+what is missing made, hosts beyond N removed); ``down`` removes everything (processes in the
+namespaces, UTS mounts, namespaces, veths, bridge, state); ``status`` prints it; ``run HOST
+CMD...`` runs CMD on HOST. ``tests/hosts/rsh-agent HOST CMD...`` is Open MPI's launch agent
+(``--mca plm_rsh_agent``). Needs root, iproute2 and util-linux (``nsenter``, ``unshare``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "hpcps-h"
+BRIDGE = "hpcps-br0"
+VETH = "hpcps-v"
+SUBNET = ipaddress.ip_network("10.213.7.0/24")
+BRIDGE_ADDR = "10.213.7.254"
+STATE = Path("/run/hpcps-hosts")
+UTS = STATE / "uts"
+NETNS = Path("/run/netns")
+HERE = Path(__file__).resolve().parent
+AGENT = HERE / "rsh-agent"
+
+
+@dataclass(frozen=True)
+class Host:
+    """One test host: ``name`` (also its hostname and network namespace), ``addr``, ``veth``."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"{PREFIX}{self.index}"
+
+    @property
+    def addr(self) -> str:
+        return str(SUBNET.network_address + self.index)
+
+    @property
+    def veth(self) -> str:
+        return f"{VETH}{self.index}"
+
+    @property
+    def netns(self) -> Path:
+        return NETNS / self.name
+
+    @property
+    def uts(self) -> Path:
+        return UTS / self.name
+
+    def prefix(self) -> list[str]:
+        """Command prefix that runs a program on this host (its network and UTS namespaces)."""
+        return [shutil.which("nsenter") or "nsenter", f"--net={self.netns}", f"--uts={self.uts}", "--"]
+
+    def cmd(self, *args) -> list[str]:
+        return self.prefix() + [str(a) for a in args]
+
+
+def _sh(*args, check=True, quiet=False) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(a) for a in args], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args))}: exit {p.returncode}: {p.stderr.strip()}")
+    return p
+
+
+def _link_exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()
+
+
+def _is_mount(path: Path) -> bool:
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return False
+    return any(line.split()[4] == str(path) for line in text.splitlines())
+
+
+def existing() -> list[Host]:
+    """Test hosts that exist now (any part of them: namespace, UTS file or veth)."""
+    idx = set()
+    for d, pre in ((NETNS, PREFIX), (UTS, PREFIX), (Path("/sys/class/net"), VETH)):
+        if d.is_dir():
+            for p in d.iterdir():
+                if p.name.startswith(pre) and p.name[len(pre):].isdigit():
+                    idx.add(int(p.name[len(pre):]))
+    return [Host(i) for i in sorted(idx)]
+
+
+def hosts(n: int) -> list[Host]:
+    return [Host(i) for i in range(1, n + 1)]
+
+
+def _ns_inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def pids_on(h: Host) -> list[int]:
+    """PIDs of the processes running in ``h``'s network or UTS namespace."""
+    inodes = {i for i in (_ns_inode(h.netns), _ns_inode(h.uts)) if i}
+    # the files are nsfs bind mounts: their inode is the namespace's
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        for kind in ("net", "uts"):
+            try:
+                if os.stat(d / "ns" / kind).st_ino in inodes:
+                    found.append(int(d.name))
+                    break
+            except OSError:
+                break
+    return found
+
+
+def kill_on(h: Host, sig=signal.SIGKILL) -> list[int]:
+    """Send ``sig`` to every process running on ``h``; returns their PIDs."""
+    pids = pids_on(h)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def remove_host(h: Host) -> None:
+    """Remove ``h`` whole: its processes, UTS mount and file, namespace, veth."""
+    if _ns_inode(h.netns) or _ns_inode(h.uts):
+        for _ in range(50):
+            if not kill_on(h):
+                break
+            time.sleep(0.1)
+    if _is_mount(h.uts):
+        _sh("umount", h.uts, check=False)
+        if _is_mount(h.uts):
+            _sh("umount", "-l", h.uts, check=False)
+    try:
+        h.uts.unlink()
+    except FileNotFoundError:
+        pass
+    if h.netns.exists():
+        _sh("ip", "netns", "delete", h.name, check=False)   # deletes eth0 and with it the veth peer
+    if _link_exists(h.veth):
+        _sh("ip", "link", "delete", h.veth, check=False)
+
+
+def down() -> None:
+    """Remove every test host, the bridge and the state directory."""
+    for h in existing():
+        remove_host(h)
+    if _link_exists(BRIDGE):
+        _sh("ip", "link", "delete", BRIDGE, check=False)
+    if UTS.is_dir() and not any(UTS.iterdir()):
+        UTS.rmdir()
+    for f in (STATE / "hosts",):
+        if f.exists():
+            f.unlink()
+    if STATE.is_dir() and not any(STATE.iterdir()):
+        STATE.rmdir()
+
+
+def _ensure_bridge() -> None:
+    if not _link_exists(BRIDGE):
+        _sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    addrs = _sh("ip", "-o", "-4", "addr", "show", "dev", BRIDGE).stdout
+    if f" {BRIDGE_ADDR}/" not in addrs:
+        _sh("ip", "addr", "add", f"{BRIDGE_ADDR}/{SUBNET.prefixlen}", "dev", BRIDGE)
+    _sh("ip", "link", "set", BRIDGE, "up")
+
+
+def _ensure_host(h: Host) -> None:
+    if not h.netns.exists():
+        _sh("ip", "netns", "add", h.name)
+    UTS.mkdir(parents=True, exist_ok=True)
+    if not _is_mount(h.uts):
+        h.uts.touch()
+        _sh("unshare", f"--uts={h.uts}", "hostname", h.name)
+    elif _sh(*h.cmd("hostname")).stdout.strip() != h.name:
+        _sh(*h.cmd("hostname", h.name))
+    if not _link_exists(h.veth):
+        _sh("ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.name)
+    _sh("ip", "link", "set", h.veth, "master", BRIDGE)
+    _sh("ip", "link", "set", h.veth, "up")
+    ns = ["ip", "-n", h.name]
+    _sh(*ns, "link", "set", "lo", "up")
+    if f" {h.addr}/" not in _sh(*ns, "-o", "-4", "addr", "show", "dev", "eth0").stdout:
+        _sh(*ns, "addr", "add", f"{h.addr}/{SUBNET.prefixlen}", "dev", "eth0")
+    _sh(*ns, "link", "set", "eth0", "up")
+
+
+def up(n: int) -> list[Host]:
+    """Make test hosts 1..n (keeping those that exist), remove any beyond n; return them."""
+    if not 1 <= n <= 250:
+        raise ValueError(f"number of hosts must be in 1..250, got {n}")
+    for h in existing():
+        if h.index > n:
+            remove_host(h)
+    try:
+        _ensure_bridge()
+        for h in hosts(n):
+            _ensure_host(h)
+        STATE.mkdir(parents=True, exist_ok=True)
+        (STATE / "hosts").write_text("".join(f"{h.name} {h.addr}\n" for h in hosts(n)))
+        wait_reachable(hosts(n))
+    except BaseException:
+        down()
+        raise
+    return hosts(n)
+
+
+PROBE = """
+import socket, sys
+for addr in sys.argv[1:]:
+    s = socket.socket()
+    s.settimeout(1.0)
+    try:
+        s.connect((addr, 9))            # the discard port: nobody listens, a reset answers
+    except ConnectionRefusedError:
+        continue                        # reachable
+    except OSError as e:
+        sys.exit(f"{addr}: {e}")
+    finally:
+        s.close()
+"""
+
+
+def wait_reachable(hs, timeout=10.0) -> None:
+    """Wait until the first host reaches every other over TCP (no ping here: a connection
+    refused by the peer's kernel proves the path; the bridge forwards once its ports are up)."""
+    deadline = time.time() + timeout
+    while True:
+        p = _sh(*hs[0].cmd(sys.executable, "-c", PROBE, *[h.addr for h in hs[1:]]), check=False)
+        if p.returncode == 0:
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"{hs[0].name} cannot reach the other test hosts: {p.stderr.strip()}")
+        time.sleep(0.2)
+
+
+def lookup(name_or_addr: str) -> Host:
+    """The host with that name, hostname or address (as a hostfile or Open MPI names it)."""
+    for h in existing():
+        if name_or_addr in (h.name, h.addr):
+            return h
+    raise KeyError(f"no test host {name_or_addr!r} (hosts: {[h.name for h in existing()]})")
+
+
+def hostfile(path, hs, slots: int) -> Path:
+    """Write an Open MPI hostfile with the hosts' addresses, ``slots`` each."""
+    path = Path(path)
+    path.write_text("".join(f"{h.addr} slots={slots}\n" for h in hs))
+    return path
+
+
+def mpirun_args(hostfile_path) -> list[str]:
+    """mpirun options for a launch across the test hosts (TCP over the bridge's subnet)."""
+    return ["--hostfile", str(hostfile_path), "--mca", "plm_rsh_agent", str(AGENT),
+            "--mca", "pml", "ob1", "--mca", "btl", "tcp,self,sm",
+            "--mca", "btl_tcp_if_include", str(SUBNET), "--mca", "oob_tcp_if_include", str(SUBNET)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up", help="make N test hosts (idempotent)")
+    u.add_argument("n", type=int)
+    sub.add_parser("down", help="remove every test host, the bridge and the state")
+    sub.add_parser("status", help="list the test hosts")
+    r = sub.add_parser("run", help="run a command on a host")
+    r.add_argument("host")
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("testhosts: needs root (network namespaces, bridge)", file=sys.stderr)
+        return 2
+    if args.cmd == "up":
+        for h in up(args.n):
+            print(f"{h.name} {h.addr}")
+    elif args.cmd == "down":
+        down()
+    elif args.cmd == "status":
+        for h in existing():
+            print(f"{h.name} {h.addr} netns={'yes' if h.netns.exists() else 'no'} "
+                  f"uts={'yes' if _is_mount(h.uts) else 'no'} procs={len(pids_on(h))}")
+        print(f"bridge {BRIDGE}: {'yes' if _link_exists(BRIDGE) else 'no'}")
+    elif args.cmd == "run":
+        h = lookup(args.host)
+        os.execvp(h.prefix()[0], h.cmd(*args.command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

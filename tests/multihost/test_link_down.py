@@ -1,0 +1,81 @@
+"""A host's link cut (``ip link set VETH down``) for longer than the launcher's timeout.
+
+Open MPI's daemons notice a dead TCP link to a daemon by keepalive probes on their
+out-of-band connections; the tests set them to 3 s + 3 probes 1 s apart (``oob_tcp_keepalive_*``,
+default 300 s + 9 x 20 s = 8 min), so a cut is noticed ~6 s later. PRRTE then ends the whole
+job ("PRTE has lost communication with a remote daemon"), in either fault-tolerance mode
+(ULFM survives lost ranks, not a lost daemon) — and exits 0; ``hpcps run`` counts a launch
+that exits 0 without the job's summary as status 1.
+
+* restart mode, ``--max-restarts 1``: the job stops within a minute of the cut (the relaunch
+  fails at once while the host is unreachable); once the link is back, ``hpcps run`` again
+  resumes from the newest checkpoint and ends bit-identical to an uninterrupted run;
+* continue mode: the job stops with a non-zero status within a minute of the cut; no hang.
+"""
+
+import subprocess
+import time
+
+import pytest
+
+from tests.multihost.conftest import RANKS, same_weights, start_on_hosts, wait, weights, write_job
+
+KEEPALIVE = ["--mca", "oob_tcp_keepalive_time", "3", "--mca", "oob_tcp_keepalive_intvl", "1",
+             "--mca", "oob_tcp_keepalive_probes", "3"]
+CUT_SECONDS = 20            # longer than the ~6 s the keepalives need
+STOP_WITHIN = 60            # seconds from the cut to the launch's exit
+
+
+def read_until(p, text, lines, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"{text!r} not seen:\n{''.join(lines)[-3000:]}")
+
+
+def cut(host, seconds, p):
+    """Take ``host``'s link down; wait until ``p`` exits or ``seconds`` pass; put it back up.
+    Returns the seconds from the cut to ``p``'s exit (None if still running)."""
+    t0 = time.time()
+    subprocess.run(["ip", "link", "set", host.veth, "down"], check=True)
+    stopped = None
+    try:
+        while time.time() - t0 < seconds:
+            if p.poll() is not None and stopped is None:
+                stopped = time.time() - t0
+            time.sleep(0.1)
+    finally:
+        subprocess.run(["ip", "link", "set", host.veth, "up"], check=True)
+    return stopped
+
+
+@pytest.mark.parametrize("mode", ["restart", "continue"])
+def test_link_cut_stops_the_job_within_a_minute(tmp_path, hosts, reference, mode):
+    extra = '[fault_tolerance]\nmode = "continue"\n' if mode == "continue" else ""
+    job = write_job(tmp_path, "cut", extra=extra)
+    opts = ["--max-restarts", "1"] if mode == "restart" else []
+    p = start_on_hosts(tmp_path, hosts, RANKS, job, *opts, mpirun_extra=KEEPALIVE)
+    lines = []
+    read_until(p, "epoch 1:", lines)
+    t_cut = time.time()
+    stopped = cut(hosts[2], CUT_SECONDS, p)
+    out = "".join(lines) + wait(p, timeout=max(5, STOP_WITHIN - (time.time() - t_cut)))
+    stopped = stopped if stopped is not None else time.time() - t_cut
+    assert stopped < STOP_WITHIN
+    if p.returncode == 0:          # a restart after the link came back (a slow machine): finished
+        assert mode == "restart" and "resumed from checkpoint step" in out, out[-4000:]
+    else:
+        assert "lost communication with a remote daemon" in out, out[-4000:]
+        assert "counted as status 1" in out, out[-4000:]
+        if mode == "continue":
+            return
+        # the link is back: the same command resumes and finishes
+        p = start_on_hosts(tmp_path, hosts, RANKS, job, *opts, mpirun_extra=KEEPALIVE)
+        out = wait(p, timeout=300)
+        assert p.returncode == 0 and "resumed from checkpoint step" in out, out[-4000:]
+    assert same_weights(weights(tmp_path / "cut"), reference[0])

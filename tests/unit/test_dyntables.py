@@ -1,0 +1,143 @@
+"""Dynamic tables above the kernel: routing (core.dyntables), shards built from a TableSpec
+and an Optimizer, and checkpoints re-distributed to another number of servers
+(checkpoint.dynamic) — with real HDF5 files."""
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcps.checkpoint.dynamic import is_dynamic, restore, write_group
+from hpcps.core.dyntables import HashPartition, bytes_per_key, new_shard
+from hpcps.core.optim import Optimizer
+from hpcps.core.tables import TableSpec
+
+I64 = np.iinfo(np.int64)
+
+
+def _pushes(rng, n_pushes=6, n=400):
+    pool = np.concatenate([[0, 1, -1, I64.max, I64.min, 1_099_511_627_000],
+                           rng.integers(I64.min, I64.max, size=2000, dtype=np.int64)])
+    return [(pool[rng.integers(0, pool.size, size=n)], rng.standard_normal((n, 2)))
+            for _ in range(n_pushes)]
+
+
+def _train(spec, opt, n_servers, pushes, shards=None):
+    """Route every push by HashPartition and apply each server's part to its shard."""
+    part = HashPartition(n_servers)
+    shards = shards or [new_shard(spec, opt, seed=3) for _ in range(n_servers)]
+    for keys, g in pushes:
+        order, bounds = part.split(keys)
+        for s in range(n_servers):
+            sel = order[bounds[s]:bounds[s + 1]]
+            shards[s].apply(keys[sel], g[sel], 1.0 / 32)
+    return shards
+
+
+def _all(shards):
+    """{key: (weights, slots...)} over every shard (each key on exactly one shard)."""
+    out = {}
+    for t in shards:
+        slots = t.slots()
+        for i, k in enumerate(t.keys().tolist()):
+            assert k not in out
+            out[k] = (t.weights()[i].tobytes(), *(a[i].tobytes() for a in slots.values()))
+    return out
+
+
+def test_route_and_split_agree_with_server_of():
+    rng = np.random.default_rng(0)
+    keys = rng.integers(I64.min, I64.max, size=5000, dtype=np.int64)
+    p = HashPartition(3)
+    srv, counts, grouped = p.route(keys)
+    np.testing.assert_array_equal(srv, p.server_of(keys))
+    np.testing.assert_array_equal(counts, np.bincount(srv, minlength=3))
+    assert not grouped
+    order, bounds = p.split(keys)
+    for s in range(3):
+        assert np.all(p.server_of(keys[order[bounds[s]:bounds[s + 1]]]) == s)
+    assert HashPartition(1).route(keys)[0] is None
+    with pytest.raises(ValueError, match="n_servers"):
+        HashPartition(0)
+
+
+@pytest.mark.parametrize("rule", ["adagrad", "ftrl", "adam"])
+def test_sharded_dynamic_table_equals_one_fixed_table(rule):
+    """Pushes routed over 3 dynamic shards give, key for key, bitwise the weights of one
+    fixed table updated by Optimizer.apply (the server's call) with the same pushes, from
+    the same per-key random initial values (TableSpec.initial_rows)."""
+    rng = np.random.default_rng(1)
+    spec = TableSpec("w", num_keys=2, dim=2, dtype="float64", init_std=0.05)
+    opt = Optimizer(rule, 0.3, l2=1e-3, initial_accumulator=0.1, lambda1=0.01, lambda2=0.1)
+    pushes = _pushes(rng)
+    shards = _train(spec, opt, 3, pushes)
+    keys = np.unique(np.concatenate([k for k, _ in pushes]))
+    pos = {int(k): i for i, k in enumerate(keys)}
+    w = spec.initial_rows(keys, 3)
+    slots = opt.init_slots(w.shape, w.dtype, w=w)
+    for k, g in pushes:
+        opt.apply(w, slots, np.array([pos[int(x)] for x in k]), g, 1.0 / 32)
+    for s, t in enumerate(shards):
+        mine = HashPartition(3).server_of(keys) == s
+        np.testing.assert_array_equal(t.gather(keys[mine]), w[mine])
+        assert len(t) == mine.sum()                  # only the keys it owns were stored
+    # a key never pushed: every shard answers the initial value without storing it
+    fresh = np.array([123456789012345], dtype=np.int64)
+    np.testing.assert_array_equal(shards[0].gather(fresh), spec.initial_rows(fresh, 3))
+    assert shards[0].lookup(fresh)[0] == -1
+
+
+@pytest.mark.parametrize("new_n", [2, 4, 3])
+def test_checkpoint_restores_on_another_number_of_servers(tmp_path, new_n):
+    """3 shards written to 3 HDF5 files, restored on 2, 4 and 3 servers: every key with its
+    weights and state bit-identical, on the server HashPartition(new_n) gives it; training
+    on continues bit-identically to the run that never stopped."""
+    rng = np.random.default_rng(2)
+    spec = TableSpec("emb", num_keys=2, dim=2, dtype="float64", init_std=0.1)
+    opt = Optimizer("ftrl", 0.2, lambda1=0.01)
+    pushes = _pushes(rng, n_pushes=8)
+    old = _train(spec, opt, 3, pushes[:4])
+    files = []
+    for s, t in enumerate(old):
+        path = tmp_path / f"shard-{s:04d}.h5"
+        with h5py.File(path, "w") as f:
+            write_group(f.create_group("tables/emb"), t)
+        files.append(path)
+    before = _all(old)
+    new = [new_shard(spec, opt, seed=3) for _ in range(new_n)]
+    loaded = [restore(t, files, "emb", s, new_n) for s, t in enumerate(new)]
+    assert sum(loaded) == len(before)
+    assert _all(new) == before
+    for s, t in enumerate(new):
+        assert np.all(HashPartition(new_n).server_of(t.keys()) == s)
+    _train(spec, opt, 3, pushes[4:], shards=old)
+    _train(spec, opt, new_n, pushes[4:], shards=new)
+    assert _all(new) == _all(old)
+
+
+def test_restore_refuses_fixed_table_and_mismatches(tmp_path):
+    path = tmp_path / "shard-0000.h5"
+    with h5py.File(path, "w") as f:
+        g = f.create_group("tables/w")             # a fixed table's group has no storage
+        g.create_dataset("rows", data=np.zeros((4, 1)))
+        g.create_dataset("keys", data=np.arange(4))
+        assert not is_dynamic(g)
+    spec = TableSpec("w", num_keys=2, dim=1, dtype="float64")
+    t = new_shard(spec, Optimizer("sgd", 0.1), seed=0)
+    with pytest.raises(ValueError, match="'w' was checkpointed as a fixed table"):
+        restore(t, [path], "w", 0, 1)
+    t.apply([5], np.ones((1, 1)))
+    path2 = tmp_path / "shard-0001.h5"
+    with h5py.File(path2, "w") as f:
+        write_group(f.create_group("tables/w"), t)
+    other = new_shard(spec, Optimizer("adagrad", 0.1), seed=0)
+    with pytest.raises(ValueError, match="optimizer sgd in the checkpoint"):
+        restore(other, [path2], "w", 0, 1)
+    with pytest.raises(ValueError, match="no group tables/b"):
+        restore(new_shard(spec, Optimizer("sgd", 0.1), seed=0), [path2], "b", 0, 1)
+
+
+def test_bytes_per_key_figures():
+    b = bytes_per_key("adagrad", 1, "float32")
+    assert b["minimum"] == 16 and b["record"] == 16
+    assert b["low"] == 26 and b["high"] == 31
+    assert b["high"] <= 2 * b["minimum"]

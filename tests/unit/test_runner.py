@@ -1,0 +1,58 @@
+"""The suite runner (tests/run.py): counts from pytest's JUnit XML, streamed output, groups."""
+
+import sys
+import textwrap
+
+from tests import run
+
+
+def _xml(path, cases):
+    body = "".join(f'<testcase classname="tests.mpi.t" name="{n}">{inner}</testcase>' for n, inner in cases)
+    path.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{body}'
+                    "</testsuite></testsuites>")
+    return path
+
+
+def test_a_test_failing_on_one_rank_counts_once_as_failed(tmp_path):
+    r0 = _xml(tmp_path / "r0.xml", [("a", ""), ("b", ""), ("c", '<skipped message="needs 5 ranks"/>')])
+    r1 = _xml(tmp_path / "r1.xml", [("a", ""), ("b", '<failure message="x"/>'),
+                                    ("c", '<skipped message="needs 5 ranks"/>')])
+    c = run.junit_counts([r0, r1, tmp_path / "missing.xml"])
+    assert (c.passed, c.failed, c.skipped) == (1, 1, 1)
+    assert c.skips == [("tests.mpi.t::c", "needs 5 ranks")]
+
+
+def test_errors_count_as_failed_and_an_unreadable_file_counts_nothing(tmp_path):
+    x = _xml(tmp_path / "x.xml", [("a", '<error message="fixture"/>'), ("b", "")])
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<testsuites><testsuite")
+    c = run.junit_counts([x, bad])
+    assert (c.passed, c.failed, c.skipped) == (1, 1, 0)
+
+
+def test_a_launch_streams_its_lines_with_its_label_and_a_dead_launch_counts_as_failed(tmp_path, capsys):
+    script = tmp_path / "t.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        print("first\\x00", flush=True)
+        sys.stdout.write("no newline")
+        sys.exit(3)
+    """))
+    c = run.run(run.Launch("lbl", [sys.executable, str(script)], {}), tmp_path)
+    out = capsys.readouterr().out
+    assert "[lbl] first\n[lbl] no newline\n" in out          # labelled, NUL bytes dropped
+    assert "exit 3, 0 passed, 1 failed" in out
+    assert (c.passed, c.failed) == (0, 1)
+
+
+def test_a_launch_that_hangs_is_killed_at_its_timeout(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(run, "TIMEOUT", 1)
+    c = run.run(run.Launch("hang", [sys.executable, "-c", "import time; time.sleep(60)"], {}), tmp_path)
+    assert "[hang] TIMEOUT after 1 s" in capsys.readouterr().out
+    assert c.failed == 1
+
+
+
+def test_every_mpi_file_runs_at_two_sizes():
+    for path in sorted((run.ROOT / "tests" / "mpi").glob("test_*.py")):
+        assert len(set(run.mpi_sizes(path))) == 2, path.name
