@@ -1,13 +1,14 @@
 """The offline analysis subcommands of ``hpcps`` (no MPI; logic in :mod:`hpcps.analysis.offline`).
 
 ``hpcps inspect SOURCE``                       position, layout, table statistics, integrity
-``hpcps eval SOURCE --data FILE [--job JOB]``  test log-loss, AUC, accuracy of the model
+``hpcps eval SOURCE --data FILE [--job JOB]``  the model's test metrics (any model type)
 ``hpcps export SOURCE [--format npz] [-o OUT]``  tables in original key order as .npz
-``hpcps plot RUN [-o curves.png]``             learning curves and per-server load
+``hpcps plot RUN [-o curves.png]``             learning curves, per-server load, staleness
 ``hpcps diff SOURCE_A SOURCE_B``               per-table max / mean absolute difference
 
 SOURCE is a checkpoint directory, its ``manifest.h5``, a run directory (its newest valid
-checkpoint) or a ``model.h5``. Every expected failure (missing, incomplete or corrupt file,
+checkpoint) or a ``model.h5``. ``export`` and ``plot`` print the absolute path of the file they
+wrote. Every expected failure (missing, incomplete or corrupt file,
 invalid job, malformed data) prints one line ``hpcps: error: ...`` and exits with status 1.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 SOURCE_HELP = "checkpoint directory, manifest.h5, run directory (newest valid checkpoint) or model.h5"
 
@@ -107,7 +109,7 @@ def cmd_export(args) -> int:
     path = analysis.export_npz(src, args.output)
     with np.load(path, allow_pickle=False) as z:
         parts = ", ".join(f"{k} {z[k].shape}" for k in z.files)
-    print(f"wrote {path} from {src.label}: {parts}")
+    print(f"wrote {Path(path).resolve()} from {src.label}: {parts}")
     return 0
 
 
@@ -128,7 +130,7 @@ def cmd_plot(args) -> int:
     from hpcps.analysis import offline as analysis
 
     path, panels = analysis.plot_run(args.run, args.output)
-    print(f"wrote {path} ({len(panels)} panels: {', '.join(panels)})")
+    print(f"wrote {Path(path).resolve()} ({len(panels)} panels: {', '.join(panels)})")
     return 0
 
 
@@ -167,13 +169,18 @@ def register(subparsers) -> None:
     i.add_argument("source", help=SOURCE_HELP)
     i.set_defaults(func=cmd_inspect)
 
-    e = subparsers.add_parser("eval", help="test metrics of a checkpointed logistic model (no MPI)",
-                              description="Log-loss, AUC and accuracy on a data set, featurized "
-                                          "as the job that trained the model.")
+    e = subparsers.add_parser("eval", help="test metrics of a checkpoint or model file (no MPI)",
+                              description="The model's test metrics (logistic: log-loss, AUC, "
+                                          "accuracy; mf: MSE, RMSE, MAE; mlp: log-loss, "
+                                          "accuracy; a user model: its metrics method) on a "
+                                          "data set read as the job that trained the model "
+                                          "reads it. A user model is imported as hpcps run "
+                                          "imports it (set PYTHONPATH as for the run).")
     e.add_argument("source", help=SOURCE_HELP)
     e.add_argument("--data", required=True,
-                   help="svmlight file (svmlight jobs: every row is scored) or the Adult CSV "
-                        "(adult_csv jobs: the job's test split is scored)")
+                   help="svmlight file (svmlight jobs: every row is scored), the Adult CSV "
+                        "(adult_csv jobs: the job's test split is scored) or a file of "
+                        "`hpcps data prepare` (prepared jobs: its test split is scored)")
     e.add_argument("--job", help="job file to use instead of the configuration stored with the model")
     e.set_defaults(func=cmd_eval)
 
@@ -182,14 +189,20 @@ def register(subparsers) -> None:
                                           "(<table>__<slot>); no pickled objects.")
     x.add_argument("source", help=SOURCE_HELP)
     x.add_argument("--format", choices=["npz"], default="npz", help="output format (default: npz)")
-    x.add_argument("-o", "--output", help="output file (default: <job>-step-XXXXXXXX.npz here)")
+    x.add_argument("-o", "--output", help="output file (default: <job>-step-XXXXXXXX.npz in the "
+                                          "current directory); the path written is printed")
     x.set_defaults(func=cmd_export)
 
     p = subparsers.add_parser("plot", help="plot a run's metrics.json (no MPI)",
-                              description="Log-loss and AUC per epoch and over wall time, bytes "
-                                          "per server, staleness histogram if recorded.")
+                              description="The model's training loss and test metrics per epoch "
+                                          "and over wall time (log-loss, AUC, accuracy, MSE, "
+                                          "RMSE, MAE: whatever the run recorded), bytes per "
+                                          "server, staleness histogram if recorded. Panels "
+                                          "without data are left out; a run with nothing to "
+                                          "plot is an error.")
     p.add_argument("run", help="run directory or its metrics.json")
-    p.add_argument("-o", "--output", help="image file (default: RUN/curves.png)")
+    p.add_argument("-o", "--output", help="image file, format by suffix (default: RUN/curves.png); "
+                                          "the path written is printed")
     p.set_defaults(func=cmd_plot)
 
     d = subparsers.add_parser("diff", help="per-table differences of two checkpoints (no MPI)",

@@ -223,7 +223,10 @@ def test_inspect_checkpoint_statistics(svm_run):
     assert (sl["min"], sl["max"]) == (float(acc.min()), float(acc.max()))
     assert rep["tables"]["bias"]["max"] == 0.25 and rep["tables"]["bias"]["server_rows"] == [1, 0, 0]
     text = analysis.format_inspect(rep)
-    for want in ("step         20  (epoch 2, step_in_epoch 0, steps_per_epoch 10)",
+    for want in ("step         20  (steps done by each worker)",
+                 "epochs done  2  (epoch 3 not started)",
+                 "history      1 epoch(s) evaluated; last: epoch 1: test log-loss 0.6, AUC 0.71, "
+                 "accuracy 0.66",
                  "servers      3", "workers      2", "clocks       20 (all 2 workers)",
                  "integrity    OK: manifest and 3 shard(s)", f"weights: shape ({NF}, 1) float32",
                  "slot accumulator: min", "hpcps 0.1.0", "job          tiny", "created"):
@@ -255,7 +258,8 @@ def test_inspect_run_without_valid_checkpoint_falls_back_to_model(svm_run):
 def test_inspect_model_file(svm_run):
     text = analysis.format_inspect(analysis.inspect(svm_run["run"] / "model.h5"))
     assert "model file" in text and "features     50 (index_base 1)" in text
-    assert "step         20  (epoch 2)" in text and "weights: shape (50, 1) float32" in text
+    assert "step         20  (steps done by each worker)" in text and "epochs done  2\n" in text
+    assert "weights: shape (50, 1) float32" in text
 
 
 def _truncate(d):
@@ -331,10 +335,11 @@ def test_eval_svmlight_matches_independent_computation(svm_run):
     for src in (svm_run["c2"], svm_run["run"], svm_run["run"] / "model.h5"):
         res = analysis.evaluate(src, svm_run["test"])
         assert res["rows"] == 200 and res["positives"] == int(y.sum())
+        assert res["model"] == "logistic" and res["primary"] == "auc"
         for k, v in want.items():
-            assert math.isclose(res[k], v, rel_tol=1e-9, abs_tol=1e-12), (src, k, res[k], v)
+            assert math.isclose(res["metrics"][k], v, rel_tol=1e-9, abs_tol=1e-12), (src, k, res, v)
     other = analysis.evaluate(svm_run["c1"], svm_run["test"])
-    assert not math.isclose(other["auc"], want["auc"])     # really the other checkpoint's weights
+    assert not math.isclose(other["metrics"]["auc"], want["auc"])  # the other checkpoint's weights
 
 
 def test_cli_eval_with_and_without_job(svm_run, tmp_path):
@@ -351,7 +356,9 @@ def test_cli_eval_with_and_without_job(svm_run, tmp_path):
 def test_eval_rejects_job_with_other_feature_count(svm_run, tmp_path):
     job = svm_run["job"].parent / "wide.toml"
     job.write_text(SVM_JOB.replace("n_features = 50", "n_features = 64"))
-    with pytest.raises(analysis.AnalysisError, match="weights has 50 rows but the job .* has 64 features"):
+    with pytest.raises(analysis.AnalysisError,
+                       match=r"table 'weights' has shape \(50, 1\) but the job .* makes it "
+                             r"\(64, 1\) \(n_features; wrong --job\?\)"):
         analysis.evaluate(svm_run["c2"], svm_run["test"], job=job)
     proc = run_cli(["eval", svm_run["c2"], "--data", tmp_path / "missing.svm"])
     assert proc.returncode == 1 and "missing.svm: no such data file" in proc.stderr
@@ -408,8 +415,8 @@ def test_eval_adult_uses_the_jobs_test_split(tmp_path):
     want = expected_metrics(Xte, yte, tables["weights"], tables["bias"])
     assert res["rows"] == Xte.shape[0] == 800
     for k, v in want.items():
-        assert math.isclose(res[k], v, rel_tol=1e-9), (k, res[k], v)
-    assert res["auc"] > 0.85                      # a real model on real data
+        assert math.isclose(res["metrics"][k], v, rel_tol=1e-9), (k, res, v)
+    assert res["metrics"]["auc"] > 0.85           # a real model on real data
 
 
 # -------------------------------------------------------------------------- export
@@ -471,7 +478,7 @@ def test_plot_panels(tmp_path, staleness, panels):
     path, drawn = analysis.plot_run(run)
     assert path == run / "curves.png" and len(drawn) == panels
     assert ("staleness histogram" in drawn) == (staleness is not None)
-    assert {"log-loss vs epoch", "test AUC vs wall time (s)", "bytes per server"} <= set(drawn)
+    assert {"log-loss vs epoch", "test AUC, accuracy vs wall time (s)", "bytes per server"} <= set(drawn)
     img = matplotlib.image.imread(path)
     assert img.shape[0] > 300 and img.shape[1] > 600 and img.std() > 0
 
@@ -493,7 +500,25 @@ def test_cli_plot(tmp_path):
     assert proc.returncode == 1 and "not valid JSON" in proc.stderr
     write_metrics(run / "metrics.json", {"epochs": [], "summary": {"staleness_histogram": "x"}})
     proc = run_cli(["plot", run])
-    assert proc.returncode == 1 and "staleness_histogram must be" in proc.stderr
+    assert proc.returncode == 1 and "staleness histogram" in proc.stderr and "must be" in proc.stderr
+
+
+def test_plot_refuses_a_record_with_nothing_to_plot(tmp_path):
+    """22.7: epoch records without any metric, no per-server load, no staleness: a clear
+    refusal instead of a figure of empty panels; a panel is drawn only with data."""
+    run = tmp_path / "run"
+    write_metrics(run / "metrics.json", {"job": "x", "epochs": [{"epoch": 1, "clock": 3, "seconds": 0.1}],
+                                         "summary": {"servers": [{"index": 0, "bytes_in": 0,
+                                                                  "bytes_out": 0}]}})
+    with pytest.raises(analysis.AnalysisError, match="nothing to plot"):
+        analysis.plot_run(run)
+    proc = run_cli(["plot", run])
+    assert proc.returncode == 1 and "nothing to plot" in proc.stderr and proc.stdout == ""
+    assert not (run / "curves.png").exists()
+    # only the test log-loss recorded (train_ missing, AUC null): one curve, no AUC panel
+    write_metrics(run / "metrics.json", {"epochs": [{"epoch": 1, "train_logloss": None,
+                                                     "test_logloss": 0.5, "test_auc": None}]})
+    assert analysis.plot_run(run)[1] == ["log-loss vs epoch"]
 
 
 # ---------------------------------------------------------------------------- diff
