@@ -91,8 +91,10 @@ def cmd_train(args) -> int:
             if code:
                 return code
         except (ConfigError, core.LaunchError, ResumeError, ResourceError) as e:
-            # raised identically on every rank before any parameter-server traffic
-            _fail(str(e))
+            # raised identically on every rank before any parameter-server traffic; a
+            # ResumeError carries rank 0's decision, so rank 0 alone prints it (once per job)
+            if not isinstance(e, ResumeError) or world.Get_rank() == 0:
+                _fail(str(e))
             core.barrier_before_exit(world)
             return 2
     return 0

@@ -78,4 +78,17 @@ def describe(status: int) -> str:
         EXIT_DATA: "bad training data or non-finite values",
         EXIT_IO: "a checkpoint or output file could not be written",
         EXIT_REQUEUE: "stopped by a signal after a checkpoint",
-    }.get(status, f"exit status {status}")
+    }.get(status, _signal_status(status))
+
+
+def _signal_status(status: int) -> str:
+    """``128 + N`` (a shell's way to report a process killed by signal N) named, else the
+    bare number."""
+    import signal
+
+    if 128 < status < 128 + 65:
+        try:
+            return f"a process was killed by signal {status - 128} ({signal.Signals(status - 128).name})"
+        except ValueError:
+            pass
+    return f"exit status {status}"

@@ -330,7 +330,9 @@ def test_every_checkpoint_damaged_require_stops_and_auto_trains_afresh_saying_so
     assert names == ["step-00000020", "step-00000025"]
     proc, _ = launch(4, ["train", j, "--resume", "require"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    line = next(x for x in proc.stderr.splitlines() if "no valid checkpoint in" in x)
+    lines = [x for x in proc.stderr.splitlines() if "no valid checkpoint in" in x]
+    assert len(lines) == 1, lines                 # rank 0's decision, printed once (not per rank)
+    line = lines[0]
     assert all(n in line for n in names) and "--resume require" in line, line
     assert ck.list_steps(tmp_path / "d") == [20, 25]                 # left as they were
     proc, _ = launch(4, ["train", j], cwd=tmp_path)

@@ -34,3 +34,11 @@ def test_batch_scripts_know_every_final_status():
         text = (ROOT / "slurm" / script).read_text()
         for code in sorted(xc.FINAL - {0}):
             assert f"\n    {code})" in text, (script, code)
+
+
+def test_a_status_of_128_plus_n_names_the_signal():
+    """``hpcps run: mpirun exited with status 137 (exit status 137)`` said nothing of the kill
+    (found by a fresh user's trial)."""
+    assert xc.describe(137) == "a process was killed by signal 9 (SIGKILL)"
+    assert "SIGTERM" in xc.describe(143)
+    assert xc.describe(7) == "exit status 7"
