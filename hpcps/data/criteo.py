@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hpcps.data import DataError
-from hpcps.data.textstream import CHUNK_BYTES, Piece, data_files, iter_chunks, plan_parts
+from hpcps.data.textstream import CHUNK_BYTES, Piece, data_files, iter_chunks, line_number, plan_parts
 from hpcps.data.textstream import compression as compression_of
 from hpcps.kernels.criteo import N_FIELDS, CriteoSyntaxError, parse_criteo
 
@@ -29,19 +29,6 @@ __all__ = ["n_features", "iter_part", "read_criteo_part", "Block", "stream_parse
 def n_features(hash_bits: int) -> int:
     """Columns of the feature matrix: ``2**hash_bits``, or ``2**63 - 1`` for raw ids (0)."""
     return (1 << 63) - 1 if hash_bits == 0 else 1 << hash_bits
-
-
-def _line_in_file(path: str, pos: int) -> int:
-    count = 0
-    with open(path, "rb") as f:
-        left = pos
-        while left > 0:
-            got = f.read(min(left, 1 << 22))
-            if not got:
-                break
-            count += got.count(b"\n")
-            left -= len(got)
-    return count + 1
 
 
 class Block:
@@ -100,7 +87,7 @@ def iter_part(pieces: list[Piece], hash_bits: int = 0, seed: int = 0,
                 if pc.start == 0:
                     line = ch.line + ch.data.count(b"\n", 0, e.offset)
                 else:
-                    line = _line_in_file(pc.path, ch.offset + e.offset)
+                    line = line_number(pc.path, ch.offset + e.offset)
                 raise DataError(f"{pc.path}:{line}: {e.reason}") from None
             yield Block(y, indptr, indices, pc.path, ch.offset, ch.offset + len(ch.data))
 
@@ -155,7 +142,7 @@ def stream_parser(hash_bits: int = 0, seed: int = 0):
     def error(path, chunk_offset, chunk, exc):
         if not isinstance(exc, CriteoSyntaxError):
             return exc
-        line = _line_in_file(path, chunk_offset + exc.offset) if compression_of(path) is None \
+        line = line_number(path, chunk_offset + exc.offset) if compression_of(path) is None \
             else f"byte {chunk_offset + exc.offset} of the decompressed stream"
         return DataError(f"{path}:{line}: {exc.reason}")
 

@@ -39,6 +39,7 @@ from sklearn.datasets import dump_svmlight_file
 from hpcps.kernels.svmlight import SvmlightSyntaxError, parse_svmlight
 from hpcps.data import DataError
 from hpcps.data.partition_rows import check_part
+from hpcps.data.textstream import line_number
 
 __all__ = ["DUPLICATES", "byte_ranges", "read_svmlight_part", "write_svmlight"]
 
@@ -202,21 +203,7 @@ def read_svmlight_part(
 
 def _line_of(path, p: int, buf: bytes, offset: int) -> int:
     """1-based line number in ``path`` of byte ``p + offset`` (``buf`` = bytes from ``p``)."""
-    with open(path, "rb") as f:
-        return _line_number(f, p) + buf.count(b"\n", 0, offset)
-
-
-def _line_number(f, pos: int) -> int:
-    """1-based number of the line starting at byte ``pos``."""
-    f.seek(0)
-    count, left = 0, pos
-    while left > 0:
-        chunk = f.read(min(left, 1 << 20))
-        if not chunk:
-            break
-        count += chunk.count(b"\n")
-        left -= len(chunk)
-    return count + 1
+    return line_number(path, p) + buf.count(b"\n", 0, offset)
 
 
 def write_svmlight(X, y, path: str | os.PathLike, index_base: int) -> None:

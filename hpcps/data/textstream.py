@@ -25,7 +25,8 @@ from typing import Iterator
 
 from hpcps.data import DataError
 
-__all__ = ["Chunk", "Piece", "data_files", "compression", "iter_chunks", "plan_parts", "CHUNK_BYTES"]
+__all__ = ["Chunk", "Piece", "data_files", "compression", "iter_chunks", "plan_parts", "line_number",
+           "CHUNK_BYTES"]
 
 #: Default size of a chunk read from a file (decompressed bytes), before it is cut at its
 #: last line end.
@@ -264,3 +265,23 @@ def plan_parts(files: list[str], part: int, n_parts: int) -> list[Piece]:
         if hi > lo:
             pieces.append(Piece(f, lo, hi))
     return pieces
+
+
+def line_number(path: str | os.PathLike, pos: int) -> int:
+    """1-based number of the line holding byte ``pos`` of a plain file (newlines counted
+    before it, 1 MiB at a time), for error messages.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be read.
+    """
+    count, left = 0, int(pos)
+    with open(path, "rb") as f:
+        while left > 0:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            left -= len(chunk)
+    return count + 1
