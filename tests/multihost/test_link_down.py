@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from tests.helpers import read_until
 from tests.multihost.conftest import RANKS, same_weights, start_on_hosts, wait, weights, write_job
 
 KEEPALIVE = ["--mca", "oob_tcp_keepalive_time", "3", "--mca", "oob_tcp_keepalive_intvl", "1",
@@ -25,17 +26,6 @@ KEEPALIVE = ["--mca", "oob_tcp_keepalive_time", "3", "--mca", "oob_tcp_keepalive
 CUT_SECONDS = 20            # longer than the ~6 s the keepalives need
 STOP_WITHIN = 60            # seconds from the cut to the launch's exit
 
-
-def read_until(p, text, lines, timeout=180):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if text in line:
-            return
-    raise AssertionError(f"{text!r} not seen:\n{''.join(lines)[-3000:]}")
 
 
 def cut(host, seconds, p):
