@@ -79,12 +79,14 @@ class Counts:
     failed: int = 0
     skipped: int = 0
     skips: list = field(default_factory=list)          # (test id, reason)
+    fails: list = field(default_factory=list)          # (test id, first line of the message)
 
     def add(self, other: "Counts") -> None:
         self.passed += other.passed
         self.failed += other.failed
         self.skipped += other.skipped
         self.skips += other.skips
+        self.fails += other.fails
 
 
 def junit_counts(paths) -> Counts:
@@ -95,6 +97,7 @@ def junit_counts(paths) -> Counts:
     """
     outcome: dict = {}
     reasons: dict = {}
+    messages: dict = {}
     for path in paths:
         try:
             root = ET.parse(path).getroot()
@@ -105,6 +108,8 @@ def junit_counts(paths) -> Counts:
             tags = {child.tag for child in case}
             if tags & {"failure", "error"}:
                 o = "failed"
+                bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+                messages.setdefault(key, ((bad.get("message") or "").strip().splitlines() or [""])[0])
             elif "skipped" in tags:
                 o = "skipped"
                 reasons[key] = case.find("skipped").get("message", "")
@@ -120,8 +125,11 @@ def junit_counts(paths) -> Counts:
     c = Counts()
     for key, o in outcome.items():
         setattr(c, o, getattr(c, o) + 1)
+        name = f"{key[0]}::{key[1]}" if key[0] else key[1]
         if o == "skipped":
-            c.skips.append((f"{key[0]}::{key[1]}" if key[0] else key[1], reasons.get(key, "")))
+            c.skips.append((name, reasons.get(key, "")))
+        elif o == "failed":
+            c.fails.append((name, messages.get(key, "")))
     return c
 
 
@@ -193,6 +201,7 @@ def run(launch: Launch, workdir: Path) -> Counts:
         pass                                   # nothing collected (e.g. -k matched nothing)
     elif rc != 0 and c.failed == 0:
         c.failed = 1                           # died, timed out, or a rank's XML is missing
+        c.fails.append(("(the launch)", f"exit status {rc} with no failed test in its XML"))
     print(f"=== {launch.label}: exit {rc}, {c.passed} passed, {c.failed} failed, "
           f"{c.skipped} skipped, {time.time() - t0:.1f} s", flush=True)
     return c
@@ -280,12 +289,17 @@ def main() -> int:
             for launch in launches:
                 c = run(launch, Path(tmp))
                 c.skips = [(launch.label, t, r) for t, r in c.skips]
+                c.fails = [(launch.label, t, r) for t, r in c.fails]
                 total.add(c)
             walls.append((group.name, len(launches), time.time() - t0))
     if total.skips:
         print(f"\nskipped ({total.skipped}):")
         for label, test, reason in total.skips:
             print(f"  [{label}] {test}: {reason}")
+    if total.fails:
+        print(f"\nfailed ({total.failed}):")
+        for label, test, message in total.fails:
+            print(f"  [{label}] {test}: {message[:200]}")
     print("\nwall time per group: " + ", ".join(f"{name} {s:.0f} s ({n} launch{'es' if n > 1 else ''})"
                                                   for name, n, s in walls)
           + f"; total {sum(s for _, _, s in walls):.0f} s")
