@@ -46,6 +46,10 @@ class TableSpec:
     init_std : float
         Rows start as N(0, init_std²) (``0`` = zeros), drawn per key by
         :meth:`initial_rows` — the same values on any number of servers.
+    storage : str
+        ``"array"`` (a fixed array over ``[0, num_keys)``, :class:`KeyPartition`) or
+        ``"hash"`` (sparse only: a dynamic table holding only the keys pushed, spread by
+        :class:`hpcps.core.dyntables.HashPartition`; ``num_keys`` is then the id bound).
     """
 
     name: str
@@ -54,8 +58,20 @@ class TableSpec:
     dtype: str = "float32"
     sparse: bool = True
     init_std: float = 0.0
+    storage: str = "array"
+
+    @property
+    def dynamic(self) -> bool:
+        """True for a dynamic (hash) table."""
+        return self.storage == "hash"
 
     def __post_init__(self):
+        if self.storage not in ("array", "hash"):
+            raise ValueError(f"table {self.name!r}: storage must be 'array' or 'hash', got "
+                             f"{self.storage!r}")
+        if self.storage == "hash" and not self.sparse:
+            raise ValueError(f"table {self.name!r} is dense (pulled whole, in key order): "
+                             "it cannot be a dynamic table (storage 'hash')")
         if self.num_keys < 1 or self.dim < 1:
             raise ValueError(f"table {self.name!r}: num_keys and dim must be >= 1, "
                              f"got {self.num_keys} and {self.dim}")
