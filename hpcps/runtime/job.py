@@ -196,7 +196,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             mine.stopped = bool(result["stopped_by_signal"])
             final = None
             if roles.is_chief and not result["stopped_by_signal"]:
-                final = {s.name: client.pull_table(s.name) for s in specs}
+                final = {s.name: client.pull_keys_rows(s.name) if s.dynamic else
+                         client.pull_table(s.name) for s in specs}
             client.stop()
             mine.add_client(client.ep.stats)
             if roles.is_chief and final is not None:
