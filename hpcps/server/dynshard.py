@@ -15,7 +15,7 @@ import numpy as np
 
 from hpcps.core.dyntables import HashPartition, new_shard
 
-__all__ = ["DynamicShard", "PULL_SHARD_COUNT", "PULL_SHARD_KEYS", "PULL_SHARD_ROWS"]
+__all__ = ["DynamicShard", "peak_rss", "PULL_SHARD_COUNT", "PULL_SHARD_KEYS", "PULL_SHARD_ROWS"]
 
 #: ``PULL_SHARD`` of a dynamic table, by its header's ``aux``: the number of keys stored
 #: (int64 (1,)), then the first ``nkeys`` keys (int64), then their rows (``(nkeys, dim)``).
@@ -146,3 +146,11 @@ class DynamicShard:
         """The table's entry for :func:`hpcps.checkpoint.write_shard` (a dynamic group)."""
         return dict(name=self.spec.name, dynamic=self.table, num_keys=self.spec.num_keys,
                     sparse=True, optimizer=self.optimizer.name)
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes (``getrusage`` ``ru_maxrss``, KiB on
+    Linux). Local."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

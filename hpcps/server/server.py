@@ -27,7 +27,7 @@ from hpcps.core.tables import KeyPartition
 from hpcps.server.membership import ServerMembership
 from hpcps.server.loop import (IDLE_SLEEP_MAX, IDLE_SLEEP_MIN, IDLE_SPIN, IDLE_SPIN_DEDICATED,
                                agreed_growth, serve_requests)
-from hpcps.server.dynshard import DynamicShard
+from hpcps.server.dynshard import DynamicShard, peak_rss
 from hpcps.server.shard import Shard, header_and_rows, rows_of, touched_rows, window_sizes
 
 __all__ = ["ParameterServer", "Shard", "window_sizes", "serve_requests", "agreed_growth",
@@ -530,9 +530,10 @@ class ParameterServer(ServerMembership):
         return {
             "server": self.index,
             "rows": int(sum(sh.n_rows for sh in self.shards)),
-            # keys stored per dynamic table (issue 18)
-            "keys_stored": {sh.spec.name: sh.n_rows for sh in self.shards
-                            if isinstance(sh, DynamicShard)},
+            # keys stored per table (-1: a fixed table), peak resident memory (issue 18)
+            "keys_per_table": [sh.n_rows if isinstance(sh, DynamicShard) else -1
+                               for sh in self.shards],
+            "rss_peak_bytes": peak_rss(),
             "memory_bytes": int(sum(sh.nbytes for sh in self.shards)),
             "keys_pulled": int(s.keys.get("pull", 0)),
             "keys_pushed": int(s.keys.get("push", 0)),
