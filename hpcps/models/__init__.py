@@ -69,46 +69,4 @@ def make_model(cfg) -> Model:
     ModelLoadError
         See :func:`load_model_class`.
     """
-    model = load_model_class(cfg.model.type)(cfg)
-    declared = model.tables
-
-    def tables():
-        return apply_storage(cfg, declared())
-
-    model.tables = tables          # every caller sees the storage the job file gives
-    return model
-
-
-def apply_storage(cfg, tables: list) -> list:
-    """The model's ``[(TableSpec, Optimizer)]`` with each table's storage from the job file
-    (:meth:`hpcps.config.sections.JobConfig.storage_of`).
-
-    Raises
-    ------
-    hpcps.config.ConfigError
-        On key ``tables.NAME`` for a name that is not a table of the model, or
-        ``tables.NAME.storage`` for a dense table declared ``"hash"``.
-    """
-    import dataclasses
-
-    from hpcps.config import ConfigError
-
-    names = [t.name for t, _ in tables]
-    for name in getattr(cfg, "tables", {}):
-        if name not in names:
-            raise ConfigError(cfg.path, f"tables.{name}",
-                              f"no table {name!r} in model {cfg.model.type!r} (its tables: "
-                              f"{', '.join(names)})")
-    out = []
-    for spec, opt in tables:
-        st = cfg.storage_of(spec.name, spec.sparse) if hasattr(cfg, "storage_of") else spec.storage
-        if st == "hash" and not spec.sparse:
-            if spec.name in cfg.tables:
-                raise ConfigError(cfg.path, f"tables.{spec.name}.storage",
-                                  f"table {spec.name!r} is dense (pulled whole, in key order): "
-                                  "only a sparse table can be dynamic ('hash')")
-            st = "array"
-        if st != spec.storage:
-            spec = dataclasses.replace(spec, storage=st)
-        out.append((spec, opt))
-    return out
+    return load_model_class(cfg.model.type)(cfg)

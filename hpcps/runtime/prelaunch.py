@@ -7,6 +7,7 @@ the ranks check the same again inside the launch (:mod:`hpcps.runtime.preflight`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from contextlib import contextmanager
@@ -126,17 +127,21 @@ def check_before_launch(cfg, n_ranks: int, local: bool, cwd=None) -> list[Config
     except ConfigError as e:
         problems.append(e)
     from hpcps.data import DataError
-    from hpcps.models import ModelLoadError, make_model
+    from hpcps.models import ModelLoadError
+    from hpcps.models.load import load_model
 
     where = display_path(cfg.path)
     try:
         with _ranks_path(Path(cwd or os.getcwd())):
-            model = make_model(cfg)
+            model = load_model(dataclasses.replace(cfg, path=where))
     except ModelLoadError as e:
         problems.append(ConfigError(where, "model.type", str(e).removeprefix("model.type: ")))
         return problems
     except DataError as e:
         problems.append(ConfigError(where, "data.path", str(e)))
+        return problems
+    except ConfigError as e:
+        problems.append(e)
         return problems
     except Exception:               # noqa: BLE001 - the ranks report it with its context
         return problems

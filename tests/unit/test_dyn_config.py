@@ -5,7 +5,7 @@ import pytest
 
 from hpcps.config import ConfigError, parse_job
 from hpcps.config.sections import DYNAMIC_KEYS
-from hpcps.models import make_model
+from hpcps.models.load import load_model as make_model
 
 SVM = """\
 name = "s"
