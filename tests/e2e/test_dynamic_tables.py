@@ -1,0 +1,139 @@
+"""Dynamic (hash) tables in real jobs (issue 18): the raw 40-bit id of the issue trains with
+``storage = "hash"`` and no ``n_features``; a checkpoint of 3 servers resumes on 2 and on 4
+bit-identically; a checkpoint resumed with the other storage is refused, naming the table,
+with a non-zero exit in seconds. Real mpirun launches, real HDF5 files."""
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcps import checkpoint as ck
+from tests.helpers import hpcps, launch, write_job
+
+pytestmark = pytest.mark.slow      # launches mpirun
+
+BIG = 1_099_511_627_000            # the issue's raw 40-bit feature id
+SVM = f"1 1:1 {BIG}:1\n0 2:1 5:0.5\n1 7:1 {BIG}:2\n0 3:1 5:1\n"
+
+JOB4 = """
+name = "raw40"
+[cluster]
+servers = 1
+[data]
+format = "svmlight"
+path = "{d}/train.svm"
+test_path = "{d}/train.svm"
+index_base = 1
+[tables.weights]
+storage = "hash"
+[train]
+epochs = 3
+[output]
+dir = "{d}/run"
+"""
+
+
+def test_raw_40bit_id_trains_with_a_dynamic_table_in_a_small_server(tmp_path):
+    (tmp_path / "train.svm").write_text(SVM)
+    j = write_job(tmp_path / "raw40.toml", JOB4.format(d=tmp_path))
+    proc, secs = hpcps(["run", "-n", "2", j], cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with h5py.File(tmp_path / "run" / "model.h5", "r") as f:
+        keys = f["weights_keys"][()]
+        w = f["weights"][()]
+    # every id of the file (minus index_base 1) is stored, the raw one included
+    assert keys.tolist() == [0, 1, 2, 4, 6, BIG - 1]
+    assert np.all(w != 0)
+    s = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]
+    srv = s["servers"][0]
+    assert srv["keys_stored"] == {"weights": 6}
+    assert "weights 6 keys stored" in proc.stdout, proc.stdout
+    # the table itself: its index and records (KiB), not 8 TiB of fixed rows
+    assert srv["memory_bytes"] < 1 << 20, srv
+    print(f"\nserver: table {srv['memory_bytes']:,} B, peak RSS "
+          f"{srv['rss_peak_bytes'] / 2**20:.1f} MiB (the Python process), {secs:.1f} s")
+    assert 0 < srv["rss_peak_bytes"] < 1 << 30
+    # the same file as a fixed table needs n_features = 2**40: refused before launch
+    fixed = write_job(tmp_path / "fixed.toml", JOB4.format(d=tmp_path).replace(
+        '[tables.weights]\nstorage = "hash"\n', "").replace(
+        "index_base = 1\n", f"index_base = 1\nn_features = {2**40}\n"))
+    proc, _ = hpcps(["check", fixed], cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0 and "GiB" in proc.stderr, proc.stderr[-2000:]
+
+
+JOB = """
+name = "dynre"
+seed = 5
+[cluster]
+servers = {servers}
+[data]
+format = "adult_csv"
+path = "@DATA@"
+max_rows = 2000
+hash_bits = 14
+[model]
+dtype = "float64"
+l2 = 0.001
+storage = "{storage}"
+[optimizer]
+name = "{opt}"
+[train]
+epochs = {epochs}
+batch_size = 64
+[checkpoint]
+every_steps = 10
+keep = 2
+[output]
+dir = "{out}"
+"""
+
+
+def job(tmp_path, name, *, servers, epochs, out=None, storage="hash", opt="adagrad"):
+    return write_job(tmp_path / f"{name}.toml", JOB.format(
+        servers=servers, epochs=epochs, out=out or (tmp_path / name), storage=storage, opt=opt))
+
+
+def model(run_dir):
+    with h5py.File(Path(run_dir) / "model.h5", "r") as f:
+        return f["weights_keys"][()], f["weights"][()], f["bias"][()]
+
+
+def test_dynamic_checkpoint_of_3_servers_resumes_on_2_and_4_bit_identically(tmp_path):
+    ref = job(tmp_path, "ref", servers=3, epochs=2)
+    proc, _ = launch(4, ["train", ref], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = model(tmp_path / "ref")
+    first = job(tmp_path, "first", servers=3, epochs=1)      # checkpoint at the end of epoch 1
+    proc, _ = launch(4, ["train", first], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    step = ck.list_steps(tmp_path / "first")[-1]
+    m = ck.verify(ck.step_dir(tmp_path / "first", step))
+    assert m["format"] == "hpcps-checkpoint-3" and m["partition"]["weights"]["storage"] == "hash"
+    for servers in (2, 4):
+        out = tmp_path / f"s{servers}"
+        shutil.copytree(tmp_path / "first", out)
+        j = job(tmp_path, f"s{servers}", servers=servers, epochs=2, out=out)
+        proc, _ = launch(1 + servers, ["train", j], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "written by 1 worker(s) and 3 server(s)" in proc.stdout, proc.stdout[-2000:]
+        got = model(out)
+        for a, b in zip(got, want):
+            assert np.array_equal(a, b), f"{servers} servers: differs from the uninterrupted run"
+
+
+@pytest.mark.parametrize("saved,resumed", [("hash", "array"), ("array", "hash")])
+def test_checkpoint_resumed_with_the_other_storage_is_refused(tmp_path, saved, resumed):
+    a = job(tmp_path, "a", servers=1, epochs=1, storage=saved)
+    proc, _ = launch(2, ["train", a], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    b = job(tmp_path, "b", servers=1, epochs=2, storage=resumed, out=tmp_path / "a")
+    proc, secs = launch(2, ["train", b, "--resume", "require"], cwd=tmp_path, timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-2000:]
+    kind = "a dynamic table" if saved == "hash" else "a fixed table"
+    assert f"table 'weights' was checkpointed as {kind}" in text, text[-2000:]
+    assert secs < 60, secs
