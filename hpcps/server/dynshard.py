@@ -55,7 +55,7 @@ class DynamicShard:
     def create(cls, spec, optimizer, index: int, n_servers: int, seed: int, nh: int,
                restore=None) -> "DynamicShard":
         """An empty shard, or the keys server ``index`` owns in checkpoint ``restore``
-        (``(directory, manifest)``, taken on any number of servers). Local (reads HDF5).
+        (``(directory, manifest, ...)``, taken on any number of servers). Local (reads HDF5).
 
         Raises
         ------
@@ -70,7 +70,7 @@ class DynamicShard:
             from hpcps.checkpoint.dynamic import restore as restore_keys
             from hpcps.checkpoint.layout import CheckpointError
 
-            directory, manifest = restore
+            directory, manifest = restore[0], restore[1]
             files = [Path(directory) / f for f in manifest["shards"]["files"]]
             try:
                 restore_keys(table, files, spec.name, index, n_servers)
