@@ -113,6 +113,16 @@ def test_dynamic_checkpoint_of_3_servers_resumes_on_2_and_4_bit_identically(tmp_
     step = ck.list_steps(tmp_path / "first")[-1]
     m = ck.verify(ck.step_dir(tmp_path / "first", step))
     assert m["format"] == "hpcps-checkpoint-3" and m["partition"]["weights"]["storage"] == "hash"
+    # hpcps inspect shows the keys stored; export writes the keys beside the rows
+    proc, _ = hpcps(["inspect", tmp_path / "first"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "dynamic (hash):" in proc.stdout and "keys stored, per server [" in proc.stdout, \
+        proc.stdout
+    proc, _ = hpcps(["export", tmp_path / "first", "-o", tmp_path / "x.npz"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    z = np.load(tmp_path / "x.npz", allow_pickle=False)
+    assert z["weights_keys"].shape[0] == z["weights"].shape[0] == z["weights__accumulator"].shape[0]
+    assert np.all(np.diff(z["weights_keys"]) > 0)
     for servers in (2, 4):
         out = tmp_path / f"s{servers}"
         shutil.copytree(tmp_path / "first", out)

@@ -1,6 +1,7 @@
 """Dynamic (hash) tables in the job file (issue 18): ``[tables.NAME] storage`` and
 ``[model] storage``, what they need, and the errors that name the file and the key."""
 
+import numpy as np
 import pytest
 
 from hpcps.config import ConfigError, parse_job
@@ -83,3 +84,16 @@ def test_unknown_or_dense_table_is_refused_when_the_model_is_built(d):
     cfg = parse(d, '[tables.weights]\nstorage = "hash"\n[tables.bias]\nstorage = "hash"\n')
     with pytest.raises(ConfigError, match="tables.bias.storage: table 'bias' is dense"):
         specs(cfg)
+
+
+def test_a_key_outside_the_declared_id_space_names_the_table():
+    from hpcps.core.dyntables import HashPartition
+
+    p = HashPartition(3, num_keys=2**63 - 1, name="weights")
+    srv, counts, _ = p.route(np.array([0, 2**63 - 2, 5], dtype=np.int64))
+    assert counts.sum() == 3
+    with pytest.raises(ValueError, match=r"table 'weights': key -1 is outside its id space "
+                                         r"\[0, 9223372036854775807\)"):
+        p.route(np.array([3, -1], dtype=np.int64))
+    with pytest.raises(ValueError, match=r"key 100 is outside .* below n_features"):
+        HashPartition(1, num_keys=100, name="w").route(np.array([100]))
