@@ -49,6 +49,9 @@ def inspect(path) -> dict:
                         st = array_stats(d["rows"])
                         st.update(sparse=True, storage="hash", multiplier=None,
                                   server_rows=d["per_server"], keys_stored=int(d["keys"].size),
+                                  hot_keys=[[int(d["keys"][i]), int(d["updates"][i])]
+                                            for i in np.argsort(-d["updates"], kind="stable")[:10]
+                                            if d["updates"][i] > 0],
                                   slots={s: array_stats(a) for s, a in d["slots"].items()})
                         tables[name] = st
                         continue
@@ -185,4 +188,7 @@ def format_inspect(report: dict) -> str:
                          f"max {_g(ss['max'])}" + (f"  NON-FINITE {ss['nonfinite']:,}" if ss["nonfinite"] else ""))
         if not st["slots"] and src.kind == "checkpoint":
             lines.append("    no optimizer slots (sgd)")
+        if st.get("hot_keys"):
+            lines.append("    hot keys (updates since loaded): "
+                         + ", ".join(f"{k} ({n:,})" for k, n in st["hot_keys"]))
     return "\n".join(lines)

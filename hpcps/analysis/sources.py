@@ -256,15 +256,16 @@ def _unpermute(rows: np.ndarray, keys: np.ndarray, where: str) -> np.ndarray:
 
 def read_dynamic(directory, manifest: dict, name: str) -> dict:
     """A dynamic table of a checkpoint (issue 18), from every shard's group: ``keys`` int64
-    (n,) ascending, ``rows`` (n, dim), ``slots`` {slot: (n, ...)} in the same order, and
-    ``per_server`` (keys stored by each shard). Local.
+    (n,) ascending, ``rows`` (n, dim), ``slots`` {slot: (n, ...)} and ``updates`` (pushes
+    that stepped each row since the server loaded it; zeros for checkpoints without them)
+    in the same order, and ``per_server`` (keys stored by each shard). Local.
 
     Raises
     ------
     AnalysisError
         If a shard's group cannot be read or a key is stored by two shards.
     """
-    keys, rows, per, slot_parts = [], [], [], {}
+    keys, rows, per, slot_parts, updates = [], [], [], {}, []
     for fname in manifest["shards"]["files"]:
         path = Path(directory) / fname
         try:
@@ -274,6 +275,8 @@ def read_dynamic(directory, manifest: dict, name: str) -> dict:
                 rows.append(g["rows"][()])
                 for s, d in g["slots"].items():
                     slot_parts.setdefault(s, []).append(d[()])
+                n = g["keys"].shape[0]
+                updates.append(g["updates"][()] if "updates" in g else np.zeros(n, np.int64))
         except (OSError, KeyError, ValueError) as e:
             raise AnalysisError(f"{path}: cannot read dynamic table {name!r} ({_one_line(e)})") \
                 from None
@@ -287,7 +290,7 @@ def read_dynamic(directory, manifest: dict, name: str) -> dict:
                             "shards")
     return {"keys": k, "rows": np.concatenate(rows)[order],
             "slots": {s: np.concatenate(v)[order] for s, v in slot_parts.items()},
-            "per_server": per}
+            "updates": np.concatenate(updates)[order], "per_server": per}
 
 
 def read_tables(source, *, slots: bool = True) -> tuple[dict, dict]:

@@ -80,6 +80,8 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
                 from hpcps.checkpoint.dynamic import write_group
 
                 write_group(g, t["dynamic"])
+                if t.get("updates") is not None:
+                    g.create_dataset("updates", data=np.asarray(t["updates"], dtype=np.int64))
                 g.attrs["num_keys"] = int(t["num_keys"])
                 g.attrs["sparse"] = True
                 continue

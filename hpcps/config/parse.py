@@ -51,7 +51,7 @@ def _build(ck: Checker, doc: dict, text: str, path: Path) -> JobConfig:
     vals = {s: ck.values(tables[s], s) for s in tables}
     tables_ = rules.tables(ck, doc)
     # svmlight needs no n_features when the (logistic) weights are a dynamic table
-    weights_dynamic = tables_.get("weights", vals["model"]["storage"]) == "hash"
+    weights_dynamic = tables_.get("weights", {}).get("storage", vals["model"]["storage"]) == "hash"
     data = _data(ck, doc, weights_dynamic)
     rules.model(ck, vals["model"])
     rules.optimizer(ck, tables["optimizer"], vals["optimizer"])

@@ -208,25 +208,39 @@ def fault_tolerance(ck: Checker, table: dict, vals: dict, cluster: dict,
 
 
 def tables(ck: Checker, doc: dict) -> dict:
-    """The ``[tables.NAME]`` sections: ``{name: storage}``; each may hold only ``storage``
-    (``"array"`` or ``"hash"``). Whether NAME is a table of the model is checked when the
-    model is built (:func:`hpcps.models.apply_storage`)."""
+    """The ``[tables.NAME]`` sections: ``{name: {storage, min_count, ttl_steps, max_keys,
+    evict}}``. ``storage`` is ``"array"`` or ``"hash"``; the others (admission and eviction
+    of a dynamic table, :mod:`hpcps.server.dynshard`) only with ``storage = "hash"``.
+    Whether NAME is a table of the model is checked when the model is built
+    (:func:`hpcps.models.load.apply_storage`)."""
     from hpcps.config.sections import STORAGES, Rule
 
     given = doc.get("tables", {})
     if not isinstance(given, dict):
         ck.fail("tables", "expected [tables.NAME] sections, got a value")
         return {}
+    rules = {"storage": Rule(kind=str, default="array", choices=STORAGES),
+             "min_count": Rule(kind=int, default=0, lo=0, hi=1 << 31),
+             "ttl_steps": Rule(kind=int, default=0, lo=0),
+             "max_keys": Rule(kind=int, default=0, lo=0, hi=(1 << 31) - 2),
+             "evict": Rule(kind=str, default="none", choices=("none", "lfu"))}
     out = {}
     for name, t in given.items():
         if not isinstance(t, dict):
             ck.fail(f"tables.{name}", f"expected a table ([tables.{name}]) with key 'storage'")
             continue
         for k in t:
-            if k != "storage":
-                ck.fail(f"tables.{name}.{k}", "unknown key (valid keys: storage)")
-        v = ck.value(t, "storage", Rule(kind=str, default="array", choices=STORAGES),
-                     f"tables.{name}.storage")
+            if k not in rules:
+                ck.fail(f"tables.{name}.{k}", f"unknown key (valid keys: {', '.join(rules)})")
+        v = {k: ck.value(t, k, r, f"tables.{name}.{k}") for k, r in rules.items()}
+        if v["storage"] != "hash" and ck.good(f"tables.{name}.storage"):
+            for k in ("min_count", "ttl_steps", "max_keys", "evict"):
+                if k in t:
+                    ck.fail(f"tables.{name}.{k}", "only used with storage = 'hash' (admission "
+                                                  "and eviction of a dynamic table)")
+        if v["evict"] == "lfu" and not v["max_keys"] and ck.good(f"tables.{name}.evict"):
+            ck.fail(f"tables.{name}.evict", "'lfu' evicts when max_keys is reached: set "
+                                            f"[tables.{name}] max_keys")
         out[name] = v
     return out
 
@@ -237,7 +251,7 @@ def storage(ck: Checker, doc: dict, tables_: dict, model: dict, cluster: dict,
     pulls (an RMA read needs a row's fixed offset), one copy of each key range and no
     server-loss reload (``[fault_tolerance] mode = "continue"``), no async
     ``push_threshold`` (its filter is an array over the key space)."""
-    where = [f"tables.{n}.storage" for n, v in tables_.items() if v == "hash"]
+    where = [f"tables.{n}.storage" for n, v in tables_.items() if v["storage"] == "hash"]
     if model.get("storage") == "hash":
         where.insert(0, "model.storage")
     if not where:

@@ -533,9 +533,11 @@ class JobConfig:
         Absolute path of the job file.
     text : str
         The raw job file text (stored with the model).
-    tables : dict of str -> str
-        ``[tables.NAME] storage``: the storage of each table named there (``"array"`` or
-        ``"hash"``); the others use ``[model] storage`` (sparse) or ``"array"`` (dense).
+    tables : dict of str -> dict
+        ``[tables.NAME]``: each named table's ``storage`` (``"array"`` or ``"hash"``) and,
+        for a dynamic table, ``min_count``, ``ttl_steps``, ``max_keys``, ``evict``
+        (:class:`hpcps.core.tables.TableSpec`); the tables not named use ``[model]
+        storage`` (sparse) or ``"array"`` (dense).
     """
 
     name: str = key(kind=str)
@@ -561,13 +563,14 @@ class JobConfig:
         """The storage of table ``name``: ``[tables.NAME] storage``, else ``[model]
         storage`` for a sparse table, else ``"array"``."""
         if name in self.tables:
-            return self.tables[name]
+            return self.tables[name]["storage"]
         return self.model.storage if sparse else "array"
 
     @property
     def any_hash(self) -> bool:
         """True when some table may be dynamic (``storage = "hash"`` anywhere)."""
-        return self.model.storage == "hash" or "hash" in self.tables.values()
+        return self.model.storage == "hash" or any(t["storage"] == "hash"
+                                                   for t in self.tables.values())
 
 
 

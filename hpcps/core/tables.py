@@ -50,6 +50,17 @@ class TableSpec:
         ``"array"`` (a fixed array over ``[0, num_keys)``, :class:`KeyPartition`) or
         ``"hash"`` (sparse only: a dynamic table holding only the keys pushed, spread by
         :class:`hpcps.core.dyntables.HashPartition`; ``num_keys`` is then the id bound).
+    min_count : int
+        Dynamic tables: a key is admitted (stored) at its ``min_count``-th push, counted in
+        a count-min sketch (:class:`hpcps.server.dynshard.Admission`); 0 = every key.
+    ttl_steps : int
+        Dynamic tables: a row not updated for more than ``ttl_steps`` clocks is evicted
+        (0 = never).
+    max_keys : int
+        Dynamic tables: keys per server at most (0 = no bound); beyond it, ``evict``.
+    evict : str
+        ``"none"`` (exceeding ``max_keys`` is an error naming the table) or ``"lfu"`` (the
+        least-frequently updated rows are evicted down to ``max_keys``).
     """
 
     name: str
@@ -59,6 +70,10 @@ class TableSpec:
     sparse: bool = True
     init_std: float = 0.0
     storage: str = "array"
+    min_count: int = 0
+    ttl_steps: int = 0
+    max_keys: int = 0
+    evict: str = "none"
 
     @property
     def dynamic(self) -> bool:

@@ -639,6 +639,7 @@ cdef class HashTable:
     cdef char* arena
     cdef Py_ssize_t rows_cap
     cdef object _scratch      # apply's buffers: distinct rows, their slots, summed grads
+    cdef Py_ssize_t _last_m   # distinct rows the last apply stepped (last_rows)
     cdef object _template     # one record holding a new row's state (key and w zero)
 
     def __init__(self, dim, dtype="float64", rule="sgd", *, lr=0.01, l2=0.0, eps=1e-8,
@@ -690,6 +691,7 @@ cdef class HashTable:
         self._arena = None
         self.arena = NULL
         self._scratch = None
+        self._last_m = 0
         cap = int(capacity)
         if cap < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
@@ -1019,6 +1021,7 @@ cdef class HashTable:
         sc = _finite(scale, "scale")
         cdef Py_ssize_t n = k.shape[0], m
         if n == 0:
+            self._last_m = 0
             return
         if <uint64_t>n > _MAX_ROWS:
             raise ValueError(f"a push of {n:,} keys is more than {int(_MAX_ROWS):,}")
@@ -1087,6 +1090,15 @@ cdef class HashTable:
             else:
                 _update_rows[double](t.arena, t.rec, self.soff, self.step_off, self.dim,
                                      &uv[0], m, &s64[0], &hp, t.index, &pv[0])
+        self._last_m = m
+
+    def last_rows(self):
+        """The distinct arena rows the last :meth:`apply` stepped, int64 (m,) in order of
+        first occurrence: a view of a scratch buffer, valid until the next ``apply`` (copy
+        it to keep it). Empty before the first apply and after an empty one."""
+        if self._scratch is None:
+            return np.empty(0, dtype=np.int64)
+        return self._scratch[0][:self._last_m]
 
     cdef void _fill(self, _Tab* t):
         t.index = self.index

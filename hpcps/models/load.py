@@ -59,6 +59,10 @@ def apply_storage(cfg, tables: list) -> list:
             st = "array"
         if st != spec.storage:
             spec = dataclasses.replace(spec, storage=st)
+        extra = {k: v for k, v in cfg.tables.get(spec.name, {}).items() if k != "storage"} \
+            if st == "hash" else {}
+        if extra:                       # admission and eviction of a dynamic table
+            spec = dataclasses.replace(spec, **extra)
         out.append((spec, opt))
     return out
 

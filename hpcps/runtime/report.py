@@ -10,6 +10,8 @@ import dataclasses
 
 import numpy as np
 
+from hpcps.server.dynshard import REPORT_LEN
+
 from hpcps.analysis import consistency_report
 from hpcps.runtime.baseline import cached_baseline, sklearn_baseline  # noqa: F401
 
@@ -43,8 +45,10 @@ class RankStats:
         Servers: the same per epoch (``[train] epochs`` entries).
     rss_peak_bytes : int
         Servers: the process's peak resident memory (``getrusage`` ``ru_maxrss``).
-    keys_stored : list of int
-        Servers: keys stored per table in table-id order (-1: a fixed table).
+    tables : list of (list of int or None)
+        Servers: per table in table-id order, a dynamic table's
+        :meth:`hpcps.server.dynshard.DynamicShard.report` (keys stored, admitted, rejected,
+        evicted, hot keys), None for a fixed table.
     """
 
     is_server: bool = False
@@ -63,7 +67,7 @@ class RankStats:
     examples: int = 0
     examples_per_epoch: list = dataclasses.field(default_factory=list)
     rss_peak_bytes: int = 0
-    keys_stored: list = dataclasses.field(default_factory=list)
+    tables: list = dataclasses.field(default_factory=list)
 
     # the scalar fields after the role column, in row order
     _COUNTS = ("index", "rows", "memory_bytes", "keys_pulled", "keys_pushed", "bytes_in",
@@ -74,13 +78,18 @@ class RankStats:
     def to_row(self, epochs: int, n_tables: int = 0) -> np.ndarray:
         """This rank's float64 row for :func:`hpcps.comm.collectives.gather_rows`:
         role code, the counters, then ``epochs`` per-epoch example counts, then
-        ``n_tables`` keys-stored counts (-1 when not a server's dynamic table)."""
+        ``n_tables`` blocks of :data:`REPORT_LEN` numbers (a dynamic table's report, or
+        -1 then zeros)."""
         role = _SERVER if self.is_server else _STOPPED if self.stopped else _WORKER
         per_epoch = np.zeros(epochs)
         n = min(epochs, len(self.examples_per_epoch))
         per_epoch[:n] = self.examples_per_epoch[:n]
-        keys = np.full(n_tables, -1.0)
-        keys[:min(n_tables, len(self.keys_stored))] = self.keys_stored[:n_tables]
+        keys = np.zeros((n_tables, REPORT_LEN))
+        keys[:, 0] = -1
+        for i, rep in enumerate(self.tables[:n_tables]):
+            if rep is not None:
+                keys[i] = rep
+        keys = keys.reshape(-1)
         return np.concatenate([[role], [float(getattr(self, k)) for k in self._COUNTS],
                                per_epoch, keys])
 
@@ -90,10 +99,11 @@ class RankStats:
         role = float(row[0])
         vals = {k: (float(v) if k in cls._SECONDS else int(v))
                 for k, v in zip(cls._COUNTS, row[1:1 + len(cls._COUNTS)])}
-        end = len(row) - n_tables
+        end = len(row) - n_tables * REPORT_LEN
+        blocks = np.asarray(row[end:]).reshape(n_tables, REPORT_LEN)
         return cls(is_server=role == _SERVER, stopped=role == _STOPPED, **vals,
                    examples_per_epoch=[int(v) for v in row[1 + len(cls._COUNTS):end]],
-                   keys_stored=[int(v) for v in row[end:]])
+                   tables=[[int(v) for v in b] if b[0] >= 0 else None for b in blocks])
 
     @classmethod
     def of_server(cls, load: dict, epochs: int) -> "RankStats":
@@ -105,7 +115,7 @@ class RankStats:
         return cls(is_server=True, index=int(load["server"]), examples=int(load["examples"]),
                    examples_per_epoch=per_epoch,
                    rss_peak_bytes=int(load.get("rss_peak_bytes", 0)),
-                   keys_stored=list(load.get("keys_per_table", [])),
+                   tables=list(load.get("tables", [])),
                    **{k: int(load[k]) for k in ("rows", "memory_bytes", "keys_pulled",
                                                 "keys_pushed", "bytes_in", "bytes_out",
                                                 "requests")})
@@ -159,8 +169,7 @@ def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None,
                      "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "requests": r.requests,
                      "examples": r.examples, "examples_per_epoch": list(r.examples_per_epoch),
                      "rss_peak_bytes": r.rss_peak_bytes,
-                     "keys_stored": {t: k for t, k in zip(tables or [], r.keys_stored)
-                                     if k >= 0},
+                     **_dynamic(tables or [], r.tables),
                      "host": host[id(r)]}
                     for r in servers],
         "workers": [{"index": r.index, "bytes_pulled": r.bytes_in, "bytes_pushed": r.bytes_out,
@@ -169,6 +178,26 @@ def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None,
                      "clock_seconds": r.clock_seconds, "host": host[id(r)]}
                     for r in workers],
     }
+
+
+def _dynamic(names: list, reports: list) -> dict:
+    """A server's dynamic tables in its summary entry: ``keys_stored``, ``admitted``,
+    ``rejected``, ``evicted`` ({table: count}) and ``hot_keys`` ({table: [[key,
+    updates], ...]}, most-updated first)."""
+    out = {"keys_stored": {}, "admitted": {}, "rejected": {}, "evicted": {}, "hot_keys": {}}
+    for name, rep in zip(names, reports):
+        if rep is None:
+            continue
+        for i, k in enumerate(("keys_stored", "admitted", "rejected", "evicted")):
+            out[k][name] = int(rep[i])
+        hot = []
+        for j in range(4, len(rep), 3):
+            hi, lo, n = rep[j:j + 3]
+            if n > 0:
+                key = (int(hi) << 32) | int(lo)
+                hot.append([key - (1 << 64) if key >= 1 << 63 else key, int(n)])
+        out["hot_keys"][name] = hot
+    return out
 
 
 def mb(n) -> str:
@@ -194,10 +223,18 @@ def summary_lines(s: dict, history: list) -> list[str]:
         pulled = (f"sent {mb(d['bytes_out'])} by messages (pulls are RMA reads)" if rma else
                   f"pulled out {mb(d['bytes_out'])} ({d['keys_pulled']:,} keys)")
         dyn = "".join(f", {t} {k:,} keys stored" for t, k in d.get("keys_stored", {}).items())
+        for t in d.get("keys_stored", {}):
+            a, r, e = d["admitted"][t], d["rejected"][t], d["evicted"][t]
+            if r or e:
+                dyn += f" ({a:,} admitted, {r:,} pushes before admission, {e:,} evicted)"
         rss = f", peak RSS {mb(d['rss_peak_bytes'])}" if d.get("rss_peak_bytes") else ""
         lines.append(f"  server {d['index']}: {d['rows']:,} rows ({mb(d['memory_bytes'])}{dyn}"
                      f"{rss}); pushed in {mb(d['bytes_in'])} ({d['keys_pushed']:,} keys), {pulled}, "
                      f"{d['requests']:,} requests")
+        for t, hot in d.get("hot_keys", {}).items():
+            if hot:
+                lines.append(f"    hot keys of {t} (updates): "
+                             + ", ".join(f"{k} ({n:,})" for k, n in hot))
     if s.get("mode") != "allreduce":
         tot_pull = sum(d["pull_seconds"] for d in s["workers"])
         tot_push = sum(d["push_seconds"] for d in s["workers"])

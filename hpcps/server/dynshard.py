@@ -13,13 +13,67 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcps.core.consistency import H_CLOCK
 from hpcps.core.dyntables import HashPartition, new_shard
 
-__all__ = ["DynamicShard", "peak_rss", "PULL_SHARD_COUNT", "PULL_SHARD_KEYS", "PULL_SHARD_ROWS"]
+#: hot keys per dynamic table in the run summary
+HOT_KEYS = 10
+#: numbers per table in a server's summary row (:meth:`DynamicShard.report`)
+REPORT_LEN = 4 + 3 * HOT_KEYS
+
+__all__ = ["DynamicShard", "Admission", "peak_rss", "HOT_KEYS", "REPORT_LEN", "PULL_SHARD_COUNT", "PULL_SHARD_KEYS", "PULL_SHARD_ROWS"]
 
 #: ``PULL_SHARD`` of a dynamic table, by its header's ``aux``: the number of keys stored
 #: (int64 (1,)), then the first ``nkeys`` keys (int64), then their rows (``(nkeys, dim)``).
 PULL_SHARD_COUNT, PULL_SHARD_KEYS, PULL_SHARD_ROWS = 1, 2, 3
+
+
+class Admission:
+    """Admission of new keys after ``min_count`` pushes, counted in a count-min sketch
+    (Cormode & Muthukrishnan, "An improved data stream summary: the count-min sketch and
+    its applications", J. Algorithms 2005).
+
+    ``depth`` rows of ``width`` uint32 counters; a key's count is the minimum of its
+    ``depth`` counters (row ``i``: SplitMix64's mix of ``key + (i+1)·golden``, low bits).
+    The estimate never undercounts, so a key is admitted at its ``min_count``-th push at the
+    latest; it may be admitted early: with ``N`` pushes of absent keys counted so far, the
+    estimate exceeds the true count by more than ``e/width · N`` with probability at most
+    ``exp(-depth)`` (width 2^18, depth 4: 1.04e-5 · N with probability >= 98.2 %; 4 MiB).
+
+    Parameters
+    ----------
+    min_count : int
+        Pushes (occurrences of the key in the pushes applied) at which a key is stored.
+    width, depth : int
+        Sketch size (width a power of two).
+    """
+
+    def __init__(self, min_count: int, width: int = 1 << 18, depth: int = 4):
+        self.min_count = int(min_count)
+        self.width, self.depth = int(width), int(depth)
+        self.counts = np.zeros((self.depth, self.width), dtype=np.uint32)
+        self.total = 0                 # increments so far (N of the error bound)
+
+    def _slots(self, keys: np.ndarray) -> list:
+        from hpcps.core.tables import _GOLDEN, _splitmix_mix
+
+        k = keys.astype(np.int64).view(np.uint64)
+        with np.errstate(over="ignore"):
+            return [(_splitmix_mix(k + _GOLDEN * np.uint64(i + 1)) & np.uint64(self.width - 1))
+                    .astype(np.int64) for i in range(self.depth)]
+
+    def add(self, keys: np.ndarray) -> np.ndarray:
+        """Count one push of each occurrence in ``keys`` (int64 (n,)); returns each key's
+        estimated count after all of them (uint32 (n,))."""
+        slots = self._slots(keys)
+        for row, idx in zip(self.counts, slots):
+            np.add.at(row, idx, 1)
+        self.total += int(keys.size)
+        return np.min([row[idx] for row, idx in zip(self.counts, slots)], axis=0)
+
+    def error_bound(self) -> float:
+        """``e/width · N``: the overcount exceeded with probability <= exp(-depth)."""
+        return float(np.e / self.width * self.total)
 
 
 class DynamicShard:
@@ -42,7 +96,7 @@ class DynamicShard:
     lo = hi = 0            # no key range
     w = None               # no row array (header_and_rows(None, None, nh) resizes the header)
 
-    def __init__(self, spec, optimizer, index: int, n_servers: int, table, hdr):
+    def __init__(self, spec, optimizer, index: int, n_servers: int, table, hdr, seed: int = 0):
         self.spec = spec
         self.optimizer = optimizer
         self.index = int(index)
@@ -50,6 +104,16 @@ class DynamicShard:
         self.table = table
         self.hdr = hdr
         self.slots = None
+        self.seed = int(seed)
+        #: per arena row: updates applied (pushes that stepped it; hot keys, LFU eviction)
+        #: and the clock of the last one (TTL eviction); rows loaded from a checkpoint
+        #: start at 0 updates and the clock of their first apply here
+        self.updates = np.zeros(0, dtype=np.int64)
+        self.last_clock = np.zeros(0, dtype=np.int64)
+        self.admission = Admission(spec.min_count) if spec.min_count > 1 else None
+        self.admitted = 0          # keys inserted by pushes
+        self.rejected = 0          # key occurrences of pushes dropped before admission
+        self.evicted = 0           # rows evicted (TTL or LFU)
 
     @classmethod
     def create(cls, spec, optimizer, index: int, n_servers: int, seed: int, nh: int,
@@ -76,7 +140,8 @@ class DynamicShard:
                 restore_keys(table, files, spec.name, index, n_servers)
             except ValueError as e:
                 raise CheckpointError(str(e)) from None
-        return cls(spec, optimizer, index, n_servers, table, np.zeros(nh, dtype=np.int64))
+        return cls(spec, optimizer, index, n_servers, table, np.zeros(nh, dtype=np.int64),
+                   seed=seed)
 
     def writing(self):
         import contextlib
@@ -111,8 +176,95 @@ class DynamicShard:
 
     def apply(self, keys: np.ndarray, grads: np.ndarray, scale: float) -> None:
         """One optimizer step: absent keys inserted at their initial value, gradients of
-        equal keys summed in input order, scaled by ``scale``."""
+        equal keys summed in input order, scaled by ``scale``; then admission and eviction
+        (``spec.min_count``, ``ttl_steps``, ``max_keys``; all off by default).
+
+        With ``min_count`` > 1 the occurrences of absent keys are counted
+        (:class:`Admission`) and those whose estimate is still below ``min_count`` are
+        dropped from the push (:attr:`rejected`). The clock of an update is the shard
+        header's (the clock being applied under BSP/SSP, the slowest worker's under async).
+
+        Raises
+        ------
+        RuntimeError
+            When the table exceeds ``max_keys`` with ``evict = "none"`` (naming the table).
+        """
+        if self.admission is not None and keys.size:
+            absent = self.table.lookup(keys) < 0
+            if absent.any():
+                est = self.admission.add(keys[absent])
+                keep = np.ones(keys.size, dtype=bool)
+                keep[np.flatnonzero(absent)[est < self.admission.min_count]] = False
+                if not keep.all():
+                    self.rejected += int(keys.size - np.count_nonzero(keep))
+                    keys, grads = keys[keep], grads[keep]
+        before = len(self.table)
         self.table.apply(keys, np.ascontiguousarray(grads), scale)
+        n = len(self.table)
+        self.admitted += n - before
+        clock = int(self.hdr[H_CLOCK]) if self.hdr is not None else 0
+        self._count(self.table.last_rows(), n, clock)
+        self._evict(clock)
+
+    def _count(self, rows: np.ndarray, n: int, clock: int) -> None:
+        if self.updates.size < n:
+            cap = max(n, self.updates.size * 3 // 2, 1024)
+            up = np.zeros(cap, dtype=np.int64)
+            up[:self.updates.size] = self.updates
+            last = np.full(cap, clock, dtype=np.int64)
+            last[:self.last_clock.size] = self.last_clock
+            self.updates, self.last_clock = up, last
+        self.updates[rows] += 1           # distinct rows
+        self.last_clock[rows] = clock
+
+    def _evict(self, clock: int) -> None:
+        spec, n = self.spec, len(self.table)
+        drop = None
+        if spec.ttl_steps:
+            old = self.last_clock[:n] < clock - spec.ttl_steps
+            if old.any():
+                drop = old
+        if spec.max_keys and n - (0 if drop is None else int(drop.sum())) > spec.max_keys:
+            if spec.evict != "lfu":
+                raise RuntimeError(
+                    f"server {self.index}: dynamic table {spec.name!r} holds "
+                    f"{n - (0 if drop is None else int(drop.sum())):,} keys, more than its "
+                    f"max_keys = {spec.max_keys:,} per server, and eviction is off; raise "
+                    f"[tables.{spec.name}] max_keys, add servers, or set evict = 'lfu'")
+            # least-frequently updated first (ties: the older row), down to 90 % of
+            # max_keys so that a rebuild (O(keys)) is needed at most every 10 % of it
+            drop = np.zeros(n, dtype=bool) if drop is None else drop
+            target = max(1, spec.max_keys - spec.max_keys // 10)
+            live = np.flatnonzero(~drop)
+            extra = live.size - target
+            order = np.argsort(self.updates[live], kind="stable")
+            drop[live[order[:extra]]] = True
+        if drop is not None and drop.any():
+            self._rebuild(~drop)
+
+    def _rebuild(self, keep: np.ndarray) -> None:
+        """A new table holding the rows ``keep`` (bool (len,)), same order. O(keys)."""
+        t = self.table
+        keys, w, slots = t.keys(), t.weights(), t.slots()
+        fresh = new_shard(self.spec, self.optimizer, self.seed, capacity=int(keep.sum()))
+        fresh.load(keys[keep], w[keep], {s: a[keep] for s, a in slots.items()})
+        n = len(t)
+        self.evicted += int(n - keep.sum())
+        self.updates = self.updates[:n][keep].copy()
+        self.last_clock = self.last_clock[:n][keep].copy()
+        self.table = fresh
+
+    def hot_keys(self, k: int = 10):
+        """The ``k`` most-updated keys and their update counts, most first:
+        ``(keys int64 (m,), counts int64 (m,))``, m <= k."""
+        n = len(self.table)
+        if n == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        up = np.zeros(n, dtype=np.int64)
+        m = min(n, self.updates.size)
+        up[:m] = self.updates[:m]
+        top = np.argsort(-up, kind="stable")[:k]
+        return self.table.keys()[top], up[top]
 
     def touched(self, keys: np.ndarray) -> np.ndarray:
         """Distinct keys of an update (ascending)."""
@@ -143,9 +295,28 @@ class DynamicShard:
         return int(self.table.nbytes)
 
     def checkpoint_entry(self, server: int) -> dict:
-        """The table's entry for :func:`hpcps.checkpoint.write_shard` (a dynamic group)."""
+        """The table's entry for :func:`hpcps.checkpoint.write_shard` (a dynamic group;
+        ``updates``: each stored row's update count, for ``hpcps inspect``'s hot keys)."""
+        n = len(self.table)
+        up = np.zeros(n, dtype=np.int64)
+        m = min(n, self.updates.size)
+        up[:m] = self.updates[:m]
         return dict(name=self.spec.name, dynamic=self.table, num_keys=self.spec.num_keys,
-                    sparse=True, optimizer=self.optimizer.name)
+                    sparse=True, optimizer=self.optimizer.name, updates=up)
+
+    def report(self) -> list:
+        """Counts for the run summary, float64-exact: keys stored, admitted, rejected,
+        evicted, then the top-10 hot keys as (high 32 bits, low 32 bits, updates) triples
+        (zeros when fewer)."""
+        out = [len(self.table), self.admitted, self.rejected, self.evicted]
+        keys, counts = self.hot_keys(HOT_KEYS)
+        for i in range(HOT_KEYS):
+            if i < keys.size:
+                u = int(keys[i]) & ((1 << 64) - 1)
+                out += [u >> 32, u & 0xFFFFFFFF, int(counts[i])]
+            else:
+                out += [0, 0, 0]
+        return out
 
 
 def peak_rss() -> int:

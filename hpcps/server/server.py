@@ -530,9 +530,10 @@ class ParameterServer(ServerMembership):
         return {
             "server": self.index,
             "rows": int(sum(sh.n_rows for sh in self.shards)),
-            # keys stored per table (-1: a fixed table), peak resident memory (issue 18)
-            "keys_per_table": [sh.n_rows if isinstance(sh, DynamicShard) else -1
-                               for sh in self.shards],
+            # per dynamic table: keys stored, admitted, rejected, evicted, hot keys
+            # (DynamicShard.report; None: a fixed table); peak resident memory (issue 18)
+            "tables": [sh.report() if isinstance(sh, DynamicShard) else None
+                       for sh in self.shards],
             "rss_peak_bytes": peak_rss(),
             "memory_bytes": int(sum(sh.nbytes for sh in self.shards)),
             "keys_pulled": int(s.keys.get("pull", 0)),

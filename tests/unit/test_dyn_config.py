@@ -35,7 +35,8 @@ def specs(cfg):
 
 def test_hash_weights_need_no_n_features_and_take_ids_below_2_63(d):
     cfg = parse(d, '[tables.weights]\nstorage = "hash"\n')
-    assert cfg.tables == {"weights": "hash"}
+    assert cfg.tables["weights"] == {"storage": "hash", "min_count": 0, "ttl_steps": 0,
+                                     "max_keys": 0, "evict": "none"}
     assert cfg.data.num_features == DYNAMIC_KEYS == 2**63 - 1
     s = specs(cfg)
     assert s["weights"].dynamic and s["weights"].num_keys == 2**63 - 1
@@ -97,3 +98,25 @@ def test_a_key_outside_the_declared_id_space_names_the_table():
         p.route(np.array([3, -1], dtype=np.int64))
     with pytest.raises(ValueError, match=r"key 100 is outside .* below n_features"):
         HashPartition(1, num_keys=100, name="w").route(np.array([100]))
+
+
+def test_admission_and_eviction_keys_reach_the_table_spec(d):
+    cfg = parse(d, '[tables.weights]\nstorage = "hash"\nmin_count = 3\nttl_steps = 100\n'
+                   'max_keys = 1000\nevict = "lfu"\n')
+    w = specs(cfg)["weights"]
+    assert (w.min_count, w.ttl_steps, w.max_keys, w.evict) == (3, 100, 1000, "lfu")
+    assert specs(parse(d, '[tables.weights]\nstorage = "hash"\n'))["weights"].min_count == 0
+
+
+@pytest.mark.parametrize("extra, key, words", [
+    ('n_features = 9\n[tables.weights]\nmin_count = 3\n', "tables.weights.min_count",
+     "only used with storage = 'hash'"),
+    ('[tables.weights]\nstorage = "hash"\nevict = "lfu"\n', "tables.weights.evict",
+     "set [tables.weights] max_keys"),
+    ('[tables.weights]\nstorage = "hash"\nttl_steps = -1\n', "tables.weights.ttl_steps",
+     "must be >= 0"),
+])
+def test_bad_admission_or_eviction_keys(d, extra, key, words):
+    with pytest.raises(ConfigError) as e:
+        parse(d, extra)
+    assert f"{key}:" in str(e.value) and words in str(e.value), str(e.value)
