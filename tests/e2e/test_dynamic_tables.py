@@ -147,3 +147,35 @@ def test_checkpoint_resumed_with_the_other_storage_is_refused(tmp_path, saved, r
     kind = "a dynamic table" if saved == "hash" else "a fixed table"
     assert f"table 'weights' was checkpointed as {kind}" in text, text[-2000:]
     assert secs < 60, secs
+
+
+def test_admission_counts_and_max_keys_without_eviction(tmp_path):
+    """min_count = 2: an id is stored at its 2nd occurrence; the summary counts the keys
+    admitted and the occurrences dropped before. max_keys = 3 with eviction off stops the
+    job with an error naming the table, in seconds."""
+    (tmp_path / "train.svm").write_text(SVM)
+    text = JOB4.format(d=tmp_path).replace('storage = "hash"\n',
+                                           'storage = "hash"\nmin_count = 2\n')
+    j = write_job(tmp_path / "adm.toml", text)
+    proc, _ = hpcps(["run", "-n", "2", j], cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    s = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]["servers"][0]
+    # a worker pushes each key of a step once (its gradients summed over the rows): one
+    # step per epoch, so epoch 1 counts each of the 6 ids once (6 dropped), epoch 2 admits
+    # them all, epoch 3 updates them again
+    assert s["admitted"] == {"weights": 6} and s["rejected"] == {"weights": 6}, s
+    assert s["evicted"] == {"weights": 0} and s["keys_stored"] == {"weights": 6}
+    hot = dict(map(tuple, s["hot_keys"]["weights"]))
+    assert hot == {k: 2 for k in (0, 1, 2, 4, 6, BIG - 1)}, hot   # epochs 2 and 3
+    assert "hot keys of weights (updates)" in proc.stdout, proc.stdout
+    proc, _ = hpcps(["inspect", tmp_path / "run"], cwd=tmp_path, timeout=120)
+    assert "hot keys (updates since loaded): " in proc.stdout, proc.stdout
+
+    text = JOB4.format(d=tmp_path).replace('storage = "hash"\n', 'storage = "hash"\nmax_keys = 3\n')
+    j = write_job(tmp_path / "max.toml", text.replace(f'dir = "{tmp_path}/run"',
+                                                      f'dir = "{tmp_path}/run2"'))
+    proc, secs = hpcps(["run", "-n", "2", j], cwd=tmp_path, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-2000:]
+    assert "dynamic table 'weights' holds 6 keys, more than its max_keys = 3" in out, out[-3000:]
+    assert secs < 60, secs
