@@ -179,3 +179,38 @@ def test_admission_counts_and_max_keys_without_eviction(tmp_path):
     assert proc.returncode != 0, out[-2000:]
     assert "dynamic table 'weights' holds 6 keys, more than its max_keys = 3" in out, out[-3000:]
     assert secs < 60, secs
+
+
+NEG_MODEL = '''
+import numpy as np
+from hpcps.models.logistic import LogisticRegression
+
+
+class NegativeIds(LogisticRegression):
+    """Logistic regression whose weights keys are shifted below 0 (a user model's bug)."""
+
+    def batch_keys(self, X):
+        out = super().batch_keys(X)
+        out["weights"] = out["weights"] - 3
+        return out
+'''
+
+
+def test_a_key_outside_the_id_space_stops_the_job_naming_the_table(tmp_path):
+    """A dynamic table takes non-negative int64 ids: a model that pushes key -3 stops the
+    job with an error naming the table and the key, non-zero exit, in seconds."""
+    from tests.helpers import mpi_env
+
+    (tmp_path / "train.svm").write_text(SVM)
+    (tmp_path / "negmodel.py").write_text(NEG_MODEL)
+    text = JOB4.format(d=tmp_path).replace("[tables.weights]",
+                                           '[model]\ntype = "negmodel:NegativeIds"\n'
+                                           "[tables.weights]")
+    j = write_job(tmp_path / "neg.toml", text)
+    env = mpi_env(PYTHONPATH=f"{tmp_path}:{Path(__file__).resolve().parents[2]}")
+    proc, secs = launch(3, ["train", j], cwd=tmp_path, timeout=120, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-2000:]
+    assert "table 'weights': key -3 is outside its id space [0, 9223372036854775807)" in out, \
+        out[-3000:]
+    assert secs < 60, secs
