@@ -57,6 +57,13 @@ def test_raw_40bit_id_trains_with_a_dynamic_table_in_a_small_server(tmp_path):
     print(f"\nserver: table {srv['memory_bytes']:,} B, peak RSS "
           f"{srv['rss_peak_bytes'] / 2**20:.1f} MiB (the Python process), {secs:.1f} s")
     assert 0 < srv["rss_peak_bytes"] < 1 << 30
+    # hpcps eval scores the run's newest checkpoint as training scored its last epoch
+    proc, _ = hpcps(["eval", tmp_path / "run", "--data", tmp_path / "train.svm"], cwd=tmp_path,
+                    timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][-1]
+    got = float(proc.stdout.split("log-loss ")[1].split()[0])
+    assert got == pytest.approx(last["test_logloss"], rel=1e-5), (proc.stdout, last)
     # the same file as a fixed table needs n_features = 2**40: refused before launch
     fixed = write_job(tmp_path / "fixed.toml", JOB4.format(d=tmp_path).replace(
         '[tables.weights]\nstorage = "hash"\n', "").replace(
