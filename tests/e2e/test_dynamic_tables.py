@@ -221,3 +221,25 @@ def test_a_key_outside_the_id_space_stops_the_job_naming_the_table(tmp_path):
     assert "table 'weights': key -3 is outside its id space [0, 9223372036854775807)" in out, \
         out[-3000:]
     assert secs < 60, secs
+
+
+@pytest.mark.parametrize("model", ["ssp", "async"])
+def test_ssp_and_async_train_a_dynamic_table_and_checkpoint_it(tmp_path, model):
+    """The clock paths of SSP and async (pushes applied on arrival, the async checkpoint
+    cut) with a dynamic table: 2 workers, 2 servers; the model learns and the newest
+    checkpoint holds every key the servers report."""
+    text = JOB.format(servers=2, epochs=2, out=tmp_path / "run", storage="hash", opt="adagrad")
+    text += f'[consistency]\nmodel = "{model}"\n' + ("staleness = 2\n" if model == "ssp" else "")
+    j = write_job(tmp_path / "j.toml", text)
+    proc, _ = launch(4, ["train", j], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["epochs"][-1]["test_auc"] > 0.8, m["epochs"]
+    stored = sum(d["keys_stored"]["weights"] for d in m["summary"]["servers"])
+    steps = ck.list_steps(tmp_path / "run")
+    man = ck.verify(ck.step_dir(tmp_path / "run", steps[-1]))
+    n = 0
+    for f in man["shards"]["files"]:
+        with h5py.File(ck.step_dir(tmp_path / "run", steps[-1]) / f, "r") as h:
+            n += h["tables/weights/keys"].shape[0]
+    assert stored == n > 1000, (stored, n)
