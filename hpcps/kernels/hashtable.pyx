@@ -582,6 +582,17 @@ def _finite(x, name):
     return x
 
 
+_SORT_ROWS = False
+
+
+def set_sort_rows(flag):
+    """Step the distinct rows of a push in arena order (True) or in first-occurrence order
+    (False, the default); the weights are the same either way (each row's step is
+    independent). For benchmarks."""
+    global _SORT_ROWS
+    _SORT_ROWS = bool(flag)
+
+
 cdef class HashTable:
     """A dynamic sparse table: rows of ``dim`` values for the keys that occurred.
 
@@ -1083,6 +1094,12 @@ cdef class HashTable:
             with nogil:
                 _unmark(&t, m, &uv[0], &pv[0])
             raise
+        if _SORT_ROWS and m > 1:                  # step the rows in arena order (locality)
+            order = np.argsort(urows[:m])
+            urows[:m] = urows[:m][order]
+            upos[:m] = upos[:m][order]
+            sv = summed[:m * self.dim].reshape(m, self.dim)
+            sv[...] = sv[order]
         with nogil:                               # step each row, unmark its slot
             if f32:
                 _update_rows[float](t.arena, t.rec, self.soff, self.step_off, self.dim,

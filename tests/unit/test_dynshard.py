@@ -95,3 +95,23 @@ def test_max_keys_without_eviction_is_an_error_naming_the_table():
     with pytest.raises(RuntimeError, match=r"dynamic table 'w' holds 4 keys, more than its "
                                            r"max_keys = 3 .* evict = 'lfu'"):
         push(sh, [4])
+
+
+def test_stepping_rows_in_arena_order_gives_the_same_weights():
+    from hpcps.kernels import hashtable as H
+
+    rng = np.random.default_rng(3)
+    keys = rng.integers(-2**62, 2**62, 5000)
+    pushes = [keys[rng.zipf(1.2, 4000) % keys.size] for _ in range(4)]
+    out = []
+    for flag in (False, True):
+        H.set_sort_rows(flag)
+        try:
+            t = H.HashTable(2, "float64", "ftrl", lr=0.1, lambda1=0.01)
+            for p in pushes:
+                t.apply(p, np.sin(p[:, None] * np.array([1.0, 2.0])), 0.5)
+            out.append((t.keys(), t.weights(), t.slots()))
+        finally:
+            H.set_sort_rows(False)
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+    assert all(np.array_equal(out[0][2][s], out[1][2][s]) for s in out[0][2])
