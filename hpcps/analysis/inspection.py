@@ -189,6 +189,6 @@ def format_inspect(report: dict) -> str:
         if not st["slots"] and src.kind == "checkpoint":
             lines.append("    no optimizer slots (sgd)")
         if st.get("hot_keys"):
-            lines.append("    hot keys (updates since loaded): "
+            lines.append("    hot keys (updates): "
                          + ", ".join(f"{k} ({n:,})" for k, n in st["hot_keys"]))
     return "\n".join(lines)

@@ -79,9 +79,10 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
             if t.get("dynamic") is not None:
                 from hpcps.checkpoint.dynamic import write_group
 
+                from hpcps.checkpoint.dynamic import write_state
+
                 write_group(g, t["dynamic"])
-                if t.get("updates") is not None:
-                    g.create_dataset("updates", data=np.asarray(t["updates"], dtype=np.int64))
+                write_state(g, t)
                 g.attrs["num_keys"] = int(t["num_keys"])
                 g.attrs["sparse"] = True
                 continue

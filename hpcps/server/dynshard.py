@@ -106,8 +106,8 @@ class DynamicShard:
         self.slots = None
         self.seed = int(seed)
         #: per arena row: updates applied (pushes that stepped it; hot keys, LFU eviction)
-        #: and the clock of the last one (TTL eviction); rows loaded from a checkpoint
-        #: start at 0 updates and the clock of their first apply here
+        #: and the clock of the last one (TTL eviction); both, the admission sketch and the
+        #: counts below are checkpointed and restored
         self.updates = np.zeros(0, dtype=np.int64)
         self.last_clock = np.zeros(0, dtype=np.int64)
         self.admission = Admission(spec.min_count) if spec.min_count > 1 else None
@@ -134,14 +134,39 @@ class DynamicShard:
             from hpcps.checkpoint.dynamic import restore as restore_keys
             from hpcps.checkpoint.layout import CheckpointError
 
+            from hpcps.checkpoint.dynamic import restore_state
+
             directory, manifest = restore[0], restore[1]
             files = [Path(directory) / f for f in manifest["shards"]["files"]]
             try:
                 restore_keys(table, files, spec.name, index, n_servers)
+                state = restore_state(files, spec.name, index, n_servers)
             except ValueError as e:
                 raise CheckpointError(str(e)) from None
-        return cls(spec, optimizer, index, n_servers, table, np.zeros(nh, dtype=np.int64),
-                   seed=seed)
+        sh = cls(spec, optimizer, index, n_servers, table, np.zeros(nh, dtype=np.int64),
+                 seed=seed)
+        if restore is not None:
+            sh._restore_state(state, int(restore[1].get("step", 0)))
+        return sh
+
+    def _restore_state(self, state: dict, clock: int) -> None:
+        """Update counts, last-update clocks, the admission sketch and the counts read by
+        :func:`hpcps.checkpoint.dynamic.restore_state` (older checkpoints: counts 0, last
+        update at the checkpoint's ``clock``)."""
+        n = len(self.table)
+        up, last = state.get("updates"), state.get("last_clock")
+        self.updates = (np.asarray(up, dtype=np.int64).copy() if up is not None
+                        and len(up) == n else np.zeros(n, dtype=np.int64))
+        self.last_clock = (np.asarray(last, dtype=np.int64).copy() if last is not None
+                           and len(last) == n else np.full(n, clock, dtype=np.int64))
+        sk = state.get("sketch")
+        if self.admission is not None and sk is not None \
+                and sk.shape == self.admission.counts.shape:
+            self.admission.counts[...] = sk
+            self.admission.total = int(state.get("sketch_total", 0))
+        self.admitted = int(state.get("admitted", 0))
+        self.rejected = int(state.get("rejected", 0))
+        self.evicted = int(state.get("evicted", 0))
 
     def writing(self):
         import contextlib
@@ -301,8 +326,14 @@ class DynamicShard:
         up = np.zeros(n, dtype=np.int64)
         m = min(n, self.updates.size)
         up[:m] = self.updates[:m]
+        last = np.zeros(n, dtype=np.int64)
+        last[:m] = self.last_clock[:m]
+        adm = self.admission
         return dict(name=self.spec.name, dynamic=self.table, num_keys=self.spec.num_keys,
-                    sparse=True, optimizer=self.optimizer.name, updates=up)
+                    sparse=True, optimizer=self.optimizer.name, updates=up, last_clock=last,
+                    sketch=None if adm is None else adm.counts,
+                    sketch_total=0 if adm is None else adm.total,
+                    admitted=self.admitted, rejected=self.rejected, evicted=self.evicted)
 
     def report(self) -> list:
         """Counts for the run summary, float64-exact: keys stored, admitted, rejected,
