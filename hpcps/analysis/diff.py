@@ -1,4 +1,10 @@
-"""``hpcps diff``: per-table differences between two sources, in original key order (no MPI)."""
+"""``hpcps diff``: per-table differences between two sources, in original key order (no MPI).
+
+A dynamic (hash) table ``NAME`` comes with ``NAME_keys`` (ascending) beside its rows; two
+such tables, or one and a fixed table (row ``k`` = key ``k``), are compared by key: the rows
+of the keys both store, elementwise, and the keys only one stores counted (``only_a``,
+``only_b``), not compared (an absent key's value is its initial value, which a source file
+does not hold for every optimizer slot)."""
 
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ def diff(a, b) -> dict:
         ``a``, ``b`` (:class:`Source`) and ``rows``: list of dict with ``name``,
         ``shape_a``, ``shape_b`` (tuple or None when absent) and ``status``: ``"compared"``
         (then also ``max_abs``, ``mean_abs``, ``differing``, ``size``), ``"shape mismatch"``,
-        ``"only in A"`` or ``"only in B"``.
+        ``"only in A"`` or ``"only in B"``. A table compared by key (a dynamic table on
+        either side) also has ``keys_common``, ``only_a``, ``only_b`` (counts of keys); its
+        ``NAME_keys`` array is not a row of its own.
 
     Raises
     ------
@@ -42,11 +50,18 @@ def diff(a, b) -> dict:
         return out
 
     ta, tb = flat(sa), flat(sb)
+    keyed = {n[:-len("_keys")] for t in (ta, tb) for n in t
+             if n.endswith("_keys") and n[:-len("_keys")] in t}
     rows = []
     for name in list(ta) + [n for n in tb if n not in ta]:
+        if name.endswith("_keys") and name[:-len("_keys")] in keyed:
+            continue
         x, y = ta.get(name), tb.get(name)
         row = {"name": name, "shape_a": None if x is None else tuple(x.shape),
                "shape_b": None if y is None else tuple(y.shape)}
+        base = name.split(SLOT_SEP)[0]
+        if x is not None and y is not None and base in keyed:
+            x, y = _align(row, x, y, _keys_of(ta, base, x), _keys_of(tb, base, y))
         if x is None or y is None:
             row["status"] = "only in A" if y is None else "only in B"
         elif x.shape != y.shape:
@@ -60,6 +75,21 @@ def diff(a, b) -> dict:
                        mean_abs=float(d.mean()) if d.size else 0.0)
         rows.append(row)
     return {"a": sa, "b": sb, "rows": rows}
+
+
+def _keys_of(tables: dict, base: str, rows: np.ndarray) -> np.ndarray:
+    """The keys of ``rows``: ``base_keys`` for a dynamic table, else ``0 .. len - 1``."""
+    k = tables.get(f"{base}_keys")
+    return np.asarray(k, dtype=np.int64) if k is not None else np.arange(rows.shape[0])
+
+
+def _align(row: dict, x, y, ka, kb):
+    """The rows of ``x`` and ``y`` of the keys in both ``ka`` and ``kb`` (ascending key
+    order); records the key counts in ``row``."""
+    common, ia, ib = np.intersect1d(ka, kb, assume_unique=True, return_indices=True)
+    row.update(keys_common=int(common.size), only_a=int(ka.size - common.size),
+               only_b=int(kb.size - common.size))
+    return x[ia], y[ib]
 
 
 def format_diff(res: dict) -> str:
@@ -80,7 +110,10 @@ def format_diff(res: dict) -> str:
     for r in res["rows"]:
         if r["status"] == "compared":
             lines.append(f"{r['name']:<{width}}  {str(r['shape_a']):<16} {r['max_abs']:>12.6g} "
-                         f"{r['mean_abs']:>12.6g}  {r['differing']:,} of {r['size']:,}")
+                         f"{r['mean_abs']:>12.6g}  {r['differing']:,} of {r['size']:,}"
+                         + (f"  (by key: {r['keys_common']:,} keys in both, "
+                            f"{r['only_a']:,} only in A, {r['only_b']:,} only in B)"
+                            if "keys_common" in r else ""))
         elif r["status"] == "shape mismatch":
             lines.append(f"{r['name']:<{width}}  shapes differ: A {r['shape_a']} vs B {r['shape_b']}; "
                          "not compared")

@@ -153,24 +153,46 @@ def _model_for(cfg, where):
     """The job's model (:func:`hpcps.models.make_model`); load errors become AnalysisError."""
     from hpcps.models import ModelLoadError, make_model
 
+    from hpcps.models.load import apply_storage
+
     try:
-        return make_model(cfg)
+        model = make_model(cfg)
     except ModelLoadError as e:
         raise AnalysisError(f"{where}: {_one_line(e)} (hpcps eval imports a user model as "
                             "hpcps run does: set PYTHONPATH as for the run)") from None
+    declared = model.tables
+
+    def tables():                       # with the job's storage (dynamic tables)
+        return apply_storage(cfg, declared())
+
+    model.tables = tables
+    return model
 
 
 def _check_tables(model, tables: dict, src, cfg) -> None:
     """Every table the job's model declares is in ``tables`` with the declared shape."""
+    from hpcps.config import ConfigError
+
     try:
         specs = [spec for spec, _ in model.tables()]
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, ConfigError) as e:
         raise AnalysisError(f"{cfg.path}: the model's tables cannot be built ({_one_line(e)})") from None
     missing = [s.name for s in specs if s.name not in tables]
     if missing:
         raise AnalysisError(f"{src.path}: no table(s) {missing} (has {sorted(tables)}); not "
                             f"the tables of a {model.name!r} model as the job {cfg.path} defines it")
     for s in specs:
+        if s.dynamic:                   # the keys stored beside the rows
+            keys = tables.get(f"{s.name}_keys")
+            if keys is None or keys.shape[0] != tables[s.name].shape[0] or \
+                    tables[s.name].shape[1:] != (s.dim,):
+                raise AnalysisError(f"{src.path}: table {s.name!r} is dynamic in the job "
+                                    f"{cfg.path} but the source has no {s.name}_keys of its "
+                                    f"rows (a fixed table's model or checkpoint?)")
+            continue
+        if f"{s.name}_keys" in tables and src.kind == "model":
+            raise AnalysisError(f"{src.path}: table {s.name!r} was trained as a dynamic table "
+                                f"(storage 'hash') but the job {cfg.path} declares it fixed")
         have, want = tuple(tables[s.name].shape), (int(s.num_keys), int(s.dim))
         if have != want:
             raise AnalysisError(f"{src.path}: table {s.name!r} has shape {have} but the job "
@@ -183,13 +205,27 @@ _SIZE_HINT = {"svmlight": "n_features; wrong --job?", "adult_csv": "hash_bits; w
 
 
 class _Rows:
-    """Rows of the tables by key, as a parameter server's pull returns them."""
+    """Rows of the tables by key, as a parameter server's pull returns them; a dynamic
+    table's absent key gets its initial value (``dynamic``: name -> (TableSpec, seed))."""
 
-    def __init__(self, tables: dict):
+    def __init__(self, tables: dict, dynamic: dict | None = None):
         self.tables = tables
+        self.dynamic = dynamic or {}
 
     def pull(self, keys: dict) -> dict:
-        return {t: self.tables[t][k] for t, k in keys.items()}
+        return {t: self._rows(t, np.asarray(k)) for t, k in keys.items()}
+
+    def _rows(self, t, k):
+        if t not in self.dynamic:
+            return self.tables[t][k]
+        spec, seed = self.dynamic[t]
+        stored, rows = self.tables[f"{t}_keys"], self.tables[t]
+        pos = np.searchsorted(stored, k)
+        pos = np.minimum(pos, max(stored.size - 1, 0))
+        hit = (stored[pos] == k) if stored.size else np.zeros(k.shape, dtype=bool)
+        out = spec.initial_rows(k, seed).astype(rows.dtype, copy=False)
+        out[hit] = rows[pos[hit]]
+        return out
 
 
 def evaluate(source, data, job=None) -> dict:
@@ -249,7 +285,8 @@ def evaluate(source, data, job=None) -> dict:
     X, y = model.load("test", 0, 1)
     if X.shape[0] == 0:
         raise AnalysisError(f"{data}: no test rows to evaluate")
-    m = dict(score(model, _Rows(tables), X, y))
+    dyn = {s.name: (s, cfg.seed) for s, _ in model.tables() if s.dynamic}
+    m = dict(score(model, _Rows(tables, dyn), X, y))
     n = int(m.pop("n", X.shape[0]))
     yv = np.asarray(y)
     binary = yv.ndim == 1 and bool(np.all((yv == 0) | (yv == 1)))

@@ -6,7 +6,8 @@ import h5py
 import numpy as np
 
 from hpcps import checkpoint as ckpt
-from hpcps.analysis.sources import AnalysisError, _one_line, array_stats, metric_label, resolve
+from hpcps.analysis.sources import (AnalysisError, _one_line, array_stats, metric_label,
+                                   read_dynamic, resolve)
 
 
 _KNOWN_ATTRS = {"format", "hpcps_version", "job_name", "config", "step", "epoch", "step_in_epoch",
@@ -43,6 +44,17 @@ def inspect(path) -> dict:
         try:
             with h5py.File(mpath, "r") as f:
                 for name, part in m["partition"].items():
+                    if part.get("storage") == "hash":   # a dynamic table (issue 18)
+                        d = read_dynamic(src.path, m, name)
+                        st = array_stats(d["rows"])
+                        st.update(sparse=True, storage="hash", multiplier=None,
+                                  server_rows=d["per_server"], keys_stored=int(d["keys"].size),
+                                  hot_keys=[[int(d["keys"][i]), int(d["updates"][i])]
+                                            for i in np.argsort(-d["updates"], kind="stable")[:10]
+                                            if d["updates"][i] > 0],
+                                  slots={s: array_stats(a) for s, a in d["slots"].items()})
+                        tables[name] = st
+                        continue
                     st = array_stats(f[f"tables/{name}"])
                     ranges = np.asarray(part["ranges"]).reshape(-1, 2)
                     st.update(sparse=bool(part.get("sparse")), multiplier=part.get("multiplier"),
@@ -164,6 +176,9 @@ def format_inspect(report: dict) -> str:
         if "server_rows" in st:
             kind = f"sparse, permuted (multiplier {st['multiplier']})" if st["sparse"] else "dense"
             layout = f"; {kind}; rows per server {st['server_rows']}"
+            if st.get("storage") == "hash":
+                layout = (f"; dynamic (hash): {st['keys_stored']:,} keys stored, per server "
+                          f"{st['server_rows']}")
         lines.append(f"  {name}: shape {st['shape']} {st['dtype']}{layout}")
         lines.append(f"    non-zeros {st['nonzeros']:,} of {st['size']:,}  L2 {_g(st['l2'])}  "
                      f"min {_g(st['min'])}  max {_g(st['max'])}  mean {_g(st['mean'])}"
@@ -173,4 +188,7 @@ def format_inspect(report: dict) -> str:
                          f"max {_g(ss['max'])}" + (f"  NON-FINITE {ss['nonfinite']:,}" if ss["nonfinite"] else ""))
         if not st["slots"] and src.kind == "checkpoint":
             lines.append("    no optimizer slots (sgd)")
+        if st.get("hot_keys"):
+            lines.append("    hot keys (updates): "
+                         + ", ".join(f"{k} ({n:,})" for k, n in st["hot_keys"]))
     return "\n".join(lines)

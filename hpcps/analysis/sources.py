@@ -254,6 +254,45 @@ def _unpermute(rows: np.ndarray, keys: np.ndarray, where: str) -> np.ndarray:
     return out
 
 
+def read_dynamic(directory, manifest: dict, name: str) -> dict:
+    """A dynamic table of a checkpoint (issue 18), from every shard's group: ``keys`` int64
+    (n,) ascending, ``rows`` (n, dim), ``slots`` {slot: (n, ...)} and ``updates`` (pushes
+    that stepped each row since the server loaded it; zeros for checkpoints without them)
+    in the same order, and ``per_server`` (keys stored by each shard). Local.
+
+    Raises
+    ------
+    AnalysisError
+        If a shard's group cannot be read or a key is stored by two shards.
+    """
+    keys, rows, per, slot_parts, updates = [], [], [], {}, []
+    for fname in manifest["shards"]["files"]:
+        path = Path(directory) / fname
+        try:
+            with h5py.File(path, "r") as f:
+                g = f[f"tables/{name}"]
+                keys.append(g["keys"][()])
+                rows.append(g["rows"][()])
+                for s, d in g["slots"].items():
+                    slot_parts.setdefault(s, []).append(d[()])
+                n = g["keys"].shape[0]
+                updates.append(g["updates"][()] if "updates" in g else np.zeros(n, np.int64))
+        except (OSError, KeyError, ValueError) as e:
+            raise AnalysisError(f"{path}: cannot read dynamic table {name!r} ({_one_line(e)})") \
+                from None
+        per.append(int(keys[-1].size))
+    k = np.concatenate(keys)
+    order = np.argsort(k, kind="stable")
+    k = k[order]
+    if k.size > 1 and np.any(k[1:] == k[:-1]):
+        dup = int(k[1:][k[1:] == k[:-1]][0])
+        raise AnalysisError(f"{directory}: dynamic table {name!r}: key {dup} is stored by two "
+                            "shards")
+    return {"keys": k, "rows": np.concatenate(rows)[order],
+            "slots": {s: np.concatenate(v)[order] for s, v in slot_parts.items()},
+            "updates": np.concatenate(updates)[order], "per_server": per}
+
+
 def read_tables(source, *, slots: bool = True) -> tuple[dict, dict]:
     """Every table (and optimizer slot) of a source, in original key order.
 
@@ -267,7 +306,8 @@ def read_tables(source, *, slots: bool = True) -> tuple[dict, dict]:
     Returns
     -------
     tables : dict of str -> ndarray (num_keys, dim)
-        Row ``k`` holds key ``k``.
+        Row ``k`` holds key ``k``. A dynamic table ``NAME`` gives ``NAME`` (the rows of the
+        keys stored) and ``NAME_keys`` (int64, ascending) beside it.
     slot_arrays : dict of str -> dict of str -> ndarray
         ``slot_arrays[table][slot]``, same order and shape as the table.
 
@@ -291,6 +331,12 @@ def read_tables(source, *, slots: bool = True) -> tuple[dict, dict]:
     try:
         with h5py.File(mpath, "r") as f:
             for name, part in src.meta["partition"].items():
+                if part.get("storage") == "hash":     # keys beside the rows, ascending
+                    d = read_dynamic(src.path, src.meta, name)
+                    tables[name], tables[f"{name}_keys"] = d["rows"], d["keys"]
+                    if slots:
+                        slot_arrays[name] = d["slots"]
+                    continue
                 keys = f[f"tables/{name}_keys"][()]
                 tables[name] = _unpermute(f[f"tables/{name}"][()], keys, f"{mpath}: table {name!r}")
                 if slots:

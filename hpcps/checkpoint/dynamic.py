@@ -6,7 +6,11 @@ A dynamic table's shard is written in its shard file's ``tables/<name>`` group a
     rows            (n, dim) table dtype    their weights
     slots/<slot>    (n, dim) or (n,)        optimizer state of the same rows
                                             (accumulator; m, v, step; z, n)
-    attrs           storage = "hash", dim, dtype, optimizer, n (rows stored)
+    updates         (n,) int64              per row: updates applied (hot keys, LFU)
+    last_clock      (n,) int64              per row: clock of its last update (TTL)
+    sketch          (depth, width) uint32   admission's count-min sketch (min_count > 1)
+    attrs           storage = "hash", dim, dtype, optimizer, n (rows stored),
+                    admitted, rejected, evicted, sketch_total
 
 Restoring on S' servers (any number, e.g. 3 -> 2 or 3 -> 4): server s' reads every old
 shard's group and keeps the entries whose key it owns under
@@ -29,7 +33,8 @@ from hpcps.kernels.hashtable import HashTable
 
 STORAGE = "hash"
 
-__all__ = ["STORAGE", "write_group", "is_dynamic", "read_owned", "restore"]
+__all__ = ["STORAGE", "write_group", "is_dynamic", "read_owned", "restore", "write_state",
+           "restore_state"]
 
 
 def write_group(group: h5py.Group, table: HashTable) -> None:
@@ -51,6 +56,73 @@ def write_group(group: h5py.Group, table: HashTable) -> None:
     sg = group.create_group("slots")
     for name, a in table.slots().items():
         sg.create_dataset(name, data=a)
+
+
+def write_state(group: h5py.Group, state: dict) -> None:
+    """Write a shard's admission/eviction state beside its keys (layout above): ``updates``
+    and ``last_clock`` (int64 (n,), per stored row, arena order), the count-min sketch
+    ``sketch`` (uint32 (depth, width), attribute ``sketch_total``) when admission is on,
+    and the counts ``admitted``, ``rejected``, ``evicted`` as attributes. Missing entries
+    are not written."""
+    for k in ("updates", "last_clock"):
+        if state.get(k) is not None:
+            group.create_dataset(k, data=np.asarray(state[k], dtype=np.int64))
+    if state.get("sketch") is not None:
+        group.create_dataset("sketch", data=np.asarray(state["sketch"], dtype=np.uint32))
+        group.attrs["sketch_total"] = int(state["sketch_total"])
+    for k in ("admitted", "rejected", "evicted"):
+        if state.get(k) is not None:
+            group.attrs[k] = int(state[k])
+
+
+def restore_state(shard_files, name: str, server: int, n_servers: int) -> dict:
+    """The admission/eviction state of ``server`` of ``n_servers`` from every old shard of
+    a checkpoint, aligned with the rows :func:`restore` loads (same files, same order).
+
+    ``updates`` and ``last_clock`` (int64 (m,)) follow the owned keys (absent in an older
+    checkpoint: None). The sketch is the old server's own when the server count is
+    unchanged (exact); re-sharded, it is the element-wise sum of every old server's sketch
+    (each key was counted only on its owner, so the sum never undercounts it: the
+    count-min guarantee holds with ``N`` the total). The counts ``admitted``, ``rejected``,
+    ``evicted`` of old server ``i`` go to new server ``i mod n_servers`` (totals kept).
+
+    Raises
+    ------
+    ValueError
+        For a missing group (the message names the file and the table).
+    """
+    ups, lasts, have_up, have_last = [], [], True, True
+    sketch, total = None, 0
+    counts = dict(admitted=0, rejected=0, evicted=0)
+    for path in sorted(Path(p) for p in shard_files):
+        with h5py.File(path, "r") as f:
+            g = f.get(f"tables/{name}")
+            if g is None:
+                raise ValueError(f"{path}: no group tables/{name}")
+            old, old_n = int(f.attrs.get("server", -1)), int(f.attrs.get("n_servers", -1))
+            keys = g["keys"][()]
+            mine = HashPartition(n_servers).owned(keys, server)
+            if "updates" in g:
+                ups.append(g["updates"][()][mine])
+            else:
+                have_up = False
+            if "last_clock" in g:
+                lasts.append(g["last_clock"][()][mine])
+            else:
+                have_last = False
+            if "sketch" in g and (old_n != n_servers or old == server):
+                sk = g["sketch"][()].astype(np.uint64)
+                sketch = sk if sketch is None else sketch + sk
+                total += int(g.attrs.get("sketch_total", 0))
+            if old >= 0 and old % n_servers == server:
+                for k in counts:
+                    counts[k] += int(g.attrs.get(k, 0))
+    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64))
+    if sketch is not None:
+        sketch = np.minimum(sketch, np.iinfo(np.uint32).max).astype(np.uint32)
+    return dict(updates=cat(ups) if have_up else None,
+                last_clock=cat(lasts) if have_last else None,
+                sketch=sketch, sketch_total=total, **counts)
 
 
 def is_dynamic(group: h5py.Group) -> bool:

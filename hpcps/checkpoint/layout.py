@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-FORMAT = "hpcps-checkpoint-2"
-#: manifest formats :func:`read_manifest` accepts: format 1 recorded SHA-256 (``shards/sha256``)
-READ_FORMATS = ("hpcps-checkpoint-1", FORMAT)
+FORMAT = "hpcps-checkpoint-3"
+#: manifest formats :func:`read_manifest` accepts: format 1 recorded SHA-256 (``shards/sha256``);
+#: format 3 adds dynamic tables (``partition/<name>`` attr ``storage = "hash"``, no key
+#: ranges; each shard's group holds keys, rows and slots); formats 1-2 hold fixed tables only
+READ_FORMATS = ("hpcps-checkpoint-1", "hpcps-checkpoint-2", FORMAT)
 #: the checksum of shard files written by this version (manifest attr ``shards/checksum``)
 CHECKSUM = "xxh3_128"
 #: size of the digest field :func:`write_shard` returns and servers send to worker 0

@@ -34,6 +34,15 @@ def check_compatible(directory, manifest: dict, tables, slots=None) -> None:
         if p is None:
             raise ResumeError(f"{directory}: checkpoint has no table {spec.name!r} "
                               f"(it has {', '.join(have) or 'none'}); is it from another model?")
+        saved = p.get("storage", "array")
+        want = getattr(spec, "storage", "array")
+        if saved != want:
+            kinds = {"hash": "a dynamic table (storage 'hash')",
+                     "array": "a fixed table (storage 'array')"}
+            raise ResumeError(f"{directory}: table {spec.name!r} was checkpointed as "
+                              f"{kinds.get(saved, saved)} but this job declares it "
+                              f"{kinds.get(want, want)}; resume it with the storage it was "
+                              "trained with ([tables.NAME] storage / [model] storage)")
         if (p["num_keys"], p["dim"]) != (spec.num_keys, spec.dim):
             raise ResumeError(f"{directory}: table {spec.name!r} has shape "
                               f"({p['num_keys']}, {p['dim']}) in the checkpoint but "
@@ -42,10 +51,14 @@ def check_compatible(directory, manifest: dict, tables, slots=None) -> None:
             raise ResumeError(f"{directory}: table {spec.name!r} is {p['dtype']} in the checkpoint "
                               f"but {spec.dtype} in this job")
         need = list((slots or {}).get(spec.name, ()))
-        missing = [s for s in need if s not in p.get("slots", [])]
+        if saved == "hash":
+            have_slots = [s for s in p.get("slot_names", []) if s]
+        else:
+            have_slots = p.get("slots", [])
+        missing = [s for s in need if s not in have_slots]
         if missing:
             raise ResumeError(f"{directory}: table {spec.name!r} has optimizer slots "
-                              f"{p.get('slots', [])} in the checkpoint but this job's optimizer "
+                              f"{have_slots} in the checkpoint but this job's optimizer "
                               f"needs {need}; was another optimizer used? (--resume never "
                               "trains afresh)")
 
@@ -248,6 +261,10 @@ def read_range(directory, manifest: dict, table: str, lo: int, hi: int, *, num_k
     if part is None:
         raise CheckpointError(f"{directory}: checkpoint has no table {table!r} "
                               f"(it has {', '.join(manifest['partition'])})")
+    if part.get("storage", "array") != "array":
+        raise CheckpointError(f"{directory}: table {table!r} was checkpointed as a dynamic "
+                              "table (storage 'hash') but this job declares it fixed "
+                              "(storage 'array')")
     want = (num_keys, dim)
     have = (part["num_keys"], part["dim"])
     if want != have:

@@ -34,7 +34,10 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
         Per table: ``name``, ``rows`` (n, dim) ndarray, ``keys`` (n,) int64, ``slots``
         (dict of name -> ndarray with n rows: (n, dim) or (n,), any numeric dtype; views
         such as the fields of a record array are fine), ``lo``, ``hi``, ``num_keys``,
-        ``multiplier``, ``sparse``, ``optimizer``.
+        ``multiplier``, ``sparse``, ``optimizer``. A dynamic table's entry is
+        ``name``, ``dynamic`` (its :class:`hpcps.kernels.hashtable.HashTable`), ``num_keys``,
+        ``sparse``, ``optimizer``: its group is written by
+        :func:`hpcps.checkpoint.dynamic.write_group` (keys, rows, slots, ``storage="hash"``).
 
     Returns
     -------
@@ -73,6 +76,16 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
         f.attrs["hpcps_version"] = __version__
         for t in tables:
             g = f.create_group(f"tables/{t['name']}")
+            if t.get("dynamic") is not None:
+                from hpcps.checkpoint.dynamic import write_group
+
+                from hpcps.checkpoint.dynamic import write_state
+
+                write_group(g, t["dynamic"])
+                write_state(g, t)
+                g.attrs["num_keys"] = int(t["num_keys"])
+                g.attrs["sparse"] = True
+                continue
             raw.append(_create_raw(g, "rows", np.asarray(t["rows"])))
             raw.append(_create_raw(g, "keys", np.asarray(t["keys"], dtype=np.int64)))
             for sname, arr in (t.get("slots") or {}).items():
@@ -86,6 +99,7 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
         return raw
 
     need = H5_OVERHEAD + sum(
+        int(t["dynamic"].nbytes) if t.get("dynamic") is not None else
         np.asarray(t["rows"]).nbytes + 8 * len(t["keys"])
         + sum(np.asarray(a).nbytes for a in (t.get("slots") or {}).values()) for t in tables)
     digest = _atomic_h5(final, fill, need)
@@ -157,6 +171,20 @@ def write_manifest(directory, *, cfg_text: str, job_name: str, step: int, epoch:
         m.attrs["history"] = json.dumps(history, allow_nan=True)
         for name, p in partitions.items():
             g = f.create_group(f"partition/{name}")
+            if p.get("storage") == "hash":
+                # a dynamic table: no key ranges, each shard holds the keys its hash gives it
+                # (tables/<name>/keys, rows, slots/* in every shard file)
+                g.attrs["storage"] = "hash"
+                for a in ("num_keys", "dim"):
+                    g.attrs[a] = int(p[a])
+                g.attrs["multiplier"] = 0
+                g.attrs["range_size"] = 0
+                g.attrs["dtype"] = p["dtype"]
+                g.attrs["sparse"] = True
+                g.attrs["slot_names"] = list(p["slots"]) if p["slots"] else [""]
+                g.create_dataset("ranges", data=np.zeros((n_servers, 2), dtype=np.int64))
+                g["ranges"].attrs["meaning"] = "none: a dynamic table's keys go by their hash"
+                continue
             for a in ("num_keys", "dim", "multiplier", "range_size"):
                 g.attrs[a] = int(p[a])
             g.attrs["dtype"] = p["dtype"]

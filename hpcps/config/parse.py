@@ -23,10 +23,10 @@ from hpcps.config.sections import (SECTIONS, TOP, CheckpointConfig, ClusterConfi
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def _data(ck: Checker, doc: dict) -> DataConfig:
+def _data(ck: Checker, doc: dict, dynamic: bool = False) -> DataConfig:
     table = ck.section(doc, "data")
     fmt = ck.value(table, "format", SECTIONS["data"]["format"], "data.format")
-    keys = rules.data_keys(ck, table, fmt if ck.good("data.format") else None)
+    keys = rules.data_keys(ck, table, fmt if ck.good("data.format") else None, dynamic)
     vals = ck.values(table, "data", keys)
     path = vals.pop("path", None)
     path = files.resolve(ck, path, "data.path") if ck.good("data.path") else None
@@ -41,7 +41,7 @@ def _data(ck: Checker, doc: dict) -> DataConfig:
 
 
 def _build(ck: Checker, doc: dict, text: str, path: Path) -> JobConfig:
-    ck.unknown_keys(doc, {**TOP, **SECTIONS}, "")
+    ck.unknown_keys(doc, {**TOP, **SECTIONS, "tables": None}, "")
     name = ck.value(doc, "name", TOP["name"], "name")
     if ck.good("name") and (not _NAME_RE.fullmatch(name) or name in (".", "..")):
         ck.fail("name", "must match [A-Za-z0-9_.-]+ (and not be '.' or '..'), "
@@ -49,7 +49,10 @@ def _build(ck: Checker, doc: dict, text: str, path: Path) -> JobConfig:
     seed = ck.value(doc, "seed", TOP["seed"], "seed")
     tables = {s: ck.section(doc, s) for s in SECTIONS if s != "data"}
     vals = {s: ck.values(tables[s], s) for s in tables}
-    data = _data(ck, doc)
+    tables_ = rules.tables(ck, doc)
+    # svmlight needs no n_features when the (logistic) weights are a dynamic table
+    weights_dynamic = tables_.get("weights", {}).get("storage", vals["model"]["storage"]) == "hash"
+    data = _data(ck, doc, weights_dynamic)
     rules.model(ck, vals["model"])
     rules.optimizer(ck, tables["optimizer"], vals["optimizer"])
     rules.consistency(ck, tables["consistency"], vals["consistency"])
@@ -58,6 +61,8 @@ def _build(ck: Checker, doc: dict, text: str, path: Path) -> JobConfig:
     use_lbfgs = rules.lbfgs(ck, doc, tables["lbfgs"], vals["lbfgs"], vals["cluster"],
                             vals["model"])
     rules.elastic(ck, tables["elastic"], vals["elastic"], vals["cluster"])
+    rules.storage(ck, doc, tables_, vals["model"], vals["cluster"], vals["consistency"],
+                  vals["fault_tolerance"])
     out_dir = vals["output"]["dir"] or f"runs/{name if ck.good('name') else 'job'}"
     if "\x00" in out_dir:
         ck.fail("output.dir", f"path contains a NUL character: {out_dir!r}")
@@ -73,7 +78,8 @@ def _build(ck: Checker, doc: dict, text: str, path: Path) -> JobConfig:
                      checkpoint=CheckpointConfig(**v["checkpoint"]),
                      fault_tolerance=FaultToleranceConfig(**v["fault_tolerance"]),
                      lbfgs=LbfgsConfig(**v["lbfgs"]) if use_lbfgs else LbfgsConfig(),
-                     elastic=ElasticConfig(**v["elastic"]), path=path.resolve(), text=text)
+                     elastic=ElasticConfig(**v["elastic"]), path=path.resolve(), text=text,
+                     tables=tables_)
 
 
 def parse_job(text: str, path: str | os.PathLike) -> JobConfig:

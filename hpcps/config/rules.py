@@ -19,6 +19,7 @@ FORMAT_ONLY = {
     "svmlight": ("test_path", "index_base", "n_features", "duplicate_indices"),
     "prepared": (),
 }
+# (n_features is not required when the weights are a dynamic table: :func:`storage`)
 FORMAT_REQUIRED = {"adult_csv": (), "svmlight": ("test_path", "index_base", "n_features"),
                    "prepared": ()}
 
@@ -46,7 +47,7 @@ _USER_MODEL_RE = re.compile(
     r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
-def data_keys(ck: Checker, table: dict, fmt: str | None) -> tuple:
+def data_keys(ck: Checker, table: dict, fmt: str | None, dynamic: bool = False) -> tuple:
     """The ``[data]`` keys read for format ``fmt`` (None: a bad format, only the common
     ones); records keys of another format and the format's required keys that are absent."""
     if fmt is None:
@@ -66,6 +67,8 @@ def data_keys(ck: Checker, table: dict, fmt: str | None) -> tuple:
                 ck.fail(f"data.{k}", f"not used with format '{fmt}' (only with '{other}'); "
                                      f"remove it")
     for k in FORMAT_REQUIRED[fmt]:
+        if k == "n_features" and dynamic:
+            continue                         # a dynamic table takes any id below 2**63 - 1
         if k not in table:
             ck.fail(f"data.{k}", f"required key missing (required for format '{fmt}')")
     from hpcps.config.sections import SECTIONS
@@ -202,3 +205,68 @@ def fault_tolerance(ck: Checker, table: dict, vals: dict, cluster: dict,
         ck.fail("fault_tolerance.mode", "'continue' with async needs n_push = 1 and no "
                                         "push_threshold (a worker must hold no unpushed "
                                         "gradients when it dies)")
+
+
+def tables(ck: Checker, doc: dict) -> dict:
+    """The ``[tables.NAME]`` sections: ``{name: {storage, min_count, ttl_steps, max_keys,
+    evict}}``. ``storage`` is ``"array"`` or ``"hash"``; the others (admission and eviction
+    of a dynamic table, :mod:`hpcps.server.dynshard`) only with ``storage = "hash"``.
+    Whether NAME is a table of the model is checked when the model is built
+    (:func:`hpcps.models.load.apply_storage`)."""
+    from hpcps.config.sections import STORAGES, Rule
+
+    given = doc.get("tables", {})
+    if not isinstance(given, dict):
+        ck.fail("tables", "expected [tables.NAME] sections, got a value")
+        return {}
+    rules = {"storage": Rule(kind=str, default="array", choices=STORAGES),
+             "min_count": Rule(kind=int, default=0, lo=0, hi=1 << 31),
+             "ttl_steps": Rule(kind=int, default=0, lo=0),
+             "max_keys": Rule(kind=int, default=0, lo=0, hi=(1 << 31) - 2),
+             "evict": Rule(kind=str, default="none", choices=("none", "lfu"))}
+    out = {}
+    for name, t in given.items():
+        if not isinstance(t, dict):
+            ck.fail(f"tables.{name}", f"expected a table ([tables.{name}]) with key 'storage'")
+            continue
+        for k in t:
+            if k not in rules:
+                ck.fail(f"tables.{name}.{k}", f"unknown key (valid keys: {', '.join(rules)})")
+        v = {k: ck.value(t, k, r, f"tables.{name}.{k}") for k, r in rules.items()}
+        if v["storage"] != "hash" and ck.good(f"tables.{name}.storage"):
+            for k in ("min_count", "ttl_steps", "max_keys", "evict"):
+                if k in t:
+                    ck.fail(f"tables.{name}.{k}", "only used with storage = 'hash' (admission "
+                                                  "and eviction of a dynamic table)")
+        if v["evict"] == "lfu" and not v["max_keys"] and ck.good(f"tables.{name}.evict"):
+            ck.fail(f"tables.{name}.evict", "'lfu' evicts when max_keys is reached: set "
+                                            f"[tables.{name}] max_keys")
+        out[name] = v
+    return out
+
+
+def storage(ck: Checker, doc: dict, tables_: dict, model: dict, cluster: dict,
+            consistency: dict, ft: dict) -> None:
+    """What a dynamic table (``storage = "hash"``) needs: ``[cluster] mode = "ps"``, p2p
+    pulls (an RMA read needs a row's fixed offset), one copy of each key range and no
+    server-loss reload (``[fault_tolerance] mode = "continue"``), no async
+    ``push_threshold`` (its filter is an array over the key space)."""
+    where = [f"tables.{n}.storage" for n, v in tables_.items() if v["storage"] == "hash"]
+    if model.get("storage") == "hash":
+        where.insert(0, "model.storage")
+    if not where:
+        return
+    k = where[0]
+    what = "a dynamic table (storage = 'hash')"
+    if cluster["mode"] != "ps" and ck.good("cluster.mode"):
+        ck.fail(k, f"{what} needs [cluster] mode = 'ps', got {cluster['mode']!r}")
+    if consistency["pull"] == "rma" and ck.good("consistency.pull"):
+        ck.fail(k, f"{what} cannot be read by RMA: [consistency] pull = 'rma' reads a row at "
+                   "a fixed offset of a fixed array, a dynamic table has none; use "
+                   "pull = 'p2p' (the default)")
+    if ft["mode"] == "continue" and ck.good("fault_tolerance.mode"):
+        ck.fail(k, f"{what} is not supported with [fault_tolerance] mode = 'continue' "
+                   "(replicas and range reloads copy fixed key ranges); use mode = 'restart'")
+    if consistency.get("push_threshold", 0) and ck.good("consistency.push_threshold"):
+        ck.fail(k, f"{what} is not supported with [consistency] push_threshold > 0 (its "
+                   "filter is an array over the key space)")

@@ -26,6 +26,9 @@ MODEL_TYPES = tuple(_BUILTIN_MODELS)
 CLUSTER_MODES = ("ps", "allreduce", "sandblaster")
 #: Supported ``model.dtype`` values.
 DTYPES = ("float32", "float64")
+#: Supported table storages: a fixed array over the key space, or a dynamic hash table
+#: holding only the keys pushed (:mod:`hpcps.core.dyntables`).
+STORAGES = ("array", "hash")
 #: Supported ``consistency.pull`` values.
 PULL_MODES = ("p2p", "rma")
 #: Supported ``data.duplicate_indices`` values (svmlight).
@@ -34,6 +37,10 @@ DUPLICATE_MODES = ("error", "sum")
 FT_MODES = ("restart", "continue")
 #: Supported ``fault_tolerance.on_server_loss`` values.
 SERVER_LOSS = ("reload", "restart")
+
+#: The id space of a dynamic table without a declared size (svmlight without
+#: ``n_features``): ids in ``[0, 2**63 - 1)`` (the svmlight reader's int64 bound).
+DYNAMIC_KEYS = (1 << 63) - 1
 
 REQUIRED = object()
 """Marks a key without a default (the job file must set it)."""
@@ -186,7 +193,8 @@ class DataConfig:
     def num_features(self) -> int:
         """int : Number of model features (``n_features`` or ``2**hash_bits``)."""
         if self.format == "svmlight":
-            return int(self.n_features)
+            # no n_features: ids of a dynamic table, anything below 2**63 - 1
+            return int(self.n_features) if self.n_features is not None else DYNAMIC_KEYS
         if self.format == "prepared":
             from hpcps.data.prepared import file_attrs
 
@@ -216,6 +224,11 @@ class ModelConfig:
         Standard deviation of the random initial values of factor / weight tables.
     options : dict
         Free-form ``[model.options]`` table handed to a user model.
+    storage : str
+        Default storage of the model's *sparse* tables: ``"array"`` (a fixed array over the
+        key space ``[0, num_keys)``) or ``"hash"`` (a dynamic table: any id in
+        ``[0, 2**63 - 1)``, only the keys pushed are stored; docs/dynamic_tables.md).
+        ``[tables.NAME] storage`` overrides it per table. Dense tables are always arrays.
     """
 
     type: str = key("logistic")
@@ -225,6 +238,7 @@ class ModelConfig:
     hidden: tuple = key((256, 128), kind=list)
     init_scale: float = key(0.1, lo=0.0)
     options: dict = key(factory=dict, kind=dict)
+    storage: str = key("array", choices=STORAGES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -519,6 +533,11 @@ class JobConfig:
         Absolute path of the job file.
     text : str
         The raw job file text (stored with the model).
+    tables : dict of str -> dict
+        ``[tables.NAME]``: each named table's ``storage`` (``"array"`` or ``"hash"``) and,
+        for a dynamic table, ``min_count``, ``ttl_steps``, ``max_keys``, ``evict``
+        (:class:`hpcps.core.tables.TableSpec`); the tables not named use ``[model]
+        storage`` (sparse) or ``"array"`` (dense).
     """
 
     name: str = key(kind=str)
@@ -538,6 +557,20 @@ class JobConfig:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     path: Path
     text: str
+    tables: dict = field(default_factory=dict)
+
+    def storage_of(self, name: str, sparse: bool) -> str:
+        """The storage of table ``name``: ``[tables.NAME] storage``, else ``[model]
+        storage`` for a sparse table, else ``"array"``."""
+        if name in self.tables:
+            return self.tables[name]["storage"]
+        return self.model.storage if sparse else "array"
+
+    @property
+    def any_hash(self) -> bool:
+        """True when some table may be dynamic (``storage = "hash"`` anywhere)."""
+        return self.model.storage == "hash" or any(t["storage"] == "hash"
+                                                   for t in self.tables.values())
 
 
 

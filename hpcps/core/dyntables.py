@@ -38,6 +38,11 @@ class HashPartition:
     ----------
     n_servers : int
         Number of servers (>= 1).
+    num_keys : int or None
+        The table's id bound: :meth:`route` refuses a key outside ``[0, num_keys)`` (None:
+        any 64-bit key).
+    name : str
+        The table's name (in messages).
 
     Raises
     ------
@@ -45,10 +50,24 @@ class HashPartition:
         If ``n_servers`` < 1.
     """
 
-    def __init__(self, n_servers: int):
+    def __init__(self, n_servers: int, num_keys: int | None = None, name: str = "?"):
         if int(n_servers) < 1:
             raise ValueError(f"n_servers must be >= 1, got {n_servers}")
         self.n_servers = int(n_servers)
+        self.num_keys = None if num_keys is None else int(num_keys)
+        self.name = name
+
+    def check(self, keys: np.ndarray) -> None:
+        """Raise ``ValueError`` naming the table and the key when a key is outside
+        ``[0, num_keys)`` (the declared id type: non-negative ids below the bound)."""
+        if self.num_keys is None or not keys.size:
+            return
+        lo, hi = keys.min(), keys.max()
+        if lo < 0 or hi >= self.num_keys:
+            bad = int(lo) if lo < 0 else int(hi)
+            raise ValueError(f"table {self.name!r}: key {bad} is outside its id space "
+                             f"[0, {self.num_keys}) (dynamic table: non-negative int64 ids"
+                             f"{' below n_features' if self.num_keys < (1 << 63) - 1 else ''})")
 
     def server_of(self, keys) -> np.ndarray:
         """Server of each key, int64 (n,); keys int64 or uint64 (reinterpreted bitwise)."""
@@ -57,8 +76,14 @@ class HashPartition:
     def route(self, keys):
         """``(servers, counts, grouped)`` as :meth:`KeyPartition.route`: ``servers`` int64
         (n,) (None with one server), ``counts`` keys per server (int64 (n_servers,)),
-        ``grouped`` True when ``servers`` is non-decreasing."""
+        ``grouped`` True when ``servers`` is non-decreasing.
+
+        Raises
+        ------
+        ValueError
+            For a key outside ``[0, num_keys)`` (:meth:`check`)."""
         keys = np.asarray(keys)
+        self.check(keys)
         if self.n_servers == 1:
             return None, np.array([keys.size], dtype=np.int64), True
         srv = self.server_of(keys)

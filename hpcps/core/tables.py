@@ -46,6 +46,21 @@ class TableSpec:
     init_std : float
         Rows start as N(0, init_std²) (``0`` = zeros), drawn per key by
         :meth:`initial_rows` — the same values on any number of servers.
+    storage : str
+        ``"array"`` (a fixed array over ``[0, num_keys)``, :class:`KeyPartition`) or
+        ``"hash"`` (sparse only: a dynamic table holding only the keys pushed, spread by
+        :class:`hpcps.core.dyntables.HashPartition`; ``num_keys`` is then the id bound).
+    min_count : int
+        Dynamic tables: a key is admitted (stored) at its ``min_count``-th push, counted in
+        a count-min sketch (:class:`hpcps.server.dynshard.Admission`); 0 = every key.
+    ttl_steps : int
+        Dynamic tables: a row not updated for more than ``ttl_steps`` clocks is evicted
+        (0 = never).
+    max_keys : int
+        Dynamic tables: keys per server at most (0 = no bound); beyond it, ``evict``.
+    evict : str
+        ``"none"`` (exceeding ``max_keys`` is an error naming the table) or ``"lfu"`` (the
+        least-frequently updated rows are evicted down to ``max_keys``).
     """
 
     name: str
@@ -54,8 +69,24 @@ class TableSpec:
     dtype: str = "float32"
     sparse: bool = True
     init_std: float = 0.0
+    storage: str = "array"
+    min_count: int = 0
+    ttl_steps: int = 0
+    max_keys: int = 0
+    evict: str = "none"
+
+    @property
+    def dynamic(self) -> bool:
+        """True for a dynamic (hash) table."""
+        return self.storage == "hash"
 
     def __post_init__(self):
+        if self.storage not in ("array", "hash"):
+            raise ValueError(f"table {self.name!r}: storage must be 'array' or 'hash', got "
+                             f"{self.storage!r}")
+        if self.storage == "hash" and not self.sparse:
+            raise ValueError(f"table {self.name!r} is dense (pulled whole, in key order): "
+                             "it cannot be a dynamic table (storage 'hash')")
         if self.num_keys < 1 or self.dim < 1:
             raise ValueError(f"table {self.name!r}: num_keys and dim must be >= 1, "
                              f"got {self.num_keys} and {self.dim}")

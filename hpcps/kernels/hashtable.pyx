@@ -582,6 +582,17 @@ def _finite(x, name):
     return x
 
 
+_SORT_ROWS = False
+
+
+def set_sort_rows(flag):
+    """Step the distinct rows of a push in arena order (True) or in first-occurrence order
+    (False, the default); the weights are the same either way (each row's step is
+    independent). For benchmarks."""
+    global _SORT_ROWS
+    _SORT_ROWS = bool(flag)
+
+
 cdef class HashTable:
     """A dynamic sparse table: rows of ``dim`` values for the keys that occurred.
 
@@ -639,6 +650,7 @@ cdef class HashTable:
     cdef char* arena
     cdef Py_ssize_t rows_cap
     cdef object _scratch      # apply's buffers: distinct rows, their slots, summed grads
+    cdef Py_ssize_t _last_m   # distinct rows the last apply stepped (last_rows)
     cdef object _template     # one record holding a new row's state (key and w zero)
 
     def __init__(self, dim, dtype="float64", rule="sgd", *, lr=0.01, l2=0.0, eps=1e-8,
@@ -690,6 +702,7 @@ cdef class HashTable:
         self._arena = None
         self.arena = NULL
         self._scratch = None
+        self._last_m = 0
         cap = int(capacity)
         if cap < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
@@ -1019,6 +1032,7 @@ cdef class HashTable:
         sc = _finite(scale, "scale")
         cdef Py_ssize_t n = k.shape[0], m
         if n == 0:
+            self._last_m = 0
             return
         if <uint64_t>n > _MAX_ROWS:
             raise ValueError(f"a push of {n:,} keys is more than {int(_MAX_ROWS):,}")
@@ -1080,6 +1094,12 @@ cdef class HashTable:
             with nogil:
                 _unmark(&t, m, &uv[0], &pv[0])
             raise
+        if _SORT_ROWS and m > 1:                  # step the rows in arena order (locality)
+            order = np.argsort(urows[:m])
+            urows[:m] = urows[:m][order]
+            upos[:m] = upos[:m][order]
+            sv = summed[:m * self.dim].reshape(m, self.dim)
+            sv[...] = sv[order]
         with nogil:                               # step each row, unmark its slot
             if f32:
                 _update_rows[float](t.arena, t.rec, self.soff, self.step_off, self.dim,
@@ -1087,6 +1107,15 @@ cdef class HashTable:
             else:
                 _update_rows[double](t.arena, t.rec, self.soff, self.step_off, self.dim,
                                      &uv[0], m, &s64[0], &hp, t.index, &pv[0])
+        self._last_m = m
+
+    def last_rows(self):
+        """The distinct arena rows the last :meth:`apply` stepped, int64 (m,) in order of
+        first occurrence: a view of a scratch buffer, valid until the next ``apply`` (copy
+        it to keep it). Empty before the first apply and after an empty one."""
+        if self._scratch is None:
+            return np.empty(0, dtype=np.int64)
+        return self._scratch[0][:self._last_m]
 
     cdef void _fill(self, _Tab* t):
         t.index = self.index

@@ -196,7 +196,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             mine.stopped = bool(result["stopped_by_signal"])
             final = None
             if roles.is_chief and not result["stopped_by_signal"]:
-                final = {s.name: client.pull_table(s.name) for s in specs}
+                final = {s.name: client.pull_keys_rows(s.name) if s.dynamic else
+                         client.pull_table(s.name) for s in specs}
             client.stop()
             mine.add_client(client.ep.stats)
             if roles.is_chief and final is not None:
@@ -210,7 +211,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             if ranges is None:
                 ranges = np.full((ft_state.n_ranges, 5), -1, dtype=np.int64)
             ranges = allreduce_max(world, ranges)
-        rows = gather_rows(world, mine.to_row(cfg.train.epochs))
+        rows = gather_rows(world, mine.to_row(cfg.train.epochs, len(specs)))
         hosts = core.allgather_hostnames(world)      # rows[i] ran on hosts[i]
         stopped = bool(any_rank_failed(world, mine.stopped))
         crows = gather_rows(world, consistency_report.local_row(
@@ -236,8 +237,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                   f"{EXIT_REQUEUE} asks the batch script to requeue the job\n")
         out.flush()
         return {"stopped_by_signal": True}
-    summary = summarize(result, [RankStats.from_row(r) for r in rows],
-                        time.perf_counter() - t_start, hosts)
+    summary = summarize(result, [RankStats.from_row(r, len(specs)) for r in rows],
+                        time.perf_counter() - t_start, hosts, [t.name for t in specs])
     if launches:
         launches[-1]["steps"] = summary["steps"]
         summary["run_steps"] = int(result["clock"])      # every launch's, to the end

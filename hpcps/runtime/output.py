@@ -2,7 +2,8 @@
 
 Model file ``<run dir>/model.h5``
     one dataset per table, shape ``(num_keys, dim)``, rows in original key order, with
-    attributes ``dim``, ``sparse``; file attributes ``hpcps_version``, ``job_name``,
+    attributes ``dim``, ``sparse``; a dynamic table (``storage = "hash"``) has the rows of
+    the keys it stores, ascending by key, and ``<name>_keys`` (int64) beside them; file attributes ``hpcps_version``, ``job_name``,
     ``step`` (worker clock at the end), ``epoch``, ``config`` (the job file text, TOML),
     ``num_features``, ``index_base`` (svmlight jobs; -1 otherwise).
 Metrics file ``<run dir>/metrics.json``
@@ -38,7 +39,8 @@ def write_model(path, tables: dict, cfg, step: int, epoch: int) -> Path:
     ----------
     path : path-like
         Destination, e.g. ``runs/adult_lr/model.h5``.
-    tables : dict of str -> ndarray (num_keys, dim)
+    tables : dict of str -> ndarray (num_keys, dim), or (keys (n,), rows (n, dim)) for a
+        dynamic table
     cfg : hpcps.config.JobConfig
     step, epoch : int
 
@@ -59,6 +61,18 @@ def write_model(path, tables: dict, cfg, step: int, epoch: int) -> Path:
         f.attrs["num_features"] = int(cfg.data.num_features)
         f.attrs["index_base"] = int(cfg.data.index_base) if cfg.data.index_base is not None else -1
         for name, arr in tables.items():
+            if isinstance(arr, tuple):           # a dynamic table: (keys, rows) by key
+                keys, arr = arr
+                k = f.create_dataset(f"{name}_keys", data=keys, chunks=True if keys.size > 1
+                                     else None, compression="gzip" if keys.size > 4096 else None)
+                k.attrs["meaning"] = f"key of each row of {name!r}, ascending"
+                d = f.create_dataset(name, data=arr, chunks=True if arr.size > 1 else None,
+                                     compression="gzip" if arr.size > 4096 else None)
+                d.attrs["dim"] = arr.shape[1]
+                d.attrs["storage"] = "hash"
+                d.attrs["meaning"] = (f"rows of dynamic table {name!r}: the keys stored, "
+                                      f"row i is key {name}_keys[i]")
+                continue
             d = f.create_dataset(name, data=arr, chunks=True if arr.size > 1 else None,
                                  compression="gzip" if arr.size > 4096 else None)
             d.attrs["dim"] = arr.shape[1]

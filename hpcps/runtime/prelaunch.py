@@ -7,6 +7,7 @@ the ranks check the same again inside the launch (:mod:`hpcps.runtime.preflight`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from contextlib import contextmanager
@@ -36,6 +37,9 @@ def server_bytes(tables, n_servers: int) -> tuple[int, list[str]]:
 
     total, parts = 0, []
     for spec, opt in tables:
+        if spec.dynamic:            # grows with the keys pushed: nothing allocated up front
+            parts.append(f"{spec.name}: dynamic (hash) table, grows with the keys stored")
+            continue
         rows = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).range_size
         item = np.dtype(spec.dtype).itemsize
         state = opt.slot_bytes_per_row(spec.dim, spec.dtype)
@@ -123,23 +127,34 @@ def check_before_launch(cfg, n_ranks: int, local: bool, cwd=None) -> list[Config
     except ConfigError as e:
         problems.append(e)
     from hpcps.data import DataError
-    from hpcps.models import ModelLoadError, make_model
+    from hpcps.models import ModelLoadError
+    from hpcps.models.load import load_model
 
     where = display_path(cfg.path)
     try:
         with _ranks_path(Path(cwd or os.getcwd())):
-            model = make_model(cfg)
+            model = load_model(dataclasses.replace(cfg, path=where))
     except ModelLoadError as e:
         problems.append(ConfigError(where, "model.type", str(e).removeprefix("model.type: ")))
         return problems
     except DataError as e:
         problems.append(ConfigError(where, "data.path", str(e)))
         return problems
+    except ConfigError as e:
+        problems.append(e)
+        return problems
+    except Exception:               # noqa: BLE001 - the ranks report it with its context
+        return problems
+    try:
+        tables = model.tables()
+    except ConfigError as e:        # a [tables.NAME] the model does not have
+        problems.append(e)
+        return problems
     except Exception:               # noqa: BLE001 - the ranks report it with its context
         return problems
     if local and cfg.cluster.mode == "ps" and not problems:
         have = available_memory()
-        need, parts = server_need(cfg, model.tables())
+        need, parts = server_need(cfg, tables)
         here = cfg.cluster.servers
         if have is not None and need * here > have:
             msg = memory_message(cfg, need, parts, here, have)

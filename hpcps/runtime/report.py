@@ -10,6 +10,8 @@ import dataclasses
 
 import numpy as np
 
+from hpcps.server.dynshard import REPORT_LEN
+
 from hpcps.analysis import consistency_report
 from hpcps.runtime.baseline import cached_baseline, sklearn_baseline  # noqa: F401
 
@@ -41,6 +43,12 @@ class RankStats:
         Servers: examples whose gradients they applied.
     examples_per_epoch : list of int
         Servers: the same per epoch (``[train] epochs`` entries).
+    rss_peak_bytes : int
+        Servers: the process's peak resident memory (``getrusage`` ``ru_maxrss``).
+    tables : list of (list of int or None)
+        Servers: per table in table-id order, a dynamic table's
+        :meth:`hpcps.server.dynshard.DynamicShard.report` (keys stored, admitted, rejected,
+        evicted, hot keys), None for a fixed table.
     """
 
     is_server: bool = False
@@ -58,31 +66,44 @@ class RankStats:
     clock_seconds: float = 0.0
     examples: int = 0
     examples_per_epoch: list = dataclasses.field(default_factory=list)
+    rss_peak_bytes: int = 0
+    tables: list = dataclasses.field(default_factory=list)
 
     # the scalar fields after the role column, in row order
     _COUNTS = ("index", "rows", "memory_bytes", "keys_pulled", "keys_pushed", "bytes_in",
                "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds",
-               "examples")
+               "examples", "rss_peak_bytes")
     _SECONDS = ("pull_seconds", "push_seconds", "clock_seconds")
 
-    def to_row(self, epochs: int) -> np.ndarray:
+    def to_row(self, epochs: int, n_tables: int = 0) -> np.ndarray:
         """This rank's float64 row for :func:`hpcps.comm.collectives.gather_rows`:
-        role code, the counters, then ``epochs`` per-epoch example counts."""
+        role code, the counters, then ``epochs`` per-epoch example counts, then
+        ``n_tables`` blocks of :data:`REPORT_LEN` numbers (a dynamic table's report, or
+        -1 then zeros)."""
         role = _SERVER if self.is_server else _STOPPED if self.stopped else _WORKER
         per_epoch = np.zeros(epochs)
         n = min(epochs, len(self.examples_per_epoch))
         per_epoch[:n] = self.examples_per_epoch[:n]
+        keys = np.zeros((n_tables, REPORT_LEN))
+        keys[:, 0] = -1
+        for i, rep in enumerate(self.tables[:n_tables]):
+            if rep is not None:
+                keys[i] = rep
+        keys = keys.reshape(-1)
         return np.concatenate([[role], [float(getattr(self, k)) for k in self._COUNTS],
-                               per_epoch])
+                               per_epoch, keys])
 
     @classmethod
-    def from_row(cls, row) -> "RankStats":
+    def from_row(cls, row, n_tables: int = 0) -> "RankStats":
         """The inverse of :meth:`to_row`."""
         role = float(row[0])
         vals = {k: (float(v) if k in cls._SECONDS else int(v))
                 for k, v in zip(cls._COUNTS, row[1:1 + len(cls._COUNTS)])}
+        end = len(row) - n_tables * REPORT_LEN
+        blocks = np.asarray(row[end:]).reshape(n_tables, REPORT_LEN)
         return cls(is_server=role == _SERVER, stopped=role == _STOPPED, **vals,
-                   examples_per_epoch=[int(v) for v in row[1 + len(cls._COUNTS):]])
+                   examples_per_epoch=[int(v) for v in row[1 + len(cls._COUNTS):end]],
+                   tables=[[int(v) for v in b] if b[0] >= 0 else None for b in blocks])
 
     @classmethod
     def of_server(cls, load: dict, epochs: int) -> "RankStats":
@@ -93,6 +114,8 @@ class RankStats:
                 per_epoch[e] = int(n)
         return cls(is_server=True, index=int(load["server"]), examples=int(load["examples"]),
                    examples_per_epoch=per_epoch,
+                   rss_peak_bytes=int(load.get("rss_peak_bytes", 0)),
+                   tables=list(load.get("tables", [])),
                    **{k: int(load[k]) for k in ("rows", "memory_bytes", "keys_pulled",
                                                 "keys_pushed", "bytes_in", "bytes_out",
                                                 "requests")})
@@ -109,7 +132,8 @@ class RankStats:
         self.clock_seconds = float(stats.seconds.get("clock", 0.0))
 
 
-def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None) -> dict:
+def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None,
+              tables: list | None = None) -> dict:
     """The job's summary from the training result (the chief worker's) and every rank's
     :class:`RankStats`. Local (the chief).
 
@@ -123,6 +147,9 @@ def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None)
         Seconds from the job's start.
     hosts : list of str, optional
         ``hosts[i]`` is the host ``ranks[i]`` ran on (``hpcps.comm.core.allgather_hostnames``).
+    tables : list of str, optional
+        Table names in table-id order: each server's ``keys_stored`` then maps each
+        dynamic table to the keys it stores.
     """
     host = {id(r): (hosts[i] if hosts else "") for i, r in enumerate(ranks)}
     servers = sorted((r for r in ranks if r.is_server), key=lambda r: r.index)
@@ -141,6 +168,8 @@ def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None)
                      "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
                      "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "requests": r.requests,
                      "examples": r.examples, "examples_per_epoch": list(r.examples_per_epoch),
+                     "rss_peak_bytes": r.rss_peak_bytes,
+                     **_dynamic(tables or [], r.tables),
                      "host": host[id(r)]}
                     for r in servers],
         "workers": [{"index": r.index, "bytes_pulled": r.bytes_in, "bytes_pushed": r.bytes_out,
@@ -149,6 +178,26 @@ def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None)
                      "clock_seconds": r.clock_seconds, "host": host[id(r)]}
                     for r in workers],
     }
+
+
+def _dynamic(names: list, reports: list) -> dict:
+    """A server's dynamic tables in its summary entry: ``keys_stored``, ``admitted``,
+    ``rejected``, ``evicted`` ({table: count}) and ``hot_keys`` ({table: [[key,
+    updates], ...]}, most-updated first)."""
+    out = {"keys_stored": {}, "admitted": {}, "rejected": {}, "evicted": {}, "hot_keys": {}}
+    for name, rep in zip(names, reports):
+        if rep is None:
+            continue
+        for i, k in enumerate(("keys_stored", "admitted", "rejected", "evicted")):
+            out[k][name] = int(rep[i])
+        hot = []
+        for j in range(4, len(rep), 3):
+            hi, lo, n = rep[j:j + 3]
+            if n > 0:
+                key = (int(hi) << 32) | int(lo)
+                hot.append([key - (1 << 64) if key >= 1 << 63 else key, int(n)])
+        out["hot_keys"][name] = hot
+    return out
 
 
 def mb(n) -> str:
@@ -173,9 +222,19 @@ def summary_lines(s: dict, history: list) -> list[str]:
     for d in s["servers"]:
         pulled = (f"sent {mb(d['bytes_out'])} by messages (pulls are RMA reads)" if rma else
                   f"pulled out {mb(d['bytes_out'])} ({d['keys_pulled']:,} keys)")
-        lines.append(f"  server {d['index']}: {d['rows']:,} rows ({mb(d['memory_bytes'])}); "
-                     f"pushed in {mb(d['bytes_in'])} ({d['keys_pushed']:,} keys), {pulled}, "
+        dyn = "".join(f", {t} {k:,} keys stored" for t, k in d.get("keys_stored", {}).items())
+        for t in d.get("keys_stored", {}):
+            a, r, e = d["admitted"][t], d["rejected"][t], d["evicted"][t]
+            if r or e:
+                dyn += f" ({a:,} admitted, {r:,} pushes before admission, {e:,} evicted)"
+        rss = f", peak RSS {mb(d['rss_peak_bytes'])}" if d.get("rss_peak_bytes") else ""
+        lines.append(f"  server {d['index']}: {d['rows']:,} rows ({mb(d['memory_bytes'])}{dyn}"
+                     f"{rss}); pushed in {mb(d['bytes_in'])} ({d['keys_pushed']:,} keys), {pulled}, "
                      f"{d['requests']:,} requests")
+        for t, hot in d.get("hot_keys", {}).items():
+            if hot:
+                lines.append(f"    hot keys of {t} (updates): "
+                             + ", ".join(f"{k} ({n:,})" for k, n in hot))
     if s.get("mode") != "allreduce":
         tot_pull = sum(d["pull_seconds"] for d in s["workers"])
         tot_push = sum(d["push_seconds"] for d in s["workers"])

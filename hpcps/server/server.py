@@ -24,10 +24,10 @@ from hpcps.core.consistency import (H_BUSY, H_CLOCK, H_NWORKERS, H_VERSION, H_WO
                                     StalenessHistogram, header_len)
 from hpcps.core.optim import NonFiniteError, all_finite, check_finite
 from hpcps.core.tables import KeyPartition
-from hpcps.kernels.optim import take_rows
 from hpcps.server.membership import ServerMembership
 from hpcps.server.loop import (IDLE_SLEEP_MAX, IDLE_SLEEP_MIN, IDLE_SPIN, IDLE_SPIN_DEDICATED,
                                agreed_growth, serve_requests)
+from hpcps.server.dynshard import DynamicShard, peak_rss
 from hpcps.server.shard import Shard, header_and_rows, rows_of, touched_rows, window_sizes
 
 __all__ = ["ParameterServer", "Shard", "window_sizes", "serve_requests", "agreed_growth",
@@ -113,6 +113,14 @@ class ParameterServer(ServerMembership):
         # examples of the steps applied (BSP/SSP) or of the CLOCKs received (async)
         self.examples_total = int(examples)
         for tid, (spec, opt) in enumerate(tables):
+            if spec.dynamic:                 # a hash table: the keys pushed, any 64-bit id
+                sh = DynamicShard.create(spec, opt, index, n_servers, seed,
+                                         header_len(self.n_workers), restore=restore)
+                sh.hdr[H_VERSION] = sh.hdr[H_CLOCK] = start
+                sh.hdr[H_NWORKERS] = self.n_workers
+                sh.hdr[H_WORKER0:H_WORKER0 + self.n_workers] = start
+                self.shards.append(sh)
+                continue
             part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
             lo, hi = part.shard_range(index)
             shape = (hi - lo, spec.dim)
@@ -231,7 +239,7 @@ class ParameterServer(ServerMembership):
         if op == tp.PULL:
             shard = self._shard(h)
             keys = self.ep.recv_keys(source, int(h[tp.H_NKEYS]), op, scratch=True)   # not kept
-            rows = shard.part.local_rows(keys, self.index, out=keys)     # in place
+            rows = shard.rows_for(keys, self.index)     # in place (a hash table: the keys)
             if self._pull_ready(h):
                 self._reply_rows(source, shard, rows, op)
             else:
@@ -251,7 +259,8 @@ class ParameterServer(ServerMembership):
         elif op == tp.PULL_SHARD:
             shard = self._shard(h)
             if self.visible_clock >= int(h[tp.H_CLOCK]):
-                self.ep.reply(source, shard.w, op, rng=self.index)
+                self.ep.reply(source, shard.whole(h, int(h[tp.H_AUX]), int(h[tp.H_NKEYS])),
+                              op, rng=self.index)
             else:
                 self.waiting_pulls.append((source, h, None))
         elif op == tp.CHECKPOINT:
@@ -282,7 +291,7 @@ class ParameterServer(ServerMembership):
         keys = self.ep.recv_keys(source, n, tp.PUSH, pooled=True)
         grads = self.ep.recv_values(source, (n, shard.spec.dim), shard.spec.dtype, tp.PUSH,
                                     pooled=True)
-        rows = shard.part.local_rows(keys, self.index, out=keys)     # in place
+        rows = shard.rows_for(keys, self.index)     # in place (a hash table: the keys)
         c = int(h[tp.H_CLOCK])
         check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
                      f"{self.worker_of_rank[source]} at clock {c}", grads)
@@ -350,10 +359,10 @@ class ParameterServer(ServerMembership):
                             if self.policy.staleness_aware_lr else [p[2] for p in pushes]
                         rows = self._joined([p[1] for p in pushes])
                         grads = self._joined(parts)
-                        shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
+                        shard.apply(rows, grads, scale)
                         self._check_weights(shard, rows, c)
                         if self.forward is not None:
-                            touched[tid] = touched_rows(rows, shard.w.shape[0])
+                            touched[tid] = shard.touched(rows)
                         self.ep.pool.give(rows, grads, *(a for p in pushes for a in p[1:3]))
                     shard.hdr[H_VERSION] = c + 1
                     shard.hdr[H_CLOCK] = c + 1
@@ -384,7 +393,7 @@ class ParameterServer(ServerMembership):
 
     def _reply_rows(self, source: int, shard: Shard, rows, op: int) -> None:
         """Reply to a pull with the rows (gathered into a pooled buffer) and the shard header."""
-        vals = rows_of(shard.w, rows, self.ep.pool)
+        vals = shard.gather(rows, self.ep.pool)
         self.ep.reply(source, vals, op, shard.hdr, rng=self.index)
         self.ep.pool.give(vals)
 
@@ -422,7 +431,7 @@ class ParameterServer(ServerMembership):
             if self.policy.staleness_aware_lr:
                 scale /= st + 1
         shard.hdr[H_BUSY] = 1
-        shard.optimizer.apply(shard.w, shard.slots, rows, grads, scale)
+        shard.apply(rows, grads, scale)
         self._check_weights(shard, rows, int(h[tp.H_CLOCK]))
         shard.hdr[H_VERSION] = version + 1
         shard.hdr[H_BUSY] = 0
@@ -435,11 +444,12 @@ class ParameterServer(ServerMembership):
         their part of the step, so it cannot be rejected: the job stops before this state is
         read by a worker or written to a checkpoint.
         """
-        w = take_rows(shard.w, rows, self.ep.pool.take((rows.size, shard.w.shape[1]), shard.w.dtype))
+        w = shard.take(rows, self.ep.pool)
         finite = all_finite(w)
+        if not finite:
+            w = w.copy()
         self.ep.pool.give(w)
         if not finite:
-            w = shard.w[rows]
             bad = int(w.size - np.count_nonzero(np.isfinite(w)))
             raise NonFiniteError(
                 f"server {self.index}: the update of table {shard.spec.name!r} at clock {clock} "
@@ -475,7 +485,8 @@ class ParameterServer(ServerMembership):
             elif ready:
                 shard = self._shard(h)
                 if rows is None:
-                    self.ep.reply(source, shard.w, op, rng=self.index)
+                    self.ep.reply(source, shard.whole(h, int(h[tp.H_AUX]), int(h[tp.H_NKEYS])),
+                                  op, rng=self.index)
                 else:
                     self._reply_rows(source, shard, rows, op)
             else:
@@ -497,11 +508,7 @@ class ParameterServer(ServerMembership):
         if self.clock != step:
             raise RuntimeError(f"server {self.index}: checkpoint for step {step} requested at "
                                f"clock {self.clock}: not a consistent cut")
-        tables = [dict(name=sh.spec.name, rows=sh.w, keys=sh.part.shard_keys(self.index),
-                       slots=sh.optimizer.slots_dict(sh.slots), lo=sh.lo, hi=sh.hi,
-                       num_keys=sh.spec.num_keys, multiplier=sh.part.multiplier,
-                       sparse=sh.spec.sparse, optimizer=sh.optimizer.name)
-                  for sh in self.shards]
+        tables = [sh.checkpoint_entry(self.index) for sh in self.shards]
         nbytes, digest = ckpt.write_shard(ckpt.step_dir(self.run_dir, step), self.index,
                                           self.n_servers, self.clock, tables,
                                           examples=self.examples_total)
@@ -522,7 +529,12 @@ class ParameterServer(ServerMembership):
         s = self.ep.stats
         return {
             "server": self.index,
-            "rows": int(sum(sh.hi - sh.lo for sh in self.shards)),
+            "rows": int(sum(sh.n_rows for sh in self.shards)),
+            # per dynamic table: keys stored, admitted, rejected, evicted, hot keys
+            # (DynamicShard.report; None: a fixed table); peak resident memory (issue 18)
+            "tables": [sh.report() if isinstance(sh, DynamicShard) else None
+                       for sh in self.shards],
+            "rss_peak_bytes": peak_rss(),
             "memory_bytes": int(sum(sh.nbytes for sh in self.shards)),
             "keys_pulled": int(s.keys.get("pull", 0)),
             "keys_pushed": int(s.keys.get("push", 0)),

@@ -59,6 +59,50 @@ class Shard:
     def nbytes(self) -> int:
         return self.w.nbytes + (self.slots.nbytes if self.slots is not None else 0)
 
+    # The row operations of the request loop; :class:`hpcps.server.dynshard.DynamicShard`
+    # has the same ones over a hash table, so the loop does not tell the storages apart.
+    def rows_for(self, keys: np.ndarray, server: int) -> np.ndarray:
+        """Local rows of a request's keys, computed in place (``keys`` is overwritten).
+
+        Raises
+        ------
+        ValueError
+            For a key outside the key space or another server's key range.
+        """
+        return self.part.local_rows(keys, server, out=keys)
+
+    def gather(self, rows: np.ndarray, pool=None) -> np.ndarray:
+        """``w[rows]`` for a reply (:func:`rows_of`: a view, or a buffer of ``pool``)."""
+        return rows_of(self.w, rows, pool)
+
+    def take(self, rows: np.ndarray, pool) -> np.ndarray:
+        """``w[rows]`` gathered into a buffer of ``pool`` (give it back)."""
+        return take_rows(self.w, rows, pool.take((rows.size, self.w.shape[1]), self.w.dtype))
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray, scale: float) -> None:
+        """One optimizer step on ``rows`` (duplicates summed)."""
+        self.optimizer.apply(self.w, self.slots, rows, grads, scale)
+
+    def touched(self, rows: np.ndarray) -> np.ndarray:
+        """Distinct rows of an update, ascending (:func:`touched_rows`)."""
+        return touched_rows(rows, self.w.shape[0])
+
+    def whole(self, h, aux: int, nkeys: int) -> np.ndarray:
+        """The reply to a ``PULL_SHARD``: every row of the range."""
+        return self.w
+
+    @property
+    def n_rows(self) -> int:
+        """Rows held (the key range's size)."""
+        return self.hi - self.lo
+
+    def checkpoint_entry(self, server: int) -> dict:
+        """The table's entry for :func:`hpcps.checkpoint.write_shard`."""
+        return dict(name=self.spec.name, rows=self.w, keys=self.part.shard_keys(server),
+                    slots=self.optimizer.slots_dict(self.slots), lo=self.lo, hi=self.hi,
+                    num_keys=self.spec.num_keys, multiplier=self.part.multiplier,
+                    sparse=self.spec.sparse, optimizer=self.optimizer.name)
+
 
 def header_and_rows(w: np.ndarray, win, nh: int):
     """A shard's clock header (int64 ``(nh,)``, zeros) and rows: placed in the memory of
@@ -78,6 +122,9 @@ def window_sizes(specs, server: int, n_servers: int, n_workers: int) -> list[int
     (:func:`hpcps.core.consistency.header_len`) followed by the shard's rows, C order. Local."""
     out = []
     for spec in specs:
+        if getattr(spec, "dynamic", False):   # never in a window (refused at job check)
+            out.append(header_len(n_workers) * 8)
+            continue
         lo, hi = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse).shard_range(server)
         out.append(header_len(n_workers) * 8 + (hi - lo) * spec.dim * np.dtype(spec.dtype).itemsize)
     return out

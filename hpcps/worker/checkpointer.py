@@ -109,6 +109,11 @@ class Checkpointer:
         shards = self.client.checkpoint(clock, pushes)
         partitions = {}
         for spec, part, slots in zip(self.client.specs, self.client.parts, self.slot_names):
+            if spec.dynamic:
+                partitions[spec.name] = dict(storage="hash", num_keys=spec.num_keys,
+                                             dim=spec.dim, dtype=spec.dtype,
+                                             slots=list(slots))
+                continue
             partitions[spec.name] = dict(
                 num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype, multiplier=part.multiplier,
                 range_size=part.range_size, sparse=spec.sparse,

@@ -40,6 +40,7 @@ import time
 
 from hpcps.comm import transport as tp
 from hpcps.core.consistency import BSP, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0, header_len
+from hpcps.core.dyntables import HashPartition
 from hpcps.core.tables import KeyPartition, TableSpec
 
 
@@ -64,7 +65,10 @@ class PSClient:
         self.ep = endpoint
         self.specs = list(tables)
         self.ids = {s.name: i for i, s in enumerate(self.specs)}
-        self.parts = [KeyPartition(s.num_keys, n_servers, permute=s.sparse) for s in self.specs]
+        # a dynamic table's keys go to servers by their hash (HashPartition), not by range
+        self.parts = [HashPartition(n_servers, num_keys=s.num_keys, name=s.name) if s.dynamic
+                      else KeyPartition(s.num_keys, n_servers, permute=s.sparse)
+                      for s in self.specs]
         self.n_servers = n_servers
         self.pushes_sent = np.zeros(n_servers, dtype=np.int64)   # PUSH messages per server
         self.clock_value = 0
@@ -459,6 +463,9 @@ class PSClient:
         """
         self.send_staged()
         tid, spec, part = self._table(table)
+        if spec.dynamic:
+            raise ValueError(f"table {spec.name!r} is dynamic (storage 'hash'): it has no "
+                             "dense form; use pull_keys_rows")
         shards = []
         for s in range(self.n_servers):
             lo, hi = part.shard_range(s)
@@ -472,6 +479,33 @@ class PSClient:
         for s, buf in enumerate(shards):
             out[part.shard_keys(s)] = buf
         return out
+
+    def pull_keys_rows(self, table):
+        """Every key a dynamic table stores and its row, ``(keys int64 (n,), rows (n, dim))``,
+        ascending by key; for model output. Point-to-point, three round trips (count, keys,
+        rows: :data:`hpcps.server.dynshard.PULL_SHARD_COUNT`), each answered once the
+        server's clock has reached this worker's clock."""
+        self.send_staged()
+        tid, spec, part = self._table(table)
+        counts = [np.zeros(1, dtype=np.int64) for _ in range(self.n_servers)]
+        self._pull_shards(tid, counts, aux=1)
+        n = [int(c[0]) for c in counts]
+        keys = [np.empty(k, dtype=np.int64) for k in n]
+        self._pull_shards(tid, keys, aux=2)
+        rows = [np.empty((k, spec.dim), dtype=spec.dtype) for k in n]
+        self._pull_shards(tid, rows, aux=3)
+        k = np.concatenate(keys) if keys else np.empty(0, dtype=np.int64)
+        r = np.concatenate(rows) if rows else np.empty((0, spec.dim), dtype=spec.dtype)
+        order = np.argsort(k, kind="stable")
+        return k[order], r[order]
+
+    def _pull_shards(self, tid: int, bufs: list, aux: int) -> None:
+        for s, buf in enumerate(bufs):
+            if buf.size or aux == 1:
+                self.ep.expect(s, buf, tp.PULL_SHARD)
+                self.ep.send(s, tp.make_header(tp.PULL_SHARD, tid, self.clock_value,
+                                               len(buf), aux=aux, rng=s))
+        self.ep.complete(tp.PULL_SHARD)
 
     def checkpoint(self, step: int, pushes=None) -> list:
         """Ask every server to write its shard for the checkpoint at ``step``.

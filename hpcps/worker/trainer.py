@@ -432,7 +432,7 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.train
         self.say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
                   f"{n_train} train / {n_test} test rows; model {self.model.name} "
-                  f"({self._n_params():,} parameters); "
+                  f"({self._n_params():,} parameters{self._dynamic_note()}); "
                   f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
                   + ("AllReduce of the gradients (BSP by construction), "  # [cluster] mode
                      if self.client.pull_mode == "allreduce" else
@@ -562,7 +562,12 @@ class Trainer:
         return rec
 
     def _n_params(self) -> int:
-        return sum(s.num_keys * s.dim for s in self.client.specs)
+        """Parameters of the fixed tables (a dynamic table's grow with its keys)."""
+        return sum(s.num_keys * s.dim for s in self.client.specs if not s.dynamic)
+
+    def _dynamic_note(self) -> str:
+        dyn = [s.name for s in self.client.specs if s.dynamic]
+        return f" + dynamic table(s) {', '.join(dyn)} (hash, grow with the keys)" if dyn else ""
 
     def _say_guard(self, text: str) -> None:
         """A rejected step under a vote: every worker knows it, the chief says it."""

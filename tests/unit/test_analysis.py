@@ -596,3 +596,35 @@ def test_hpcps_command_has_the_analysis_subcommands(svm_run):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "step         20" in proc.stdout
+
+
+def _dyn_model(path, keys, rows):
+    """A model file with a dynamic table: ``weights`` rows beside ``weights_keys``."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.attrs["job_name"], f.attrs["config"] = "dyn", ""
+        f["weights_keys"] = np.asarray(keys, dtype=np.int64)
+        f["weights"] = np.asarray(rows, dtype=np.float64).reshape(-1, 1)
+        f["bias"] = np.zeros((1, 1))
+    return path
+
+
+def test_diff_of_dynamic_tables_compares_by_key(tmp_path):
+    """Two dynamic tables storing different key sets: the rows of the common keys are
+    compared key to key (not by position), keys stored by one side only are counted."""
+    big = 1 << 61
+    a = _dyn_model(tmp_path / "a.h5", [3, 7, big], [1.0, 2.0, 3.0])
+    b = _dyn_model(tmp_path / "b.h5", [0, 3, big, big + 5], [9.0, 1.0, 3.5, 4.0])
+    rows = {r["name"]: r for r in analysis.diff(a, b)["rows"]}
+    assert sorted(rows) == ["bias", "weights"]            # weights_keys is not a row
+    w = rows["weights"]
+    assert w["status"] == "compared" and w["size"] == 2, w   # keys 3 and 2^61
+    assert w["differing"] == 1 and w["max_abs"] == 0.5
+    assert (w["keys_common"], w["only_a"], w["only_b"]) == (2, 1, 2)
+    text = analysis.format_diff(analysis.diff(a, b))
+    assert "(by key: 2 keys in both, 1 only in A, 2 only in B)" in text, text
+    # the same keys, stored in another order: identical
+    c = _dyn_model(tmp_path / "c.h5", [big, 7, 3], [3.0, 2.0, 1.0])
+    w = {r["name"]: r for r in analysis.diff(a, c)["rows"]}["weights"]
+    assert w["differing"] == 0 and w["size"] == 3, w

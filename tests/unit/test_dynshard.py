@@ -1,0 +1,117 @@
+"""DynamicShard (hpcps.server.dynshard): the server's rows of a dynamic table — pulls of
+absent keys, update counts and hot keys, admission after min_count pushes (count-min
+sketch), TTL and least-frequently-updated eviction, max_keys without eviction refused."""
+
+import numpy as np
+import pytest
+
+from hpcps.core.consistency import H_CLOCK
+from hpcps.core.optim import Optimizer
+from hpcps.core.tables import TableSpec
+from hpcps.server.dynshard import HOT_KEYS, REPORT_LEN, Admission, DynamicShard
+
+
+def shard(**kw):
+    spec = TableSpec("w", (1 << 63) - 1, 1, "float64", storage="hash", **kw)
+    return DynamicShard.create(spec, Optimizer("sgd", 0.5), 0, 1, seed=1, nh=8)
+
+
+def push(sh, keys, clock=0, g=1.0):
+    sh.hdr[H_CLOCK] = clock
+    keys = np.asarray(keys, dtype=np.int64)
+    sh.apply(keys, np.full((keys.size, 1), g), 1.0)
+
+
+def test_pull_of_an_absent_key_is_the_initial_value_and_inserts_nothing():
+    sh = shard()
+    assert np.all(sh.gather(np.array([5, 2**62], dtype=np.int64)) == 0) and sh.n_rows == 0
+    push(sh, [5, 5, 7])
+    assert sh.n_rows == 2 and sh.admitted == 2
+    np.testing.assert_array_equal(sh.gather(np.array([5, 7, 9]))[:, 0], [-1.0, -0.5, 0.0])
+
+
+def test_update_counts_give_the_hot_keys_in_the_report():
+    sh = shard()
+    for c in range(5):
+        push(sh, [1, 2 ** 40 + 3] + ([-7] if c < 3 else []), clock=c)
+    keys, counts = sh.hot_keys(3)
+    assert keys.tolist()[:2] == [1, 2 ** 40 + 3] and counts.tolist() == [5, 5, 3]
+    rep = sh.report()
+    assert len(rep) == REPORT_LEN and rep[:4] == [3, 3, 0, 0]
+    # keys travel as exact 32-bit halves (float64 rows): -7 as uint64
+    hot = [((rep[4 + 3 * i] << 32) | rep[5 + 3 * i], rep[6 + 3 * i]) for i in range(HOT_KEYS)]
+    assert hot[2] == ((-7) & ((1 << 64) - 1), 3) and hot[3] == (0, 0)
+
+
+def test_admission_after_min_count_pushes():
+    sh = shard(min_count=3)
+    push(sh, [10, 11])
+    push(sh, [10])
+    assert sh.n_rows == 0 and sh.rejected == 3            # not stored, pushes dropped
+    push(sh, [10, 11])                                    # 10's 3rd push: admitted
+    assert sh.table.lookup(np.array([10, 11])).tolist()[0] >= 0 and sh.n_rows == 1
+    assert sh.gather(np.array([10]))[0, 0] == -0.5        # only the admitting push applied
+    push(sh, [11])
+    assert sh.n_rows == 2 and sh.admitted == 2
+
+
+def test_count_min_sketch_never_undercounts_and_its_bound_holds():
+    rng = np.random.default_rng(0)
+    a = Admission(10, width=1 << 10, depth=4)
+    keys = rng.zipf(1.3, 20000).astype(np.int64)
+    est = a.add(keys)
+    true = dict(zip(*np.unique(keys, return_counts=True)))
+    t = np.array([true[k] for k in keys])
+    assert np.all(est >= t)
+    over = est - t
+    assert np.mean(over > a.error_bound()) <= np.exp(-4) + 0.01
+
+
+def test_ttl_evicts_rows_not_updated_for_ttl_steps_clocks():
+    sh = shard(ttl_steps=2)
+    push(sh, [1, 2], clock=0)
+    push(sh, [1], clock=1)
+    push(sh, [1], clock=2)
+    assert sh.n_rows == 2                                 # 2 last updated at 0: 2 - 0 = 2
+    push(sh, [1], clock=3)                                # 3 - 0 > 2: evicted
+    assert sh.n_rows == 1 and sh.evicted == 1
+    assert sh.gather(np.array([2]))[0, 0] == 0.0          # back to its initial value
+    np.testing.assert_array_equal(sh.gather(np.array([1]))[:, 0], [-2.0])   # kept, bitwise
+
+
+def test_lfu_eviction_at_max_keys_keeps_the_most_updated():
+    sh = shard(max_keys=10, evict="lfu")
+    for c in range(3):
+        push(sh, np.arange(5), clock=c)                   # 0..4 updated 3 times
+    push(sh, np.arange(5, 11), clock=3)                   # 11 keys > 10: down to 9
+    assert sh.n_rows == 9 and sh.evicted == 2
+    stored = set(sh.table.keys().tolist())
+    assert set(range(5)) <= stored and {5, 6} & stored == set()   # oldest of the least-updated
+
+
+def test_max_keys_without_eviction_is_an_error_naming_the_table():
+    sh = shard(max_keys=3)
+    push(sh, [1, 2, 3])
+    with pytest.raises(RuntimeError, match=r"dynamic table 'w' holds 4 keys, more than its "
+                                           r"max_keys = 3 .* evict = 'lfu'"):
+        push(sh, [4])
+
+
+def test_stepping_rows_in_arena_order_gives_the_same_weights():
+    from hpcps.kernels import hashtable as H
+
+    rng = np.random.default_rng(3)
+    keys = rng.integers(-2**62, 2**62, 5000)
+    pushes = [keys[rng.zipf(1.2, 4000) % keys.size] for _ in range(4)]
+    out = []
+    for flag in (False, True):
+        H.set_sort_rows(flag)
+        try:
+            t = H.HashTable(2, "float64", "ftrl", lr=0.1, lambda1=0.01)
+            for p in pushes:
+                t.apply(p, np.sin(p[:, None] * np.array([1.0, 2.0])), 0.5)
+            out.append((t.keys(), t.weights(), t.slots()))
+        finally:
+            H.set_sort_rows(False)
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+    assert all(np.array_equal(out[0][2][s], out[1][2][s]) for s in out[0][2])
