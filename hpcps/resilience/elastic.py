@@ -339,7 +339,8 @@ class Elastic:
             return self._refused(event, f"cannot add workers: {self.unavailable or 'see rank 0'}")
         timeout = self.cfg.elastic.join_timeout
         with core.watchdog(r.ps, timeout, f"adding {n} worker(s) at clock {clock}"):
-            inter, error = spawn.spawn_workers(r.ps, n, r.worker_ranks[0], oversubscribe)
+            inter, error = spawn.spawn_workers(r.ps, n, r.worker_ranks[0], oversubscribe,
+                                               deadline=timeout)
             if inter is not None:
                 return self._handshake(inter, r, n, clock, rebind, join, event, t0, world_ranks)
         slots = spawn.universe_size(r.ps)
@@ -408,9 +409,13 @@ class Elastic:
         return roles, windows
 
     @classmethod
-    def join(cls, out=None):
+    def join(cls, out=None, deadline=None):
         """In a process started by :meth:`grow` (``hpcps join``): meet the job, load it, take
         the new layout. Collective with every rank of the job (the other side of steps 3-6).
+
+        ``deadline``: the timer that ends this process if it has not joined in time
+        (:func:`hpcps.core.procs.exit_after`, started before ``MPI_Init``), cancelled here once
+        it has joined or left.
 
         Returns
         -------
@@ -452,6 +457,8 @@ class Elastic:
                 sys.stderr.flush()
             merged.Free()
             spawn.disconnect(parent)
+            if deadline is not None:
+                deadline.cancel()
             return None
         ft_state = None
         if cfg.fault_tolerance.mode == "continue" and plan.world_ranks:
@@ -470,6 +477,8 @@ class Elastic:
                 roles, windows = self._settle(merged, core.WORKER, key, lambda *_: None)
         except Exception as e:                        # noqa: BLE001 - see GrowthFailed
             raise _failed(e, plan.clock) from e
+        if deadline is not None:
+            deadline.cancel()
         self.roles, self.windows = roles, windows
         self.intercomms.append(parent)
         return self, plan, cfg, model

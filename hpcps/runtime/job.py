@@ -100,10 +100,11 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None,
                       step_hook=step_hook, restart=restart)
 
 
-def join_job(out=None, stop=None) -> dict:
+def join_job(out=None, stop=None, deadline=None) -> dict:
     """Run as a worker added to a running job (``hpcps join``, started by
     :meth:`hpcps.resilience.elastic.Elastic.grow`): meet the job, then train as its other workers do.
-    Collective with every rank of the running job.
+    Collective with every rank of the running job. ``deadline``: see
+    :meth:`~hpcps.resilience.elastic.Elastic.join`.
 
     Returns
     -------
@@ -112,7 +113,7 @@ def join_job(out=None, stop=None) -> dict:
         loaded here (the job goes on without this process).
     """
     out = out or sys.stdout
-    joined = Elastic.join(out)
+    joined = Elastic.join(out, deadline)
     if joined is None:
         return {"joined": False, "stopped_by_signal": False}
     elastic, plan, cfg, model = joined

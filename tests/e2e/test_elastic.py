@@ -11,7 +11,11 @@
 * ``hpcps grow`` on a launch without a free slot is refused with the MPI error and the job
   finishes; ``hpcps grow`` on the finished run is an error;
 * kill -9 of an added worker in continue mode is survived with every example once; one
-  killed before it joined makes the job abort after ``join_timeout`` (no hang).
+  killed before it joined makes the job abort after ``join_timeout`` (no hang);
+* kill -9 of a launch's worker while a worker is being added (continue mode; the added one
+  held before ``MPI_Init``): the job aborts after ``join_timeout``, every process of it —
+  the added one too — is gone within seconds, and ``hpcps run --max-restarts 1`` relaunches
+  it from its checkpoint (issue 22.1).
 """
 
 import json
@@ -23,12 +27,14 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import numpy as np
 import pytest
 
 from hpcps.runtime.output import read_model
-from tests.helpers import DATA, hpcps, mpi_env, read_until, start_run
+from tests.helpers import (DATA, ROOT, finish, hpcps, kill_rank, kill_session, mpi_env, read_until,
+                           session_pids, start_run)
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
@@ -241,3 +247,51 @@ def test_added_worker_dead_before_joining_aborts_within_join_timeout(tmp_path):
     assert p.returncode != 0
     assert "did not finish within 15 s" in out and "aborting the job" in out, out[-3000:]
     assert time.time() - t_kill < 120
+
+
+def test_worker_killed_while_a_worker_is_added_job_ends_and_relaunches(tmp_path):
+    """Issue 22.1: kill -9 of a worker while the job is in MPI_Comm_spawn (continue mode). The
+    added process is held before MPI_Init (tests/tools/join_pause), the worker is killed, the
+    added process is let go. The growth cannot finish; after join_timeout the job aborts, and
+    the added process — which the abort does not reach (Open MPI 5, ULFM), and for which mpirun
+    waited for ever — ends itself. hpcps run gets mpirun's status and relaunches; the relaunch
+    resumes from the checkpoint at clock 20, grows at clock 30 and finishes."""
+    timeout = 8
+    job = write(tmp_path, "gk", every=20, progress=0.000001,
+                elastic=f"[elastic]\nadd_workers = 1\nat_step = 30\njoin_timeout = {timeout}\n"
+                        + CONTINUE)
+    flag = tmp_path / "join-go"
+    env = mpi_env(HPCPS_TEST_JOIN_PAUSE=str(flag))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "tools" / "join_pause"),
+                                                      env.get("PYTHONPATH")]))
+    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", "--max-restarts", "1",
+                          str(job)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not list(tmp_path.glob("join-go.*")):          # the growth has begun
+            assert p.poll() is None and time.time() < deadline, p.communicate()[0][-3000:]
+            time.sleep(0.05)
+        kill_rank(job, 2)                                    # worker 2 of the launch
+        t_kill = time.time()
+        time.sleep(0.5)
+        flag.touch()                                         # the added process goes on
+        out = finish(p, timeout=240)        # before the fix: no exit (mpirun waits for it)
+        left = session_pids(p.pid)
+    finally:
+        if p.poll() is None:
+            kill_session(p.pid)
+            p.wait()
+    assert not left, f"processes of the job left: {left}"
+    assert (f"adding 1 worker(s) at clock 30 did not finish within {timeout} s" in out
+            and "aborting the job" in out), out[-3000:]
+    assert "restart 1/1" in out and p.returncode == 0, out[-3000:]
+    s = metrics(tmp_path / "gk")["summary"]
+    first, second = s["launches"]
+    assert second["resumed_from_step"] == 20 and second["restart"] == 1
+    # the abort ended every process within seconds of join_timeout, so the relaunch began
+    relaunched = datetime.fromisoformat(second["started"]).timestamp()
+    assert relaunched - t_kill < timeout + 30, relaunched - t_kill
+    # the relaunch grew at clock 30 as planned and read every example of the epochs once
+    assert [(g["clock"], g["workers"]) for g in s["growth"]] == [(30, 4)]
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN - 3 * 20 * 32, N_TRAIN]
