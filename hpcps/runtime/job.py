@@ -144,10 +144,11 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 server = ServerGroup(ep, ft_state, roles.index, roles.worker_ranks, tables,
                                      policy, seed=cfg.seed, restore=restore, elastic=elastic)
             else:
-                server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
-                                         tables, policy, seed=cfg.seed, windows=windows,
-                                         run_dir=cfg.output.dir, restore=restore,
-                                         elastic=elastic)
+                args = (ep, roles.index, roles.n_servers, roles.worker_ranks, tables, policy)
+                common = dict(windows=windows, run_dir=cfg.output.dir, elastic=elastic)
+                server = (ParameterServer.from_checkpoint(*args, restore=restore, **common)
+                          if restore is not None else
+                          ParameterServer.initial(*args, seed=cfg.seed, **common))
             if windows:
                 barrier(roles.ps)                    # windows initialised before any read
             server.serve()

@@ -15,7 +15,10 @@
 * kill -9 of a launch's worker while a worker is being added (continue mode; the added one
   held before ``MPI_Init``): the job aborts after ``join_timeout``, every process of it —
   the added one too — is gone within seconds, and ``hpcps run --max-restarts 1`` relaunches
-  it from its checkpoint (issue 22.1).
+  it from its checkpoint (issue 22.1);
+* a job that fell back from RMA to p2p pulls (``rma_fallback``, the MPI judged as MPICH
+  without asynchronous progress) adds a worker that pulls by p2p too: the run's decision
+  reaches it through the join plan (the job file says ``rma``).
 """
 
 import json
@@ -33,8 +36,8 @@ import numpy as np
 import pytest
 
 from hpcps.runtime.output import read_model
-from tests.helpers import (DATA, ROOT, finish, hpcps, kill_rank, kill_session, mpi_env, read_until,
-                           session_pids, start_run)
+from tests.helpers import (DATA, ROOT, finish, hpcps, kill_rank, kill_session, mpi_env, mpirun,
+                           read_until, run_in_session, session_pids, start_run)
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
@@ -295,3 +298,19 @@ def test_worker_killed_while_a_worker_is_added_job_ends_and_relaunches(tmp_path)
     # the relaunch grew at clock 30 as planned and read every example of the epochs once
     assert [(g["clock"], g["workers"]) for g in s["growth"]] == [(30, 4)]
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN - 3 * 20 * 32, N_TRAIN]
+
+
+def test_worker_added_after_rma_fallback_pulls_by_p2p_like_the_job(tmp_path):
+    job = write(tmp_path, "fb", every=0, elastic="[elastic]\nadd_workers = 1\nat_step = 20\n")
+    job.write_text(job.read_text().replace('model = "bsp"',
+                                           'model = "bsp"\npull = "rma"\nrma_fallback = true'))
+    driver = ROOT / "tests" / "tools" / "fallback_driver.py"
+    proc = run_in_session([mpirun(), "-n", "3", sys.executable, str(driver), str(job)],
+                          cwd=tmp_path, env=mpi_env(), timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "falling back to p2p pulls" in out and "BSP (p2p pulls)" in out, out[-3000:]
+    assert "1 worker(s) added at clock 20 (epoch 1): 3 workers" in out, out[-3000:]
+    s = metrics(tmp_path / "fb")["summary"]
+    assert s["consistency"]["pull"] == "p2p"
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
