@@ -1,15 +1,22 @@
 """Processes of this host: whether one is a live hpcps process (run-directory records name
-their writer's pid); a deadline after which this process ends itself. No MPI."""
+their writer's pid); a deadline after which this process ends itself; the mark a rank leaves
+for ``hpcps run`` when it aborts the job, and the processes of a session. No MPI."""
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import socket
 import threading
 from pathlib import Path
 
-__all__ = ["Deadline", "exit_after", "hpcps_alive"]
+__all__ = ["ABORT_MARK_ENV", "Deadline", "exit_after", "hpcps_alive", "kill_session",
+           "mark_abort", "read_abort_mark", "session_pids"]
+
+#: Environment variable naming the file a rank writes when it aborts the job (``hpcps run``
+#: sets it for its mpirun, :func:`hpcps.runtime.launch.run`).
+ABORT_MARK_ENV = "HPCPS_ABORT_MARK"
 
 
 def hpcps_alive(pid: int) -> bool:
@@ -69,3 +76,60 @@ def exit_after(seconds: float, why: str, code: int = 1) -> Deadline:
     faulthandler.dump_traceback_later(float(seconds) + BACKSTOP_SECONDS, exit=True)
     timer.start()
     return Deadline(timer)
+
+
+def mark_abort(code: int, environ=None) -> None:
+    """Write ``code`` to the file named by :data:`ABORT_MARK_ENV`, if set: this rank is about
+    to abort the job with that status. Local; best effort (never raises)."""
+    env = os.environ if environ is None else environ
+    path = env.get(ABORT_MARK_ENV)
+    if not path:
+        return
+    try:
+        Path(path).write_text(f"{int(code)}\n")
+    except (OSError, ValueError, TypeError):
+        pass
+
+
+def read_abort_mark(path) -> int | None:
+    """The status a rank wrote with :func:`mark_abort` to ``path`` (1 if unreadable), or None
+    when no rank aborted. Local."""
+    try:
+        text = Path(path).read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return 1
+    return int(text) if text.isdigit() else 1
+
+
+def session_pids(sid: int) -> list[int]:
+    """Pids of the live processes of session ``sid`` on this host (Linux ``/proc``; empty
+    elsewhere). Local."""
+    pids = []
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:
+        return pids
+    for d in entries:
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue                       # gone meanwhile
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+def kill_session(sid: int) -> list[int]:
+    """SIGKILL every process of session ``sid`` on this host (mpirun started in a session of
+    its own, its ranks and the processes they spawned); returns their pids. Local."""
+    pids = session_pids(sid)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return pids

@@ -16,6 +16,9 @@
   held before ``MPI_Init``): the job aborts after ``join_timeout``, every process of it —
   the added one too — is gone within seconds, and ``hpcps run --max-restarts 1`` relaunches
   it from its checkpoint (issue 22.1);
+* the same with the added process held until the job has aborted (stuck before its own
+  deadline starts): ``hpcps run`` kills every process of mpirun's session
+  ``ABORT_EXIT_SECONDS`` after the abort and relaunches;
 * a job that fell back from RMA to p2p pulls (``rma_fallback``, the MPI judged as MPICH
   without asynchronous progress) adds a worker that pulls by p2p too: the run's decision
   reaches it through the join plan (the job file says ``rma``).
@@ -29,8 +32,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -297,6 +302,72 @@ def test_worker_killed_while_a_worker_is_added_job_ends_and_relaunches(tmp_path)
     assert relaunched - t_kill < timeout + 30, relaunched - t_kill
     # the relaunch grew at clock 30 as planned and read every example of the epochs once
     assert [(g["clock"], g["workers"]) for g in s["growth"]] == [(30, 4)]
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN - 3 * 20 * 32, N_TRAIN]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed and not reaped yet, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_paused_growth(tmp_path, name, timeout):
+    """``hpcps run --max-restarts 1`` of a continue-mode job adding 1 worker at clock 30, the
+    added process held before MPI_Init (tests/tools/join_pause); returns (job, flag, Popen)
+    once the process is held."""
+    job = write(tmp_path, name, every=20, progress=0.000001,
+                elastic=f"[elastic]\nadd_workers = 1\nat_step = 30\njoin_timeout = {timeout}\n"
+                        + CONTINUE)
+    flag = tmp_path / "join-go"
+    env = mpi_env(HPCPS_TEST_JOIN_PAUSE=str(flag))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "tools" / "join_pause"),
+                                                      env.get("PYTHONPATH")]))
+    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", "--max-restarts", "1",
+                          str(job)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.time() + 240
+    while not list(tmp_path.glob("join-go.*")):              # the growth has begun
+        if p.poll() is not None or time.time() > deadline:
+            kill_session(p.pid)
+            raise AssertionError(p.communicate()[0][-3000:])
+        time.sleep(0.05)
+    return job, flag, p
+
+
+def test_added_worker_stuck_while_the_job_aborts_is_killed_by_hpcps_run(tmp_path):
+    """As above, but the added process stays held (as one stuck starting up, before its own
+    deadline is set) until the first launch has aborted: its mpirun would wait for it for
+    ever; hpcps run kills mpirun's session after ABORT_EXIT_SECONDS and relaunches."""
+    timeout = 8
+    job, flag, p = _start_paused_growth(tmp_path, "stuck", timeout)
+    try:
+        (held,) = [int(f.suffix[1:]) for f in tmp_path.glob("join-go.*")]
+        kill_rank(job, 2)
+        t_kill = time.time()
+        lines: list = []
+        # before the fix nothing more is printed: end the wait (readline) by killing it all
+        stop = threading.Timer(timeout + 150, kill_session, [p.pid])
+        stop.start()
+        try:
+            read_until(p, "restart 1/1", lines, timeout=timeout + 150)
+        finally:
+            stop.cancel()
+        assert not _alive(held), "the held process outlived the launch"
+        flag.touch()                                        # the relaunch's added worker goes on
+        out = finish(p, lines, timeout=240)
+        left = session_pids(p.pid)
+    finally:
+        if p.poll() is None:
+            kill_session(p.pid)
+            p.wait()
+    assert not left, f"processes of the job left: {left}"
+    assert "killed the" in out and "process(es) of its session" in out, out[-3000:]
+    assert p.returncode == 0, out[-3000:]
+    s = metrics(tmp_path / "stuck")["summary"]
+    relaunched = datetime.fromisoformat(s["launches"][1]["started"]).timestamp()
+    assert relaunched - t_kill < timeout + 60, relaunched - t_kill
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN - 3 * 20 * 32, N_TRAIN]
 
 
