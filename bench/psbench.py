@@ -70,8 +70,8 @@ class Bench:
         self.server = self.client = None
         if r.role == "server":
             ep = ServerEndpoint(r.ps, DEFAULT_MAX_MESSAGE_BYTES)
-            self.server = ParameterServer(ep, r.index, r.n_servers, r.worker_ranks, tables,
-                                          self.policy, windows=self.windows)
+            self.server = ParameterServer.initial(ep, r.index, r.n_servers, r.worker_ranks,
+                                                  tables, self.policy, windows=self.windows)
             for sh in self.server.shards:   # non-zero rows (a pull of zeros proves nothing)
                 sh.w[...] = np.arange(sh.w.size, dtype=np.float32).reshape(sh.w.shape) % 97
         else:

@@ -105,6 +105,13 @@ def cmd_join(args) -> int:
     from hpcps.core.signals import EXIT_REQUEUE, StopRequest
 
     stop = StopRequest().install()
+    deadline = None
+    if args.deadline is not None:    # before MPI_Init, which can wait forever (issue 22.1)
+        from hpcps.core.procs import exit_after
+
+        deadline = exit_after(args.deadline, f"added worker: not joined within {args.deadline:g} "
+                              "s ([elastic] join_timeout; the job was aborted or a process "
+                              "died); exiting")
     from hpcps.comm import core, spawn
     from hpcps.core import log
     from hpcps.runtime.job import join_job
@@ -115,7 +122,7 @@ def cmd_join(args) -> int:
         return _fail("`hpcps join` is started by a running job to add workers to it (hpcps "
                      "grow, [elastic] add_workers); it cannot run by itself")
     with core.abort_on_error(core.world()):
-        res = join_job(out=log.LineStream(), stop=stop)
+        res = join_job(out=log.LineStream(), stop=stop, deadline=deadline)
     return EXIT_REQUEUE if res.get("stopped_by_signal") else 0
 
 
@@ -403,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     j = sub.add_parser("join", help="(internal) a worker added to a running job; started by "
                                      "MPI_Comm_spawn, not by hand")
     _verbosity(j)
+    j.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="exit unless joined within this time (the job's [elastic] join_timeout)")
     j.set_defaults(func=cmd_join)
     i = sub.add_parser("info", help="versions and the MPI in use")
     i.set_defaults(func=cmd_info)

@@ -21,6 +21,7 @@ from mpi4py.util.dtlib import from_numpy_dtype
 
 from hpcps.comm.launcher import cores_dedicated, launcher_local_size, launcher_world_size
 from hpcps.core.exitcodes import EXIT_FAILED, status_for
+from hpcps.core.procs import mark_abort
 from hpcps.core.threads import blas_threads_for, limit_blas_threads
 
 #: Default largest single MPI message in bytes; larger arrays are sent in chunks so that no
@@ -321,6 +322,7 @@ def _report_and_abort(comm, stream, text, code):
     try:
         stream.write(f"hpcps: rank {comm.Get_rank()} on {hostname()}: {text}\n")
         stream.flush()
+        mark_abort(code)                 # hpcps run ends mpirun if it does not exit after it
         time.sleep(ABORT_GRACE)
     finally:
         comm.Abort(code)

@@ -38,6 +38,8 @@ from hpcps.comm.core import any_rank_failed
 
 #: Arguments after the Python executable that start an added worker (``hpcps join``).
 JOIN_ARGS = ("-m", "hpcps", "join")
+#: The option of ``hpcps join`` giving the seconds within which it must have joined.
+DEADLINE_OPTION = "--deadline"
 
 
 def spawn_unavailable(environ=None, library: str | None = None) -> str | None:
@@ -66,7 +68,7 @@ def spawn_unavailable(environ=None, library: str | None = None) -> str | None:
 
 
 def spawn_workers(comm: MPI.Intracomm, n: int, root: int, oversubscribe: bool = False,
-                  wdir: str | None = None):
+                  wdir: str | None = None, deadline: float | None = None):
     """Start ``n`` new processes running ``python -m hpcps join`` (the Python of this rank).
     Collective over ``comm``: every rank calls it with the same ``n`` and ``root``;
     ``oversubscribe`` and ``wdir`` are used at ``root`` only.
@@ -84,6 +86,11 @@ def spawn_workers(comm: MPI.Intracomm, n: int, root: int, oversubscribe: bool = 
         ``map_by = ":OVERSUBSCRIBE"``, ``bind_to = "none"``).
     wdir : str, optional
         Working directory of the new processes (default: the root's).
+    deadline : float, optional
+        Seconds within which each new process must have joined the job (MPI_Init, the
+        handshake, the new layout), counted from its start; it ends itself after them
+        (``hpcps join --deadline``, :func:`hpcps.core.procs.exit_after`), since an abort of
+        the job does not end it (Open MPI 5 under ULFM). Default: no deadline.
 
     Returns
     -------
@@ -109,8 +116,10 @@ def spawn_workers(comm: MPI.Intracomm, n: int, root: int, oversubscribe: bool = 
                 info.Set("bind_to", "none")
         comm.Set_errhandler(MPI.ERRORS_RETURN)     # a failed spawn must not abort the job
         try:
-            inter = comm.Spawn(sys.executable, args=list(JOIN_ARGS), maxprocs=int(n), info=info,
-                               root=root)
+            args = list(JOIN_ARGS)
+            if deadline is not None:
+                args += [DEADLINE_OPTION, f"{float(deadline):g}"]
+            inter = comm.Spawn(sys.executable, args=args, maxprocs=int(n), info=info, root=root)
         except MPI.Exception as e:
             error = f"MPI_Comm_spawn of {n} process(es) failed: {e.Get_error_string()}"
     finally:

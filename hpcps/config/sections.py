@@ -508,7 +508,8 @@ class ElasticConfig:
     join_timeout : float
         Seconds the job waits for added workers to start and meet it (any growth, also by
         ``hpcps grow``) before it aborts: a process that dies before ``MPI_Init`` would
-        otherwise leave every rank waiting in ``MPI_Comm_spawn``.
+        otherwise leave every rank waiting in ``MPI_Comm_spawn``. An added worker that has
+        not joined within it ends itself (``hpcps join --deadline``).
     """
 
     add_workers: int = key(0, lo=0, hi=4096)

@@ -58,7 +58,8 @@ from hpcps.comm.collectives import allreduce_max, barrier, bcast_array
 from hpcps.comm.membership import Membership
 from hpcps.comm.rma import allocate_windows
 from hpcps.comm.rma import free_windows
-from hpcps.config import OutputConfig, parse_job
+from hpcps.config import parse_job
+from hpcps.core.runplan import RunPlan
 from hpcps.core.threads import usable_cores
 from hpcps.models.load import load_model
 from hpcps.resilience.grow_request import (REQUEST, RUNNING, GrowError, read_request, unlink, write_answer,
@@ -204,6 +205,9 @@ class Elastic:
         The RMA windows (empty for p2p pulls).
     ft_state : hpcps.resilience.recovery.FTState or None
     out : text stream for the chief's messages
+    run : hpcps.core.runplan.RunPlan, optional
+        The run's decisions (the pull mode in use, after an RMA fallback); default: as
+        ``cfg`` says.
 
     Attributes
     ----------
@@ -214,8 +218,9 @@ class Elastic:
         Why this launch cannot add processes (:func:`hpcps.comm.spawn.spawn_unavailable`).
     """
 
-    def __init__(self, cfg, roles, specs, windows=(), ft_state=None, out=None):
+    def __init__(self, cfg, roles, specs, windows=(), ft_state=None, out=None, run=None):
         self.cfg = cfg
+        self.run = run if run is not None else RunPlan.of(cfg)
         # the rank's one membership object: continue mode's (the recovery changes it too)
         self.membership = ft_state.membership if ft_state is not None else Membership(roles)
         self.membership.windows = list(windows)
@@ -339,7 +344,8 @@ class Elastic:
             return self._refused(event, f"cannot add workers: {self.unavailable or 'see rank 0'}")
         timeout = self.cfg.elastic.join_timeout
         with core.watchdog(r.ps, timeout, f"adding {n} worker(s) at clock {clock}"):
-            inter, error = spawn.spawn_workers(r.ps, n, r.worker_ranks[0], oversubscribe)
+            inter, error = spawn.spawn_workers(r.ps, n, r.worker_ranks[0], oversubscribe,
+                                               deadline=timeout)
             if inter is not None:
                 return self._handshake(inter, r, n, clock, rebind, join, event, t0, world_ranks)
         slots = spawn.universe_size(r.ps)
@@ -398,7 +404,7 @@ class Elastic:
         self.node_ranks = core.node_size(merged)
         core.limit_threads(merged, self.node_ranks)
         windows = []
-        if self.cfg.consistency.pull == "rma":
+        if self.run.pull == "rma":
             sizes = (window_sizes(self.specs, roles.index, roles.n_servers, roles.n_workers)
                      if role == core.SERVER else [0] * len(self.specs))
             windows = allocate_windows(merged, sizes)
@@ -408,9 +414,13 @@ class Elastic:
         return roles, windows
 
     @classmethod
-    def join(cls, out=None):
+    def join(cls, out=None, deadline=None):
         """In a process started by :meth:`grow` (``hpcps join``): meet the job, load it, take
         the new layout. Collective with every rank of the job (the other side of steps 3-6).
+
+        ``deadline``: the timer that ends this process if it has not joined in time
+        (:func:`hpcps.core.procs.exit_after`, started before ``MPI_Init``), cancelled here once
+        it has joined or left.
 
         Returns
         -------
@@ -437,9 +447,9 @@ class Elastic:
         error = None
         try:
             cfg = parse_job(plan.job_text, plan.job_path)
-            cfg = dataclasses.replace(
-                cfg, output=OutputConfig(dir=Path(plan.output_dir)),
-                consistency=dataclasses.replace(cfg.consistency, pull=plan.pull))
+            if cfg.output.dir != Path(plan.output_dir):
+                raise ValueError(f"the running job writes to {plan.output_dir}, its job file "
+                                 f"read here to {cfg.output.dir}")
             model = load_model(cfg)
             specs = [t[0] for t in model.tables()]
             plan.check_tables(specs)
@@ -452,6 +462,8 @@ class Elastic:
                 sys.stderr.flush()
             merged.Free()
             spawn.disconnect(parent)
+            if deadline is not None:
+                deadline.cancel()
             return None
         ft_state = None
         if cfg.fault_tolerance.mode == "continue" and plan.world_ranks:
@@ -463,13 +475,18 @@ class Elastic:
                                on_server_loss=f.on_server_loss,
                                server_ids=list(plan.server_ids), run_dir=Path(plan.output_dir))
         self = cls.__new__(cls)
-        cls.__init__(self, cfg, None, specs, (), ft_state, out)
+        # the running job's pull mode (p2p after its RMA fallback), not the job file's
+        run = dataclasses.replace(RunPlan.of(cfg), pull=plan.pull,
+                                  rma_fallback=plan.pull != cfg.consistency.pull)
+        cls.__init__(self, cfg, None, specs, (), ft_state, out, run=run)
         key = plan.n_old + merged.Get_rank() - parent.Get_remote_size()   # after the old ones
         try:
             with core.watchdog(merged, cfg.elastic.join_timeout, "joining the running job"):
                 roles, windows = self._settle(merged, core.WORKER, key, lambda *_: None)
         except Exception as e:                        # noqa: BLE001 - see GrowthFailed
             raise _failed(e, plan.clock) from e
+        if deadline is not None:
+            deadline.cancel()
         self.roles, self.windows = roles, windows
         self.intercomms.append(parent)
         return self, plan, cfg, model

@@ -295,7 +295,7 @@ class Supervisor:
             cfg = tr.cfg
             join = JoinPlan(clock=clock, epoch=epoch, n_old=n_old, plan=plan_next,
                             job_text=cfg.text, job_path=str(cfg.path),
-                            output_dir=str(cfg.output.dir), pull=cfg.consistency.pull,
+                            output_dir=str(cfg.output.dir), pull=tr.elastic.run.pull,
                             tables=JoinPlan.layout(tr.client.specs),
                             nonfinite_rejected=tr.guard.rejected,
                             range_ranks=list(tr.client.ep.server_ranks) if tr.ft else [])

@@ -73,7 +73,7 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None,
         return run_allreduce(cfg, world, out, stop=stop, step_hook=step_hook)
     if cfg.cluster.mode == "sandblaster":        # batch L-BFGS (hpcps.sandblaster)
         return run_sandblaster(cfg, world, out, resume=resume, stop=stop, step_hook=step_hook)
-    cfg = check_rma_progress(cfg, world, out)
+    run = check_rma_progress(cfg, world, out)     # the pull mode in use (cfg unchanged)
     policy = policy_from_config(cfg.consistency)
     model = load_model(cfg)
     tables = model.tables()
@@ -91,19 +91,20 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None,
     roles = core.split_roles(world, cfg.cluster.servers)
     ft_state = _fault_tolerance(cfg, roles, world, out)
     windows = []
-    if cfg.consistency.pull == "rma":           # one window per table (collective)
+    if run.pull == "rma":                       # one window per table (collective)
         sizes = (window_sizes(specs, roles.index, roles.n_servers, roles.n_workers)
                  if roles.role == core.SERVER else [0] * len(specs))
         windows = allocate_windows(roles.ps, sizes)
-    elastic = Elastic(cfg, roles, specs, windows, ft_state, out)
+    elastic = Elastic(cfg, roles, specs, windows, ft_state, out, run=run)
     return _run_roles(cfg, elastic, model, tables, policy, out, restore=restore, stop=stop,
                       step_hook=step_hook, restart=restart)
 
 
-def join_job(out=None, stop=None) -> dict:
+def join_job(out=None, stop=None, deadline=None) -> dict:
     """Run as a worker added to a running job (``hpcps join``, started by
     :meth:`hpcps.resilience.elastic.Elastic.grow`): meet the job, then train as its other workers do.
-    Collective with every rank of the running job.
+    Collective with every rank of the running job. ``deadline``: see
+    :meth:`~hpcps.resilience.elastic.Elastic.join`.
 
     Returns
     -------
@@ -112,7 +113,7 @@ def join_job(out=None, stop=None) -> dict:
         loaded here (the job goes on without this process).
     """
     out = out or sys.stdout
-    joined = Elastic.join(out)
+    joined = Elastic.join(out, deadline)
     if joined is None:
         return {"joined": False, "stopped_by_signal": False}
     elastic, plan, cfg, model = joined
@@ -143,10 +144,11 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 server = ServerGroup(ep, ft_state, roles.index, roles.worker_ranks, tables,
                                      policy, seed=cfg.seed, restore=restore, elastic=elastic)
             else:
-                server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
-                                         tables, policy, seed=cfg.seed, windows=windows,
-                                         run_dir=cfg.output.dir, restore=restore,
-                                         elastic=elastic)
+                args = (ep, roles.index, roles.n_servers, roles.worker_ranks, tables, policy)
+                common = dict(windows=windows, run_dir=cfg.output.dir, elastic=elastic)
+                server = (ParameterServer.from_checkpoint(*args, restore=restore, **common)
+                          if restore is not None else
+                          ParameterServer.initial(*args, seed=cfg.seed, **common))
             if windows:
                 barrier(roles.ps)                    # windows initialised before any read
             server.serve()
@@ -263,7 +265,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
         summary["replicas"] = cfg.fault_tolerance.replicas
         summary["replication_bytes"] = int(ranges[:, 4].clip(0).sum())
     summary["consistency"] = consistency_report.summarize(
-        crows, policy, cfg.consistency.pull, 8 + np.dtype(cfg.model.dtype).itemsize)
+        crows, policy, elastic.run.pull, 8 + np.dtype(cfg.model.dtype).itemsize)
     metrics.write_final(cfg, summary, history)
     print_summary(summary, history, out)
     summary["skip_finalize"] = survived

@@ -13,10 +13,16 @@
   75"), a second one as itself (mpirun then stops the ranks at once). After a SIGINT,
   :func:`run` says that the job was interrupted and returns :data:`EXIT_INTERRUPTED` (130,
   the shell's status for Ctrl-C; never relaunched);
-* starts mpirun in a process group of its own (so that a terminal's Ctrl-C reaches
-  ``hpcps run`` alone, which stops the job as above; stdin is not passed on), with the
-  parent-death signal SIGTERM (Linux): when ``hpcps run`` dies, even by SIGKILL, mpirun
-  is told to stop its ranks, so no mpirun outlives it;
+* starts mpirun in a session of its own (so that a terminal's Ctrl-C reaches ``hpcps run``
+  alone, which stops the job as above; stdin is not passed on), with the parent-death signal
+  SIGTERM (Linux): when ``hpcps run`` dies, even by SIGKILL, mpirun is told to stop its
+  ranks, so no mpirun outlives it;
+* ends mpirun if it has not exited :data:`ABORT_EXIT_SECONDS` after a rank aborted the job
+  (the rank writes the file named by ``HPCPS_ABORT_MARK``, :func:`hpcps.core.procs.mark_abort`):
+  every process of its session on this host is killed and the abort's status returned.
+  Open MPI 5 under ULFM does not end a worker being added when the job aborts, and its
+  mpirun then waits for it for ever (issue 22.1; ranks on other hosts end with mpirun's
+  daemons);
 * removes, just before mpirun starts, a session directory that an earlier, killed Open MPI
   mpirun with the same process id left (it would make mpirun exit with status 213 at once:
   :func:`clear_stale_session_dir`);
@@ -31,7 +37,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+
+from hpcps.core.procs import ABORT_MARK_ENV, kill_session, read_abort_mark
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -40,6 +50,11 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 #: Signals whose first arrival asks the ranks to checkpoint and stop (sent on as SIGUSR1).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+#: Seconds :func:`run` gives mpirun to exit after a rank aborted the job, before it kills
+#: every process of mpirun's session (an added worker ends itself ``join_timeout`` after its
+#: start, and MPI_Abort's teardown takes a few seconds).
+ABORT_EXIT_SECONDS = 20.0
 
 
 def find_mpirun(explicit: str | None = None) -> str:
@@ -189,18 +204,25 @@ def _libc_prctl():
 PR_SET_PDEATHSIG = 1
 
 
-def run(cmd: list[str], env_extra: dict) -> int:
+def run(cmd: list[str], env_extra: dict, abort_exit_seconds: float = ABORT_EXIT_SECONDS) -> int:
     """Run ``cmd`` (mpirun), forwarding signals; return its exit status (128 + signal if
     killed), or :data:`EXIT_INTERRUPTED` after a SIGINT (saying so on stderr).
 
-    The child runs in a process group of its own with stdin from ``/dev/null`` and, on
-    Linux, SIGTERM as its parent-death signal (see the module docstring). In the child,
+    The child runs in a session of its own with stdin from ``/dev/null`` and, on
+    Linux, SIGTERM as its parent-death signal (see the module docstring). When a rank aborts
+    the job (it writes the file named by ``HPCPS_ABORT_MARK`` in the child's environment, a
+    file in a temporary directory of this call) and the child has not exited
+    ``abort_exit_seconds`` later, every process of its session is killed (SIGKILL), saying so
+    on stderr, and the abort's status is returned. In the child,
     before ``cmd`` starts, a session directory left under the child's process id by a killed
     Open MPI mpirun is removed (:func:`clear_stale_session_dir`), saying so on stderr. The
     signal handlers are set before the child starts (a signal that comes before it exists is
     sent to it as soon as it does). The signals forwarded are recorded in :data:`forwarded`.
     """
     env = dict(os.environ, **env_extra)
+    mark_dir = tempfile.mkdtemp(prefix="hpcps-run-")
+    mark = Path(mark_dir) / "aborted"
+    env[ABORT_MARK_ENV] = str(mark)
     forwarded.clear()
     parent = os.getpid()
     prctl = _libc_prctl()
@@ -238,14 +260,15 @@ def run(cmd: list[str], env_extra: dict) -> int:
 
     old = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     try:
-        child.append(subprocess.Popen(cmd, env=env, preexec_fn=before_exec, process_group=0,
-                                      stdin=subprocess.DEVNULL))
+        child.append(subprocess.Popen(cmd, env=env, preexec_fn=before_exec,
+                                      start_new_session=True, stdin=subprocess.DEVNULL))
         for signum in early:
             child[0].send_signal(signum)
-        rc = child[0].wait()
+        rc = _wait(child[0], mark, abort_exit_seconds)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        shutil.rmtree(mark_dir, ignore_errors=True)
     rc = 128 - rc if rc < 0 else rc
     if signal.SIGINT in forwarded:
         sys.stderr.write(f"hpcps run: interrupted (SIGINT); mpirun exited with status {rc}"
@@ -254,3 +277,27 @@ def run(cmd: list[str], env_extra: dict) -> int:
         sys.stderr.flush()
         return EXIT_INTERRUPTED
     return rc
+
+
+def _wait(proc: subprocess.Popen, mark: Path, grace: float) -> int:
+    """``proc.wait()``, but once ``mark`` exists (a rank aborted the job) for ``grace``
+    seconds without ``proc`` exiting: kill every process of its session and return the
+    status in ``mark``. Local."""
+    t_abort = None
+    while True:
+        try:
+            return proc.wait(timeout=0.25)
+        except subprocess.TimeoutExpired:
+            pass
+        if t_abort is None:
+            if read_abort_mark(mark) is not None:
+                t_abort = time.monotonic()
+        elif time.monotonic() - t_abort > grace:
+            code = read_abort_mark(mark)
+            pids = kill_session(proc.pid)
+            proc.wait()
+            sys.stderr.write(f"hpcps run: a rank aborted the job (status {code}) and mpirun had "
+                             f"not exited {grace:g} s later (a process of the job did not end); "
+                             f"killed the {len(pids)} process(es) of its session\n")
+            sys.stderr.flush()
+            return code

@@ -1,6 +1,7 @@
 """Checks a job passes on every rank before any parameter-server traffic, and the per-rank
 settings made before training: the model loads, the tables fit the servers' memory, RMA pulls
-can make progress, BLAS uses the rank's share of the cores.
+can make progress (else the run's :class:`~hpcps.core.runplan.RunPlan` says p2p), BLAS uses
+the rank's share of the cores.
 
 Every function here is collective over the job's world or local as its docstring says. What
 lower layers need too lives below and is re-exported here: :class:`ResourceError` and
@@ -18,6 +19,7 @@ from hpcps.comm.collectives import bcast_int
 from hpcps.comm.core import limit_threads
 from hpcps.comm.progress import library_version, rma_progress_advice
 from hpcps.core.resources import ResourceError, available_memory
+from hpcps.core.runplan import RunPlan
 from hpcps.models.load import load_model
 from hpcps.runtime.prelaunch import memory_message, server_bytes, server_need
 
@@ -49,10 +51,11 @@ def check_memory(cfg, tables, world) -> None:
         raise ResourceError(memory_message(cfg, need, parts, here, have if short else None))
 
 
-def check_rma_progress(cfg, world, out=None, environ=None, library=None):
+def check_rma_progress(cfg, world, out=None, environ=None, library=None) -> RunPlan:
     """With ``pull = "rma"``: warn once (rank 0) when this MPI is known to give one-sided
-    reads no passive progress, and with ``[consistency] rma_fallback = true`` switch the
-    job to p2p pulls. Collective over ``world`` (one broadcast) when ``pull = "rma"``.
+    reads no passive progress, and with ``[consistency] rma_fallback = true`` decide that the
+    run pulls by messages (p2p). Collective over ``world`` (one broadcast) when
+    ``pull = "rma"``.
 
     Rank 0's view decides (library version and environment,
     :func:`hpcps.comm.progress.rma_progress_advice`), so every rank takes the same path.
@@ -60,6 +63,7 @@ def check_rma_progress(cfg, world, out=None, environ=None, library=None):
     Parameters
     ----------
     cfg : hpcps.config.JobConfig
+        Not changed.
     world : MPI.Intracomm
     out : text stream, optional
         Where rank 0 writes the warning (default ``sys.stdout``).
@@ -70,13 +74,12 @@ def check_rma_progress(cfg, world, out=None, environ=None, library=None):
 
     Returns
     -------
-    hpcps.config.JobConfig
-        ``cfg`` itself, or a copy with ``consistency.pull = "p2p"`` after a fallback.
+    hpcps.core.runplan.RunPlan
+        The run's pull mode: ``cfg``'s, or p2p after a fallback (``rma_fallback`` True).
     """
-    import dataclasses
-
+    plan = RunPlan.of(cfg)
     if cfg.consistency.pull != "rma":
-        return cfg
+        return plan
     out = out or sys.stdout
     advice = None
     if world.Get_rank() == 0:
@@ -88,6 +91,5 @@ def check_rma_progress(cfg, world, out=None, environ=None, library=None):
             out.write(f"hpcps: warning: {advice.message()}; {what}\n")
             out.flush()
     if bcast_int(world, int(advice is not None)) and cfg.consistency.rma_fallback:
-        return dataclasses.replace(cfg, consistency=dataclasses.replace(cfg.consistency,
-                                                                        pull="p2p"))
-    return cfg
+        return plan.with_p2p_pulls()
+    return plan

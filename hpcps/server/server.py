@@ -42,6 +42,9 @@ class ParameterServer(ServerMembership):
     several ranges, one ``ParameterServer`` each, and the group's loop hands each request to
     the range named in its header (:meth:`handle`).
 
+    Start one with :meth:`initial`, :meth:`from_checkpoint` or :meth:`from_copy`; the
+    constructor only sets up the state common to all three from the range's rows.
+
     Parameters
     ----------
     endpoint : hpcps.comm.transport.ServerEndpoint
@@ -55,18 +58,19 @@ class ParameterServer(ServerMembership):
     tables : list of (TableSpec, Optimizer)
         Tables in table-id order.
     policy : consistency policy (e.g. :class:`hpcps.core.consistency.BSP`)
-    seed : int
-        Job seed (initial values of tables with ``init_std > 0``).
+    rows : list of (w, slots)
+        Per table, the range's rows (``(hi - lo, dim)``, used as they are, not copied) and
+        its optimizer state (None: the optimizer's initial state for ``w``).
+    clock : int
+        Start clock (every worker's clock in the headers).
+    checkpointed : bool
+        Whether the range starts from a checkpoint written at ``clock``.
     windows : list of hpcps.comm.rma.ShardWindow, optional
         One window per table (RMA pulls); the shard's header and rows are placed in it at
         ``window_layout(...)``. The caller makes every rank wait (a barrier) after this
         constructor so that no reader sees the window before it is initialised.
     run_dir : path-like or None
         Run directory; checkpoints go to ``<run_dir>/ckpt/step-XXXXXXXX/shard-SSSS.h5``.
-    restore : (directory, manifest) or None
-        Checkpoint to start from (:func:`hpcps.checkpoint.latest_valid`); this server reads
-        the rows of its key range from whichever old shards hold them, so the number of
-        servers may differ from the checkpointed job's.
     ft_state : hpcps.resilience.recovery.FTState or None
         With ``[fault_tolerance] mode = "continue"``: asynchronous pushes are held until the
         worker's CLOCK of the same step arrives, so that a dead worker's last step is applied
@@ -77,12 +81,6 @@ class ParameterServer(ServerMembership):
     elastic : hpcps.resilience.elastic.Elastic or None
         The job's membership: workers may be added while it runs (a GROW from every worker,
         :meth:`_grow`).
-    state : list of (w, slots) or None
-        Start from these arrays (one pair per table: the range's rows and optimizer state,
-        used as they are, not copied) instead of initial values or ``restore``: a backup
-        taking the range over.
-    clock : int or None
-        Start clock (default: ``restore``'s step, else 0).
     order_key : list of int or None
         Original index of each worker (the order of the deterministic sums; default
         ``range(n_workers)``).
@@ -90,10 +88,9 @@ class ParameterServer(ServerMembership):
         Examples already applied to this range (for the run's counts).
     """
 
-    def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, seed=0,
-                 windows=None, run_dir=None, restore=None, ft_state=None, idle_spin=None,
-                 elastic=None, state=None, clock=None, order_key=None, examples=0,
-                 staleness=None):
+    def __init__(self, endpoint, index, n_servers, worker_ranks, tables, policy, rows, *,
+                 clock=0, checkpointed=False, windows=None, run_dir=None, ft_state=None,
+                 idle_spin=None, elastic=None, order_key=None, examples=0, staleness=None):
         self.ep = endpoint
         self.ft = ft_state
         self.elastic = elastic
@@ -107,9 +104,7 @@ class ParameterServer(ServerMembership):
         self.n_workers = len(worker_ranks)
         self.policy = policy
         self.shards: list[Shard] = []
-        start = int(restore[1]["step"]) if restore is not None else 0
-        if clock is not None:
-            start = int(clock)
+        start = int(clock)
         # examples of the steps applied (BSP/SSP) or of the CLOCKs received (async)
         self.examples_total = int(examples)
         for tid, (spec, opt) in enumerate(tables):
@@ -124,18 +119,7 @@ class ParameterServer(ServerMembership):
             part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
             lo, hi = part.shard_range(index)
             shape = (hi - lo, spec.dim)
-            slots = None
-            if state is not None:                      # a copy held by this rank (a backup)
-                w, slots = state[tid]
-            elif restore is not None:
-                # every slot the optimizer has, by name, from whichever old shards hold it
-                w, saved = ckpt.read_range(restore[0], restore[1], spec.name, lo, hi,
-                                           num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype,
-                                           multiplier=part.multiplier, slots=opt.slot_names)
-                if saved:
-                    slots = opt.slots_from_dict(saved)
-            else:                       # zeros, or per-key draws (same on any server count)
-                w = spec.initial_rows(part.shard_keys(index), seed)
+            w, slots = rows[tid]
             if slots is None:
                 slots = opt.init_slots(shape, spec.dtype, w=w)
             win = windows[tid] if windows else None
@@ -160,7 +144,7 @@ class ParameterServer(ServerMembership):
         self.stopped = set()
         # of every applied push (one histogram shared by the ranges of a continue-mode rank)
         self.staleness = staleness if staleness is not None else StalenessHistogram()
-        self.checkpoint_steps = [start] if restore is not None else []   # shards written
+        self.checkpoint_steps = [start] if checkpointed else []   # shards written
         # chain replication (hpcps.resilience.replica, :meth:`replicate`): forward(range,
         # clock, rows per table, examples) after each applied clock; pulls see only the
         # clocks the backup has acknowledged (``acked``; None = no backup)
@@ -171,29 +155,46 @@ class ParameterServer(ServerMembership):
     @classmethod
     def initial(cls, endpoint, index, n_servers, worker_ranks, tables, policy, *, seed=0,
                 clock=None, **kw) -> "ParameterServer":
-        """Range ``index`` at its initial values (zeros, or per-key draws from ``seed``), at
-        clock 0 (or ``clock``: a range reloaded with no checkpoint yet). ``kw``: the
-        constructor's other keywords (``windows``, ``run_dir``, ``ft_state``, ``idle_spin``,
-        ``elastic``, ``order_key``, ``examples``, ``staleness``). Local."""
-        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, seed=seed,
-                   clock=clock, **kw)
+        """Range ``index`` at its initial values (zeros, or per-key draws from ``seed``, the
+        job seed: the same on any server count), at clock 0 (or ``clock``: a range reloaded
+        with no checkpoint yet). ``kw``: the constructor's other keywords (``windows``,
+        ``run_dir``, ``ft_state``, ``idle_spin``, ``elastic``, ``order_key``, ``examples``,
+        ``staleness``). Local."""
+        rows = []
+        for spec, _ in tables:
+            part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
+            rows.append((spec.initial_rows(part.shard_keys(index), seed), None))
+        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, rows,
+                   clock=clock or 0, **kw)
 
     @classmethod
     def from_checkpoint(cls, endpoint, index, n_servers, worker_ranks, tables, policy, *,
                         restore, clock=None, **kw) -> "ParameterServer":
         """Range ``index`` read from the checkpoint ``restore`` (``(directory, manifest)``,
-        any number of servers), at its step (or ``clock``: a continue-mode range reloaded at
-        the clock the workers resend from). Local (reads HDF5)."""
-        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, restore=restore,
-                   clock=clock, **kw)
+        :func:`hpcps.checkpoint.latest_valid`): the rows of the range and every slot the
+        optimizer has, by name, from whichever old shards hold them, so the number of servers
+        may differ from the checkpointed job's. At the checkpoint's step (or ``clock``: a
+        continue-mode range reloaded at the clock the workers resend from). Local (reads
+        HDF5)."""
+        rows = []
+        for spec, opt in tables:
+            part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
+            lo, hi = part.shard_range(index)
+            w, saved = ckpt.read_range(restore[0], restore[1], spec.name, lo, hi,
+                                       num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype,
+                                       multiplier=part.multiplier, slots=opt.slot_names)
+            rows.append((w, opt.slots_from_dict(saved) if saved else None))
+        step = int(restore[1]["step"]) if clock is None else int(clock)
+        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, rows, clock=step,
+                   checkpointed=True, **kw)
 
     @classmethod
     def from_copy(cls, endpoint, index, n_servers, worker_ranks, tables, policy, *, state,
                   clock, **kw) -> "ParameterServer":
         """Range ``index`` from a copy held by this rank (``state``: ``(w, slots)`` per table,
         used as they are) at ``clock``: a backup taking the range over. Local."""
-        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, state=state,
-                   clock=clock, **kw)
+        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, state, clock=clock,
+                   **kw)
 
     # ------------------------------------------------------------------ replication hook
     def replicate(self, forward) -> None:

@@ -28,8 +28,8 @@ def main(n: int, max_bytes: int) -> None:
     windows = allocate_windows(roles.ps, sizes)
     with core.abort_on_error(comm):
         if roles.role == core.SERVER:
-            server = ParameterServer(ServerEndpoint(roles.ps, max_bytes), roles.index, 1,
-                                     roles.worker_ranks, tables, BSP(), windows=windows)
+            server = ParameterServer.initial(ServerEndpoint(roles.ps, max_bytes), roles.index, 1,
+                                             roles.worker_ranks, tables, BSP(), windows=windows)
             roles.ps.Barrier()
             server.serve()
         else:

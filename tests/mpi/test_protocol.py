@@ -28,8 +28,8 @@ def _ps(comm, n_servers, tables, worker_fn, max_bytes=1 << 30, policy=None, serv
     try:
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, max_bytes)
-            server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks, tables,
-                                     policy)
+            server = ParameterServer.initial(ep, roles.index, roles.n_servers, roles.worker_ranks,
+                                             tables, policy)
             server.serve()
             result = server_fn(server) if server_fn else None
         else:

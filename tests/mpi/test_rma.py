@@ -34,8 +34,8 @@ def _ps(comm, n_servers, tables, policy, worker_fn):
         windows = allocate_windows(roles.ps, sizes)
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, 1 << 30)
-            server = ParameterServer(ep, roles.index, roles.n_servers, roles.worker_ranks,
-                                     tables, policy, windows=windows)
+            server = ParameterServer.initial(ep, roles.index, roles.n_servers, roles.worker_ranks,
+                                             tables, policy, windows=windows)
             roles.ps.Barrier()
             server.serve()
         else:

@@ -1,6 +1,7 @@
 # mpi-ranks: 2 3
 """The start-up check of RMA progress (hpcps.runtime.job.check_rma_progress) on a real world
-communicator: rank 0 judges, warns once, and every rank takes the same path."""
+communicator: rank 0 judges, warns once, and every rank takes the same path (a
+:class:`hpcps.core.runplan.RunPlan`; the config is not rewritten)."""
 
 import io
 
@@ -8,6 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcps.config import parse_job
+from hpcps.core.runplan import RunPlan
 from hpcps.runtime.job import check_rma_progress
 from tests.unit.test_rma_progress import MPICH, OMPI5
 
@@ -49,8 +51,8 @@ def test_mpich_without_async_progress_warns_once_and_falls_back_if_asked(mpi_tmp
         assert ("falling back to p2p pulls" in text) == fallback
     else:
         assert text == ""
-    assert got.consistency.pull == ("p2p" if fallback else "rma")
-    assert c.consistency.pull == "rma"                       # the original is not changed
+    assert got.pull == ("p2p" if fallback else "rma") and got.rma_fallback == fallback
+    assert c.consistency.pull == "rma"           # a run-time value: the config stays as read
 
 
 @pytest.mark.mpi(min_size=2)
@@ -60,6 +62,7 @@ def test_no_warning_when_progress_is_there(mpi_tmp_path):
     for lib, env in ((MPICH, {"MPIR_CVAR_ASYNC_PROGRESS": "1"}), (OMPI5, {}), (None, {})):
         out = io.StringIO()
         got = check_rma_progress(c, world, out, environ=env, library=lib)
-        assert out.getvalue() == "" and got is c
+        assert out.getvalue() == "" and got == RunPlan(pull="rma")
     p2p = cfg(mpi_tmp_path, pull="p2p")
-    assert check_rma_progress(p2p, world, io.StringIO(), environ={}, library=MPICH) is p2p
+    assert check_rma_progress(p2p, world, io.StringIO(), environ={}, library=MPICH) == \
+        RunPlan(pull="p2p")

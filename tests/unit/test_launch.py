@@ -172,3 +172,34 @@ def test_a_launch_that_exits_0_without_the_jobs_summary_did_not_finish(tmp_path)
     (tmp_path / "metrics.json").write_text(json.dumps({"epochs": [], "summary": {"epochs": 2}}))
     os.utime(tmp_path / "metrics.json", (since - 60, since - 60))
     assert not _unfinished(cfg, since)
+
+
+def test_run_kills_the_session_of_an_mpirun_that_outlives_an_abort(tmp_path):
+    """Issue 22.1: a rank aborted the job (it wrote HPCPS_ABORT_MARK) but mpirun — here a
+    Python standing in for it, with a child of its own in its session — does not exit:
+    run() kills every process of the session after abort_exit_seconds and returns the
+    abort's status."""
+    pidfile = tmp_path / "child.pid"
+    fake = ("import os, subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+            f"open({str(pidfile)!r}, 'w').write(str(c.pid)); "
+            "open(os.environ['HPCPS_ABORT_MARK'], 'w').write('7\\n'); time.sleep(600)")
+    t0 = time.monotonic()
+    assert launch.run([sys.executable, "-c", fake], {}, abort_exit_seconds=1.0) == 7
+    assert time.monotonic() - t0 < 30
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:                                # gone, or a zombie (killed, not reaped yet)
+            if open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the fake mpirun's child {child} is still alive")
+
+
+def test_run_without_abort_waits_for_mpirun():
+    code = "import time; time.sleep(1.5); raise SystemExit(4)"
+    assert launch.run([sys.executable, "-c", code], {}, abort_exit_seconds=0.1) == 4

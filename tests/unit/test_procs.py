@@ -1,0 +1,39 @@
+"""hpcps.core.procs.exit_after: the deadline an added worker (hpcps join) sets before MPI_Init
+(issue 22.1), in real child processes."""
+
+import subprocess
+import sys
+import time
+
+from tests.helpers import ROOT
+
+PRELUDE = ("import sys, time; sys.path.insert(0, %r); from hpcps.core.procs import exit_after; "
+           % str(ROOT))
+
+
+def _run(body: str, timeout=60):
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", PRELUDE + body], capture_output=True, text=True,
+                       timeout=timeout)
+    return p, time.perf_counter() - t0
+
+
+def test_deadline_ends_the_process_with_its_message():
+    p, secs = _run("exit_after(0.5, 'not joined in time'); time.sleep(30)")
+    assert p.returncode == 1, p.stderr
+    assert "not joined in time" in p.stderr and "pid" in p.stderr
+    assert secs < 15
+
+
+def test_cancelled_deadline_lets_the_process_finish():
+    p, _ = _run("d = exit_after(0.5, 'x'); d.cancel(); time.sleep(3); print('done')")
+    assert p.returncode == 0 and p.stdout.strip() == "done", p.stderr
+
+
+def test_backstop_ends_a_process_whose_main_thread_holds_the_gil():
+    # sum over a range runs in C without letting the GIL go, as MPI_Init does under mpi4py:
+    # the timer thread cannot run, faulthandler's C thread ends the process
+    p, secs = _run("exit_after(0.5, 'not joined in time'); sum(range(10**13))")
+    assert p.returncode == 1, p.stderr
+    assert "Timeout" in p.stderr and "not joined in time" not in p.stderr
+    assert secs < 20
