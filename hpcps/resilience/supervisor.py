@@ -227,7 +227,8 @@ class Supervisor:
             # what each old worker finished of this segment; the survivors re-plan the rest
             done = segment_done(rec.clocks, seg_clock0, steps)
             seg = self.regroup_or_recover(epoch, plan + [[n_old, done]])
-            prev = epoch_rows(seg.sizes, plan, n_old, tr.cfg.seed, epoch, t.shuffle, t.batch_size)
+            prev = epoch_rows(seg.sizes, plan, n_old, tr.cfg.seed, epoch, t.shuffle, t.batch_size,
+                              tr.shuffle_block)
             reassigned = rows_reassigned(prev, done, rec.dead_workers, t.batch_size)
             target = tr.client.clock_value
             event.update(worker_steps_done=done, examples_reassigned=reassigned)

@@ -13,6 +13,8 @@ raises what ends it early — a stop signal, a growth, a lost peer
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples
                                  resume_position, steps_for)
 from hpcps.data import DataError
 from hpcps.data.partition_rows import block_bounds
-from hpcps.data.source import block_partitioned
+from hpcps.data.source import block_partitioned, stream_index, streamed
 from hpcps.models import make_model   # the model registry imports every model
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
 from hpcps.worker.steps import NonFiniteGuard, make_steps
@@ -189,6 +191,12 @@ class Trainer:
         self._t0 = self._last = 0.0       # progress lines: start of the run, last line
         self._clock0 = 0
         self._examples_per_step = 0.0
+        # streamed data (hpcps.data.lines): lines are the rows; the epoch's order shuffles
+        # within runs of [data] shuffle_buffer lines; the readers' counters
+        self.streaming = streamed(cfg.data) if cfg.data.format in ("svmlight", "criteo") else False
+        self.shuffle_block = cfg.data.shuffle_buffer if self.streaming else 0
+        self._readers: dict = {}
+        self._row_log = None
 
     # -- start of a run ----------------------------------------------------------------------
 
@@ -205,6 +213,8 @@ class Trainer:
             The training or the test split has no rows (on every worker).
         """
         cfg, t = self.cfg, self.cfg.train
+        if self.streaming:
+            self._index_files()
         self.X, self.y = self.model.load("train", self.index, self.n_workers)
         self.Xt, self.yt = self.model.load("test", self.index, self.n_workers)
         n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([self.X.shape[0], self.Xt.shape[0]], dtype=np.int64)))
@@ -219,6 +229,7 @@ class Trainer:
         self.steps_full = capped_steps(self.max_steps(self.X.shape[0]), t.max_steps)
         start_epoch, start_step, plan = 0, 0, []
         if restore is not None:
+            self._check_stream_restore(restore)
             start_epoch, start_step, plan = resume_position(restore, self.n_workers)
             # records of the epoch being resumed (and later) are recomputed
             self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
@@ -236,10 +247,63 @@ class Trainer:
         self.vote = self.make_vote()
         return start_epoch, start_step, plan
 
+    def _index_files(self) -> None:
+        """Streamed data: the chief counts the lines of the train and test files (or finds
+        their index in the run directory), then every worker reads the index. Collective."""
+        cache = self.cfg.output.dir / "line-index"
+        err = None
+        if self.is_chief:
+            try:
+                for split in ("train", "test"):
+                    stream_index(self.cfg.data, split, cache)
+            except DataError as e:
+                err = e
+        failed = int(allreduce_max(self.comm, np.array([err is not None], dtype=np.int64))[0])
+        if err is not None:
+            raise err
+        if failed:
+            raise DataError(f"{self.cfg.data.path}: the data files could not be indexed (the "
+                            "chief worker's error is above)")
+
+    def _check_stream_restore(self, restore) -> None:
+        """A checkpoint of streamed data resumes only on the same files (the positions are
+        line numbers of those files)."""
+        if not self.streaming:
+            return
+        raw = restore.get("stream")
+        if not raw:
+            return
+        info = json.loads(raw)
+        now = stream_index(self.cfg.data, "train").fingerprint
+        if info.get("fingerprint") != now:
+            raise DataError(f"{self.cfg.data.path}: the data files changed since checkpoint step "
+                            f"{restore['step']} was written (names, sizes or times differ); its "
+                            "reader positions are line numbers of the old files. Restore the "
+                            "files, or start over (--resume never)")
+        if int(info.get("shuffle_buffer", self.shuffle_block)) != self.shuffle_block:
+            raise DataError(f"{self.cfg.path}: [data] shuffle_buffer is {self.shuffle_block} but "
+                            f"the checkpoint was written with {info.get('shuffle_buffer')}; the "
+                            "epoch's order (the reader positions) depends on it: set it back")
+
+    def _stream_extra(self) -> dict:
+        """The manifest attributes of streamed data: the files' fingerprint and what the
+        readers' positions depend on (epoch, step and plan give the lines read)."""
+        if not self.streaming:
+            return {}
+        ix = stream_index(self.cfg.data, "train")
+        return {"stream": json.dumps({"fingerprint": ix.fingerprint, "lines": ix.n_lines,
+                                      "files": len(ix.files), "shuffle_buffer": self.shuffle_block,
+                                      "seed": self.cfg.seed, "shuffle": self.cfg.train.shuffle})}
+
     def begin_run(self, start_epoch: int, checkpointer=None) -> None:
         """Start the run's counters (progress lines, epochs done) at ``start_epoch``. Local."""
-        if checkpointer is not None and self.guard.agree is not None:
-            checkpointer.extra = lambda: {"nonfinite_rejected": self.guard.rejected}
+        if checkpointer is not None:
+            guard = self.guard
+
+            def extra():
+                d = {"nonfinite_rejected": guard.rejected} if guard.agree is not None else {}
+                return {**d, **self._stream_extra()}
+            checkpointer.extra = extra
         self._stop_target = None
         self.epochs_done = start_epoch
         self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
@@ -266,7 +330,8 @@ class Trainer:
             steps = capped_steps(self.max_steps(order.size), t.max_steps, plan)
         else:
             plan = []
-            order = epoch_order(self.X.shape[0], self.cfg.seed, self.index, epoch, t.shuffle)
+            order = epoch_order(self.X.shape[0], self.cfg.seed, self.index, epoch, t.shuffle,
+                                self.shuffle_block)
             Xe, ye, steps = self.X, self.y, self.steps_full
         return Cursor(epoch=epoch, Xe=Xe, ye=ye, order=order, steps=steps, plan=plan, first=first,
                       seg_clock0=self.client.clock_value - first)
@@ -279,7 +344,7 @@ class Trainer:
         X_all, y_all = self.model.load("train", 0, 1)
         sizes = self.part_sizes(X_all.shape[0], plan[0][0])
         lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
-                           t.batch_size)
+                           t.batch_size, self.shuffle_block)
         return X_all, y_all, sizes, lists
 
     # -- one segment -------------------------------------------------------------------------
@@ -317,6 +382,9 @@ class Trainer:
         if not resume:
             if checkpointer is not None:
                 checkpointer.steps_per_epoch = steps
+            if hasattr(cur.Xe, "start"):         # streamed: the reader thread reads ahead
+                self._readers[id(cur.Xe)] = cur.Xe
+                cur.Xe.start(cur.order, cur.first * t.batch_size)
             self.steps.begin_epoch(cur.Xe, cur.ye, cur.order, steps, t.batch_size)
         for step in range(cur.first, steps):
             final = epoch == t.epochs - 1 and step == steps - 1
@@ -329,8 +397,10 @@ class Trainer:
                 cur.loss_sum += self.steps.step(step, rows, final=final)
             finally:
                 self.guard.agree = agree
-            used = 0 if self.steps.last_rejected else int(rows.size)  # rejected step
+            used = 0 if self.steps.last_rejected else int(getattr(self.steps, "last_n", rows.size))
             self.client.clock(used, epoch)
+            if used and self._row_log is not False and hasattr(cur.Xe, "identity"):
+                self._log_rows(cur, rows, epoch)
             cur.n_ex += used
             cur.first = step + 1
             self.last_step_time = time.time()
@@ -350,6 +420,19 @@ class Trainer:
             if self.is_chief and time.perf_counter() - self._last >= t.progress_seconds:
                 self._progress(cur, step)
 
+    def _log_rows(self, cur, rows, epoch) -> None:
+        """Test aid: with ``HPCPS_ROW_IDENTITY=DIR`` each worker appends, after every clock,
+        ``epoch clock rows hash_sum hash_sum_of_squares`` of the rows it just trained on
+        (:func:`hpcps.data.lines.row_hashes`) to ``DIR/rows-<pid>.txt``."""
+        if self._row_log is None:
+            d = os.environ.get("HPCPS_ROW_IDENTITY")
+            self._row_log = open(os.path.join(d, f"rows-{os.getpid()}.txt"), "a") if d else False
+            if not d:
+                return
+        n, h, h2 = cur.Xe.identity(rows)
+        self._row_log.write(f"{epoch} {self.client.clock_value} {n} {h} {h2}\n")
+        self._row_log.flush()
+
     def _close_epoch(self, cur: Cursor) -> None:
         """Evaluate the epoch and keep its record; in continue mode every worker then passes a
         barrier (the epoch is done everywhere). Collective over the workers."""
@@ -368,10 +451,15 @@ class Trainer:
         done = max(1, self.client.clock_value - self._clock0)
         rate = done * self._examples_per_step / (last - self._t0)
         eta = (last - self._t0) / done * max(0, total_steps - self.client.clock_value)
+        read = ""
+        if hasattr(cur.Xe, "stats"):              # streamed: this worker's reader
+            st = cur.Xe.stats
+            read = (f"  read(w0) {st['bytes'] / 1e6 / (last - self._t0):,.1f} MB/s, "
+                    f"waited {st['wait_seconds']:.1f} s")
         self.say(f"epoch {cur.epoch + 1}/{t.epochs}  step {step + 1}/{cur.steps}  "
                   f"clock {self.client.clock_value} (workers "
-                  f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
-                  f"loss(w0) {cur.loss_sum / max(1, cur.n_ex):.4f}  ETA {_fmt_eta(eta)}")
+                  f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} rows/s  "
+                  f"loss(w0) {cur.loss_sum / max(1, cur.n_ex):.4f}{read}  ETA {_fmt_eta(eta)}")
 
     def stop_here(self, cur: Cursor, checkpointer=None) -> None:
         """Act on a :class:`~hpcps.worker.events.StopRequested`: checkpoint at this step and
@@ -401,10 +489,33 @@ class Trainer:
             checkpointer.at_end(self.client.clock_value, t.epochs - 1, steps, plan, self.history)
         elapsed = time.perf_counter() - self._t0
         total_examples = int(allreduce_sum(self.comm, np.array([local_examples], dtype=np.int64))[0])
-        return {"seconds": elapsed, "examples": total_examples,
+        reader = self._reader_report(elapsed) if self.streaming else None
+        return {"reader": reader, "seconds": elapsed, "examples": total_examples,
                 "steps": self.client.clock_value - self._clock0, "epochs": t.epochs,
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
+
+    def _reader_report(self, elapsed: float) -> list:
+        """Every worker's reader counters and peak memory, gathered (the chief's list, one
+        dict per worker: ``bytes``, ``lines``, ``read_seconds``, ``wait_seconds``,
+        ``skipped``, ``peak_rss_mb``, ``mb_per_second``). Collective over the workers."""
+        import resource
+
+        tot = {"bytes": 0, "lines": 0, "read_seconds": 0.0, "wait_seconds": 0.0, "skipped": 0}
+        for r in list(self._readers.values()) + ([self.Xt] if hasattr(self.Xt, "report") else []):
+            r.close()
+            for k, v in r.report().items():
+                tot[k] += v
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0      # KiB -> MiB
+        # int64 rows: seconds and MiB in millionths
+        row = [tot["bytes"], tot["lines"], round(tot["read_seconds"] * 1e6),
+               round(tot["wait_seconds"] * 1e6), tot["skipped"], round(rss * 1e6)]
+        rows = allgather_rows(self.comm, row)
+        return [{"worker": w, "bytes": int(r[0]), "lines": int(r[1]), "read_seconds": r[2] / 1e6,
+                 "wait_seconds": r[3] / 1e6, "skipped": int(r[4]), "peak_rss_mb": r[5] / 1e6,
+                 "mb_per_second": float(r[0] / r[2]) if r[2] else 0.0,
+                 "train_seconds": elapsed}
+                for w, r in enumerate(rows.tolist())]
 
     def rebind(self, roles, checkpointer, windows=None, server_ranks=None) -> None:
         """Work in the layout ``roles`` (after a recovery or a growth): the client's
@@ -538,15 +649,20 @@ class Trainer:
         """Epoch metrics: progressive training loss and the model's test metrics. Collective
         over the workers' communicator; the rows are pulled fresh (not from a stale cache)."""
         tr = allreduce_sum(self.comm, np.array([loss_sum, n_ex], dtype=np.float64))
-        preds = []
+        preds, ys = [], []
+        if hasattr(Xt, "start"):                  # streamed test lines: read in order
+            Xt.start(np.arange(Xt.shape[0], dtype=np.int64))
         for a in range(0, Xt.shape[0], EVAL_CHUNK):
             Xc = Xt[a:a + EVAL_CHUNK]
+            ys.append(np.asarray(yt[a:a + EVAL_CHUNK], dtype=np.float64).reshape(-1))
+            if Xc.shape[0] == 0:
+                continue
             keys = self.model.batch_keys(Xc)
             params = {t: self.client.pull(t, k, fresh=True) for t, k in keys.items()}
             preds.append(np.asarray(self.model.predict(Xc, keys, params), dtype=np.float64).reshape(-1))
         p = np.concatenate(preds) if preds else np.empty(0)
         all_p = gatherv(self.comm, p)
-        all_y = gatherv(self.comm, np.asarray(yt, dtype=np.float64).reshape(-1))
+        all_y = gatherv(self.comm, np.concatenate(ys) if ys else np.empty(0))
         if not self.is_chief:
             return None
         if all_y.size and all_p.size != all_y.size:
