@@ -82,6 +82,11 @@ def _check_stream_input(ck: Checker, fmt: str, key: str, p: Path, value: str, ra
         if not os.access(f, os.R_OK):
             ck.fail(key, f"file not readable: {f}")
             return
+        if f.endswith((".bz2", ".xz")):
+            ck.fail(key, f"{f}: {f.rpartition('.')[2]}-compressed data is not read; streamed "
+                         f"data may be plain, gzip or zstd (e.g. `{_UNPACK['.' + f.rpartition('.')[2]]} "
+                         f"-k {os.path.basename(f)}`, or recompress with gzip or zstd)")
+            return
 
 
 def _input_problem(ck: Checker, p: Path, value: str) -> str | None:

@@ -13,8 +13,6 @@ raises what ends it early — a stop signal, a growth, a lost peer
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -28,8 +26,9 @@ from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples
                                  resume_position, steps_for)
 from hpcps.data import DataError
 from hpcps.data.partition_rows import block_bounds
-from hpcps.data.source import block_partitioned, stream_index, streamed
+from hpcps.data.source import block_partitioned, streamed
 from hpcps.models import make_model   # the model registry imports every model
+from hpcps.worker import streaming
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
 from hpcps.worker.steps import NonFiniteGuard, make_steps
 
@@ -214,7 +213,7 @@ class Trainer:
         """
         cfg, t = self.cfg, self.cfg.train
         if self.streaming:
-            self._index_files()
+            streaming.index_files(self)
         self.X, self.y = self.model.load("train", self.index, self.n_workers)
         self.Xt, self.yt = self.model.load("test", self.index, self.n_workers)
         n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([self.X.shape[0], self.Xt.shape[0]], dtype=np.int64)))
@@ -229,7 +228,7 @@ class Trainer:
         self.steps_full = capped_steps(self.max_steps(self.X.shape[0]), t.max_steps)
         start_epoch, start_step, plan = 0, 0, []
         if restore is not None:
-            self._check_stream_restore(restore)
+            streaming.check_stream_restore(self, restore)
             start_epoch, start_step, plan = resume_position(restore, self.n_workers)
             # records of the epoch being resumed (and later) are recomputed
             self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
@@ -247,54 +246,6 @@ class Trainer:
         self.vote = self.make_vote()
         return start_epoch, start_step, plan
 
-    def _index_files(self) -> None:
-        """Streamed data: the chief counts the lines of the train and test files (or finds
-        their index in the run directory), then every worker reads the index. Collective."""
-        cache = self.cfg.output.dir / "line-index"
-        err = None
-        if self.is_chief:
-            try:
-                for split in ("train", "test"):
-                    stream_index(self.cfg.data, split, cache)
-            except DataError as e:
-                err = e
-        failed = int(allreduce_max(self.comm, np.array([err is not None], dtype=np.int64))[0])
-        if err is not None:
-            raise err
-        if failed:
-            raise DataError(f"{self.cfg.data.path}: the data files could not be indexed (the "
-                            "chief worker's error is above)")
-
-    def _check_stream_restore(self, restore) -> None:
-        """A checkpoint of streamed data resumes only on the same files (the positions are
-        line numbers of those files)."""
-        if not self.streaming:
-            return
-        raw = restore.get("stream")
-        if not raw:
-            return
-        info = json.loads(raw)
-        now = stream_index(self.cfg.data, "train").fingerprint
-        if info.get("fingerprint") != now:
-            raise DataError(f"{self.cfg.data.path}: the data files changed since checkpoint step "
-                            f"{restore['step']} was written (names, sizes or times differ); its "
-                            "reader positions are line numbers of the old files. Restore the "
-                            "files, or start over (--resume never)")
-        if int(info.get("shuffle_buffer", self.shuffle_block)) != self.shuffle_block:
-            raise DataError(f"{self.cfg.path}: [data] shuffle_buffer is {self.shuffle_block} but "
-                            f"the checkpoint was written with {info.get('shuffle_buffer')}; the "
-                            "epoch's order (the reader positions) depends on it: set it back")
-
-    def _stream_extra(self) -> dict:
-        """The manifest attributes of streamed data: the files' fingerprint and what the
-        readers' positions depend on (epoch, step and plan give the lines read)."""
-        if not self.streaming:
-            return {}
-        ix = stream_index(self.cfg.data, "train")
-        return {"stream": json.dumps({"fingerprint": ix.fingerprint, "lines": ix.n_lines,
-                                      "files": len(ix.files), "shuffle_buffer": self.shuffle_block,
-                                      "seed": self.cfg.seed, "shuffle": self.cfg.train.shuffle})}
-
     def begin_run(self, start_epoch: int, checkpointer=None) -> None:
         """Start the run's counters (progress lines, epochs done) at ``start_epoch``. Local."""
         if checkpointer is not None:
@@ -302,7 +253,7 @@ class Trainer:
 
             def extra():
                 d = {"nonfinite_rejected": guard.rejected} if guard.agree is not None else {}
-                return {**d, **self._stream_extra()}
+                return {**d, **streaming.stream_extra(self)}
             checkpointer.extra = extra
         self._stop_target = None
         self.epochs_done = start_epoch
@@ -400,7 +351,7 @@ class Trainer:
             used = 0 if self.steps.last_rejected else int(getattr(self.steps, "last_n", rows.size))
             self.client.clock(used, epoch)
             if used and self._row_log is not False and hasattr(cur.Xe, "identity"):
-                self._log_rows(cur, rows, epoch)
+                streaming.log_rows(self, cur, rows, epoch)
             cur.n_ex += used
             cur.first = step + 1
             self.last_step_time = time.time()
@@ -419,19 +370,6 @@ class Trainer:
                 raise GrowthRequested(grow, oversubscribe)
             if self.is_chief and time.perf_counter() - self._last >= t.progress_seconds:
                 self._progress(cur, step)
-
-    def _log_rows(self, cur, rows, epoch) -> None:
-        """Test aid: with ``HPCPS_ROW_IDENTITY=DIR`` each worker appends, after every clock,
-        ``epoch clock rows hash_sum hash_sum_of_squares`` of the rows it just trained on
-        (:func:`hpcps.data.lines.row_hashes`) to ``DIR/rows-<pid>.txt``."""
-        if self._row_log is None:
-            d = os.environ.get("HPCPS_ROW_IDENTITY")
-            self._row_log = open(os.path.join(d, f"rows-{os.getpid()}.txt"), "a") if d else False
-            if not d:
-                return
-        n, h, h2 = cur.Xe.identity(rows)
-        self._row_log.write(f"{epoch} {self.client.clock_value} {n} {h} {h2}\n")
-        self._row_log.flush()
 
     def _close_epoch(self, cur: Cursor) -> None:
         """Evaluate the epoch and keep its record; in continue mode every worker then passes a
@@ -489,33 +427,11 @@ class Trainer:
             checkpointer.at_end(self.client.clock_value, t.epochs - 1, steps, plan, self.history)
         elapsed = time.perf_counter() - self._t0
         total_examples = int(allreduce_sum(self.comm, np.array([local_examples], dtype=np.int64))[0])
-        reader = self._reader_report(elapsed) if self.streaming else None
+        reader = streaming.reader_report(self, elapsed) if self.streaming else None
         return {"reader": reader, "seconds": elapsed, "examples": total_examples,
                 "steps": self.client.clock_value - self._clock0, "epochs": t.epochs,
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
-
-    def _reader_report(self, elapsed: float) -> list:
-        """Every worker's reader counters and peak memory, gathered (the chief's list, one
-        dict per worker: ``bytes``, ``lines``, ``read_seconds``, ``wait_seconds``,
-        ``skipped``, ``peak_rss_mb``, ``mb_per_second``). Collective over the workers."""
-        import resource
-
-        tot = {"bytes": 0, "lines": 0, "read_seconds": 0.0, "wait_seconds": 0.0, "skipped": 0}
-        for r in list(self._readers.values()) + ([self.Xt] if hasattr(self.Xt, "report") else []):
-            r.close()
-            for k, v in r.report().items():
-                tot[k] += v
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0      # KiB -> MiB
-        # int64 rows: seconds and MiB in millionths
-        row = [tot["bytes"], tot["lines"], round(tot["read_seconds"] * 1e6),
-               round(tot["wait_seconds"] * 1e6), tot["skipped"], round(rss * 1e6)]
-        rows = allgather_rows(self.comm, row)
-        return [{"worker": w, "bytes": int(r[0]), "lines": int(r[1]), "read_seconds": r[2] / 1e6,
-                 "wait_seconds": r[3] / 1e6, "skipped": int(r[4]), "peak_rss_mb": r[5] / 1e6,
-                 "mb_per_second": float(r[0] / r[2]) if r[2] else 0.0,
-                 "train_seconds": elapsed}
-                for w, r in enumerate(rows.tolist())]
 
     def rebind(self, roles, checkpointer, windows=None, server_ranks=None) -> None:
         """Work in the layout ``roles`` (after a recovery or a growth): the client's
