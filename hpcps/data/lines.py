@@ -352,6 +352,7 @@ class StreamedRows:
         self._loaded: list = []
         self._last = None
         self._order = None
+        self._views: dict = {}
 
     # -- reader thread ------------------------------------------------------------------------
     def start(self, order: np.ndarray, first: int = 0) -> None:
@@ -457,8 +458,6 @@ class StreamedRows:
     def _select(self, rows):
         """Per unit, the positions of ``rows``' lines that hold a row: list of (unit, slots,
         positions in ``rows``)."""
-        if isinstance(rows, slice):
-            rows = np.arange(*rows.indices(self.shape[0]), dtype=np.int64)
         rows = np.asarray(rows, dtype=np.int64)
         if self._last is not None and self._last[0] is rows:
             return self._last[1]
@@ -504,7 +503,23 @@ class StreamedRows:
             y, indptr, indices, data = _take(y, indptr, indices, data, order)
         return y, indptr, indices, data
 
-    def __getitem__(self, rows) -> sp.csr_matrix:
+    def view(self, a: int, b: int) -> "StreamedRows":
+        """The lines ``[a, b)`` of this partition as a partition of their own (not started;
+        the same object for the same lines, so that ``X[a:b]`` and ``X.labels[a:b]`` read
+        together)."""
+        v = self._views.get((a, b))
+        if v is None:
+            v = self._views[(a, b)] = StreamedRows(self.index, self.parser, self.lo + a,
+                                                   self.lo + b, unit=self.unit, depth=self.depth)
+        return v
+
+    def __getitem__(self, rows):
+        """The CSR rows of the lines ``rows`` (an int64 array); a slice gives a :meth:`view`."""
+        if isinstance(rows, slice):
+            a, b, step = rows.indices(self.shape[0])
+            if step != 1:
+                raise ValueError("StreamedRows: only contiguous slices")
+            return self.view(a, max(a, b))
         y, indptr, indices, data = self._gather(rows)
         vals = np.ones(indices.size) if data is None else data
         X = sp.csr_matrix((vals, indices, indptr), shape=(y.size, self.shape[1]))
@@ -514,9 +529,11 @@ class StreamedRows:
 
     def identity(self, rows) -> tuple[int, int, int]:
         """``(rows, sum, sum of squares)`` of :func:`row_hashes` of the rows ``rows`` asked
-        (mod 2**64), for the exactly-once tests."""
-        y, indptr, indices, data = self._gather(rows)
-        h = row_hashes(y, indptr, indices, data)
+        (of their canonical CSR form: indices sorted, duplicates added; mod 2**64), for the
+        exactly-once tests."""
+        X, y = self[rows], self.labels[rows]
+        X.sum_duplicates()                  # canonical: sorted, duplicates added
+        h = row_hashes(y, X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data)
         with np.errstate(over="ignore"):
             return int(y.size), int(h.sum(dtype=np.uint64)), int((h * h).sum(dtype=np.uint64))
 
@@ -534,4 +551,6 @@ class _Labels:
         return self.shape[0]
 
     def __getitem__(self, rows) -> np.ndarray:
+        if isinstance(rows, slice):
+            return self._rows[rows].labels
         return self._rows._gather(rows)[0]

@@ -566,11 +566,14 @@ class Trainer:
         over the workers' communicator; the rows are pulled fresh (not from a stale cache)."""
         tr = allreduce_sum(self.comm, np.array([loss_sum, n_ex], dtype=np.float64))
         preds, ys = [], []
-        if hasattr(Xt, "start"):                  # streamed test lines: read in order
+        streamed = hasattr(Xt, "start")          # streamed test lines: read in order
+        if streamed:
             Xt.start(np.arange(Xt.shape[0], dtype=np.int64))
         for a in range(0, Xt.shape[0], EVAL_CHUNK):
-            Xc = Xt[a:a + EVAL_CHUNK]
-            ys.append(np.asarray(yt[a:a + EVAL_CHUNK], dtype=np.float64).reshape(-1))
+            sel = (np.arange(a, min(a + EVAL_CHUNK, Xt.shape[0]), dtype=np.int64) if streamed
+                   else slice(a, a + EVAL_CHUNK))
+            Xc = Xt[sel]
+            ys.append(np.asarray(yt[sel], dtype=np.float64).reshape(-1))
             if Xc.shape[0] == 0:
                 continue
             keys = self.model.batch_keys(Xc)
