@@ -41,7 +41,7 @@ def check_inputs(ck: Checker, fmt: str, raw: dict, path: Path | None,
         if p is None or not ck.good(key):
             continue
         value = raw.get(key.rpartition(".")[2], "")
-        if fmt == "criteo" or (fmt == "svmlight" and raw.get("stream") is not False):
+        if fmt in ("svmlight", "criteo") and (fmt == "criteo" or raw.get("stream") is not False):
             _check_stream_input(ck, fmt, key, p, value, raw)
             continue
         why = _input_problem(ck, p, value)

@@ -14,11 +14,10 @@ from hpcps.config.schema import Checker, show
 from hpcps.config.sections import MODEL_TYPES
 
 # [data] keys that only make sense for one format; setting them for another is an error.
-_STREAM_KEYS = ("prefetch", "shuffle_buffer", "on_bad_line")
+_STREAM_KEYS = ("stream", "stream_above_mb", "prefetch", "shuffle_buffer", "on_bad_line")
 FORMAT_ONLY = {
     "adult_csv": ("test_fraction", "split_seed", "hash_bits", "numeric_bins", "crosses"),
-    "svmlight": ("test_path", "index_base", "n_features", "duplicate_indices", "stream",
-                 "stream_above_mb") + _STREAM_KEYS,
+    "svmlight": ("test_path", "index_base", "n_features", "duplicate_indices") + _STREAM_KEYS,
     "prepared": (),
     "criteo": ("test_path", "hash_bits") + _STREAM_KEYS,
 }

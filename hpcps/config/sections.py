@@ -172,12 +172,12 @@ class DataConfig:
     crosses : bool
         ``adult_csv``: add pairwise feature crosses.
     stream : bool or None
-        svmlight: read the data through the streaming reader (:mod:`hpcps.data.lines`)
-        instead of loading each worker's partition; absent: streamed when a file is gzip- or
-        zstd-compressed or the data files add up to more than ``stream_above_mb`` MB.
-        Criteo data always streams.
+        svmlight and criteo: read the data through the streaming reader
+        (:mod:`hpcps.data.lines`) instead of loading each worker's partition; absent: streamed
+        when a file is gzip- or zstd-compressed or the data files add up to more than
+        ``stream_above_mb`` MB.
     stream_above_mb : int
-        Size (MB, 10**6 bytes) above which svmlight data streams when ``stream`` is absent.
+        Size (MB, 10**6 bytes) above which the data streams when ``stream`` is absent.
     prefetch : int
         Streaming: read units (of ``shuffle_buffer`` lines) the reader thread parses ahead.
     shuffle_buffer : int

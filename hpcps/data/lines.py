@@ -42,7 +42,7 @@ _READ = 1 << 20
 def streams(data_cfg) -> bool:
     """Whether a job's ``[data]`` streams: ``stream`` when set; else (absent) when a data file
     is compressed or the files of ``path`` and ``test_path`` add up to more than
-    ``stream_above_mb`` MB; always for ``format = "criteo"``.
+    ``stream_above_mb`` MB.
 
     Raises
     ------
@@ -51,8 +51,6 @@ def streams(data_cfg) -> bool:
     """
     if data_cfg.format not in ("svmlight", "criteo"):
         return False
-    if data_cfg.format == "criteo":
-        return True
     if data_cfg.stream is not None:
         return bool(data_cfg.stream)
     files = data_files(data_cfg.path) + (data_files(data_cfg.test_path) if data_cfg.test_path else [])

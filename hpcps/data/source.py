@@ -81,6 +81,11 @@ def load_split(data_cfg, split: str, part: int, n_parts: int, cache_dir=None):
         return read_svmlight_part(path, part, n_parts, n_features=data_cfg.num_features,
                                   index_base=data_cfg.index_base,
                                   duplicates=data_cfg.duplicate_indices)
+    if data_cfg.format == "criteo":
+        from hpcps.data.criteo import read_criteo_part
+
+        path = data_cfg.path if split == "train" else data_cfg.test_path
+        return read_criteo_part(path, part, n_parts, hash_bits=data_cfg.hash_bits)
     if data_cfg.format == "prepared":
         from hpcps.data.prepared import read_part
 

@@ -914,7 +914,7 @@ def test_criteo_job_with_stream_keys(jobdir):
 @pytest.mark.parametrize("extra, key, message", [
     ('on_bad_line = "ignore"', "data.on_bad_line", "must be one of 'error', 'skip'"),
     ("prefetch = 0", "data.prefetch", "must be in [1, 64], got 0"),
-    ("stream = true", "data.stream", "only with 'svmlight'"),
+    ('duplicate_indices = "sum"', "data.duplicate_indices", "only with 'svmlight'"),
     ("index_base = 1", "data.index_base", "only with 'svmlight'"),
 ])
 def test_criteo_bad_keys_are_named(jobdir, extra, key, message):
