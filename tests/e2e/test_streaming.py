@@ -172,3 +172,30 @@ def test_workers_added_every_row_once(tmp_path, data, consistency):
     assert identity(logs) == {0: want, 1: want}
     m = json.loads((tmp_path / "grow" / "metrics.json").read_text())
     assert m["epochs"][-1]["test_auc"] > 0.6
+
+
+def test_bad_line_mid_stream_stops_the_job_naming_file_and_line(tmp_path, data):
+    d, _ = data
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in d.glob("part-*"):
+        (bad / f.name).write_bytes(f.read_bytes())
+    lines = (bad / "part-00002.tsv").read_bytes().split(b"\n")
+    lines[1234] = b"1\t2\t3"                                  # 3 fields, not 40
+    (bad / "part-00002.tsv").write_bytes(b"\n".join(lines))
+    job = write(tmp_path, bad, "bad")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "hpcps", "run", "-n", "4", str(job)],
+                          cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert time.time() - t0 < 120
+    assert "part-00002.tsv:1235: " in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+    # with on_bad_line = "skip" the job finishes and counts the line
+    job = write(tmp_path, bad, "skip")
+    job.write_text(job.read_text().replace("prefetch = 2", 'prefetch = 2\non_bad_line = "skip"'))
+    proc = subprocess.run([sys.executable, "-m", "hpcps", "run", "-n", "4", str(job)],
+                          cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    s = json.loads((tmp_path / "skip" / "metrics.json").read_text())["summary"]
+    assert sum(r["skipped"] for r in s["reader"]) == 2          # once per epoch
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN - 1, N_TRAIN - 1]
