@@ -349,6 +349,7 @@ class StreamedRows:
         self._q = None
         self._loaded: list = []
         self._last = None
+        self._gathered = None
         self._order = None
         self._views: dict = {}
 
@@ -361,7 +362,7 @@ class StreamedRows:
         self._stop = threading.Event()
         self._q = queue.Queue(maxsize=self.depth)
         self._loaded = []
-        self._last = None
+        self._last = self._gathered = None
         self._thread = threading.Thread(target=self._run, args=(self._order, int(first), self._q,
                                                                 self._stop),
                                         name="hpcps-reader", daemon=True)
@@ -423,7 +424,11 @@ class StreamedRows:
                                               np.zeros(0, np.int64), None, np.zeros(0, np.int64))
         order = np.argsort(line, kind="stable")
         u.good, u.slot = line[order], order
-        u.y, u.indptr, u.indices, u.data = y, indptr, indices, data
+        # values of ones for Criteo; ids stay in field order, a repeated id (two fields in one
+        # bucket) twice: the models sum over a row's entries, which is the same (a sort per
+        # unit would cost as much as the parse)
+        u.y, u.indptr, u.indices = y, indptr, indices
+        u.data = np.ones(indices.size) if data is None else data
         return u
 
     def close(self) -> None:
@@ -488,10 +493,16 @@ class StreamedRows:
         return hits
 
     def _gather(self, rows):
+        if self._gathered is not None and self._gathered[0] is rows:
+            return self._gathered[1]                  # X[rows] then labels[rows]: one gather
+        out = self._gather_new(rows)
+        self._gathered = (rows, out)
+        return out
+
+    def _gather_new(self, rows):
         hits = self._select(rows)
         if not hits:
-            return (np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64),
-                    None if self.parser.format == "criteo" else np.zeros(0))
+            return np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0)
         pos = np.concatenate([h[2] for h in hits])
         order = np.argsort(pos, kind="stable")      # the rows in the order asked
         parts = [_take(h[0].y, h[0].indptr, h[0].indices, h[0].data, h[1]) for h in hits]
@@ -512,18 +523,16 @@ class StreamedRows:
         return v
 
     def __getitem__(self, rows):
-        """The CSR rows of the lines ``rows`` (an int64 array); a slice gives a :meth:`view`."""
+        """The CSR rows of the lines ``rows`` (an int64 array; ids in file order, a repeated
+        id not added up: ``sum_duplicates`` makes them canonical); a slice gives a
+        :meth:`view`."""
         if isinstance(rows, slice):
             a, b, step = rows.indices(self.shape[0])
             if step != 1:
                 raise ValueError("StreamedRows: only contiguous slices")
             return self.view(a, max(a, b))
         y, indptr, indices, data = self._gather(rows)
-        vals = np.ones(indices.size) if data is None else data
-        X = sp.csr_matrix((vals, indices, indptr), shape=(y.size, self.shape[1]))
-        if data is None:
-            X.sum_duplicates()
-        return X
+        return sp.csr_matrix((data, indices, indptr), shape=(y.size, self.shape[1]))
 
     def identity(self, rows) -> tuple[int, int, int]:
         """``(rows, sum, sum of squares)`` of :func:`row_hashes` of the rows ``rows`` asked
