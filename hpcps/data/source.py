@@ -61,7 +61,8 @@ def load_split(data_cfg, split: str, part: int, n_parts: int, cache_dir=None):
         from hpcps.data.partition_rows import block_bounds
 
         index = stream_index(data_cfg, split, cache_dir)
-        lo, hi = block_bounds(index.n_lines, part, n_parts)
+        n = min(index.n_lines, data_cfg.max_rows) if data_cfg.max_rows else index.n_lines
+        lo, hi = block_bounds(n, part, n_parts)
         X = StreamedRows(index, Parser(data_cfg), lo, hi, unit=data_cfg.shuffle_buffer,
                          depth=data_cfg.prefetch)
         return X, X.labels
