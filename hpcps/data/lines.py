@@ -196,8 +196,12 @@ class Parser:
         return self._finish(y, indptr, indices, data, offs, chunk, line0, None, 0)
 
     def _finish(self, y, indptr, indices, data, offs, chunk, line0, path, first_line):
-        nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
-        line = line0 + np.searchsorted(nl, np.asarray(offs, dtype=np.int64), side="left")
+        n_lines = chunk.count(b"\n") + (1 if chunk and chunk[-1:] != b"\n" else 0)
+        if y.size == n_lines:                   # a row on every line (the usual case)
+            line = np.arange(line0, line0 + n_lines, dtype=np.int64)
+        else:
+            nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            line = line0 + np.searchsorted(nl, np.asarray(offs, dtype=np.int64), side="left")
         if self.format == "svmlight":
             bad = ~np.isin(y, (-1.0, 0.0, 1.0))
             if bad.any():
@@ -422,8 +426,7 @@ class StreamedRows:
         else:
             y, indptr, indices, data, line = (np.zeros(0), np.zeros(1, np.int64),
                                               np.zeros(0, np.int64), None, np.zeros(0, np.int64))
-        order = np.argsort(line, kind="stable")
-        u.good, u.slot = line[order], order
+        u.good, u.slot = line, np.arange(line.size)      # read in line order
         # values of ones for Criteo; ids stay in field order, a repeated id (two fields in one
         # bucket) twice: the models sum over a row's entries, which is the same (a sort per
         # unit would cost as much as the parse)
