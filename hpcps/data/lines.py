@@ -430,8 +430,7 @@ class StreamedRows:
         # values of ones for Criteo; ids stay in field order, a repeated id (two fields in one
         # bucket) twice: the models sum over a row's entries, which is the same (a sort per
         # unit would cost as much as the parse)
-        u.y, u.indptr, u.indices = y, indptr, indices
-        u.data = np.ones(indices.size) if data is None else data
+        u.y, u.indptr, u.indices, u.data = y, indptr, indices, data   # data None: ones
         return u
 
     def close(self) -> None:
@@ -505,7 +504,7 @@ class StreamedRows:
     def _gather_new(self, rows):
         hits = self._select(rows)
         if not hits:
-            return np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0)
+            return np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), None
         pos = np.concatenate([h[2] for h in hits])
         order = np.argsort(pos, kind="stable")      # the rows in the order asked
         parts = [_take(h[0].y, h[0].indptr, h[0].indices, h[0].data, h[1]) for h in hits]
@@ -535,6 +534,8 @@ class StreamedRows:
                 raise ValueError("StreamedRows: only contiguous slices")
             return self.view(a, max(a, b))
         y, indptr, indices, data = self._gather(rows)
+        if data is None:                               # Criteo: every value is 1
+            data = np.ones(indices.size)
         return sp.csr_matrix((data, indices, indptr), shape=(y.size, self.shape[1]))
 
     def identity(self, rows) -> tuple[int, int, int]:
