@@ -374,6 +374,7 @@ class StreamedRows:
 
     def _run(self, order, first, q, stop) -> None:
         reader = LineReader(self.index, self.parser)
+        base = self.stats["bytes"]                 # counters add up over the epochs
         try:
             k = first // self.unit
             while k * self.unit < order.size:
@@ -383,7 +384,7 @@ class StreamedRows:
                 u = self._read_unit(reader, k, want)
                 self.stats["read_seconds"] += time.perf_counter() - t0
                 self.stats["lines"] += int(want.size)
-                self.stats["bytes"] = reader.bytes
+                self.stats["bytes"] = base + reader.bytes
                 while not stop.is_set():
                     try:
                         q.put(u, timeout=0.1)

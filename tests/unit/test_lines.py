@@ -186,3 +186,13 @@ def test_queue_depth_bounds_what_is_read_ahead(data):
     # one unit in use, two queued, one parsed and waiting to be queued: at most 4 * 50 lines
     assert rows.stats["lines"] <= 4 * 50
     rows.close()
+
+
+def test_counters_add_up_over_epochs(data):
+    ix = load_index(data)
+    rows = StreamedRows(ix, Parser(cfg()), 0, ix.n_lines, unit=100, depth=2)
+    for epoch in range(2):
+        read_all(rows, epoch_order(ix.n_lines, 0, 0, epoch, True, 100))
+    rep = rows.report()
+    assert rep["lines"] == 2 * ix.n_lines
+    assert rep["bytes"] == 2 * sum(len(criteo_lines([i])) for i in range(ix.n_lines)) - 2   # e.tsv: no last \n
