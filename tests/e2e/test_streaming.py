@@ -199,3 +199,48 @@ def test_bad_line_mid_stream_stops_the_job_naming_file_and_line(tmp_path, data):
     s = json.loads((tmp_path / "skip" / "metrics.json").read_text())["summary"]
     assert sum(r["skipped"] for r in s["reader"]) == 2          # once per epoch
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN - 1, N_TRAIN - 1]
+
+
+def test_gzip_and_zstd_svmlight_stream_every_row_once(tmp_path):
+    """svmlight through the same streaming path: compressed files stream without a key."""
+    import gzip
+
+    import zstandard
+
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(3000):
+        cols = np.sort(rng.choice(50, 5, replace=False)) + 1
+        lines.append(f"{1 if rng.random() < 0.5 else -1} " + " ".join(f"{c}:1" for c in cols))
+    lines.insert(100, "# a comment line")
+    text = ("\n".join(lines) + "\n").encode()
+    d = tmp_path / "svmdata"
+    d.mkdir()
+    (d / "a.svm.gz").write_bytes(gzip.compress(text))
+    (d / "b.svm.zst").write_bytes(zstandard.ZstdCompressor().compress(text))
+    (tmp_path / "test.svm").write_bytes(text[:2000].rsplit(b"\n", 1)[0] + b"\n")
+    job = tmp_path / "svm.toml"
+    job.write_text(f"""
+name = "svm"
+[cluster]
+servers = 1
+[data]
+format = "svmlight"
+path = "{d}"
+test_path = "{tmp_path / 'test.svm'}"
+index_base = 1
+n_features = 50
+shuffle_buffer = 256
+[train]
+epochs = 2
+batch_size = 32
+[output]
+dir = "svm"
+""")
+    proc = subprocess.run([sys.executable, "-m", "hpcps", "run", "-n", "4", str(job)],
+                          cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "6002 train" in proc.stdout                 # lines, the 2 comment lines included
+    s = json.loads((tmp_path / "svm" / "metrics.json").read_text())["summary"]
+    assert s["servers"][0]["examples_per_epoch"] == [6000, 6000]
+    assert sum(r["lines"] for r in s["reader"]) > 2 * 6002
