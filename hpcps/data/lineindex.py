@@ -75,10 +75,11 @@ class LineIndex:
         return f, int(line - self.starts[f])
 
     def position(self, line: int) -> dict:
-        """Where global line ``line`` is: ``{"file", "line" (1-based), "byte"}`` (the byte
-        offset of its index entry's line when it is not one, plus the lines after it)."""
+        """Where global line ``line`` is: ``{"file", "line" (1-based), "index_byte",
+        "lines_after_index_byte"}`` (a reader seeks to the decompressed byte offset of the
+        nearest indexed line before it and skips the lines after that)."""
         if line >= self.n_lines:
-            return {"file": None, "line": 0, "byte": 0}
+            return {"file": None, "line": 0, "index_byte": 0, "lines_after_index_byte": 0}
         f, k = self.locate(line)
         return {"file": self.files[f], "line": k + 1,
                 "index_byte": int(self.offsets[f][k // INDEX_STEP]),

@@ -65,7 +65,34 @@ def stream_extra(tr) -> dict:
     ix = stream_index(tr.cfg.data, "train")
     return {"stream": json.dumps({"fingerprint": ix.fingerprint, "lines": ix.n_lines,
                                   "files": len(ix.files), "shuffle_buffer": tr.shuffle_block,
-                                  "seed": tr.cfg.seed, "shuffle": tr.cfg.train.shuffle})}
+                                  "seed": tr.cfg.seed, "shuffle": tr.cfg.train.shuffle,
+                                  "positions": positions(tr, ix)})}
+
+
+def positions(tr, ix) -> list | str:
+    """Where each worker's reader is at the cursor's step (for people and tools; a resume
+    recomputes it from the epoch, step and plan): per worker the file, 1-based line and the
+    indexed byte offset of the first line of the shuffle block it is in, the rows of that
+    block already read, and the seed of the block's permutation ``[seed, worker, epoch]``.
+    A re-planned segment (after a lost or added worker) is described by ``epoch_plan``."""
+    from hpcps.data.partition_rows import block_bounds
+
+    cur = getattr(tr, "cursor", None)
+    if cur is None:
+        return []
+    if cur.plan:
+        return "re-planned segment: see epoch_plan"
+    n = min(ix.n_lines, tr.cfg.data.max_rows) if tr.cfg.data.max_rows else ix.n_lines
+    S, B = max(1, tr.shuffle_block), tr.cfg.train.batch_size
+    out = []
+    for w in range(tr.n_workers):
+        lo, hi = block_bounds(n, w, tr.n_workers)
+        done = min(cur.first * B, hi - lo)
+        start = done // S * S
+        pos = ix.position(lo + start) if lo + start < hi else {"file": None}
+        out.append({**pos, "rows_read_in_block": done - start,
+                    "block_seed": [tr.cfg.seed, w, cur.epoch]})
+    return out
 
 
 def log_rows(tr, cur, rows, epoch) -> None:

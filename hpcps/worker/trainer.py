@@ -196,6 +196,7 @@ class Trainer:
         self.shuffle_block = cfg.data.shuffle_buffer if self.streaming else 0
         self._readers: dict = {}
         self._row_log = None
+        self.cursor = None                 # the segment being run (streamed: reader positions)
 
     # -- start of a run ----------------------------------------------------------------------
 
@@ -333,6 +334,7 @@ class Trainer:
         if not resume:
             if checkpointer is not None:
                 checkpointer.steps_per_epoch = steps
+            self.cursor = cur                    # streamed: the readers' positions
             if hasattr(cur.Xe, "start"):         # streamed: the reader thread reads ahead
                 self._readers[id(cur.Xe)] = cur.Xe
                 cur.Xe.start(cur.order, cur.first * t.batch_size)

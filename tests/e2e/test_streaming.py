@@ -139,6 +139,13 @@ def test_restart_after_kill_9_reads_every_row_once(tmp_path, data):
     got = identity(logs, lambda f, clock: f not in first_launch or clock <= resumed)
     assert got == {0: want, 1: want}
     assert "readers:" in out and "bad line(s) skipped" in out
+    # the checkpoint names each reader's position: file, line, the block's rows read
+    m = ck.verify(ck.step_dir(tmp_path / "restart", 80))
+    info = json.loads(m["stream"])
+    assert info["lines"] == N_TRAIN and info["shuffle_buffer"] == 500
+    p0 = info["positions"][0]             # worker 0 after 80 steps of 32 rows: 2560 of 3000
+    assert p0["file"].endswith("part-00000.tsv") and p0["line"] == 2501
+    assert p0["rows_read_in_block"] == 60 and p0["block_seed"] == [2, 0, 0]
 
 
 def test_worker_killed_in_continue_mode_every_row_once(tmp_path, data):
