@@ -74,6 +74,27 @@ class LineIndex:
         f = int(np.searchsorted(self.starts, line, side="right")) - 1
         return f, int(line - self.starts[f])
 
+    def part_bounds(self, n: int, part: int, n_parts: int) -> tuple[int, int]:
+        """Lines ``[lo, hi)`` of worker ``part`` of ``n_parts`` among the first ``n`` lines:
+        the blocks of :func:`hpcps.data.partition_rows.block_bounds`, with every cut that
+        falls inside a compressed file moved to that file's nearer end, so that a compressed
+        file (which cannot be entered without decoding what comes before) is read whole by
+        one worker. Contiguous, in order, covering ``[0, n)``; a part may be empty."""
+        from hpcps.data.partition_rows import block_bounds
+        from hpcps.data.textstream import compression
+
+        def cut(k: int) -> int:
+            c = block_bounds(n, k, n_parts)[0] if k < n_parts else n
+            if c <= 0 or c >= n:
+                return c
+            f, j = self.locate(c)
+            if j == 0 or compression(self.files[f]) is None:
+                return c
+            a, b = int(self.starts[f]), int(self.starts[f + 1])
+            return min(a if c - a <= b - c else b, n)
+
+        return cut(part), max(cut(part), cut(part + 1))
+
     def position(self, line: int) -> dict:
         """Where global line ``line`` is: ``{"file", "line" (1-based), "index_byte",
         "lines_after_index_byte"}`` (a reader seeks to the decompressed byte offset of the

@@ -58,11 +58,9 @@ def load_split(data_cfg, split: str, part: int, n_parts: int, cache_dir=None):
     """
     if data_cfg.format in ("svmlight", "criteo") and streamed(data_cfg):
         from hpcps.data.lines import Parser, StreamedRows
-        from hpcps.data.partition_rows import block_bounds
-
         index = stream_index(data_cfg, split, cache_dir)
         n = min(index.n_lines, data_cfg.max_rows) if data_cfg.max_rows else index.n_lines
-        lo, hi = block_bounds(n, part, n_parts)
+        lo, hi = index.part_bounds(n, part, n_parts)
         X = StreamedRows(index, Parser(data_cfg), lo, hi, unit=data_cfg.shuffle_buffer,
                          depth=data_cfg.prefetch)
         return X, X.labels
@@ -96,8 +94,9 @@ def load_split(data_cfg, split: str, part: int, n_parts: int, cache_dir=None):
 
 def block_partitioned(data_cfg) -> bool:
     """True when worker ``p`` of ``P`` reads block ``p`` of ``numpy.array_split`` of the split's
-    rows (adult_csv, prepared, streamed data: blocks of lines), so partition sizes follow from
-    the row count alone (:func:`hpcps.data.partition_rows.block_bounds`); svmlight parts read
-    in memory are byte ranges."""
+    rows (adult_csv, prepared; streamed data: contiguous blocks of lines whose cuts avoid the
+    inside of compressed files, :meth:`hpcps.data.lineindex.LineIndex.part_bounds`), so
+    partition sizes follow from the row count (and the line index); svmlight parts read in
+    memory are byte ranges."""
     return data_cfg.format in ("adult_csv", "prepared") or (
         data_cfg.format in ("svmlight", "criteo") and streamed(data_cfg))

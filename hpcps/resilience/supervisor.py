@@ -24,7 +24,6 @@ import numpy as np
 from hpcps.comm.collectives import allreduce_max
 from hpcps.comm.ft import is_peer_failure
 from hpcps.core.planning import capped_steps, epoch_rows, rows_reassigned, segment_done
-from hpcps.data.partition_rows import block_bounds
 from hpcps.resilience.elastic import JoinPlan
 from hpcps.resilience.recovery import WorkerReport, recover
 from hpcps.worker.events import GrowthRequested, PeerLost, StopRequested
@@ -53,7 +52,7 @@ def regroup(tr, epoch, plan) -> Segment:
     order = lists[tr.index]
     steps = capped_steps(tr.max_steps(order.size), t.max_steps, plan)
     if tr.blocks():                              # this worker's block: no second read
-        a, b = block_bounds(X_all.shape[0], tr.index, tr.n_workers)
+        a, b = tr.part_bounds(X_all.shape[0], tr.index, tr.n_workers)
         X, y = X_all[a:b], y_all[a:b]
     else:
         X, y = tr.model.load("train", tr.index, tr.n_workers)

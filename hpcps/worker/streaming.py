@@ -75,8 +75,6 @@ def positions(tr, ix) -> list | str:
     indexed byte offset of the first line of the shuffle block it is in, the rows of that
     block already read, and the seed of the block's permutation ``[seed, worker, epoch]``.
     A re-planned segment (after a lost or added worker) is described by ``epoch_plan``."""
-    from hpcps.data.partition_rows import block_bounds
-
     cur = getattr(tr, "cursor", None)
     if cur is None:
         return []
@@ -86,7 +84,7 @@ def positions(tr, ix) -> list | str:
     S, B = max(1, tr.shuffle_block), tr.cfg.train.batch_size
     out = []
     for w in range(tr.n_workers):
-        lo, hi = block_bounds(n, w, tr.n_workers)
+        lo, hi = ix.part_bounds(n, w, tr.n_workers)
         done = min(cur.first * B, hi - lo)
         start = done // S * S
         pos = ix.position(lo + start) if lo + start < hi else {"file": None}

@@ -26,7 +26,7 @@ from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples
                                  resume_position, steps_for)
 from hpcps.data import DataError
 from hpcps.data.partition_rows import block_bounds
-from hpcps.data.source import block_partitioned, streamed
+from hpcps.data.source import block_partitioned, stream_index, streamed
 from hpcps.models import make_model   # the model registry imports every model
 from hpcps.worker import streaming
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
@@ -499,10 +499,17 @@ class Trainer:
         """True when training partition ``p`` of ``P`` is block ``p`` of the split's rows."""
         return block_partitioned(self.cfg.data) and getattr(self.model, "block_partitioned", True)
 
+    def part_bounds(self, n_rows: int, part: int, n_parts: int) -> tuple[int, int]:
+        """Rows ``[a, b)`` of training partition ``part`` of ``n_parts`` (block partitions:
+        :meth:`blocks`); streamed data keeps compressed files whole."""
+        if self.streaming:
+            return stream_index(self.cfg.data, "train").part_bounds(n_rows, part, n_parts)
+        return block_bounds(n_rows, part, n_parts)
+
     def part_sizes(self, n_rows: int, n_parts: int) -> list:
         """Rows of each of ``n_parts`` training partitions (their concatenation is the split)."""
         if self.blocks():
-            return [b - a for a, b in (block_bounds(n_rows, p, n_parts) for p in range(n_parts))]
+            return [b - a for a, b in (self.part_bounds(n_rows, p, n_parts) for p in range(n_parts))]
         return [self.model.load("train", p, n_parts)[0].shape[0] for p in range(n_parts)]
 
     def record(self, rec) -> None:

@@ -196,3 +196,18 @@ def test_counters_add_up_over_epochs(data):
     rep = rows.report()
     assert rep["lines"] == 2 * ix.n_lines
     assert rep["bytes"] == 2 * sum(len(criteo_lines([i])) for i in range(ix.n_lines)) - 2   # e.tsv: no last \n
+
+
+def test_partitions_keep_compressed_files_whole(data):
+    ix = load_index(data)          # a.tsv 700 plain, b.tsv.gz 400, c.tsv 0, d.tsv.zst 300, e.tsv 100
+    for n_parts in (1, 2, 3, 4, 7, 20):
+        bounds = [ix.part_bounds(ix.n_lines, p, n_parts) for p in range(n_parts)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == ix.n_lines
+        assert all(b[1] == c[0] for b, c in zip(bounds, bounds[1:]))       # contiguous
+        for lo, hi in bounds:                                               # no cut inside
+            for cut in (lo, hi):
+                f, j = ix.locate(min(cut, ix.n_lines - 1))
+                if 0 < cut < ix.n_lines and ix.files[f].endswith((".gz", ".zst")):
+                    assert j == 0, (n_parts, bounds)
+    # 3 parts: cuts at 500 (plain a.tsv, kept) and 1000 (inside b.tsv.gz 700..1100 -> 1100)
+    assert [ix.part_bounds(1500, p, 3) for p in range(3)] == [(0, 500), (500, 1100), (1100, 1500)]
