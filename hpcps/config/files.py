@@ -41,6 +41,9 @@ def check_inputs(ck: Checker, fmt: str, raw: dict, path: Path | None,
         if p is None or not ck.good(key):
             continue
         value = raw.get(key.rpartition(".")[2], "")
+        if fmt in ("svmlight", "criteo") and (fmt == "criteo" or raw.get("stream") is not False):
+            _check_stream_input(ck, fmt, key, p, value, raw)
+            continue
         why = _input_problem(ck, p, value)
         if why:
             ck.fail(key, why)
@@ -50,7 +53,8 @@ def check_inputs(ck: Checker, fmt: str, raw: dict, path: Path | None,
             if p.name.endswith(COMPRESSED):
                 ck.fail(key, f"{p}: a compressed svmlight file cannot be split into byte "
                              f"ranges for the workers; decompress it first (e.g. "
-                             f"`{_UNPACK[p.suffix]} -k {p.name}`)")
+                             f"`{_UNPACK[p.suffix]} -k {p.name}`), or stream it (remove "
+                             f"data.stream = false)")
     if fmt == "prepared" and path is not None and ck.good("data.path"):
         from hpcps.data.prepared import PreparedError, file_attrs
 
@@ -58,6 +62,31 @@ def check_inputs(ck: Checker, fmt: str, raw: dict, path: Path | None,
             file_attrs(path)
         except PreparedError as e:
             ck.fail("data.path", str(e))
+
+
+def _check_stream_input(ck: Checker, fmt: str, key: str, p: Path, value: str, raw: dict) -> None:
+    """A streamed ``[data]`` path: a file, a directory or a glob naming at least one readable
+    data file (:func:`hpcps.data.textstream.data_files`). svmlight data that cannot be read by
+    byte ranges (compressed, many files) needs ``stream`` (absent or true)."""
+    from hpcps.data import DataError
+    from hpcps.data.textstream import data_files
+
+    try:
+        found = data_files(p)
+    except DataError as e:
+        rel = "" if Path(value).expanduser().is_absolute() else (
+            f" (relative paths are resolved against the job file's directory {ck.job_dir})")
+        ck.fail(key, f"{e}{rel}")
+        return
+    for f in found:
+        if not os.access(f, os.R_OK):
+            ck.fail(key, f"file not readable: {f}")
+            return
+        if f.endswith((".bz2", ".xz")):
+            ck.fail(key, f"{f}: {f.rpartition('.')[2]}-compressed data is not read; streamed "
+                         f"data may be plain, gzip or zstd (e.g. `{_UNPACK['.' + f.rpartition('.')[2]]} "
+                         f"-k {os.path.basename(f)}`, or recompress with gzip or zstd)")
+            return
 
 
 def _input_problem(ck: Checker, p: Path, value: str) -> str | None:

@@ -31,7 +31,7 @@ def _data(ck: Checker, doc: dict, dynamic: bool = False) -> DataConfig:
     path = vals.pop("path", None)
     path = files.resolve(ck, path, "data.path") if ck.good("data.path") else None
     test_path = vals.pop("test_path", None)
-    if fmt == "svmlight" and ck.good("data.test_path"):
+    if fmt in ("svmlight", "criteo") and ck.good("data.test_path"):
         test_path = files.resolve(ck, test_path, "data.test_path")
     else:
         test_path = None

@@ -14,14 +14,16 @@ from hpcps.config.schema import Checker, show
 from hpcps.config.sections import MODEL_TYPES
 
 # [data] keys that only make sense for one format; setting them for another is an error.
+_STREAM_KEYS = ("stream", "stream_above_mb", "prefetch", "shuffle_buffer", "on_bad_line")
 FORMAT_ONLY = {
     "adult_csv": ("test_fraction", "split_seed", "hash_bits", "numeric_bins", "crosses"),
-    "svmlight": ("test_path", "index_base", "n_features", "duplicate_indices"),
+    "svmlight": ("test_path", "index_base", "n_features", "duplicate_indices") + _STREAM_KEYS,
     "prepared": (),
+    "criteo": ("test_path", "hash_bits") + _STREAM_KEYS,
 }
 # (n_features is not required when the weights are a dynamic table: :func:`storage`)
 FORMAT_REQUIRED = {"adult_csv": (), "svmlight": ("test_path", "index_base", "n_features"),
-                   "prepared": ()}
+                   "prepared": (), "criteo": ("test_path",)}
 
 # [consistency] keys that only apply to some models.
 MODEL_ONLY = {
@@ -59,12 +61,15 @@ def data_keys(ck: Checker, table: dict, fmt: str | None, dynamic: bool = False) 
         for k in keys:
             if k not in table or (k == "test_path" and table[k] == ""):
                 continue
+            if k in FORMAT_ONLY[fmt] or not ck.good(f"data.{k}"):
+                continue
+            users = " or ".join(f"'{f}'" for f, ks in FORMAT_ONLY.items() if k in ks)
             if k == "test_path":
                 ck.fail("data.test_path", f"must be empty for format '{fmt}' (the test set is "
                                           f"split off by data.test_fraction), got "
                                           f"{show(table[k])}")
             else:
-                ck.fail(f"data.{k}", f"not used with format '{fmt}' (only with '{other}'); "
+                ck.fail(f"data.{k}", f"not used with format '{fmt}' (only with {users}); "
                                      f"remove it")
     for k in FORMAT_REQUIRED[fmt]:
         if k == "n_features" and dynamic:

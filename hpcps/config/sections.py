@@ -19,7 +19,9 @@ from hpcps.core.optim import RULES as OPTIMIZERS
 from hpcps.models import BUILTIN as _BUILTIN_MODELS
 
 #: Supported ``data.format`` values.
-DATA_FORMATS = ("adult_csv", "svmlight", "prepared")
+DATA_FORMATS = ("adult_csv", "svmlight", "prepared", "criteo")
+#: Supported ``data.on_bad_line`` values (streamed svmlight and Criteo data).
+BAD_LINE_MODES = ("error", "skip")
 #: Built-in ``model.type`` values (a user model is named ``"package.module:ClassName"``).
 MODEL_TYPES = tuple(_BUILTIN_MODELS)
 #: Supported ``cluster.mode`` values.
@@ -150,7 +152,8 @@ class DataConfig:
         Absolute path of the training data (for ``adult_csv``: the whole data set, the
         test set is split off with `test_fraction`).
     test_path : pathlib.Path or None
-        Absolute path of the svmlight test file; ``None`` for ``adult_csv``.
+        Absolute path of the svmlight or Criteo test data (streamed data: a file, a
+        directory or a glob, like ``path``); ``None`` for ``adult_csv``.
     index_base : int or None
         svmlight feature indices start at 0 or 1 (never guessed); ``None`` for
         ``adult_csv``.
@@ -169,11 +172,27 @@ class DataConfig:
     max_rows : int
         Read at most this many rows (0 = all); for quick tests.
     hash_bits : int
-        ``adult_csv``: the hashed feature space has ``2**hash_bits`` features.
+        ``adult_csv`` and ``criteo``: the hashed feature space has ``2**hash_bits``
+        features (the sparse table's size); Criteo's 39 fields are hashed into it.
     numeric_bins : int
         ``adult_csv``: number of quantile bins for numeric columns.
     crosses : bool
         ``adult_csv``: add pairwise feature crosses.
+    stream : bool or None
+        svmlight and criteo: read the data through the streaming reader
+        (:mod:`hpcps.data.lines`) instead of loading each worker's partition; absent: streamed
+        when a file is gzip- or zstd-compressed or the data files add up to more than
+        ``stream_above_mb`` MB.
+    stream_above_mb : int
+        Size (MB, 10**6 bytes) above which the data streams when ``stream`` is absent.
+    prefetch : int
+        Streaming: read units (of ``shuffle_buffer`` lines) the reader thread parses ahead.
+    shuffle_buffer : int
+        Streaming: lines per read unit; with ``[train] shuffle`` the epoch's order permutes
+        the lines within consecutive blocks of this many lines.
+    on_bad_line : str
+        Streaming: a malformed line stops the job naming its file and line (``"error"``) or
+        is dropped and counted (``"skip"``).
     """
 
     format: str = key(kind=str, choices=DATA_FORMATS)
@@ -188,6 +207,11 @@ class DataConfig:
     hash_bits: int = key(20, lo=1, hi=40)
     numeric_bins: int = key(8, lo=2, hi=256)
     crosses: bool = key(True)
+    stream: bool | None = key(None, kind=bool)
+    stream_above_mb: int = key(1024, lo=1)
+    prefetch: int = key(4, lo=1, hi=64)
+    shuffle_buffer: int = key(65536, lo=1, hi=1 << 26)
+    on_bad_line: str = key("error", choices=BAD_LINE_MODES)
 
     @property
     def num_features(self) -> int:
@@ -195,6 +219,10 @@ class DataConfig:
         if self.format == "svmlight":
             # no n_features: ids of a dynamic table, anything below 2**63 - 1
             return int(self.n_features) if self.n_features is not None else DYNAMIC_KEYS
+        if self.format == "criteo":
+            from hpcps.data.criteo import n_features
+
+            return n_features(self.hash_bits)
         if self.format == "prepared":
             from hpcps.data.prepared import file_attrs
 

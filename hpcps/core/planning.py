@@ -25,11 +25,16 @@ __all__ = ["epoch_order", "epoch_rows", "done_max", "steps_for", "capped_steps",
            "examples_per_step", "resume_position", "segment_done", "rows_reassigned"]
 
 
-def epoch_order(n_rows: int, seed: int, worker: int, epoch: int, shuffle: bool) -> np.ndarray:
+def epoch_order(n_rows: int, seed: int, worker: int, epoch: int, shuffle: bool,
+                block: int = 0) -> np.ndarray:
     """Order in which ``worker`` reads its ``n_rows`` rows in ``epoch``, int64.
 
     Drawn from numpy's PCG64 seeded with ``[seed, worker, epoch]``, so a position
     ``(epoch, step)`` fully restores a reader's random state after a restart.
+
+    ``block > 0`` (streamed data, :mod:`hpcps.data.lines`): a *bounded* shuffle that permutes
+    the rows within each run ``[k * block, (k + 1) * block)`` and keeps the runs in order, so
+    a reader holds one run at a time.
 
     Returns
     -------
@@ -38,10 +43,17 @@ def epoch_order(n_rows: int, seed: int, worker: int, epoch: int, shuffle: bool) 
     """
     if not shuffle:
         return np.arange(n_rows, dtype=np.int64)
-    return np.random.default_rng([seed, worker, epoch]).permutation(n_rows).astype(np.int64)
+    rng = np.random.default_rng([seed, worker, epoch])
+    if block and block < n_rows:
+        out = np.empty(n_rows, dtype=np.int64)
+        for a in range(0, n_rows, int(block)):
+            b = min(a + int(block), n_rows)
+            out[a:b] = a + rng.permutation(b - a)
+        return out
+    return rng.permutation(n_rows).astype(np.int64)
 
 
-def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size) -> list:
+def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size, block=0) -> list:
     """Rows (global indices into the split) each of ``n_workers`` workers reads in the rest
     of an epoch that was interrupted and resumed on different numbers of workers.
 
@@ -56,6 +68,8 @@ def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size) ->
         worker, :mod:`hpcps.resilience.recovery`).
     n_workers : int
         Workers of the segment about to run.
+    block : int
+        As :func:`epoch_order`'s (0: a full shuffle of each partition).
 
     Returns
     -------
@@ -70,7 +84,7 @@ def epoch_rows(part_sizes, plan, n_workers, seed, epoch, shuffle, batch_size) ->
         split the rows over, or lists a step count per worker of the wrong length.
     """
     offsets = np.concatenate([[0], np.cumsum(part_sizes)]).astype(np.int64)
-    lists = [offsets[w] + epoch_order(int(n), seed, w, epoch, shuffle)
+    lists = [offsets[w] + epoch_order(int(n), seed, w, epoch, shuffle, block)
              for w, n in enumerate(part_sizes)]
     for k, (n_k, done) in enumerate(plan):
         if len(lists) != n_k:

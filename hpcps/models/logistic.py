@@ -30,7 +30,8 @@ class LogisticRegression(Model):
         return lr.logistic_tables(self.cfg)
 
     def load(self, split, part, n_parts):
-        return load_split(self.cfg.data, split, part, n_parts)
+        return load_split(self.cfg.data, split, part, n_parts,
+                          cache_dir=self.cfg.output.dir / "line-index")
 
     def batch_keys(self, X) -> dict:
         if getattr(self, "_marks", None) is None or self._marks.size != X.shape[1]:

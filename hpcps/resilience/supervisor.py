@@ -24,7 +24,6 @@ import numpy as np
 from hpcps.comm.collectives import allreduce_max
 from hpcps.comm.ft import is_peer_failure
 from hpcps.core.planning import capped_steps, epoch_rows, rows_reassigned, segment_done
-from hpcps.data.partition_rows import block_bounds
 from hpcps.resilience.elastic import JoinPlan
 from hpcps.resilience.recovery import WorkerReport, recover
 from hpcps.worker.events import GrowthRequested, PeerLost, StopRequested
@@ -53,7 +52,7 @@ def regroup(tr, epoch, plan) -> Segment:
     order = lists[tr.index]
     steps = capped_steps(tr.max_steps(order.size), t.max_steps, plan)
     if tr.blocks():                              # this worker's block: no second read
-        a, b = block_bounds(X_all.shape[0], tr.index, tr.n_workers)
+        a, b = tr.part_bounds(X_all.shape[0], tr.index, tr.n_workers)
         X, y = X_all[a:b], y_all[a:b]
     else:
         X, y = tr.model.load("train", tr.index, tr.n_workers)
@@ -227,7 +226,8 @@ class Supervisor:
             # what each old worker finished of this segment; the survivors re-plan the rest
             done = segment_done(rec.clocks, seg_clock0, steps)
             seg = self.regroup_or_recover(epoch, plan + [[n_old, done]])
-            prev = epoch_rows(seg.sizes, plan, n_old, tr.cfg.seed, epoch, t.shuffle, t.batch_size)
+            prev = epoch_rows(seg.sizes, plan, n_old, tr.cfg.seed, epoch, t.shuffle, t.batch_size,
+                              tr.shuffle_block)
             reassigned = rows_reassigned(prev, done, rec.dead_workers, t.batch_size)
             target = tr.client.clock_value
             event.update(worker_steps_done=done, examples_reassigned=reassigned)

@@ -177,6 +177,7 @@ def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None,
                      "pull_seconds": r.pull_seconds, "push_seconds": r.push_seconds,
                      "clock_seconds": r.clock_seconds, "host": host[id(r)]}
                     for r in workers],
+        **({"reader": result["reader"]} if result.get("reader") else {}),
     }
 
 
@@ -245,6 +246,15 @@ def summary_lines(s: dict, history: list) -> list[str]:
             read = f"read {keys:,} keys ({mb(got)}) by RMA, "
         lines.append(f"  workers: {read}pull wait {tot_pull:.2f} s, push {tot_push:.2f} s "
                      f"(summed over workers)")
+    if s.get("reader"):                       # streamed data (hpcps.data.lines)
+        rd = s["reader"]
+        tot_b = sum(r["bytes"] for r in rd)
+        tot_read = sum(r["read_seconds"] for r in rd)
+        lines.append(f"  readers: {mb(tot_b)} of text, {sum(r['lines'] for r in rd):,} lines "
+                     f"({tot_b / 1e6 / tot_read if tot_read else 0:,.1f} MB/s per reader thread); "
+                     f"workers waited {sum(r['wait_seconds'] for r in rd):.2f} s for data; "
+                     f"{sum(r['skipped'] for r in rd):,} bad line(s) skipped; peak RSS per worker "
+                     + ", ".join(f"{r['peak_rss_mb']:,.0f}" for r in rd) + " MiB")
     by_host: dict = {}
     for kind in ("server", "worker"):
         for d in s.get(kind + "s", []):

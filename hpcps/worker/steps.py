@@ -151,9 +151,11 @@ class SyncSteps:
         (0 for a rejected step, :attr:`last_rejected` then True). Collective over the workers
         when the guard votes."""
         self.last_rejected = False
+        self.last_n = int(rows.size)      # examples of the step (streamed: lines with a row)
         keys, grads, code, loss = {}, {}, OK, 0.0
         if rows.size:
             Xb, yb = self.X[rows], self.y[rows]
+            self.last_n = int(Xb.shape[0])
             keys = self.model.batch_keys(Xb)
             params = self.client.pull_many(keys)     # one round trip for every table
             loss, grads = self.model.loss_grad(Xb, yb, keys, params)
@@ -281,6 +283,7 @@ class DownpourSteps:
             self._fetch(i)
         loss = 0.0
         self.last_rejected = False
+        self.last_n = int(rows.size)
         if rows.size:
             yb = self.y[rows]
             if self._fetched is not None and self._fetched[0] == i:
@@ -290,6 +293,7 @@ class DownpourSteps:
                 keys = self.model.batch_keys(Xb)
                 params = {t: self.cache[t][np.searchsorted(self.cache_keys[t], k)]
                           for t, k in keys.items()}
+            self.last_n = int(Xb.shape[0])
             loss, grads = self.model.loss_grad(Xb, yb, keys, params)
             if not self.guard.check(self.client.clock_value,
                                     self.guard.code(loss, grads, self.dtypes)):
@@ -303,7 +307,7 @@ class DownpourSteps:
             for t, k in keys.items():
                 self.acc_keys.setdefault(t, []).append(k)
                 self.acc_grads.setdefault(t, []).append(_as_rows(grads[t], k.size))
-            self.acc_n += rows.size
+            self.acc_n += self.last_n
         if self.policy.push_due(i) or i == self.steps - 1 or final:
             self._push(final, defer=True)      # sent with the step's clock
         return loss

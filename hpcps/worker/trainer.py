@@ -26,8 +26,9 @@ from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples
                                  resume_position, steps_for)
 from hpcps.data import DataError
 from hpcps.data.partition_rows import block_bounds
-from hpcps.data.source import block_partitioned
+from hpcps.data.source import block_partitioned, stream_index, streamed
 from hpcps.models import make_model   # the model registry imports every model
+from hpcps.worker import streaming
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
 from hpcps.worker.steps import NonFiniteGuard, make_steps
 
@@ -189,6 +190,13 @@ class Trainer:
         self._t0 = self._last = 0.0       # progress lines: start of the run, last line
         self._clock0 = 0
         self._examples_per_step = 0.0
+        # streamed data (hpcps.data.lines): lines are the rows; the epoch's order shuffles
+        # within runs of [data] shuffle_buffer lines; the readers' counters
+        self.streaming = streamed(cfg.data) if cfg.data.format in ("svmlight", "criteo") else False
+        self.shuffle_block = cfg.data.shuffle_buffer if self.streaming else 0
+        self._readers: dict = {}
+        self._row_log = None
+        self.cursor = None                 # the segment being run (streamed: reader positions)
 
     # -- start of a run ----------------------------------------------------------------------
 
@@ -205,6 +213,8 @@ class Trainer:
             The training or the test split has no rows (on every worker).
         """
         cfg, t = self.cfg, self.cfg.train
+        if self.streaming:
+            streaming.index_files(self)
         self.X, self.y = self.model.load("train", self.index, self.n_workers)
         self.Xt, self.yt = self.model.load("test", self.index, self.n_workers)
         n_train, n_test = (int(v) for v in allreduce_sum(self.comm, np.array([self.X.shape[0], self.Xt.shape[0]], dtype=np.int64)))
@@ -219,6 +229,7 @@ class Trainer:
         self.steps_full = capped_steps(self.max_steps(self.X.shape[0]), t.max_steps)
         start_epoch, start_step, plan = 0, 0, []
         if restore is not None:
+            streaming.check_stream_restore(self, restore)
             start_epoch, start_step, plan = resume_position(restore, self.n_workers)
             # records of the epoch being resumed (and later) are recomputed
             self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
@@ -238,8 +249,13 @@ class Trainer:
 
     def begin_run(self, start_epoch: int, checkpointer=None) -> None:
         """Start the run's counters (progress lines, epochs done) at ``start_epoch``. Local."""
-        if checkpointer is not None and self.guard.agree is not None:
-            checkpointer.extra = lambda: {"nonfinite_rejected": self.guard.rejected}
+        if checkpointer is not None:
+            guard = self.guard
+
+            def extra():
+                d = {"nonfinite_rejected": guard.rejected} if guard.agree is not None else {}
+                return {**d, **streaming.stream_extra(self)}
+            checkpointer.extra = extra
         self._stop_target = None
         self.epochs_done = start_epoch
         self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
@@ -266,7 +282,8 @@ class Trainer:
             steps = capped_steps(self.max_steps(order.size), t.max_steps, plan)
         else:
             plan = []
-            order = epoch_order(self.X.shape[0], self.cfg.seed, self.index, epoch, t.shuffle)
+            order = epoch_order(self.X.shape[0], self.cfg.seed, self.index, epoch, t.shuffle,
+                                self.shuffle_block)
             Xe, ye, steps = self.X, self.y, self.steps_full
         return Cursor(epoch=epoch, Xe=Xe, ye=ye, order=order, steps=steps, plan=plan, first=first,
                       seg_clock0=self.client.clock_value - first)
@@ -279,7 +296,7 @@ class Trainer:
         X_all, y_all = self.model.load("train", 0, 1)
         sizes = self.part_sizes(X_all.shape[0], plan[0][0])
         lists = epoch_rows(sizes, plan, self.n_workers, self.cfg.seed, epoch, t.shuffle,
-                           t.batch_size)
+                           t.batch_size, self.shuffle_block)
         return X_all, y_all, sizes, lists
 
     # -- one segment -------------------------------------------------------------------------
@@ -317,6 +334,10 @@ class Trainer:
         if not resume:
             if checkpointer is not None:
                 checkpointer.steps_per_epoch = steps
+            self.cursor = cur                    # streamed: the readers' positions
+            if hasattr(cur.Xe, "start"):         # streamed: the reader thread reads ahead
+                self._readers[id(cur.Xe)] = cur.Xe
+                cur.Xe.start(cur.order, cur.first * t.batch_size)
             self.steps.begin_epoch(cur.Xe, cur.ye, cur.order, steps, t.batch_size)
         for step in range(cur.first, steps):
             final = epoch == t.epochs - 1 and step == steps - 1
@@ -329,8 +350,10 @@ class Trainer:
                 cur.loss_sum += self.steps.step(step, rows, final=final)
             finally:
                 self.guard.agree = agree
-            used = 0 if self.steps.last_rejected else int(rows.size)  # rejected step
+            used = 0 if self.steps.last_rejected else int(getattr(self.steps, "last_n", rows.size))
             self.client.clock(used, epoch)
+            if used and self._row_log is not False and hasattr(cur.Xe, "identity"):
+                streaming.log_rows(self, cur, rows, epoch)
             cur.n_ex += used
             cur.first = step + 1
             self.last_step_time = time.time()
@@ -368,10 +391,15 @@ class Trainer:
         done = max(1, self.client.clock_value - self._clock0)
         rate = done * self._examples_per_step / (last - self._t0)
         eta = (last - self._t0) / done * max(0, total_steps - self.client.clock_value)
+        read = ""
+        if hasattr(cur.Xe, "stats"):              # streamed: this worker's reader
+            st = cur.Xe.stats
+            read = (f"  read(w0) {st['bytes'] / 1e6 / (last - self._t0):,.1f} MB/s, "
+                    f"waited {st['wait_seconds']:.1f} s")
         self.say(f"epoch {cur.epoch + 1}/{t.epochs}  step {step + 1}/{cur.steps}  "
                   f"clock {self.client.clock_value} (workers "
-                  f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} ex/s  "
-                  f"loss(w0) {cur.loss_sum / max(1, cur.n_ex):.4f}  ETA {_fmt_eta(eta)}")
+                  f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} rows/s  "
+                  f"loss(w0) {cur.loss_sum / max(1, cur.n_ex):.4f}{read}  ETA {_fmt_eta(eta)}")
 
     def stop_here(self, cur: Cursor, checkpointer=None) -> None:
         """Act on a :class:`~hpcps.worker.events.StopRequested`: checkpoint at this step and
@@ -401,7 +429,8 @@ class Trainer:
             checkpointer.at_end(self.client.clock_value, t.epochs - 1, steps, plan, self.history)
         elapsed = time.perf_counter() - self._t0
         total_examples = int(allreduce_sum(self.comm, np.array([local_examples], dtype=np.int64))[0])
-        return {"seconds": elapsed, "examples": total_examples,
+        reader = streaming.reader_report(self, elapsed) if self.streaming else None
+        return {"reader": reader, "seconds": elapsed, "examples": total_examples,
                 "steps": self.client.clock_value - self._clock0, "epochs": t.epochs,
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
@@ -470,10 +499,17 @@ class Trainer:
         """True when training partition ``p`` of ``P`` is block ``p`` of the split's rows."""
         return block_partitioned(self.cfg.data) and getattr(self.model, "block_partitioned", True)
 
+    def part_bounds(self, n_rows: int, part: int, n_parts: int) -> tuple[int, int]:
+        """Rows ``[a, b)`` of training partition ``part`` of ``n_parts`` (block partitions:
+        :meth:`blocks`); streamed data keeps compressed files whole."""
+        if self.streaming:
+            return stream_index(self.cfg.data, "train").part_bounds(n_rows, part, n_parts)
+        return block_bounds(n_rows, part, n_parts)
+
     def part_sizes(self, n_rows: int, n_parts: int) -> list:
         """Rows of each of ``n_parts`` training partitions (their concatenation is the split)."""
         if self.blocks():
-            return [b - a for a, b in (block_bounds(n_rows, p, n_parts) for p in range(n_parts))]
+            return [b - a for a, b in (self.part_bounds(n_rows, p, n_parts) for p in range(n_parts))]
         return [self.model.load("train", p, n_parts)[0].shape[0] for p in range(n_parts)]
 
     def record(self, rec) -> None:
@@ -538,15 +574,23 @@ class Trainer:
         """Epoch metrics: progressive training loss and the model's test metrics. Collective
         over the workers' communicator; the rows are pulled fresh (not from a stale cache)."""
         tr = allreduce_sum(self.comm, np.array([loss_sum, n_ex], dtype=np.float64))
-        preds = []
+        preds, ys = [], []
+        streamed = hasattr(Xt, "start")          # streamed test lines: read in order
+        if streamed:
+            Xt.start(np.arange(Xt.shape[0], dtype=np.int64))
         for a in range(0, Xt.shape[0], EVAL_CHUNK):
-            Xc = Xt[a:a + EVAL_CHUNK]
+            sel = (np.arange(a, min(a + EVAL_CHUNK, Xt.shape[0]), dtype=np.int64) if streamed
+                   else slice(a, a + EVAL_CHUNK))
+            Xc = Xt[sel]
+            ys.append(np.asarray(yt[sel], dtype=np.float64).reshape(-1))
+            if Xc.shape[0] == 0:
+                continue
             keys = self.model.batch_keys(Xc)
             params = {t: self.client.pull(t, k, fresh=True) for t, k in keys.items()}
             preds.append(np.asarray(self.model.predict(Xc, keys, params), dtype=np.float64).reshape(-1))
         p = np.concatenate(preds) if preds else np.empty(0)
         all_p = gatherv(self.comm, p)
-        all_y = gatherv(self.comm, np.asarray(yt, dtype=np.float64).reshape(-1))
+        all_y = gatherv(self.comm, np.concatenate(ys) if ys else np.empty(0))
         if not self.is_chief:
             return None
         if all_y.size and all_p.size != all_y.size:

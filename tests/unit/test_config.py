@@ -177,15 +177,28 @@ def test_svmlight(jobdir):
     assert (d.index_base, d.n_features, d.num_features) == (1, 123, 123)
 
 
-@pytest.mark.parametrize("key, name", [("path", "train.svm.gz"), ("test_path", "test.svm.bz2")])
-def test_compressed_svmlight_is_a_job_file_error(jobdir, key, name):
-    """Workers read byte ranges of the file: caught at load (exit 2), not mid-read."""
+@pytest.mark.parametrize("key, name", [("path", "train.svm.gz"), ("test_path", "test.svm.gz")])
+def test_compressed_svmlight_without_streaming_is_a_job_file_error(jobdir, key, name):
+    """In memory, workers read byte ranges of the file: caught at load (exit 2), not mid-read."""
     (jobdir / "data" / name).write_bytes(b"\x1f\x8b")
-    e = error(jobdir, SVM.replace(f'{key} = "../data/{name.split(".")[0]}.svm"',
-                                  f'{key} = "../data/{name}"'))
+    text = SVM.replace(f'{key} = "../data/{name.split(".")[0]}.svm"', f'{key} = "../data/{name}"')
+    e = error(jobdir, text.replace("[data]\n", "[data]\nstream = false\n"))
     assert e.key == f"data.{key}"
     assert "compressed svmlight file cannot be split into byte ranges" in str(e)
-    assert f"{'gunzip' if name.endswith('.gz') else 'bunzip2'} -k {name}" in str(e)
+    assert f"gunzip -k {name}" in str(e) and "data.stream = false" in str(e)
+
+
+def test_gzip_svmlight_streams_and_bz2_is_a_job_file_error(jobdir):
+    """Streamed (the default for compressed files): gzip and zstd are read, bz2 is named."""
+    (jobdir / "data" / "train.svm.gz").write_bytes(b"\x1f\x8b")
+    (jobdir / "jobs" / "x.toml").write_text(SVM.replace('path = "../data/train.svm"',
+                                                        'path = "../data/train.svm.gz"'))
+    assert load_job(jobdir / "jobs" / "x.toml").data.path.name == "train.svm.gz"
+    (jobdir / "data" / "test.svm.bz2").write_bytes(b"BZh")
+    e = error(jobdir, SVM.replace('test_path = "../data/test.svm"',
+                                  'test_path = "../data/test.svm.bz2"'))
+    assert e.key == "data.test_path" and "bz2-compressed data is not read" in str(e)
+    assert "bunzip2 -k test.svm.bz2" in str(e)
 
 
 def test_text_kept_and_path_absolute(jobdir, monkeypatch):
@@ -386,7 +399,7 @@ def test_bool_index_base_rejected(jobdir):
     ("data.hash_bits", "41", "must be in [1, 40], got 41"),
     ("data.numeric_bins", "1", "must be in [2, 256], got 1"),
     ("data.numeric_bins", "257", "must be in [2, 256], got 257"),
-    ("data.format", '"csv"', "must be one of 'adult_csv', 'svmlight', 'prepared', got 'csv'"),
+    ("data.format", '"csv"', "must be one of 'adult_csv', 'svmlight', 'prepared', 'criteo', got 'csv'"),
     ("data.format", '"svm_light"', "(did you mean 'svmlight'?)"),
     ("model.type", '"linear"', "must be one of 'logistic', 'mf', 'mlp' or a user model 'package.module:ClassName', got 'linear'"),
     ("model.l2", "-0.001", "must be >= 0, got -0.001"),
@@ -874,3 +887,49 @@ def test_optimizer_tables_get_the_rule_and_regularisation(jobdir):
     cfg = job(jobdir, _opt(name='"adam"', beta1="0.8", beta2="0.99", eps="1e-7"))
     (_, ow), _ = logistic_tables(cfg)
     assert (ow.beta1, ow.beta2, ow.eps) == (0.8, 0.99, 1e-7)
+
+
+# ------------------------------------------------------------------------ streamed data
+
+CRITEO = """\
+name = "c"
+[data]
+format = "criteo"
+path = "../data/crit"
+test_path = "../data/crit/*.tsv"
+hash_bits = 16
+"""
+
+
+def test_criteo_job_with_stream_keys(jobdir):
+    (jobdir / "data" / "crit").mkdir()
+    (jobdir / "data" / "crit" / "a.tsv").write_text("0" + "\t" * 39 + "\n")
+    cfg = job(jobdir, CRITEO + 'prefetch = 2\nshuffle_buffer = 100\non_bad_line = "skip"\n')
+    d = cfg.data
+    assert (d.format, d.hash_bits, d.num_features) == ("criteo", 16, 1 << 16)
+    assert (d.prefetch, d.shuffle_buffer, d.on_bad_line) == (2, 100, "skip")
+    assert d.path == (jobdir / "data" / "crit").resolve()
+
+
+@pytest.mark.parametrize("extra, key, message", [
+    ('on_bad_line = "ignore"', "data.on_bad_line", "must be one of 'error', 'skip'"),
+    ("prefetch = 0", "data.prefetch", "must be in [1, 64], got 0"),
+    ('duplicate_indices = "sum"', "data.duplicate_indices", "only with 'svmlight'"),
+    ("index_base = 1", "data.index_base", "only with 'svmlight'"),
+])
+def test_criteo_bad_keys_are_named(jobdir, extra, key, message):
+    (jobdir / "data" / "crit").mkdir()
+    (jobdir / "data" / "crit" / "a.tsv").write_text("0" + "\t" * 39 + "\n")
+    e = error(jobdir, CRITEO + extra + "\n")
+    assert e.key == key and message in e.message, e.message
+
+
+def test_criteo_path_naming_no_file_is_a_job_file_error(jobdir):
+    (jobdir / "data" / "crit").mkdir()
+    e = error(jobdir, CRITEO)
+    assert e.key == "data.path" and "holds no data file" in e.message, e.message
+
+
+def test_stream_keys_not_for_adult(jobdir):
+    e = error(jobdir, ADULT.replace("[data]\n", "[data]\nshuffle_buffer = 10\n"))
+    assert e.key == "data.shuffle_buffer" and "only with 'svmlight' or 'criteo'" in e.message

@@ -1,0 +1,213 @@
+"""Streamed rows of a job (hpcps.data.lines): every line of many plain/gzip/zstd files read
+once per epoch through the reader thread, under a bounded shuffle, a resume mid-epoch and a
+re-plan over another number of workers — checked by each row's identity (no MPI)."""
+
+from __future__ import annotations
+
+import gzip
+import types
+
+import numpy as np
+import pytest
+import zstandard
+
+from hpcps.core.planning import epoch_order, epoch_rows
+from hpcps.data import DataError
+from hpcps.data.criteo import read_criteo_part
+from hpcps.data.lineindex import load_index
+from hpcps.data.lines import Parser, StreamedRows, row_hashes
+from hpcps.data.partition_rows import block_bounds
+from hpcps.kernels.criteo import N_CAT, N_INT
+
+
+def criteo_lines(ids):
+    """Criteo rows whose C1 holds the row id (a distinct row per id)."""
+    return b"".join(("\t".join([str(i % 2), *[str(i % 7)] * N_INT, f"{i:08x}", *[""] * (N_CAT - 1)])
+                     + "\n").encode() for i in ids)
+
+
+def cfg(**kw):
+    d = dict(format="criteo", on_bad_line="error", hash_bits=20, num_features=1 << 20)
+    d.update(kw)
+    return types.SimpleNamespace(**d)
+
+
+@pytest.fixture
+def data(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.tsv").write_bytes(criteo_lines(range(0, 700)))
+    (d / "b.tsv.gz").write_bytes(gzip.compress(criteo_lines(range(700, 1100))))
+    (d / "c.tsv").write_bytes(b"")
+    (d / "d.tsv.zst").write_bytes(zstandard.ZstdCompressor().compress(criteo_lines(range(1100, 1400))))
+    (d / "e.tsv").write_bytes(criteo_lines(range(1400, 1500)).rstrip(b"\n"))   # no last \n
+    return d
+
+
+def reference(path):
+    X, y = read_criteo_part(path, 0, 1, hash_bits=20)
+    X.sort_indices()
+    return row_hashes(y, X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data)
+
+
+def hashes(X, y):
+    X.sum_duplicates()
+    return row_hashes(y, X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data)
+
+
+def read_all(rows, order, first=0, batch=37):
+    """The row hashes of ``order[first:]`` read in steps of ``batch``."""
+    rows.start(order, first)
+    out = []
+    for a in range(first, order.size, batch):
+        r = order[a:a + batch]
+        X, y = rows[r], rows.labels[r]
+        assert X.shape[0] == y.size == r.size
+        out.append(hashes(X, y))
+    rows.close()
+    return np.concatenate(out) if out else np.zeros(0, np.uint64)
+
+
+def test_index_counts_lines_of_plain_gzip_zstd_and_empty_files(data, tmp_path):
+    ix = load_index(data, tmp_path / "cache")
+    assert ix.lines.tolist() == [700, 400, 0, 300, 100] and ix.n_lines == 1500
+    again = load_index(data, tmp_path / "cache")                 # from the cache
+    assert again.fingerprint == ix.fingerprint and again.lines.tolist() == ix.lines.tolist()
+
+
+@pytest.mark.parametrize("n_workers", [1, 3, 4])
+def test_every_row_once_per_epoch_under_the_block_shuffle(data, n_workers):
+    ref = reference(data)
+    ix = load_index(data)
+    got = []
+    for w in range(n_workers):
+        lo, hi = block_bounds(ix.n_lines, w, n_workers)
+        rows = StreamedRows(ix, Parser(cfg()), lo, hi, unit=64, depth=2)
+        order = epoch_order(hi - lo, 5, w, 1, True, 64)
+        h = read_all(rows, order)
+        assert np.array_equal(h, ref[lo + order])               # the right row for each line
+        got.append(h)
+    all_h = np.concatenate(got)
+    assert sorted(all_h.tolist()) == sorted(ref.tolist())       # each row once, none lost
+
+
+def test_block_shuffle_stays_within_blocks_and_depends_on_the_epoch():
+    a = epoch_order(1000, 3, 0, 0, True, 100)
+    assert sorted(a.tolist()) == list(range(1000))
+    assert all(set(a[k:k + 100] // 100) == {k // 100} for k in range(0, 1000, 100))
+    assert not np.array_equal(a, epoch_order(1000, 3, 0, 1, True, 100))
+
+
+def test_resume_mid_epoch_and_replan_over_other_worker_counts_read_each_row_once(data):
+    """Segments as a checkpoint (epoch, step, plan) or a lost/added worker leave them."""
+    ref = reference(data)
+    ix = load_index(data)
+    batch, unit = 16, 50
+    sizes = [b - a for a, b in (block_bounds(ix.n_lines, w, 3) for w in range(3))]
+    seen = []
+    plan = [[3, 7]]            # 3 workers ran 7 steps, then 2 workers ran 5, then 4 finish
+    lists = epoch_rows(sizes, [], 3, 0, 2, True, batch, unit)
+    for w in range(3):
+        seen.append(lists[w][:7 * batch])
+    lists = epoch_rows(sizes, plan, 2, 0, 2, True, batch, unit)
+    for w in range(2):
+        seen.append(lists[w][:5 * batch])
+    plan = plan + [[2, 5]]
+    lists = epoch_rows(sizes, plan, 4, 0, 2, True, batch, unit)
+    got = []
+    whole = StreamedRows(ix, Parser(cfg()), 0, ix.n_lines, unit=unit, depth=3)
+    for seg in seen + lists:
+        got.append(read_all(whole, seg, batch=batch))
+        assert np.array_equal(got[-1], ref[seg])
+    assert sorted(np.concatenate(got).tolist()) == sorted(ref.tolist())
+    # a restart at step 4 of worker 1's first segment reads the rest, from inside a block
+    lo, hi = block_bounds(ix.n_lines, 1, 3)
+    order = epoch_order(hi - lo, 0, 1, 2, True, unit)
+    part = StreamedRows(ix, Parser(cfg()), lo, hi, unit=unit, depth=2)
+    assert np.array_equal(read_all(part, order, first=4 * batch, batch=batch), ref[lo + order[4 * batch:]])
+
+
+def test_bad_line_names_file_and_line_even_in_gzip(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    lines = criteo_lines(range(300)).split(b"\n")
+    lines[200] = b"1\tnot-a-number" + b"\t" * 38
+    (d / "a.tsv").write_bytes(criteo_lines(range(1000, 1100)))
+    (d / "b.tsv.gz").write_bytes(gzip.compress(b"\n".join(lines)))
+    ix = load_index(d)
+    rows = StreamedRows(ix, Parser(cfg()), 0, ix.n_lines, unit=64)
+    rows.start(np.arange(ix.n_lines))
+    with pytest.raises(DataError, match=r"b\.tsv\.gz:201: "):
+        for a in range(0, ix.n_lines, 50):
+            rows[np.arange(a, min(a + 50, ix.n_lines))]
+    rows.close()
+    skip = StreamedRows(ix, Parser(cfg(on_bad_line="skip")), 0, ix.n_lines, unit=64)
+    skip.start(np.arange(ix.n_lines))
+    n = sum(skip[np.arange(a, min(a + 50, ix.n_lines))].shape[0] for a in range(0, ix.n_lines, 50))
+    assert n == ix.n_lines - 1 and skip.report()["skipped"] == 1
+    skip.close()
+
+
+def test_truncated_gzip_is_named(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.tsv.gz").write_bytes(gzip.compress(criteo_lines(range(5000)))[:-300])
+    with pytest.raises(DataError, match=r"a\.tsv\.gz: gzip stream damaged or truncated"):
+        load_index(d)
+
+
+def test_svmlight_streamed_blank_comment_and_bad_label_lines(tmp_path):
+    p = tmp_path / "s.svm"
+    p.write_bytes(b"1 1:1 3:2\n\n# note\n-1 2:1\n2 1:1\n0 3:1\n")
+    ix = load_index(p)
+    c = cfg(format="svmlight", index_base=1, n_features=3, duplicate_indices="error", num_features=3)
+    rows = StreamedRows(ix, Parser(c), 0, ix.n_lines, unit=4)
+    rows.start(np.arange(ix.n_lines))
+    with pytest.raises(DataError, match=r"s\.svm:5: label 2\.0 is not -1, 0 or \+1"):
+        rows[np.arange(6)]
+    rows.close()
+    c.on_bad_line = "skip"
+    rows = StreamedRows(ix, Parser(c), 0, ix.n_lines, unit=4)
+    rows.start(np.arange(ix.n_lines))
+    X, y = rows[np.arange(6)], rows.labels[np.arange(6)]
+    assert y.tolist() == [1.0, 0.0, 0.0] and X.toarray().tolist() == [[1, 0, 2], [0, 1, 0], [0, 0, 1]]
+    assert rows.report()["skipped"] == 1
+    rows.close()
+
+
+def test_queue_depth_bounds_what_is_read_ahead(data):
+    ix = load_index(data)
+    rows = StreamedRows(ix, Parser(cfg()), 0, ix.n_lines, unit=50, depth=2)
+    rows.start(np.arange(ix.n_lines))
+    rows[np.arange(10)]
+    import time
+
+    time.sleep(0.3)
+    # one unit in use, two queued, one parsed and waiting to be queued: at most 4 * 50 lines
+    assert rows.stats["lines"] <= 4 * 50
+    rows.close()
+
+
+def test_counters_add_up_over_epochs(data):
+    ix = load_index(data)
+    rows = StreamedRows(ix, Parser(cfg()), 0, ix.n_lines, unit=100, depth=2)
+    for epoch in range(2):
+        read_all(rows, epoch_order(ix.n_lines, 0, 0, epoch, True, 100))
+    rep = rows.report()
+    assert rep["lines"] == 2 * ix.n_lines
+    assert rep["bytes"] == 2 * sum(len(criteo_lines([i])) for i in range(ix.n_lines)) - 2   # e.tsv: no last \n
+
+
+def test_partitions_keep_compressed_files_whole(data):
+    ix = load_index(data)          # a.tsv 700 plain, b.tsv.gz 400, c.tsv 0, d.tsv.zst 300, e.tsv 100
+    for n_parts in (1, 2, 3, 4, 7, 20):
+        bounds = [ix.part_bounds(ix.n_lines, p, n_parts) for p in range(n_parts)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == ix.n_lines
+        assert all(b[1] == c[0] for b, c in zip(bounds, bounds[1:]))       # contiguous
+        for lo, hi in bounds:                                               # no cut inside
+            for cut in (lo, hi):
+                f, j = ix.locate(min(cut, ix.n_lines - 1))
+                if 0 < cut < ix.n_lines and ix.files[f].endswith((".gz", ".zst")):
+                    assert j == 0, (n_parts, bounds)
+    # 3 parts: cuts at 500 (plain a.tsv, kept) and 1000 (inside b.tsv.gz 700..1100 -> 1100)
+    assert [ix.part_bounds(1500, p, 3) for p in range(3)] == [(0, 500), (500, 1100), (1100, 1500)]
