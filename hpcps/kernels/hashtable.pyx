@@ -585,6 +585,28 @@ def _finite(x, name):
 _SORT_ROWS = False
 
 
+def set_prefetch(index_ahead=None, record_ahead=None):
+    """Set how many keys ahead the push pass prefetches the index slot (default 32) and
+    the record (default 16, exact passes); returns the previous ``(index, record)``. The
+    weights do not depend on them. For benchmarks.
+
+    Raises
+    ------
+    ValueError
+        For a distance below 1 or above 1024.
+    """
+    global _AHEAD_INDEX, _AHEAD_RECORD
+    old = (int(_AHEAD_INDEX), int(_AHEAD_RECORD))
+    for v in (index_ahead, record_ahead):
+        if v is not None and not 1 <= int(v) <= 1024:
+            raise ValueError(f"prefetch distance must be in [1, 1024], got {v}")
+    if index_ahead is not None:
+        _AHEAD_INDEX = int(index_ahead)
+    if record_ahead is not None:
+        _AHEAD_RECORD = int(record_ahead)
+    return old
+
+
 def set_sort_rows(flag):
     """Step the distinct rows of a push in arena order (True) or in first-occurrence order
     (False, the default); the weights are the same either way (each row's step is

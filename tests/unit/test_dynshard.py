@@ -115,3 +115,26 @@ def test_stepping_rows_in_arena_order_gives_the_same_weights():
             H.set_sort_rows(False)
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
     assert all(np.array_equal(out[0][2][s], out[1][2][s]) for s in out[0][2])
+
+
+def test_prefetch_distances_give_the_same_weights_and_are_checked():
+    from hpcps.kernels import hashtable as H
+
+    rng = np.random.default_rng(4)
+    keys = rng.integers(-2**62, 2**62, 5000)
+    pushes = [keys[rng.zipf(1.2, 4000) % keys.size] for _ in range(4)]
+    out = []
+    for ahead in ((32, 16), (1, 1), (200, 3)):
+        old = H.set_prefetch(*ahead)
+        try:
+            t = H.HashTable(1, "float32", "adagrad", lr=0.1)
+            for p in pushes:
+                t.apply(p, np.cos(p[:, None] * 1.0).astype(np.float32), 0.5)
+            out.append((t.keys(), t.weights(), t.slots()["accumulator"]))
+        finally:
+            H.set_prefetch(*old)
+    assert H.set_prefetch() == (32, 16)
+    for o in out[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(out[0], o))
+    with pytest.raises(ValueError, match="prefetch distance"):
+        H.set_prefetch(0)
