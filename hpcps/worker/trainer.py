@@ -29,6 +29,7 @@ from hpcps.data.partition_rows import block_bounds
 from hpcps.data.source import block_partitioned, stream_index, streamed
 from hpcps.models import make_model   # the model registry imports every model
 from hpcps.worker import streaming
+from hpcps.worker.banner import start_lines
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
 from hpcps.worker.steps import NonFiniteGuard, make_steps
 
@@ -238,7 +239,8 @@ class Trainer:
             if self.guard.agree is not None:  # the voted count is the same on every worker
                 self.guard.rejected = int(restore.get("nonfinite_rejected", 0))
         if self.is_chief:
-            self._banner(restore, n_train, n_test, self.steps_full, start_epoch, start_step, plan)
+            for line in start_lines(self, restore, n_train, n_test, start_epoch, start_step, plan):
+                self.say(line)
         # stop signals and grow requests: under BSP the workers are in step anyway and
         # agree with one Allreduce per step; under SSP/async that would tie them together,
         # so they vote without waiting (continue mode: Open MPI's non-blocking collectives
@@ -455,46 +457,6 @@ class Trainer:
         if checkpointer is not None:
             checkpointer.rebind(self.comm, self.n_workers, self.is_chief)
 
-    def _banner(self, restore, n_train, n_test, steps_full, start_epoch, start_step, plan) -> None:
-        """The chief's start-up lines: layout, data, model, policy; the checkpoint resumed;
-        the growth the job file plans."""
-        cfg, t = self.cfg, self.cfg.train
-        self.say(f"hpcps: {self.n_workers} worker(s), {self.client.n_servers} server(s); "
-                  f"{n_train} train / {n_test} test rows; model {self.model.name} "
-                  f"({self._n_params():,} parameters{self._dynamic_note()}); "
-                  f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
-                  + ("AllReduce of the gradients (BSP by construction), "  # [cluster] mode
-                     if self.client.pull_mode == "allreduce" else
-                     f"{self.policy.describe()} ({self.client.pull_mode} pulls), ")
-                  + f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
-        if restore is not None:
-            self.say(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
-                      f"step {int(restore['step_in_epoch'])} of the epoch, written by "
-                      f"{restore['n_workers']} worker(s) and {restore['n_servers']} server(s))")
-            if restore.get("config", cfg.text) != cfg.text:
-                self.say("hpcps: warning: the job file differs from the one the checkpoint was "
-                          "written with; training continues with the new settings")
-            if (start_epoch == t.epochs - 1 and start_step >= steps_full and not plan):
-                self.say(f"hpcps: note: this job already finished (checkpoint at its last "
-                          f"step, in {cfg.output.dir}); nothing is trained, the model is "
-                          "re-evaluated. To train again: --resume never, or another "
-                          "[output] dir or job name")
-        e = cfg.elastic
-        if e.add_workers:
-            clock = self.client.clock_value
-            if self.elastic is not None and self.elastic.unavailable:
-                self.say(f"hpcps: warning: [elastic] add_workers = {e.add_workers}: cannot add "
-                          f"workers to this job: {self.elastic.unavailable}")
-            elif clock >= e.at_step:
-                self.say(f"hpcps: note: [elastic] at_step = {e.at_step} is not ahead of the "
-                          f"clock resumed ({clock}): no workers are added (launch with the "
-                          "number of workers you want)")
-            elif e.at_step >= steps_full * t.epochs:
-                self.say(f"hpcps: note: [elastic] at_step = {e.at_step} is not before the "
-                          f"job's last step ({steps_full * t.epochs}): no workers are added")
-            else:
-                self.say(f"hpcps: {e.add_workers} worker(s) will be added at clock {e.at_step}")
-
     def blocks(self) -> bool:
         """True when training partition ``p`` of ``P`` is block ``p`` of the split's rows."""
         return block_partitioned(self.cfg.data) and getattr(self.model, "block_partitioned", True)
@@ -604,14 +566,6 @@ class Trainer:
         self.say(f"epoch {epoch + 1}: train {self.model.loss_label} {rec[f'train_{ln}']:.4f}  "
                   f"{self.model.describe(m)}  ({elapsed:.1f} s)")
         return rec
-
-    def _n_params(self) -> int:
-        """Parameters of the fixed tables (a dynamic table's grow with its keys)."""
-        return sum(s.num_keys * s.dim for s in self.client.specs if not s.dynamic)
-
-    def _dynamic_note(self) -> str:
-        dyn = [s.name for s in self.client.specs if s.dynamic]
-        return f" + dynamic table(s) {', '.join(dyn)} (hash, grow with the keys)" if dyn else ""
 
     def _say_guard(self, text: str) -> None:
         """A rejected step under a vote: every worker knows it, the chief says it."""

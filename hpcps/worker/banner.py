@@ -1,0 +1,78 @@
+"""The chief worker's start-up lines (:func:`start_lines`). Local; no MPI."""
+
+from __future__ import annotations
+
+
+def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan) -> list[str]:
+    """The chief's start-up lines: layout, data, model, policy; the checkpoint resumed;
+    the growth the job file plans. Local (the caller is the chief).
+
+    Parameters
+    ----------
+    trainer : hpcps.worker.trainer.Trainer
+        The chief's trainer (its config, client, model, policy, elastic state).
+    restore : dict or None
+        The checkpoint resumed (its ``step``, ``step_in_epoch``, ``n_workers``, ``n_servers``,
+        ``config``), or None.
+    n_train, n_test : int
+        Rows of the training and test splits.
+    start_epoch, start_step : int
+        Where training starts (0-based).
+    plan : list
+        The growth/re-plan segments still to run.
+
+    Returns
+    -------
+    list of str
+        The lines, without newlines.
+    """
+    tr = trainer
+    steps_full = tr.steps_full
+    lines = []
+    cfg, t = tr.cfg, tr.cfg.train
+    lines.append(f"hpcps: {tr.n_workers} worker(s), {tr.client.n_servers} server(s); "
+              f"{n_train} train / {n_test} test rows; model {tr.model.name} "
+              f"({_n_params(tr.client.specs):,} parameters{_dynamic_note(tr.client.specs)}); "
+              f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
+              + ("AllReduce of the gradients (BSP by construction), "  # [cluster] mode
+                 if tr.client.pull_mode == "allreduce" else
+                 f"{tr.policy.describe()} ({tr.client.pull_mode} pulls), ")
+              + f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
+    if restore is not None:
+        lines.append(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
+                  f"step {int(restore['step_in_epoch'])} of the epoch, written by "
+                  f"{restore['n_workers']} worker(s) and {restore['n_servers']} server(s))")
+        if restore.get("config", cfg.text) != cfg.text:
+            lines.append("hpcps: warning: the job file differs from the one the checkpoint was "
+                      "written with; training continues with the new settings")
+        if (start_epoch == t.epochs - 1 and start_step >= steps_full and not plan):
+            lines.append(f"hpcps: note: this job already finished (checkpoint at its last "
+                      f"step, in {cfg.output.dir}); nothing is trained, the model is "
+                      "re-evaluated. To train again: --resume never, or another "
+                      "[output] dir or job name")
+    e = cfg.elastic
+    if e.add_workers:
+        clock = tr.client.clock_value
+        if tr.elastic is not None and tr.elastic.unavailable:
+            lines.append(f"hpcps: warning: [elastic] add_workers = {e.add_workers}: cannot add "
+                      f"workers to this job: {tr.elastic.unavailable}")
+        elif clock >= e.at_step:
+            lines.append(f"hpcps: note: [elastic] at_step = {e.at_step} is not ahead of the "
+                      f"clock resumed ({clock}): no workers are added (launch with the "
+                      "number of workers you want)")
+        elif e.at_step >= steps_full * t.epochs:
+            lines.append(f"hpcps: note: [elastic] at_step = {e.at_step} is not before the "
+                      f"job's last step ({steps_full * t.epochs}): no workers are added")
+        else:
+            lines.append(f"hpcps: {e.add_workers} worker(s) will be added at clock {e.at_step}")
+    return lines
+
+
+def _n_params(specs) -> int:
+    """Parameters of the fixed tables (a dynamic table's grow with its keys)."""
+    return sum(s.num_keys * s.dim for s in specs if not s.dynamic)
+
+
+def _dynamic_note(specs) -> str:
+    dyn = [s.name for s in specs if s.dynamic]
+    return f" + dynamic table(s) {', '.join(dyn)} (hash, grow with the keys)" if dyn else ""
