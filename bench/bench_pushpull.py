@@ -16,7 +16,7 @@ reused from one operation to the next (hpcps: ``pull(..., out=buf)``); a new res
 many MiB would add first-touch page faults (~0.3-0.5 ms per MiB on this machine).
 
 Cases: dense blocks of consecutive 1 KiB rows (8 KiB ... 64 MiB) pulled and pushed; sparse
-pushes and pulls of 1 k ... 1 M random keys of a 4 M-key dim-1 float32 table. A block of push
+pushes and pulls of 8 (``SMALL``: the per-request overhead) and 1 k ... 1 M random keys of a 4 M-key dim-1 float32 table. A block of push
 operations ends with one small round trip in both variants (so pushes are timed to their
 arrival, not just to the local send). Variants alternate, the case order rotates, median of
 ``--reps``. Ratios: raw time / hpcps time (1 = as fast as raw MPI; goal >= 0.8 for large
@@ -35,11 +35,15 @@ import benchlib
 from psbench import DENSE_DIM, Bench, fmt_bytes, inner_count
 
 HDR = 8
+#: keys of the "small" sparse pull and push: the per-request overhead of hpcps at the server
+#: and the client, beside raw Send/Recv of the same bytes (goal: at most PER_REQUEST_GOAL_US)
+SMALL = 8
+PER_REQUEST_GOAL_US = 10.0
 
 
 def cases(quick: bool):
     dense_rows = [8, 64] if quick else [8, 64, 512, 4096, 32768, 65536]     # x 1 KiB
-    sparse_n = [1000, 5000] if quick else [1000, 10_000, 100_000, 1_000_000]
+    sparse_n = [SMALL, 1000, 5000] if quick else [SMALL, 1000, 10_000, 100_000, 1_000_000]
     out = []
     for op in ("pull", "push"):
         out += [("dense", op, k) for k in dense_rows]
@@ -58,6 +62,8 @@ def payload_bytes(table, op, k, hl):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--only", metavar="CASES",
+                    help="run only these cases, e.g. 'sparse:8,sparse:1000000' (table:n)")
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
@@ -67,6 +73,9 @@ def main(argv=None) -> int:
         return 2
     reps = 2 if args.quick else args.reps
     todo, dense_rows, sparse_keys = cases(args.quick)
+    if args.only:
+        want = {(t, int(n)) for t, n in (c.split(":") for c in args.only.split(","))}
+        todo = [c for c in todo if (c[0], c[2]) in want]
     b = Bench(world, dense_rows, sparse_keys)
     raw = world.Dup()
     peer = 1 - world.Get_rank()
@@ -170,7 +179,13 @@ def report(todo, times, hl, args):
     rep.details["cases"] = rows
     big = [x for x in rows if (x["table"] == "dense" and x["n"] == max(y["n"] for y in rows if y["table"] == "dense"))
            or (x["table"] == "sparse" and x["n"] == max(y["n"] for y in rows if y["table"] == "sparse"))]
-    small = [x for x in rows if x["n"] == min(y["n"] for y in rows if y["table"] == x["table"])]
+    small = [x for x in rows if x["n"] == min(y["n"] for y in rows if y["table"] == x["table"])
+             and x["table"] == "dense"]
+    for x in rows:
+        if x["table"] == "sparse" and x["n"] == SMALL:
+            rep.ratio(f"per-request overhead, {x['label']} (hpcps {x['hpcps_us']:.1f} us, raw "
+                      f"Send/Recv {x['raw_us']:.1f} us)", x["overhead_us"], PER_REQUEST_GOAL_US,
+                      higher_is_better=False, unit=" us")
     for x in big:
         rep.ratio(f"{x['label']}: raw MPI time / hpcps time", x["ratio"], 0.8)
     worst = min(big, key=lambda x: x["ratio"])

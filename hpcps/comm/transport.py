@@ -15,6 +15,15 @@ table plus one; :meth:`hpcps.worker.client.PSClient.clock`). Its header is the C
 ``TAG_KEYS``), then each push's keys and rows as in 2. and 3.; the server handles it as those
 PUSHes followed by the CLOCK.
 
+``PULL_MANY`` is a worker's pulls of several tables from one key range in one request (one
+trip through the server loop instead of one per table; :meth:`hpcps.worker.client.PSClient.pull_many`).
+Its header is a PULL's (``clock``, ``aux`` = fresh) with ``table`` = the number of pulls ``P``
+and ``n_keys`` their total; then an int64 ``(P, PART_LEN)`` array, per pull ``[table, n_keys,
+0, dim, 0]`` (tag ``TAG_KEYS``), then each pull's keys (tag ``TAG_KEYS``). The server answers
+when the policy allows the read, with each pull's rows and shard clock header in the pulls'
+order (as P PULL replies, which the worker's receives, posted in that order, match: MPI keeps
+the messages of one tag in order).
+
 ``range`` (``H_RANGE``) is the key range the request is for: the server index of the job's
 key partition. It equals the index of the server rank that receives it, except after a
 continue-mode job lost a server and another server took its range over (:mod:`hpcps.resilience.recovery`);
@@ -53,10 +62,11 @@ from hpcps.comm.core import LaunchError, cores_dedicated, irecv_array, isend_arr
 # ops (worker -> server; GROW: hpcps.resilience.elastic)
 PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
 PUSH_CLOCK = 12
+PULL_MANY = 13
 # ops (server -> server: chain replication, hpcps.resilience.replica)
 REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE = 8, 9, 10, 11
 OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
-            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", REPLICATE: "replicate",
+            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", PULL_MANY: "pull", REPLICATE: "replicate",
             REPL_CLOCK: "replicate", REPL_ACK: "replicate", REPL_DONE: "replicate"}
 # tags
 TAG_SNAP, TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 9, 11, 12, 13, 14, 15
@@ -71,18 +81,25 @@ def make_header(op: int, table: int = 0, clock: int = 0, n_keys: int = 0,
     return np.array([op, table, clock, n_keys, n_examples, seq, dim, aux, rng], dtype=np.int64)
 
 
-#: int64 values describing one push of a ``PUSH_CLOCK``: table, n_keys, n_examples, dim, version
+#: int64 values describing one part of a ``PUSH_CLOCK`` or ``PULL_MANY``: table, n_keys,
+#: n_examples, dim, version (a pull's: table, n_keys, 0, dim, 0)
 PART_LEN = 5
 
 
 def part_of(h: np.ndarray) -> list:
-    """The ``PUSH_CLOCK`` description (``PART_LEN`` values) of the PUSH with header ``h``."""
+    """The ``PUSH_CLOCK`` (``PULL_MANY``) description (``PART_LEN`` values) of the PUSH
+    (PULL) with header ``h``."""
     return [int(h[H_TABLE]), int(h[H_NKEYS]), int(h[H_NEX]), int(h[H_DIM]), int(h[H_AUX])]
 
 
 def part_header(h: np.ndarray, part) -> np.ndarray:
-    """The PUSH header of push ``part`` (``PART_LEN`` values) of the ``PUSH_CLOCK`` ``h``."""
+    """The PUSH header of push ``part`` (``PART_LEN`` values) of the ``PUSH_CLOCK`` ``h``, or
+    the PULL header of pull ``part`` of the ``PULL_MANY`` ``h`` (its ``aux``: the
+    request's fresh flag)."""
     table, n_keys, n_examples, dim, version = (int(v) for v in part)
+    if int(h[H_OP]) == PULL_MANY:
+        return make_header(PULL, table, int(h[H_CLOCK]), n_keys, 0, int(h[H_SEQ]), dim,
+                           int(h[H_AUX]), int(h[H_RANGE]))
     return make_header(PUSH, table, int(h[H_CLOCK]), n_keys, n_examples, int(h[H_SEQ]), dim,
                        version, int(h[H_RANGE]))
 

@@ -284,8 +284,9 @@ class ParameterServer(ServerMembership):
                                     pooled=True)
         rows = shard.part.local_rows(keys, self.index, out=keys)     # in place
         c = int(h[tp.H_CLOCK])
-        check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
-                     f"{self.worker_of_rank[source]} at clock {c}", grads)
+        if not all_finite(grads):     # the message only when it is needed
+            check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
+                         f"{self.worker_of_rank[source]} at clock {c}", grads)
         self.pushes_applied[self.worker_of_rank[source]] += 1
         if not self.policy.aggregate and self.ft is not None:
             self.held.setdefault(self.worker_of_rank[source], []).append((shard, rows, grads, h))
