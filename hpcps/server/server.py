@@ -236,6 +236,8 @@ class ParameterServer(ServerMembership):
                 self._reply_rows(source, shard, rows, op)
             else:
                 self.waiting_pulls.append((source, h, rows.copy()))
+        elif op == tp.PULL_MANY:
+            self._on_pull_many(source, h)
         elif op == tp.PUSH:
             self._on_push(source, h)
         elif op == tp.CLOCK:
@@ -271,6 +273,29 @@ class ParameterServer(ServerMembership):
         else:
             raise RuntimeError(f"server {self.index}: unknown op {op} from rank {source}")
 
+
+    def _on_pull_many(self, source: int, h: np.ndarray) -> None:
+        """A PULL_MANY (header ``h``) from ``source``: the pulls of several tables in one
+        request, answered together (each table's rows and shard header, in the request's
+        order) once the policy allows the read."""
+        metas = self.ep.recv_keys(source, tp.PART_LEN * int(h[tp.H_TABLE]), tp.PULL_MANY)
+        parts = []
+        for meta in metas.reshape(-1, tp.PART_LEN):
+            hp = tp.part_header(h, meta)
+            shard = self._shard(hp)
+            keys = self.ep.recv_keys(source, int(hp[tp.H_NKEYS]), tp.PULL, pooled=True)
+            parts.append((shard, shard.part.local_rows(keys, self.index, out=keys)))
+        if self._pull_ready(h):
+            self._reply_many(source, parts)
+        else:
+            self.waiting_pulls.append((source, h, parts))
+
+    def _reply_many(self, source: int, parts) -> None:
+        """Answer a PULL_MANY: each part's rows and shard header, in order; the rows' pooled
+        buffers go back to the pool."""
+        for shard, rows in parts:
+            self._reply_rows(source, shard, rows, tp.PULL)
+            self.ep.pool.give(rows)
 
     def _on_push(self, source: int, h: np.ndarray) -> None:
         """A PUSH (header ``h``) from ``source``: receive its keys and rows; queue them for
@@ -473,6 +498,8 @@ class ParameterServer(ServerMembership):
                 ready = self._pull_ready(h)
             if ready and op == tp.CHECKPOINT:
                 self._checkpoint(source, h)
+            elif ready and op == tp.PULL_MANY:
+                self._reply_many(source, rows)           # rows: the parts of the request
             elif ready:
                 shard = self._shard(h)
                 if rows is None:
