@@ -16,8 +16,12 @@ IDLE_SPIN = 5e-5
 IDLE_SPIN_DEDICATED = 1.0
 
 
-def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=None) -> None:
+def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=None,
+                   busy=None) -> None:
     """The polling loop of a server rank: ``handle(*poll())`` until ``finished()``. Local.
+
+    ``busy``, a list ``[requests, seconds]``, is increased by the requests handled and the
+    seconds spent in ``handle`` (the server's own time per request, idle polling excluded).
 
     When no request waits it keeps polling for ``idle_spin`` seconds after the last one, then
     sleeps with a back-off doubling from ``IDLE_SLEEP_MIN`` to ``IDLE_SLEEP_MAX``.
@@ -43,8 +47,12 @@ def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=
                 sleep = min(sleep * 2, IDLE_SLEEP_MAX)
                 continue
             sleep = IDLE_SLEEP_MIN
+            t0 = time.perf_counter()
             handle(*msg)
             last = time.perf_counter()
+            if busy is not None:
+                busy[0] += 1
+                busy[1] += last - t0
             if spin_of is not None:
                 spin = spin_of()
         except Exception as e:           # noqa: BLE001 - only a peer failure is recovered

@@ -158,6 +158,8 @@ class ParameterServer(ServerMembership):
         # clocks the backup has acknowledged (``acked``; None = no backup)
         self.forward = None
         self.acked = None
+        #: [requests handled, seconds in handle] (serve_requests' ``busy``)
+        self.busy = [0, 0.0]
 
     # ------------------------------------------------------------------ ways to start
     @classmethod
@@ -216,8 +218,9 @@ class ParameterServer(ServerMembership):
         most one rank per core on this node, else ``IDLE_SPIN`` (50 us), so that an
         oversubscribed server leaves the cores to the workers.
         """
-        serve_requests(lambda: self.ep.poll(), self.handle,
-                       lambda: len(self.stopped) >= self.n_workers, lambda: self.idle_spin)
+        serve_requests(lambda: self.ep.poll(), self.handle,   # ep is replaced by a growth
+                       lambda: len(self.stopped) >= self.n_workers, lambda: self.idle_spin,
+                       busy=self.busy)
         self.check_done()
 
     def check_done(self) -> None:

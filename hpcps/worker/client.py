@@ -270,8 +270,7 @@ class PSClient:
             if not parts:
                 continue
             for _, _, rows, hdr in parts:          # replies come in the request's order
-                self.ep.expect(s, rows, tp.PULL)
-                self.ep.expect_header(s, hdr, tp.PULL)
+                self.ep.expect_rows(s, rows, hdr, tp.PULL)
             if len(parts) == 1:
                 tid, k, _, _ = parts[0]
                 self.ep.send(s, tp.make_header(tp.PULL, tid, c, k.size, seq=self.seq,
