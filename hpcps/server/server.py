@@ -158,8 +158,9 @@ class ParameterServer(ServerMembership):
         # clocks the backup has acknowledged (``acked``; None = no backup)
         self.forward = None
         self.acked = None
-        #: [requests handled, seconds in handle] (serve_requests' ``busy``)
-        self.busy = [0, 0.0]
+        #: None, or [requests handled, seconds and CPU seconds in handle] (serve_requests'
+        #: ``busy``; benchmarks set it)
+        self.busy = None
 
     # ------------------------------------------------------------------ ways to start
     @classmethod
@@ -234,11 +235,12 @@ class ParameterServer(ServerMembership):
         if op == tp.PULL:
             shard = self._shard(h)
             keys = self.ep.recv_keys(source, int(h[tp.H_NKEYS]), op, scratch=True)   # not kept
-            rows = shard.part.local_rows(keys, self.index, out=keys)     # in place
             if self._pull_ready(h):
-                self._reply_rows(source, shard, rows, op)
+                vals = shard.pull_reply(keys, self.index, self.ep.pool)
+                self.ep.reply(source, vals, op, shard.hdr, rng=self.index)
+                self.ep.pool.give(vals)
             else:
-                self.waiting_pulls.append((source, h, rows.copy()))
+                self.waiting_pulls.append((source, h, shard.local_rows(keys, self.index).copy()))
         elif op == tp.PULL_MANY:
             self._on_pull_many(source, h)
         elif op == tp.PUSH:
@@ -287,7 +289,7 @@ class ParameterServer(ServerMembership):
             hp = tp.part_header(h, meta)
             shard = self._shard(hp)
             keys = self.ep.recv_keys(source, int(hp[tp.H_NKEYS]), tp.PULL, pooled=True)
-            parts.append((shard, shard.part.local_rows(keys, self.index, out=keys)))
+            parts.append((shard, shard.local_rows(keys, self.index)))
         if self._pull_ready(h):
             self._reply_many(source, parts)
         else:
@@ -310,9 +312,9 @@ class ParameterServer(ServerMembership):
         keys = self.ep.recv_keys(source, n, tp.PUSH, pooled=True)
         grads = self.ep.recv_values(source, (n, shard.spec.dim), shard.spec.dtype, tp.PUSH,
                                     pooled=True)
-        rows = shard.part.local_rows(keys, self.index, out=keys)     # in place
+        rows = keys                                   # turned into local rows in place
         c = int(h[tp.H_CLOCK])
-        if not all_finite(grads):     # the message only when it is needed
+        if not shard.push_rows(keys, grads, self.index):   # the message only when needed
             check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
                          f"{self.worker_of_rank[source]} at clock {c}", grads)
         self.pushes_applied[self.worker_of_rank[source]] += 1
