@@ -27,7 +27,9 @@ epoch, and the time from the start of training to the end of the first epoch who
 log-loss is at most ``--target`` (evaluation time included; "not reached" otherwise).
 
 Ratios: hpcps examples/s / torch examples/s and torch time-to-target / hpcps time-to-target
-(goal >= 5 for both), for BSP and async.
+(goal >= 5 for both), for BSP and async; hpcps BSP / AllReduce examples/s (goal >= 1) and, with
+``--baseline-commit C``, hpcps BSP / hpcps BSP of commit C built in a temporary directory and
+run in the same rounds (issue 20: C = aa75ea0, goal >= 2).
 """
 
 from __future__ import annotations
@@ -116,6 +118,8 @@ def mpi_part(args) -> int:
     base = load_job(args.job)
     variants = {"hpcps BSP": dict(consistency=ConsistencyConfig(model="bsp")),
                 "hpcps async": dict(consistency=ConsistencyConfig(model="async"))}
+    if args.bsp_only:
+        del variants["hpcps async"]
     if args.allreduce:
         variants["AllReduce"] = dict(cluster=dataclasses.replace(base.cluster, mode="allreduce"))
     results = {v: [] for v in variants}
@@ -165,6 +169,24 @@ def _cache_data():
 
 # ------------------------------------------------------------------------- driver
 
+def build_commit(commit: str, d: Path) -> Path:
+    """The source tree of ``commit`` of this repository in ``d``, its kernels built in place
+    (with this interpreter); returns the directory to put on ``PYTHONPATH``."""
+    root = HERE.parent
+    src = d / f"hpcps-{commit}"
+    src.mkdir()
+    arch = subprocess.run(["git", "-C", str(root), "archive", commit], capture_output=True,
+                          check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
+    print(f"e2e: building the kernels of {commit} in {src}", flush=True)
+    p = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=src,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+        raise SystemExit(f"bench_e2e.py: building commit {commit} failed")
+    return src
+
+
 def time_to(epochs, target):
     for e in epochs:
         if e["test_logloss"] <= target:
@@ -210,6 +232,10 @@ def main(argv=None) -> int:
     ap.add_argument("--mpi-out", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--allreduce", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bsp-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--baseline-commit", metavar="COMMIT",
+                    help="also run hpcps BSP of this commit of the repository (issue 20: "
+                         "aa75ea0), built in a temporary directory, in the same rounds")
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
     if args.mpi_part:
@@ -226,6 +252,15 @@ def main(argv=None) -> int:
         job = write_job(d, args.epochs, args.quick)
         mpirun = launch.find_mpirun()
         out = d / "hpcps.json"
+        base_dir = build_commit(args.baseline_commit, d) if args.baseline_commit else None
+
+        def baseline_cmd(i):
+            # the commit's own hpcps (PYTHONPATH) under this script's MPI part: BSP only
+            cmd, env = launch.build_launch(args.workers + 1, [
+                sys.executable, str(HERE / "bench_e2e.py"), "--mpi-part", "--job", str(job),
+                "--mpi-out", str(d / "baseline.json"), "--reps", "1", "--bsp-only"],
+                mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
+            return cmd, {**env, "PYTHONPATH": str(base_dir)}
 
         def hpcps_cmd(i):
             return launch.build_launch(args.workers + 1, [
@@ -271,6 +306,16 @@ def main(argv=None) -> int:
                         raise SystemExit("bench_e2e.py: the hpcps runs failed")
                     for name, runs in json.loads(out.read_text()).items():
                         hp.setdefault(name, []).extend(runs)
+                    if base_dir is not None:
+                        cmd, env = baseline_cmd(i)
+                        print(f"e2e: hpcps {args.baseline_commit} run {i + 1}/{rounds}", flush=True)
+                        p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True,
+                                           text=True)
+                        if p.returncode != 0:
+                            sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+                            raise SystemExit("bench_e2e.py: the baseline commit's runs failed")
+                        runs = json.loads((d / "baseline.json").read_text())["hpcps BSP"]
+                        hp.setdefault(f"BSP {args.baseline_commit}", []).extend(runs)
     rows = {name: summarize(runs, args.target) for name, runs in hp.items()}
     for mode, runs in torch_runs.items():
         if runs:
@@ -317,7 +362,13 @@ def main(argv=None) -> int:
     if "AllReduce" in rows:
         for name in ("hpcps BSP", "hpcps async"):
             rep.ratio(f"e2e {name} / AllReduce, examples/s",
-                      rows[name]["examples_per_second"] / rows["AllReduce"]["examples_per_second"], None)
+                      rows[name]["examples_per_second"] / rows["AllReduce"]["examples_per_second"],
+                      1.0 if name == "hpcps BSP" else None)
+    old = rows.get(f"BSP {args.baseline_commit}") if args.baseline_commit else None
+    if old:
+        rep.ratio(f"e2e hpcps BSP / hpcps BSP at commit {args.baseline_commit} (same run), "
+                  "examples/s", rows["hpcps BSP"]["examples_per_second"] / old["examples_per_second"],
+                  2.0)
     rep.write(args.json)
     print(rep.last_line())
     return 0

@@ -299,6 +299,45 @@ def test_bsp_step_is_two_requests_per_server_whatever_the_tables():
 
 
 @pytest.mark.mpi(min_size=3)
+def test_requests_and_replies_at_the_one_message_limit():
+    """Pushes and pulls whose request (header and keys, or header, keys and values) or reply
+    (rows and shard clock header) is just under, at and just over ``INLINE_BYTES``, and a
+    PUSH_CLOCK whose description rides with its header: every size gives the values of
+    ``np.add.at`` (so both sides agree on which form each message takes), in one server
+    and across servers."""
+    from hpcps.comm.transport import HEADER_BYTES, INLINE_BYTES
+
+    comm = MPI.COMM_WORLD
+    num_keys = 1 << 16
+    spec = TableSpec("w", num_keys, 1, "float64", sparse=False)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+    n_servers = comm.size // 2
+    kmax = (INLINE_BYTES - HEADER_BYTES) // 8            # keys that fit with a pull header
+    pmax = (INLINE_BYTES - HEADER_BYTES) // 16           # keys + float64 values with a push
+    rmax = (INLINE_BYTES - 8 * 8) // 8                   # float64 rows with an 8-entry header
+    sizes = sorted({1, pmax - 1, pmax, pmax + 1, kmax - 1, kmax, kmax + 1, rmax - 1, rmax,
+                    rmax + 1, 3000})
+
+    def work(client, roles):
+        got = []
+        for i, n in enumerate(sizes):
+            keys = np.arange(n, dtype=np.int64) * n_servers       # all on server 0 (dense)
+            client.push("w", keys, np.full((n, 1), float(i + 1)), defer=(i % 2 == 1))
+            client.clock(1)
+            got.append(client.pull("w", keys).copy())
+        return got
+
+    roles, got = _ps(comm, n_servers, tables, work)
+    if roles.role == core.WORKER:
+        nw = roles.n_workers
+        w = np.zeros(num_keys)
+        for i, n in enumerate(sizes):
+            keys = np.arange(n) * n_servers
+            w[keys] -= (i + 1) * nw / nw                          # lr 1, scale 1/examples
+            np.testing.assert_array_equal(got[i][:, 0], w[keys])
+
+
+@pytest.mark.mpi(min_size=3)
 def test_bsp_pull_sees_exactly_previous_clock():
     """Under BSP the pull at clock t shows all workers' updates of clocks < t, none newer."""
     comm = MPI.COMM_WORLD
