@@ -161,9 +161,16 @@ class TrafficStats:
 
     def add(self, op: int, *, messages=0, out=0, inn=0, seconds=0.0, keys=0) -> None:
         name = OP_NAMES[op]
-        for d, v in ((self.messages, messages), (self.bytes_out, out), (self.bytes_in, inn),
-                     (self.seconds, seconds), (self.keys, keys)):
-            d[name] = d.get(name, 0) + v
+        d = self.messages       # unrolled: it runs several times per request on both sides
+        d[name] = d.get(name, 0) + messages
+        d = self.bytes_out
+        d[name] = d.get(name, 0) + out
+        d = self.bytes_in
+        d[name] = d.get(name, 0) + inn
+        d = self.seconds
+        d[name] = d.get(name, 0) + seconds
+        d = self.keys
+        d[name] = d.get(name, 0) + keys
 
     def total(self, what: str, ops=None) -> float:
         d = getattr(self, what)
