@@ -118,8 +118,6 @@ def mpi_part(args) -> int:
     base = load_job(args.job)
     variants = {"hpcps BSP": dict(consistency=ConsistencyConfig(model="bsp")),
                 "hpcps async": dict(consistency=ConsistencyConfig(model="async"))}
-    if args.bsp_only:
-        del variants["hpcps async"]
     if args.allreduce:
         variants["AllReduce"] = dict(cluster=dataclasses.replace(base.cluster, mode="allreduce"))
     results = {v: [] for v in variants}
@@ -184,7 +182,8 @@ def build_commit(commit: str, d: Path) -> Path:
     arch = got.stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
     print(f"e2e: building the kernels of {commit} in {src}", flush=True)
-    p = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=src,
+    p = subprocess.run([getattr(sys, "_base_executable", None) or sys.executable, "setup.py",
+                        "-q", "build_ext", "--inplace"], cwd=src,
                        capture_output=True, text=True)
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
@@ -237,7 +236,6 @@ def main(argv=None) -> int:
     ap.add_argument("--mpi-out", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--allreduce", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--bsp-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--baseline-commit", metavar="COMMIT",
                     help="also run hpcps BSP of this commit of the repository (issue 20: "
                          "aa75ea0), built in a temporary directory, in the same rounds")
@@ -260,10 +258,13 @@ def main(argv=None) -> int:
         base_dir = build_commit(args.baseline_commit, d) if args.baseline_commit else None
 
         def baseline_cmd(i):
-            # the commit's own hpcps (PYTHONPATH) under this script's MPI part: BSP only
+            # the commit's own bench_e2e.py MPI part and hpcps (PYTHONPATH), under the base
+            # interpreter of a virtual environment (an editable install of this checkout
+            # there would fill in modules the commit does not have)
+            py = getattr(sys, "_base_executable", None) or sys.executable
             cmd, env = launch.build_launch(args.workers + 1, [
-                sys.executable, str(HERE / "bench_e2e.py"), "--mpi-part", "--job", str(job),
-                "--mpi-out", str(d / "baseline.json"), "--reps", "1", "--bsp-only"],
+                py, str(base_dir / "bench" / "bench_e2e.py"), "--mpi-part", "--job", str(job),
+                "--mpi-out", str(d / "baseline.json"), "--reps", "1"],
                 mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
             return cmd, {**env, "PYTHONPATH": str(base_dir)}
 
