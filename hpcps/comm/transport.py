@@ -26,13 +26,14 @@ the messages of one tag in order).
 
 Small requests and replies travel as one message (issue 20: each message is a trip through
 MPI and Python on both sides). A request whose header and parts given to
-:meth:`WorkerEndpoint.send` fit in ``INLINE_BYTES`` goes as one ``TAG_REQ`` message of bytes:
-the header, then those parts (keys, then values) back to back; the server's receives of the
-request's first parts (:meth:`ServerEndpoint.recv_keys`, :meth:`ServerEndpoint.recv_values`)
-take them from that message, and any further parts (a ``PUSH_CLOCK``'s pushes) come as
-messages of their own. A ``PULL`` reply whose rows and shard clock header fit in
-``INLINE_BYTES`` is one message of bytes (rows, then header) on the reply tag; both sides know
-from the number of keys and the header length which form a reply takes.
+:meth:`WorkerEndpoint.send` fit in ``INLINE_BYTES`` (and in ``max_message_bytes``) goes as
+one ``TAG_REQ`` message of bytes: the header, then those parts (keys, then values) back to
+back; the server's receives of the request's first parts (:meth:`ServerEndpoint.recv_keys`,
+:meth:`ServerEndpoint.recv_values`) take them from that message, and any further parts (a
+``PUSH_CLOCK``'s pushes) come as messages of their own. A ``PULL`` reply whose rows and shard
+clock header fit in ``INLINE_BYTES`` (and ``max_message_bytes``) is one message of bytes
+(rows, then header) on the reply tag; both sides know from the number of keys, the header
+length and ``max_message_bytes`` which form a reply takes (:func:`one_message`).
 
 ``range`` (``H_RANGE``) is the key range the request is for: the server index of the job's
 key partition. It equals the index of the server rank that receives it, except after a
@@ -90,9 +91,11 @@ HEADER_BYTES = 8 * HEADER_LEN
 INLINE_BYTES = 4096
 
 
-def packed_reply(rows_nbytes: int, header_nbytes: int) -> bool:
-    """Whether a PULL reply of these sizes is one message (rows and header packed)."""
-    return rows_nbytes + header_nbytes <= INLINE_BYTES
+def one_message(nbytes: int, max_bytes: int) -> bool:
+    """Whether a request (header and parts) or a PULL reply (rows and shard clock header) of
+    ``nbytes`` in all travels as one message: at most ``INLINE_BYTES`` and not split by the
+    endpoints' ``max_message_bytes`` (both sides apply the same rule)."""
+    return nbytes <= INLINE_BYTES and nbytes <= max_bytes
 H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX, H_RANGE = range(9)
 
 
@@ -209,7 +212,7 @@ class WorkerEndpoint:
         if keys is not None or values is not None:
             parts = [native_contiguous(a) for a in (keys, values) if a is not None]
             nbytes = header.nbytes + sum(a.nbytes for a in parts)
-            if nbytes <= INLINE_BYTES:
+            if one_message(nbytes, self.max_bytes):
                 buf = np.empty(nbytes, dtype=np.uint8)
                 buf[:header.nbytes] = header.view(np.uint8)
                 pos = header.nbytes
@@ -255,8 +258,8 @@ class WorkerEndpoint:
                     op: int = PULL) -> None:
         """Post the receives of a PULL reply for key range ``server``: the rows into ``rows``
         and the shard clock header into ``header`` (C-contiguous; one packed message when
-        :func:`packed_reply`, unpacked by :meth:`complete`)."""
-        if not packed_reply(rows.nbytes, header.nbytes):
+        :func:`one_message`, unpacked by :meth:`complete`)."""
+        if not one_message(rows.nbytes + header.nbytes, self.max_bytes):
             self.expect(server, rows, op)
             self.expect_header(server, header, op)
             return
@@ -321,14 +324,15 @@ class ServerEndpoint:
             recv_array(self.comm, self._header, src, TAG_REQ, self.max_bytes)
             h = self._header.copy()
             self._inline = None
-        elif HEADER_BYTES < nbytes <= INLINE_BYTES:    # the request's parts came with it
+        elif HEADER_BYTES < nbytes <= min(INLINE_BYTES, self.max_bytes):   # parts with it
             self.comm.Recv([self._request, nbytes, MPI.BYTE], source=src, tag=TAG_REQ)
             h = self._request[:HEADER_BYTES].view(np.int64).copy()
             self._inline = self._request[HEADER_BYTES:nbytes]
         else:
             raise RuntimeError(f"request of {nbytes} bytes from rank {src}: neither a header "
                                f"({HEADER_BYTES} B) nor a header with parts (at most "
-                               f"{INLINE_BYTES} B)")
+                               f"{min(INLINE_BYTES, self.max_bytes)} B): do all ranks use the "
+                               "same max_message_bytes?")
         self.stats.add(int(h[H_OP]), messages=1, inn=h.nbytes, keys=int(h[H_NKEYS]))
         return src, h
 
@@ -384,7 +388,7 @@ class ServerEndpoint:
         t0 = time.perf_counter()
         reqs: list = []
         tag = reply_tag(rng)
-        if header is not None and packed_reply(values.nbytes, header.nbytes):
+        if header is not None and one_message(values.nbytes + header.nbytes, self.max_bytes):
             values = native_contiguous(values)
             nv = values.nbytes
             buf = np.empty(nv + header.nbytes, dtype=np.uint8)

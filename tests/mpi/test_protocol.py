@@ -299,12 +299,13 @@ def test_bsp_step_is_two_requests_per_server_whatever_the_tables():
 
 
 @pytest.mark.mpi(min_size=3)
-def test_requests_and_replies_at_the_one_message_limit():
+@pytest.mark.parametrize("max_bytes", [1 << 30, 1024])
+def test_requests_and_replies_at_the_one_message_limit(max_bytes):
     """Pushes and pulls whose request (header and keys, or header, keys and values) or reply
     (rows and shard clock header) is just under, at and just over ``INLINE_BYTES``, and a
     PUSH_CLOCK whose description rides with its header: every size gives the values of
     ``np.add.at`` (so both sides agree on which form each message takes), in one server
-    and across servers."""
+    and across servers, also when ``max_message_bytes`` splits messages below that limit."""
     from hpcps.comm.transport import HEADER_BYTES, INLINE_BYTES
 
     comm = MPI.COMM_WORLD
@@ -327,7 +328,7 @@ def test_requests_and_replies_at_the_one_message_limit():
             got.append(client.pull("w", keys).copy())
         return got
 
-    roles, got = _ps(comm, n_servers, tables, work)
+    roles, got = _ps(comm, n_servers, tables, work, max_bytes=max_bytes)
     if roles.role == core.WORKER:
         nw = roles.n_workers
         w = np.zeros(num_keys)
