@@ -275,6 +275,26 @@ def main(argv=None) -> int:
                 + (["--allreduce"] if ar else []),
                 mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
 
+        def run_this(i):
+            cmd, env = hpcps_cmd(i)
+            print(f"e2e: hpcps run {i + 1}/{rounds}: {' '.join(cmd)}", flush=True)
+            p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+                raise SystemExit("bench_e2e.py: the hpcps runs failed")
+            for name, runs in json.loads(out.read_text()).items():
+                hp.setdefault(name, []).extend(runs)
+
+        def run_base(i):
+            cmd, env = baseline_cmd(i)
+            print(f"e2e: hpcps {args.baseline_commit} run {i + 1}/{rounds}", flush=True)
+            p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+                raise SystemExit("bench_e2e.py: the baseline commit's runs failed")
+            runs = json.loads((d / "baseline.json").read_text())["hpcps BSP"]
+            hp.setdefault(f"BSP {args.baseline_commit}", []).extend(runs)
+
         torch_runs = {"BSP": [], "async": []}
         torch_cmd = [sys.executable, str(HERE / "bench_torch_ps.py"), str(job), "--workers",
                      str(args.workers), "--epochs", str(args.epochs), "--json", str(d / "torch.json")]
@@ -303,25 +323,12 @@ def main(argv=None) -> int:
                         break
                     torch_runs["BSP" if mode == "bsp" else "async"].append(t["details"])
                 if side == "hpcps":
-                    cmd, env = hpcps_cmd(i)
-                    print(f"e2e: hpcps run {i + 1}/{rounds}: {' '.join(cmd)}", flush=True)
-                    p = subprocess.run(cmd, env={**os.environ, **env},
-                                       capture_output=True, text=True)
-                    if p.returncode != 0:
-                        sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
-                        raise SystemExit("bench_e2e.py: the hpcps runs failed")
-                    for name, runs in json.loads(out.read_text()).items():
-                        hp.setdefault(name, []).extend(runs)
-                    if base_dir is not None:
-                        cmd, env = baseline_cmd(i)
-                        print(f"e2e: hpcps {args.baseline_commit} run {i + 1}/{rounds}", flush=True)
-                        p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True,
-                                           text=True)
-                        if p.returncode != 0:
-                            sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
-                            raise SystemExit("bench_e2e.py: the baseline commit's runs failed")
-                        runs = json.loads((d / "baseline.json").read_text())["hpcps BSP"]
-                        hp.setdefault(f"BSP {args.baseline_commit}", []).extend(runs)
+                    # this hpcps and the baseline commit's, in alternating order by round
+                    for which in (("this", "base") if i % 2 == 0 else ("base", "this")):
+                        if which == "this":
+                            run_this(i)
+                        elif base_dir is not None:
+                            run_base(i)
     rows = {name: summarize(runs, args.target) for name, runs in hp.items()}
     for mode, runs in torch_runs.items():
         if runs:
