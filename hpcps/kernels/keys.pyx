@@ -672,7 +672,12 @@ cdef Py_ssize_t _gather_local(const int64_t[::1] keys, uint64_t n, uint64_t a, u
         if p < lo or p >= hi:
             outside[0] = 0
             return i
-        memcpy(out + i * rowb, w + (p - lo) * rowb, rowb)
+        if rowb == 4:                 # dim-1 float32 rows (the sparse tables): no call
+            (<uint32_t*>out)[i] = (<const uint32_t*>w)[p - lo]
+        elif rowb == 8:
+            (<uint64_t*>out)[i] = (<const uint64_t*>w)[p - lo]
+        else:
+            memcpy(out + i * rowb, w + (p - lo) * rowb, rowb)
     return -1
 
 
