@@ -27,7 +27,9 @@ epoch, and the time from the start of training to the end of the first epoch who
 log-loss is at most ``--target`` (evaluation time included; "not reached" otherwise).
 
 Ratios: hpcps examples/s / torch examples/s and torch time-to-target / hpcps time-to-target
-(goal >= 5 for both), for BSP and async.
+(goal >= 5 for both), for BSP and async; hpcps BSP / AllReduce examples/s (goal >= 1) and, with
+``--baseline-commit C``, hpcps BSP / hpcps BSP of commit C built in a temporary directory and
+run in the same rounds (issue 20: C = aa75ea0, goal >= 2).
 """
 
 from __future__ import annotations
@@ -165,6 +167,30 @@ def _cache_data():
 
 # ------------------------------------------------------------------------- driver
 
+def build_commit(commit: str, d: Path) -> Path:
+    """The source tree of ``commit`` of this repository in ``d``, its kernels built in place
+    (with this interpreter); returns the directory to put on ``PYTHONPATH``, or None (with a
+    message) when the repository does not have the commit."""
+    root = HERE.parent
+    src = d / f"hpcps-{commit}"
+    src.mkdir()
+    got = subprocess.run(["git", "-C", str(root), "archive", commit], capture_output=True)
+    if got.returncode != 0:
+        print(f"e2e: commit {commit} is not in {root} (not a git clone with that history?): "
+              "no baseline row", flush=True)
+        return None
+    arch = got.stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
+    print(f"e2e: building the kernels of {commit} in {src}", flush=True)
+    p = subprocess.run([getattr(sys, "_base_executable", None) or sys.executable, "setup.py",
+                        "-q", "build_ext", "--inplace"], cwd=src,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+        raise SystemExit(f"bench_e2e.py: building commit {commit} failed")
+    return src
+
+
 def time_to(epochs, target):
     for e in epochs:
         if e["test_logloss"] <= target:
@@ -210,6 +236,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mpi-out", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--allreduce", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--baseline-commit", metavar="COMMIT",
+                    help="also run hpcps BSP of this commit of the repository (issue 20: "
+                         "aa75ea0), built in a temporary directory, in the same rounds")
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
     if args.mpi_part:
@@ -226,6 +255,18 @@ def main(argv=None) -> int:
         job = write_job(d, args.epochs, args.quick)
         mpirun = launch.find_mpirun()
         out = d / "hpcps.json"
+        base_dir = build_commit(args.baseline_commit, d) if args.baseline_commit else None
+
+        def baseline_cmd(i):
+            # the commit's own bench_e2e.py MPI part and hpcps (PYTHONPATH), under the base
+            # interpreter of a virtual environment (an editable install of this checkout
+            # there would fill in modules the commit does not have)
+            py = getattr(sys, "_base_executable", None) or sys.executable
+            cmd, env = launch.build_launch(args.workers + 1, [
+                py, str(base_dir / "bench" / "bench_e2e.py"), "--mpi-part", "--job", str(job),
+                "--mpi-out", str(d / "baseline.json"), "--reps", "1"],
+                mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
+            return cmd, {**env, "PYTHONPATH": str(base_dir)}
 
         def hpcps_cmd(i):
             return launch.build_launch(args.workers + 1, [
@@ -233,6 +274,26 @@ def main(argv=None) -> int:
                 "--mpi-out", str(out), "--reps", "1", "--rotate", str(i)]
                 + (["--allreduce"] if ar else []),
                 mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
+
+        def run_this(i):
+            cmd, env = hpcps_cmd(i)
+            print(f"e2e: hpcps run {i + 1}/{rounds}: {' '.join(cmd)}", flush=True)
+            p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+                raise SystemExit("bench_e2e.py: the hpcps runs failed")
+            for name, runs in json.loads(out.read_text()).items():
+                hp.setdefault(name, []).extend(runs)
+
+        def run_base(i):
+            cmd, env = baseline_cmd(i)
+            print(f"e2e: hpcps {args.baseline_commit} run {i + 1}/{rounds}", flush=True)
+            p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+                raise SystemExit("bench_e2e.py: the baseline commit's runs failed")
+            runs = json.loads((d / "baseline.json").read_text())["hpcps BSP"]
+            hp.setdefault(f"BSP {args.baseline_commit}", []).extend(runs)
 
         torch_runs = {"BSP": [], "async": []}
         torch_cmd = [sys.executable, str(HERE / "bench_torch_ps.py"), str(job), "--workers",
@@ -262,15 +323,12 @@ def main(argv=None) -> int:
                         break
                     torch_runs["BSP" if mode == "bsp" else "async"].append(t["details"])
                 if side == "hpcps":
-                    cmd, env = hpcps_cmd(i)
-                    print(f"e2e: hpcps run {i + 1}/{rounds}: {' '.join(cmd)}", flush=True)
-                    p = subprocess.run(cmd, env={**os.environ, **env},
-                                       capture_output=True, text=True)
-                    if p.returncode != 0:
-                        sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
-                        raise SystemExit("bench_e2e.py: the hpcps runs failed")
-                    for name, runs in json.loads(out.read_text()).items():
-                        hp.setdefault(name, []).extend(runs)
+                    # this hpcps and the baseline commit's, in alternating order by round
+                    for which in (("this", "base") if i % 2 == 0 else ("base", "this")):
+                        if which == "this":
+                            run_this(i)
+                        elif base_dir is not None:
+                            run_base(i)
     rows = {name: summarize(runs, args.target) for name, runs in hp.items()}
     for mode, runs in torch_runs.items():
         if runs:
@@ -317,7 +375,13 @@ def main(argv=None) -> int:
     if "AllReduce" in rows:
         for name in ("hpcps BSP", "hpcps async"):
             rep.ratio(f"e2e {name} / AllReduce, examples/s",
-                      rows[name]["examples_per_second"] / rows["AllReduce"]["examples_per_second"], None)
+                      rows[name]["examples_per_second"] / rows["AllReduce"]["examples_per_second"],
+                      1.0 if name == "hpcps BSP" else None)
+    old = rows.get(f"BSP {args.baseline_commit}") if args.baseline_commit else None
+    if old:
+        rep.ratio(f"e2e hpcps BSP / hpcps BSP at commit {args.baseline_commit} (same run), "
+                  "examples/s", rows["hpcps BSP"]["examples_per_second"] / old["examples_per_second"],
+                  2.0)
     rep.write(args.json)
     print(rep.last_line())
     return 0

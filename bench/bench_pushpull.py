@@ -16,7 +16,7 @@ reused from one operation to the next (hpcps: ``pull(..., out=buf)``); a new res
 many MiB would add first-touch page faults (~0.3-0.5 ms per MiB on this machine).
 
 Cases: dense blocks of consecutive 1 KiB rows (8 KiB ... 64 MiB) pulled and pushed; sparse
-pushes and pulls of 1 k ... 1 M random keys of a 4 M-key dim-1 float32 table. A block of push
+pushes and pulls of 8 (``SMALL``: the per-request overhead) and 1 k ... 1 M random keys of a 4 M-key dim-1 float32 table. A block of push
 operations ends with one small round trip in both variants (so pushes are timed to their
 arrival, not just to the local send). Variants alternate, the case order rotates, median of
 ``--reps``. Ratios: raw time / hpcps time (1 = as fast as raw MPI; goal >= 0.8 for large
@@ -35,11 +35,15 @@ import benchlib
 from psbench import DENSE_DIM, Bench, fmt_bytes, inner_count
 
 HDR = 8
+#: keys of the "small" sparse pull and push: the per-request overhead of hpcps at the server
+#: and the client, beside raw Send/Recv of the same bytes (goal: at most PER_REQUEST_GOAL_US)
+SMALL = 8
+PER_REQUEST_GOAL_US = 10.0
 
 
 def cases(quick: bool):
     dense_rows = [8, 64] if quick else [8, 64, 512, 4096, 32768, 65536]     # x 1 KiB
-    sparse_n = [1000, 5000] if quick else [1000, 10_000, 100_000, 1_000_000]
+    sparse_n = [SMALL, 1000, 5000] if quick else [SMALL, 1000, 10_000, 100_000, 1_000_000]
     out = []
     for op in ("pull", "push"):
         out += [("dense", op, k) for k in dense_rows]
@@ -58,6 +62,8 @@ def payload_bytes(table, op, k, hl):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--only", metavar="CASES",
+                    help="run only these cases, e.g. 'sparse:8,sparse:1000000' (table:n)")
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
@@ -67,6 +73,9 @@ def main(argv=None) -> int:
         return 2
     reps = 2 if args.quick else args.reps
     todo, dense_rows, sparse_keys = cases(args.quick)
+    if args.only:
+        want = {(t, int(n)) for t, n in (c.split(":") for c in args.only.split(","))}
+        todo = [c for c in todo if (c[0], c[2]) in want]
     b = Bench(world, dense_rows, sparse_keys)
     raw = world.Dup()
     peer = 1 - world.Get_rank()
@@ -86,6 +95,7 @@ def main(argv=None) -> int:
     vbuf = {t: np.empty_like(v) for t, v in vals.items()}
     hout = {t: np.zeros_like(v) for t, v in vals.items()}     # hpcps pulls into it (out=)
     times = {c: {"hpcps": [], "raw": []} for c in todo}
+    busy = {c: [] for c in todo}    # server: CPU seconds in handle per request, per hpcps block
     for rep in range(reps):
         for i, case in enumerate(benchlib.rotate(todo, rep)):
             table, op, k = case
@@ -96,7 +106,10 @@ def main(argv=None) -> int:
                 b.ctl.Barrier()
                 if b.is_server:
                     if variant == "hpcps":
+                        b.server.busy = [0, 0.0, 0.0]
                         b.serve_block()
+                        n1, _, cpu = b.server.busy
+                        busy[case].append(cpu / max(1, n1))
                         continue
                     for _ in range(inner):
                         raw.Recv(hdr, source=peer, tag=1)
@@ -137,20 +150,21 @@ def main(argv=None) -> int:
                 if variant == "hpcps":
                     b.end_block()
     b.ctl.Barrier()
+    busy = b.ctl.bcast(busy if b.is_server else None, root=world.Get_size() - 1)
     if not b.is_server:
-        report(todo, times, hl, args)
+        report(todo, times, hl, args, busy)
     raw.Free()
     b.close()
     return 0
 
 
-def report(todo, times, hl, args):
+def report(todo, times, hl, args, busy):
     rep = benchlib.Report("pushpull")
     rows = []
     print("hpcps client vs raw mpi4py Send/Recv of the same bytes, 1 worker + 1 server "
           f"({MPI.Get_library_version().splitlines()[0].strip()})")
     print(f"{'case':<28} {'bytes up':>10} {'bytes down':>10} {'raw us':>10} {'hpcps us':>10} "
-          f"{'raw/hpcps':>9} {'overhead us':>11} {'hpcps GB/s':>10}")
+          f"{'raw/hpcps':>9} {'overhead us':>11} {'hpcps GB/s':>10} {'server us':>9}")
     for case in todo:
         table, op, k = case
         up, down = payload_bytes(table, op, k, hl)
@@ -163,14 +177,27 @@ def report(todo, times, hl, args):
                "overhead_us": (h - r) * 1e6, "hpcps_GBps": (up + down) / h / 1e9,
                "raw_min_us": min(times[case]["raw"]) * 1e6,
                "hpcps_min_us": min(times[case]["hpcps"]) * 1e6,
-               "raw_GBps": (up + down) / r / 1e9, "label": label}
+               "raw_GBps": (up + down) / r / 1e9, "label": label,
+               # the server's own CPU time in its handler per request (median over blocks;
+               # the block's STOP and, for pushes, its closing 1-key pull included)
+               "server_us": benchlib.median(busy[case]) * 1e6,
+               "server_min_us": min(busy[case]) * 1e6}
         rows.append(rec)
         print(f"{label:<28} {up:>10,} {down:>10,} {r * 1e6:>10.1f} {h * 1e6:>10.1f} "
-              f"{r / h:>9.2f} {(h - r) * 1e6:>11.1f} {rec['hpcps_GBps']:>10.2f}")
+              f"{r / h:>9.2f} {(h - r) * 1e6:>11.1f} {rec['hpcps_GBps']:>10.2f} "
+              f"{rec['server_us']:>9.1f}")
     rep.details["cases"] = rows
     big = [x for x in rows if (x["table"] == "dense" and x["n"] == max(y["n"] for y in rows if y["table"] == "dense"))
            or (x["table"] == "sparse" and x["n"] == max(y["n"] for y in rows if y["table"] == "sparse"))]
-    small = [x for x in rows if x["n"] == min(y["n"] for y in rows if y["table"] == x["table"])]
+    small = [x for x in rows if x["n"] == min(y["n"] for y in rows if y["table"] == x["table"])
+             and x["table"] == "dense"]
+    for x in rows:
+        if x["table"] == "sparse" and x["n"] == SMALL:
+            rep.ratio(f"per-request overhead, {x['label']} (hpcps {x['hpcps_us']:.1f} us, raw "
+                      f"Send/Recv {x['raw_us']:.1f} us)", x["overhead_us"], PER_REQUEST_GOAL_US,
+                      higher_is_better=False, unit=" us")
+            rep.ratio(f"server CPU time per request (its handler, median of blocks), {x['label']}",
+                      x["server_us"], PER_REQUEST_GOAL_US, higher_is_better=False, unit=" us")
     for x in big:
         rep.ratio(f"{x['label']}: raw MPI time / hpcps time", x["ratio"], 0.8)
     worst = min(big, key=lambda x: x["ratio"])

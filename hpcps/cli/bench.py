@@ -33,6 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 
 
+#: The commit whose hpcps BSP the e2e benchmark runs beside this one (issue 20's goal: >= 2x).
+E2E_BASELINE_COMMIT = "aa75ea0"
+
+
 def suite(quick: bool, tmp: Path) -> list[dict]:
     """The scripts of the suite in run order: name, ranks (0 = plain python), arguments."""
     q = ["--quick"] if quick else []
@@ -45,7 +49,8 @@ def suite(quick: bool, tmp: Path) -> list[dict]:
          "args": q + ["--fanin", "--reps", "4"] + j("rma_fanin")},
         {"name": "checkpoint", "ranks": 0, "script": "bench_checkpoint.py",
          "args": q + ([] if quick else ["--run"]) + j("checkpoint")},
-        {"name": "e2e", "ranks": 0, "script": "bench_e2e.py", "args": q + j("e2e")},
+        {"name": "e2e", "ranks": 0, "script": "bench_e2e.py",
+         "args": q + j("e2e") + ([] if quick else ["--baseline-commit", E2E_BASELINE_COMMIT])},
         {"name": "scaling", "ranks": 0, "script": "bench_scaling.py",
          "args": q + j("scaling") + ["--pushpull-json", str(tmp / "pushpull.json")]},
         {"name": "recovery", "ranks": 0, "script": "bench_recovery.py",

@@ -4,6 +4,7 @@ endpoints of :mod:`hpcps.comm.transport` receive into them)."""
 from __future__ import annotations
 
 import bisect
+import math
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class BufferPool:
     def take(self, shape, dtype) -> np.ndarray:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype``."""
         dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = (int(math.prod(shape)) if isinstance(shape, (tuple, list)) else int(shape)) * dtype.itemsize
         if n < self.min_bytes:
             return np.empty(shape, dtype=dtype)
         i = next((j for j, b in enumerate(self._free) if b.nbytes >= n), None)

@@ -15,6 +15,26 @@ table plus one; :meth:`hpcps.worker.client.PSClient.clock`). Its header is the C
 ``TAG_KEYS``), then each push's keys and rows as in 2. and 3.; the server handles it as those
 PUSHes followed by the CLOCK.
 
+``PULL_MANY`` is a worker's pulls of several tables from one key range in one request (one
+trip through the server loop instead of one per table; :meth:`hpcps.worker.client.PSClient.pull_many`).
+Its header is a PULL's (``clock``, ``aux`` = fresh) with ``table`` = the number of pulls ``P``
+and ``n_keys`` their total; then an int64 ``(P, PART_LEN)`` array, per pull ``[table, n_keys,
+0, dim, 0]`` (tag ``TAG_KEYS``), then each pull's keys (tag ``TAG_KEYS``). The server answers
+when the policy allows the read, with each pull's rows and shard clock header in the pulls'
+order (as P PULL replies, which the worker's receives, posted in that order, match: MPI keeps
+the messages of one tag in order).
+
+Small requests and replies travel as one message (issue 20: each message is a trip through
+MPI and Python on both sides). A request whose header and parts given to
+:meth:`WorkerEndpoint.send` fit in ``INLINE_BYTES`` (and in ``max_message_bytes``) goes as
+one ``TAG_REQ`` message of bytes: the header, then those parts (keys, then values) back to
+back; the server's receives of the request's first parts (:meth:`ServerEndpoint.recv_keys`,
+:meth:`ServerEndpoint.recv_values`) take them from that message, and any further parts (a
+``PUSH_CLOCK``'s pushes) come as messages of their own. A ``PULL`` reply whose rows and shard
+clock header fit in ``INLINE_BYTES`` (and ``max_message_bytes``) is one message of bytes
+(rows, then header) on the reply tag; both sides know from the number of keys, the header
+length and ``max_message_bytes`` which form a reply takes (:func:`one_message`).
+
 ``range`` (``H_RANGE``) is the key range the request is for: the server index of the job's
 key partition. It equals the index of the server rank that receives it, except after a
 continue-mode job lost a server and another server took its range over (:mod:`hpcps.resilience.recovery`);
@@ -48,19 +68,34 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcps.comm.buffers import POOL_MAX_FREE_BYTES, POOL_MIN_BYTES, BufferPool
-from hpcps.comm.core import LaunchError, cores_dedicated, irecv_array, isend_array, recv_array, waitall
+from hpcps.comm import core as _core
+from hpcps.comm.core import (LaunchError, cores_dedicated, irecv_array, isend_array, native_contiguous,
+                             recv_array, waitall)
 
 # ops (worker -> server; GROW: hpcps.resilience.elastic)
 PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
 PUSH_CLOCK = 12
+PULL_MANY = 13
 # ops (server -> server: chain replication, hpcps.resilience.replica)
 REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE = 8, 9, 10, 11
 OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
-            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", REPLICATE: "replicate",
+            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", PULL_MANY: "pull", REPLICATE: "replicate",
             REPL_CLOCK: "replicate", REPL_ACK: "replicate", REPL_DONE: "replicate"}
 # tags
 TAG_SNAP, TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 9, 11, 12, 13, 14, 15
 HEADER_LEN = 9
+HEADER_BYTES = 8 * HEADER_LEN
+#: Bytes up to which a request (header and the parts sent with it) or a PULL reply (rows and
+#: shard clock header) is one message (see the module docstring); Open MPI's shared-memory
+#: eager limit is 4 KiB.
+INLINE_BYTES = 4096
+
+
+def one_message(nbytes: int, max_bytes: int) -> bool:
+    """Whether a request (header and parts) or a PULL reply (rows and shard clock header) of
+    ``nbytes`` in all travels as one message: at most ``INLINE_BYTES`` and not split by the
+    endpoints' ``max_message_bytes`` (both sides apply the same rule)."""
+    return nbytes <= INLINE_BYTES and nbytes <= max_bytes
 H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX, H_RANGE = range(9)
 
 
@@ -71,18 +106,25 @@ def make_header(op: int, table: int = 0, clock: int = 0, n_keys: int = 0,
     return np.array([op, table, clock, n_keys, n_examples, seq, dim, aux, rng], dtype=np.int64)
 
 
-#: int64 values describing one push of a ``PUSH_CLOCK``: table, n_keys, n_examples, dim, version
+#: int64 values describing one part of a ``PUSH_CLOCK`` or ``PULL_MANY``: table, n_keys,
+#: n_examples, dim, version (a pull's: table, n_keys, 0, dim, 0)
 PART_LEN = 5
 
 
 def part_of(h: np.ndarray) -> list:
-    """The ``PUSH_CLOCK`` description (``PART_LEN`` values) of the PUSH with header ``h``."""
+    """The ``PUSH_CLOCK`` (``PULL_MANY``) description (``PART_LEN`` values) of the PUSH
+    (PULL) with header ``h``."""
     return [int(h[H_TABLE]), int(h[H_NKEYS]), int(h[H_NEX]), int(h[H_DIM]), int(h[H_AUX])]
 
 
 def part_header(h: np.ndarray, part) -> np.ndarray:
-    """The PUSH header of push ``part`` (``PART_LEN`` values) of the ``PUSH_CLOCK`` ``h``."""
+    """The PUSH header of push ``part`` (``PART_LEN`` values) of the ``PUSH_CLOCK`` ``h``, or
+    the PULL header of pull ``part`` of the ``PULL_MANY`` ``h`` (its ``aux``: the
+    request's fresh flag)."""
     table, n_keys, n_examples, dim, version = (int(v) for v in part)
+    if int(h[H_OP]) == PULL_MANY:
+        return make_header(PULL, table, int(h[H_CLOCK]), n_keys, 0, int(h[H_SEQ]), dim,
+                           int(h[H_AUX]), int(h[H_RANGE]))
     return make_header(PUSH, table, int(h[H_CLOCK]), n_keys, n_examples, int(h[H_SEQ]), dim,
                        version, int(h[H_RANGE]))
 
@@ -122,9 +164,16 @@ class TrafficStats:
 
     def add(self, op: int, *, messages=0, out=0, inn=0, seconds=0.0, keys=0) -> None:
         name = OP_NAMES[op]
-        for d, v in ((self.messages, messages), (self.bytes_out, out), (self.bytes_in, inn),
-                     (self.seconds, seconds), (self.keys, keys)):
-            d[name] = d.get(name, 0) + v
+        d = self.messages       # unrolled: it runs several times per request on both sides
+        d[name] = d.get(name, 0) + messages
+        d = self.bytes_out
+        d[name] = d.get(name, 0) + out
+        d = self.bytes_in
+        d[name] = d.get(name, 0) + inn
+        d = self.seconds
+        d[name] = d.get(name, 0) + seconds
+        d = self.keys
+        d[name] = d.get(name, 0) + keys
 
     def total(self, what: str, ops=None) -> float:
         d = getattr(self, what)
@@ -149,6 +198,7 @@ class WorkerEndpoint:
         self.stats = TrafficStats()
         self._reqs: list = []
         self._keep: list = []
+        self._unpack: list = []        # (stage, rows, header) of packed replies (expect_rows)
         if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
             wait_spin = None if cores_dedicated() else WAIT_SPIN
         #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
@@ -156,8 +206,23 @@ class WorkerEndpoint:
         self.wait_spin = wait_spin
 
     def send(self, server: int, header: np.ndarray, keys=None, values=None) -> None:
-        """Start sending one request (header, then keys, then values) to server index ``server``."""
+        """Start sending one request (header, then keys, then values) to server index
+        ``server``: one message when they fit in ``INLINE_BYTES``."""
         op = int(header[H_OP])
+        if keys is not None or values is not None:
+            parts = [native_contiguous(a) for a in (keys, values) if a is not None]
+            nbytes = header.nbytes + sum(a.nbytes for a in parts)
+            if one_message(nbytes, self.max_bytes):
+                buf = np.empty(nbytes, dtype=np.uint8)
+                buf[:header.nbytes] = header.view(np.uint8)
+                pos = header.nbytes
+                for a in parts:
+                    buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
+                    pos += a.nbytes
+                self._keep.append(isend_array(self.comm, buf, self.server_ranks[server], TAG_REQ,
+                                              self.max_bytes, self._reqs))
+                self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+                return
         self._keep.append(isend_array(self.comm, header, self.server_ranks[server], TAG_REQ,
                                       self.max_bytes, self._reqs))
         self.stats.add(op, messages=1, out=header.nbytes, keys=int(header[H_NKEYS]))
@@ -189,6 +254,22 @@ class WorkerEndpoint:
         self._keep.append(out)
         self.stats.add(op, inn=out.nbytes)
 
+    def expect_rows(self, server: int, rows: np.ndarray, header: np.ndarray,
+                    op: int = PULL) -> None:
+        """Post the receives of a PULL reply for key range ``server``: the rows into ``rows``
+        and the shard clock header into ``header`` (C-contiguous; one packed message when
+        :func:`one_message`, unpacked by :meth:`complete`)."""
+        if not one_message(rows.nbytes + header.nbytes, self.max_bytes):
+            self.expect(server, rows, op)
+            self.expect_header(server, header, op)
+            return
+        stage = np.empty(rows.nbytes + header.nbytes, dtype=np.uint8)
+        irecv_array(self.comm, stage, self.server_ranks[server], reply_tag(server),
+                    self.max_bytes, self._reqs)
+        self._keep.append(stage)
+        self._unpack.append((stage, rows, header))
+        self.stats.add(op, inn=stage.nbytes)
+
     @property
     def pending(self) -> int:
         """Requests started and not waited for yet (a step's deferred ``PUSH_CLOCK``)."""
@@ -197,8 +278,15 @@ class WorkerEndpoint:
     def complete(self, op: int) -> None:
         """Wait for every started send and receive; time it under ``op``."""
         t0 = time.perf_counter()
-        waitall(self._reqs, *self._keep, spin=self.wait_spin)  # buffers kept if a peer failed
-        self._keep.clear()
+        try:
+            waitall(self._reqs, *self._keep, spin=self.wait_spin)  # buffers kept if a peer failed
+        finally:
+            self._keep.clear()
+            unpack, self._unpack = self._unpack, []
+        for stage, rows, header in unpack:
+            n = rows.nbytes
+            rows.reshape(-1).view(np.uint8)[:] = stage[:n]
+            header.view(np.uint8)[:] = stage[n:]
         self.stats.add(op, seconds=time.perf_counter() - t0)
 
 
@@ -221,6 +309,8 @@ class ServerEndpoint:
         self.stats = TrafficStats()
         self._status = MPI.Status()
         self._header = np.empty(HEADER_LEN, dtype=np.int64)
+        self._request = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        self._inline = None       # the parts sent with the request just polled (bytes view)
         self._scratch = np.empty(0, dtype=np.int64)      # reused by recv_keys(scratch=True)
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
 
@@ -229,8 +319,20 @@ class ServerEndpoint:
         if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQ, status=self._status):
             return None
         src = self._status.Get_source()
-        recv_array(self.comm, self._header, src, TAG_REQ, self.max_bytes)
-        h = self._header.copy()
+        nbytes = self._status.Get_count(MPI.BYTE)
+        if nbytes == HEADER_BYTES:
+            recv_array(self.comm, self._header, src, TAG_REQ, self.max_bytes)
+            h = self._header.copy()
+            self._inline = None
+        elif HEADER_BYTES < nbytes <= min(INLINE_BYTES, self.max_bytes):   # parts with it
+            self.comm.Recv([self._request, nbytes, MPI.BYTE], source=src, tag=TAG_REQ)
+            h = self._request[:HEADER_BYTES].view(np.int64).copy()
+            self._inline = self._request[HEADER_BYTES:nbytes]
+        else:
+            raise RuntimeError(f"request of {nbytes} bytes from rank {src}: neither a header "
+                               f"({HEADER_BYTES} B) nor a header with parts (at most "
+                               f"{min(INLINE_BYTES, self.max_bytes)} B): do all ranks use the "
+                               "same max_message_bytes?")
         self.stats.add(int(h[H_OP]), messages=1, inn=h.nbytes, keys=int(h[H_NKEYS]))
         return src, h
 
@@ -252,15 +354,30 @@ class ServerEndpoint:
             keys = self.pool.take(n, np.int64)
         else:
             keys = np.empty(n, dtype=np.int64)
-        recv_array(self.comm, keys, source, TAG_KEYS, self.max_bytes)
+        if not self._take_inline(keys):
+            recv_array(self.comm, keys, source, TAG_KEYS, self.max_bytes)
         self.stats.add(op, inn=keys.nbytes)
         return keys
+
+    def _take_inline(self, out: np.ndarray) -> bool:
+        """Fill ``out`` from the parts sent with the request just polled, if any are left."""
+        inl = self._inline
+        if inl is None or inl.size == 0:
+            return False
+        n = out.nbytes
+        if n > inl.size:
+            raise RuntimeError(f"a request's part of {n} bytes, but only {inl.size} bytes "
+                               "were sent with its header")
+        out.reshape(-1).view(np.uint8)[:] = inl[:n]
+        self._inline = inl[n:]
+        return True
 
     def recv_values(self, source: int, shape, dtype, op: int, pooled: bool = False) -> np.ndarray:
         """Receive the value rows of the PUSH just polled from ``source`` (into a buffer of
         :attr:`pool` with ``pooled``: give it back once the values are used)."""
         vals = self.pool.take(shape, dtype) if pooled else np.empty(shape, dtype=dtype)
-        recv_array(self.comm, vals, source, TAG_VALS, self.max_bytes)
+        if not self._take_inline(vals):
+            recv_array(self.comm, vals, source, TAG_VALS, self.max_bytes)
         self.stats.add(op, inn=vals.nbytes)
         return vals
 
@@ -271,6 +388,18 @@ class ServerEndpoint:
         t0 = time.perf_counter()
         reqs: list = []
         tag = reply_tag(rng)
+        if header is not None and one_message(values.nbytes + header.nbytes, self.max_bytes):
+            values = native_contiguous(values)
+            nv = values.nbytes
+            buf = np.empty(nv + header.nbytes, dtype=np.uint8)
+            buf[:nv] = values.reshape(-1).view(np.uint8)
+            buf[nv:] = header.view(np.uint8)
+            if _core.WATCH:                    # continue mode: a wait that notices failures
+                waitall(reqs, isend_array(self.comm, buf, dest, tag, self.max_bytes, reqs))
+            else:                              # the worker has posted the receive
+                self.comm.Send([buf, buf.size, MPI.BYTE], dest=dest, tag=tag)
+            self.stats.add(op, out=buf.nbytes, seconds=time.perf_counter() - t0)
+            return
         keep = isend_array(self.comm, values, dest, tag, self.max_bytes, reqs)
         keep_h = None if header is None else isend_array(self.comm, header.copy(), dest, tag + 1,
                                                          self.max_bytes, reqs)

@@ -18,7 +18,8 @@ import operator
 
 import numpy as np
 
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 cdef extern from *:
     """
@@ -565,3 +566,162 @@ def unique_inverse(cols, marks):
     else:
         _renumber[int64_t](cols, marks, keys, local)
     return keys, local
+
+
+# --------------------------------------------------------------------------------------
+# a server's work on one request (issue 20: one call instead of several)
+# --------------------------------------------------------------------------------------
+
+cdef bint _finite32(const uint32_t* v, Py_ssize_t n) noexcept nogil:
+    """No NaN or infinity among n float32 bit patterns: a value is NaN or infinite exactly
+    when its exponent bits are all ones; an integer OR-reduction (vectorised by the
+    compiler, no branch per value)."""
+    cdef Py_ssize_t i
+    cdef uint32_t bad = 0
+    for i in range(n):
+        bad |= <uint32_t>((v[i] & 0x7f800000u) == 0x7f800000u)
+    return bad == 0
+
+
+cdef bint _finite64(const uint64_t* v, Py_ssize_t n) noexcept nogil:
+    """As :func:`_finite32` for float64 bit patterns."""
+    cdef Py_ssize_t i
+    cdef uint64_t bad = 0
+    for i in range(n):
+        bad |= <uint64_t>((v[i] & 0x7ff0000000000000u) == 0x7ff0000000000000u)
+    return bad == 0
+
+
+def push_rows_inplace(keys, int64_t num_keys, int64_t multiplier, int64_t lo, int64_t hi,
+                      values):
+    """A received push at its server, in one call: its keys turned into local rows in place
+    (``p(keys) - lo``, as :func:`local_rows_into` with ``out=keys``) and whether its values
+    are all finite.
+
+    Parameters
+    ----------
+    keys : ndarray of int64, shape (n,), C-contiguous, writeable
+        Overwritten with the local rows.
+    num_keys, multiplier : int
+        The key permutation, already validated (:class:`hpcps.core.tables.KeyPartition`;
+        ``multiplier`` in ``[1, num_keys)`` and coprime with it, or 1).
+    lo, hi : int
+        The server's key range in the permuted space.
+    values : ndarray of float32 or float64, C-contiguous
+        The push's rows (any shape).
+
+    Returns
+    -------
+    bool
+        True when no value is NaN or infinite (exponent bits all ones).
+
+    Raises
+    ------
+    ValueError
+        Naming the first key outside ``[0, num_keys)`` or outside ``[lo, hi)``.
+    TypeError
+        For values of another dtype.
+    """
+    cdef int64_t[::1] kv = keys
+    cdef uint64_t un = <uint64_t>num_keys, ua = <uint64_t>multiplier if num_keys > 1 else 1
+    cdef Py_ssize_t bad
+    cdef int outside = 0
+    cdef bint ok
+    cdef const uint32_t[::1] f32
+    cdef const uint64_t[::1] f64
+    with nogil:
+        bad = _local_rows(kv, un, ua, <uint64_t>lo, <uint64_t>hi, kv, &outside)
+    if bad >= 0:
+        _raise_row(keys, bad, outside, num_keys, lo, hi)
+    flat = values.reshape(-1)
+    if flat.dtype == np.float32:
+        f32 = flat.view(np.uint32)
+        with nogil:
+            ok = _finite32(&f32[0], f32.shape[0]) if f32.shape[0] else True
+    elif flat.dtype == np.float64:
+        f64 = flat.view(np.uint64)
+        with nogil:
+            ok = _finite64(&f64[0], f64.shape[0]) if f64.shape[0] else True
+    else:
+        raise TypeError(f"values must be float32 or float64, got {flat.dtype}")
+    return ok
+
+
+def _raise_row(keys, Py_ssize_t bad, int outside, num_keys, lo, hi):
+    """The ValueError of :func:`local_rows_into` for entry ``bad`` (its key was read before
+    the entries before it were overwritten, so ``keys[bad]`` is still the key)."""
+    if outside:
+        raise ValueError(f"key {keys[bad]} is outside the key space [0, {num_keys})")
+    raise ValueError(f"key {keys[bad]} does not belong to this server (key range "
+                     f"[{lo}, {hi}) of the permuted space)")
+
+
+cdef Py_ssize_t _gather_local(const int64_t[::1] keys, uint64_t n, uint64_t a, uint64_t lo,
+                              uint64_t hi, const char* w, Py_ssize_t rowb, char* out,
+                              int* outside) noexcept nogil:
+    """out row i = w row p(keys[i]) - lo (rows of ``rowb`` bytes); returns the first i with a
+    key outside [0, n) (outside = 1) or outside [lo, hi) (outside = 0), else -1."""
+    cdef Py_ssize_t i, m = keys.shape[0]
+    cdef uint64_t k, p, mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // n
+    for i in range(m):
+        k = <uint64_t>keys[i]
+        if k >= n:
+            outside[0] = 1
+            return i
+        p = _perm1(k, n, a, mn)
+        if p < lo or p >= hi:
+            outside[0] = 0
+            return i
+        if rowb == 4:                 # dim-1 float32 rows (the sparse tables): no call
+            (<uint32_t*>out)[i] = (<const uint32_t*>w)[p - lo]
+        elif rowb == 8:
+            (<uint64_t*>out)[i] = (<const uint64_t*>w)[p - lo]
+        else:
+            memcpy(out + i * rowb, w + (p - lo) * rowb, rowb)
+    return -1
+
+
+def gather_local(keys, int64_t num_keys, int64_t multiplier, int64_t lo, int64_t hi, w, out):
+    """A pull at its server, in one pass: ``out[i] = w[p(keys[i]) - lo]`` (the rows of the
+    keys, no array of local rows in between).
+
+    Parameters
+    ----------
+    keys : ndarray of int64, shape (n,), C-contiguous
+    num_keys, multiplier, lo, hi : int
+        As :func:`push_rows_inplace`.
+    w : ndarray, shape (hi - lo, dim), C-contiguous
+        The shard's rows.
+    out : ndarray, shape (n, dim), dtype of ``w``, C-contiguous, writeable
+
+    Returns
+    -------
+    out
+
+    Raises
+    ------
+    ValueError
+        Naming the first key outside ``[0, num_keys)`` or ``[lo, hi)``, or for ``w``/``out``
+        of different dtypes, shapes or layouts.
+    """
+    if (w.dtype != out.dtype or w.ndim != 2 or out.shape != (keys.shape[0], w.shape[1])
+            or not w.flags.c_contiguous or not out.flags.c_contiguous
+            or w.shape[0] != hi - lo):
+        raise ValueError(f"gather_local: w {w.dtype} {w.shape} and out {out.dtype} "
+                         f"{out.shape} do not fit {keys.shape[0]} keys of the range [{lo}, {hi})")
+    cdef const int64_t[::1] kv = keys
+    cdef const unsigned char[::1] wb = w.reshape(-1).view(np.uint8)
+    cdef unsigned char[::1] ob = out.reshape(-1).view(np.uint8)
+    cdef uint64_t un = <uint64_t>num_keys, ua = <uint64_t>multiplier if num_keys > 1 else 1
+    cdef Py_ssize_t rowb = w.shape[1] * w.itemsize, bad = -1
+    cdef int outside = 0
+    if kv.shape[0] == 0 or rowb == 0:
+        return out
+    if wb.shape[0] == 0:              # an empty shard: every key is someone else's
+        return local_rows_into(keys, num_keys, multiplier, lo, hi, np.empty_like(keys))
+    with nogil:
+        bad = _gather_local(kv, un, ua, <uint64_t>lo, <uint64_t>hi, <const char*>&wb[0], rowb,
+                            <char*>&ob[0], &outside)
+    if bad >= 0:
+        _raise_row(keys, bad, outside, num_keys, lo, hi)
+    return out

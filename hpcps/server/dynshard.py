@@ -199,6 +199,18 @@ class DynamicShard:
 
     take = gather
 
+    def push_rows(self, keys: np.ndarray, grads: np.ndarray, server: int) -> bool:
+        """A received push: its ``keys`` checked (:meth:`rows_for`; a hash table's rows are
+        its keys) and whether its ``grads`` are all finite (the same contract as
+        :meth:`hpcps.server.shard.Shard.push_rows`). Local."""
+        self.rows_for(keys, server)
+        return bool(np.isfinite(grads).all())
+
+    def pull_reply(self, keys: np.ndarray, server: int, pool=None) -> np.ndarray:
+        """The rows of a pull's ``keys`` for its reply (absent: the initial value, not
+        inserted), in a buffer of ``pool`` when given (give it back after the reply). Local."""
+        return self.gather(self.rows_for(keys, server), pool)
+
     def apply(self, keys: np.ndarray, grads: np.ndarray, scale: float) -> None:
         """One optimizer step: absent keys inserted at their initial value, gradients of
         equal keys summed in input order, scaled by ``scale``; then admission and eviction

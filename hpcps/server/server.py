@@ -150,6 +150,9 @@ class ParameterServer(ServerMembership):
         # clocks the backup has acknowledged (``acked``; None = no backup)
         self.forward = None
         self.acked = None
+        #: None, or [requests handled, seconds and CPU seconds in handle] (serve_requests'
+        #: ``busy``; benchmarks set it)
+        self.busy = None
 
     # ------------------------------------------------------------------ ways to start
     @classmethod
@@ -225,8 +228,9 @@ class ParameterServer(ServerMembership):
         most one rank per core on this node, else ``IDLE_SPIN`` (50 us), so that an
         oversubscribed server leaves the cores to the workers.
         """
-        serve_requests(lambda: self.ep.poll(), self.handle,
-                       lambda: len(self.stopped) >= self.n_workers, lambda: self.idle_spin)
+        serve_requests(lambda: self.ep.poll(), self.handle,   # ep is replaced by a growth
+                       lambda: len(self.stopped) >= self.n_workers, lambda: self.idle_spin,
+                       busy=self.busy)
         self.check_done()
 
     def check_done(self) -> None:
@@ -240,11 +244,14 @@ class ParameterServer(ServerMembership):
         if op == tp.PULL:
             shard = self._shard(h)
             keys = self.ep.recv_keys(source, int(h[tp.H_NKEYS]), op, scratch=True)   # not kept
-            rows = shard.rows_for(keys, self.index)     # in place (a hash table: the keys)
             if self._pull_ready(h):
-                self._reply_rows(source, shard, rows, op)
+                vals = shard.pull_reply(keys, self.index, self.ep.pool)
+                self.ep.reply(source, vals, op, shard.hdr, rng=self.index)
+                self.ep.pool.give(vals)
             else:
-                self.waiting_pulls.append((source, h, rows.copy()))
+                self.waiting_pulls.append((source, h, shard.rows_for(keys, self.index).copy()))
+        elif op == tp.PULL_MANY:
+            self._on_pull_many(source, h)
         elif op == tp.PUSH:
             self._on_push(source, h)
         elif op == tp.CLOCK:
@@ -282,6 +289,29 @@ class ParameterServer(ServerMembership):
             raise RuntimeError(f"server {self.index}: unknown op {op} from rank {source}")
 
 
+    def _on_pull_many(self, source: int, h: np.ndarray) -> None:
+        """A PULL_MANY (header ``h``) from ``source``: the pulls of several tables in one
+        request, answered together (each table's rows and shard header, in the request's
+        order) once the policy allows the read."""
+        metas = self.ep.recv_keys(source, tp.PART_LEN * int(h[tp.H_TABLE]), tp.PULL_MANY)
+        parts = []
+        for meta in metas.reshape(-1, tp.PART_LEN):
+            hp = tp.part_header(h, meta)
+            shard = self._shard(hp)
+            keys = self.ep.recv_keys(source, int(hp[tp.H_NKEYS]), tp.PULL, pooled=True)
+            parts.append((shard, shard.rows_for(keys, self.index)))
+        if self._pull_ready(h):
+            self._reply_many(source, parts)
+        else:
+            self.waiting_pulls.append((source, h, parts))
+
+    def _reply_many(self, source: int, parts) -> None:
+        """Answer a PULL_MANY: each part's rows and shard header, in order; the rows' pooled
+        buffers go back to the pool."""
+        for shard, rows in parts:
+            self._reply_rows(source, shard, rows, tp.PULL)
+            self.ep.pool.give(rows)
+
     def _on_push(self, source: int, h: np.ndarray) -> None:
         """A PUSH (header ``h``) from ``source``: receive its keys and rows; queue them for
         their clock (BSP/SSP) or apply them (async)."""
@@ -292,10 +322,11 @@ class ParameterServer(ServerMembership):
         keys = self.ep.recv_keys(source, n, tp.PUSH, pooled=True)
         grads = self.ep.recv_values(source, (n, shard.spec.dim), shard.spec.dtype, tp.PUSH,
                                     pooled=True)
-        rows = shard.rows_for(keys, self.index)     # in place (a hash table: the keys)
+        rows = keys                 # turned into local rows in place by push_rows (hash: the keys)
         c = int(h[tp.H_CLOCK])
-        check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
-                     f"{self.worker_of_rank[source]} at clock {c}", grads)
+        if not shard.push_rows(keys, grads, self.index):   # the message only when needed
+            check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
+                         f"{self.worker_of_rank[source]} at clock {c}", grads)
         self.pushes_applied[self.worker_of_rank[source]] += 1
         if not self.policy.aggregate and self.ft is not None:
             self.held.setdefault(self.worker_of_rank[source], []).append((shard, rows, grads, h))
@@ -483,6 +514,8 @@ class ParameterServer(ServerMembership):
                 ready = self._pull_ready(h)
             if ready and op == tp.CHECKPOINT:
                 self._checkpoint(source, h)
+            elif ready and op == tp.PULL_MANY:
+                self._reply_many(source, rows)           # rows: the parts of the request
             elif ready:
                 shard = self._shard(h)
                 if rows is None:

@@ -10,7 +10,13 @@ import numpy as np
 
 from hpcps.core.consistency import header_len
 from hpcps.core.tables import KeyPartition, TableSpec
+from hpcps.kernels.keys import gather_local, push_rows_inplace
 from hpcps.kernels.optim import take_rows
+
+#: A p2p pull of a sparse table with at most this many keys is answered by one pass from keys
+#: to reply rows (:func:`hpcps.kernels.keys.gather_local`); larger ones compute the rows,
+#: then gather with prefetching (:func:`rows_of`).
+DIRECT_GATHER_MAX = 4096
 
 def touched_rows(rows: np.ndarray, n_rows: int) -> np.ndarray:
     """Distinct local rows of an update, ascending int64. Local.
@@ -50,6 +56,32 @@ class Shard:
     slots: object
     hdr: np.ndarray = None      # int64 clock header (see hpcps.core.consistency)
     window: object = None       # hpcps.comm.rma.ShardWindow holding hdr and w, or None
+
+    def push_rows(self, keys: np.ndarray, grads: np.ndarray, server: int) -> bool:
+        """A received push: its ``keys`` (int64 (n,)) turned into local rows in place, and
+        whether its ``grads`` are all finite, in one compiled call. Raises ``ValueError``
+        for a key this shard does not hold (named, with ``server``). Local."""
+        try:
+            return push_rows_inplace(keys, self.part.num_keys, self.part.multiplier, self.lo,
+                                     self.hi, grads)
+        except ValueError as e:
+            raise ValueError(str(e).replace("this server", f"server {server}")) from None
+
+    def pull_reply(self, keys: np.ndarray, server: int, pool=None) -> np.ndarray:
+        """The rows of a pull's ``keys`` (int64 (n,), overwritten) for its reply: one
+        compiled pass from keys to rows for a small pull of a sparse table, else local rows
+        then :func:`rows_of` (a view for a block of consecutive rows). A buffer of ``pool``
+        (give it back after the reply) or a view of ``w``. Local."""
+        n = keys.shape[0]
+        if self.part.multiplier != 1 and 0 < n <= DIRECT_GATHER_MAX:
+            out = pool.take((n, self.w.shape[1]), self.w.dtype) if pool is not None else \
+                np.empty((n, self.w.shape[1]), dtype=self.w.dtype)
+            try:
+                return gather_local(keys, self.part.num_keys, self.part.multiplier, self.lo,
+                                    self.hi, self.w, out)
+            except ValueError as e:
+                raise ValueError(str(e).replace("this server", f"server {server}")) from None
+        return rows_of(self.w, self.rows_for(keys, server), pool)
 
     def writing(self):
         """Context of a write that RMA readers must see whole (exclusive window lock)."""

@@ -204,17 +204,20 @@ class PSClient:
 
         Every table's requests to every server are posted before any reply is awaited, so a
         step that reads several tables (weights and bias) waits for one round trip, not one
-        per table. Arguments and errors as :meth:`pull` (``outs``: ``{table: out}``).
+        per table; with p2p pulls, a server holding keys of several tables gets them in one
+        ``PULL_MANY`` request (one trip through its loop). Arguments and errors as :meth:`pull` (``outs``: ``{table: out}``).
         Point-to-point; not collective.
         """
         self.send_staged()
         # check and group every request first: a bad key raises before anything is sent
         todo = [self._pull_prepare(table, keys, outs.get(table) if outs else None)
                 for table, keys in requests.items()]
-        for t in todo:
-            if t[2] is not None:
+        posted = [t for t in todo if t[2] is not None]
+        if self.windows:
+            for t in posted:
                 self._pull_post(*t[1:], fresh)
-        if not self.windows and any(t[2] is not None for t in todo):
+        elif posted:
+            self._pull_post_p2p(posted, fresh)
             self.ep.complete(tp.PULL)
         result = {}
         for table, tid, sorted_keys, order, bounds, buf, out, hdrs in todo:
@@ -249,20 +252,41 @@ class PSClient:
         return table, tid, sorted_keys, order, bounds, buf, out, hdrs
 
     def _pull_post(self, tid, sorted_keys, order, bounds, buf, out, hdrs, fresh) -> None:
-        """Start a prepared pull: post its receives and requests (p2p, completed by the
-        caller) or read the windows (RMA, complete on return)."""
-        if self.windows:
-            spec, part = self.specs[tid], self.parts[tid]
-            self._pull_rma(tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh)
-        else:
+        """Start a prepared pull through the windows (RMA, complete on return)."""
+        spec, part = self.specs[tid], self.parts[tid]
+        self._pull_rma(tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh)
+        self.seq += 1
+
+    def _pull_post_p2p(self, todo, fresh) -> None:
+        """Start prepared pulls of one or more tables (``_pull_prepare``'s tuples) as
+        messages: one request per server whatever the number of tables — a ``PULL`` for
+        one table's keys, a ``PULL_MANY`` for several (the server loop handles it in one
+        trip and answers each table in the request's order) — receives posted first.
+        Completed by the caller (``ep.complete``)."""
+        by_server = [[] for _ in range(self.n_servers)]
+        for _, tid, sorted_keys, _, bounds, buf, _, hdrs in todo:
             for s in range(self.n_servers):
                 a, b = bounds[s], bounds[s + 1]
-                if a == b:
-                    continue
-                self.ep.expect(s, buf[a:b], tp.PULL)
-                self.ep.expect_header(s, hdrs[s], tp.PULL)
-                self.ep.send(s, tp.make_header(tp.PULL, tid, self.clock_value, b - a, seq=self.seq,
-                                               aux=int(fresh), rng=s), sorted_keys[a:b])
+                if a < b:
+                    by_server[s].append((tid, sorted_keys[a:b], buf[a:b], hdrs[s]))
+        c = self.clock_value
+        for s, parts in enumerate(by_server):
+            if not parts:
+                continue
+            for _, _, rows, hdr in parts:          # replies come in the request's order
+                self.ep.expect_rows(s, rows, hdr, tp.PULL)
+            if len(parts) == 1:
+                tid, k, _, _ = parts[0]
+                self.ep.send(s, tp.make_header(tp.PULL, tid, c, k.size, seq=self.seq,
+                                               aux=int(fresh), rng=s), k)
+                continue
+            desc = np.array([[tid, k.size, 0, self.specs[tid].dim, 0] for tid, k, _, _ in parts],
+                            dtype=np.int64)
+            self.ep.send(s, tp.make_header(tp.PULL_MANY, len(parts), c,
+                                           sum(k.size for _, k, _, _ in parts), seq=self.seq,
+                                           aux=int(fresh), rng=s), desc)
+            for _, k, _, _ in parts:
+                self.ep.send_parts(s, k, None, tp.PULL)
         self.seq += 1
 
     def _pull_rma(self, tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh) -> None:

@@ -241,6 +241,104 @@ def test_pull_many_equals_one_pull_per_table():
 
 
 @pytest.mark.mpi(min_size=3)
+def test_bsp_step_is_two_requests_per_server_whatever_the_tables():
+    """A BSP step of ``hpcps train``'s shape (pull_many of a sparse and a dense table, both
+    pushes deferred, clock) is two requests per worker at every server: one PULL or
+    PULL_MANY (issue 20: the server holding the bias got a pull per table) and one
+    PUSH_CLOCK. A slow worker makes the others' PULL_MANY wait at the server (deferred and
+    answered later). The tables end bit-identical (float64, AdaGrad) to the same steps with
+    one pull per table, and every pull saw exactly the previous clocks."""
+    comm = MPI.COMM_WORLD
+    steps = 4
+    sparse = TableSpec("w", 3001, 2, "float64", sparse=True)
+    dense = TableSpec("b", 1, 1, "float64", sparse=False)
+    tables = [(sparse, Optimizer("adagrad", 0.5)), (dense, Optimizer("adagrad", 0.5))]
+
+    def run(together):
+        def work(client, roles):
+            rng = np.random.default_rng(roles.index)
+            seen = []
+            for step in range(steps):
+                keys = {"w": rng.integers(0, 3001, 300), "b": np.array([0])}
+                if roles.index == 0 and step == 1:
+                    time.sleep(0.3)           # the other workers' pulls wait at the servers
+                if together:
+                    got = client.pull_many(keys)
+                else:
+                    got = {t: client.pull(t, k) for t, k in keys.items()}
+                seen.append(got)
+                for t, k in keys.items():
+                    client.push(t, k, rng.standard_normal((k.size, tables[client.ids[t]][0].dim)),
+                                defer=True)
+                client.clock(3)
+            return seen, client.pull_table("w"), client.pull_table("b")
+
+        def counted(server):
+            return dict(server.ep.stats.messages)
+
+        return _ps(comm, comm.size // 2, tables, work, server_fn=counted)
+
+    roles, one = run(together=False)
+    _, many = run(together=True)
+    if roles.role == core.WORKER:
+        for a, b in zip(one[0], many[0]):
+            for t in a:
+                np.testing.assert_array_equal(a[t], b[t])
+        np.testing.assert_array_equal(one[1], many[1])
+        np.testing.assert_array_equal(one[2], many[2])
+        assert np.abs(many[2]).sum() > 0
+    else:
+        nw = roles.n_workers
+        own_b = roles.index == 0            # the 1-row dense table lives on server 0
+        # per worker: one pull (per table when apart) and one PUSH_CLOCK per step, the
+        # pull_table of each table at the end (PULL_SHARD, counted apart) and the STOP
+        assert many["pull"] == steps * nw
+        assert one["pull"] == steps * nw * (1 + int(own_b))
+        assert many["push"] == one["push"] == steps * nw
+        assert many["pull"] + many["push"] == 2 * steps * nw
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("max_bytes", [1 << 30, 1024])
+def test_requests_and_replies_at_the_one_message_limit(max_bytes):
+    """Pushes and pulls whose request (header and keys, or header, keys and values) or reply
+    (rows and shard clock header) is just under, at and just over ``INLINE_BYTES``, and a
+    PUSH_CLOCK whose description rides with its header: every size gives the values of
+    ``np.add.at`` (so both sides agree on which form each message takes), in one server
+    and across servers, also when ``max_message_bytes`` splits messages below that limit."""
+    from hpcps.comm.transport import HEADER_BYTES, INLINE_BYTES
+
+    comm = MPI.COMM_WORLD
+    num_keys = 1 << 16
+    spec = TableSpec("w", num_keys, 1, "float64", sparse=False)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+    n_servers = comm.size // 2
+    kmax = (INLINE_BYTES - HEADER_BYTES) // 8            # keys that fit with a pull header
+    pmax = (INLINE_BYTES - HEADER_BYTES) // 16           # keys + float64 values with a push
+    rmax = (INLINE_BYTES - 8 * 8) // 8                   # float64 rows with an 8-entry header
+    sizes = sorted({1, pmax - 1, pmax, pmax + 1, kmax - 1, kmax, kmax + 1, rmax - 1, rmax,
+                    rmax + 1, 3000})
+
+    def work(client, roles):
+        got = []
+        for i, n in enumerate(sizes):
+            keys = np.arange(n, dtype=np.int64) * n_servers       # all on server 0 (dense)
+            client.push("w", keys, np.full((n, 1), float(i + 1)), defer=(i % 2 == 1))
+            client.clock(1)
+            got.append(client.pull("w", keys).copy())
+        return got
+
+    roles, got = _ps(comm, n_servers, tables, work, max_bytes=max_bytes)
+    if roles.role == core.WORKER:
+        nw = roles.n_workers
+        w = np.zeros(num_keys)
+        for i, n in enumerate(sizes):
+            keys = np.arange(n) * n_servers
+            w[keys] -= (i + 1) * nw / nw                          # lr 1, scale 1/examples
+            np.testing.assert_array_equal(got[i][:, 0], w[keys])
+
+
+@pytest.mark.mpi(min_size=3)
 def test_bsp_pull_sees_exactly_previous_clock():
     """Under BSP the pull at clock t shows all workers' updates of clocks < t, none newer."""
     comm = MPI.COMM_WORLD

@@ -807,3 +807,72 @@ def test_logistic_model_renumbering_cache_matches_search():
     assert cached[0] == searched[0]
     for t in ("weights", "bias"):
         np.testing.assert_array_equal(cached[1][t], searched[1][t])
+
+
+# ------------------------------------------------- a server's work on one request (issue 20)
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("num_keys,n_servers", [(1 << 22, 3), (1, 1), (10, 4)])
+def test_push_rows_and_gather_local_match_the_two_step_path(dtype, num_keys, n_servers):
+    """push_rows_inplace = local_rows_into(out=keys) plus the finite test; gather_local =
+    w[local rows]: on every server of a permuted partition, duplicates included."""
+    from hpcps.core.tables import KeyPartition
+
+    part = KeyPartition(num_keys, n_servers, permute=True)
+    rng = np.random.default_rng(num_keys)
+    for s in range(n_servers):
+        lo, hi = part.shard_range(s)
+        own = part.shard_keys(s)
+        if own.size == 0:
+            continue
+        keys = own[rng.integers(0, own.size, 300)]
+        w = rng.standard_normal((hi - lo, 3)).astype(dtype)
+        got = kkeys.gather_local(keys, num_keys, part.multiplier, lo, hi, w,
+                                 np.empty((keys.size, 3), dtype))
+        rows = part.local_rows(keys, s)
+        np.testing.assert_array_equal(got, w[rows])
+        k = keys.copy()
+        assert kkeys.push_rows_inplace(k, num_keys, part.multiplier, lo, hi,
+                                       np.ones((keys.size, 2), dtype)) is True
+        np.testing.assert_array_equal(k, rows)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_push_rows_finite_test_is_exact(dtype):
+    """Every NaN and infinity anywhere is found (the largest finite values, subnormals and
+    -0.0 are finite); sizes around the 4-way unrolling."""
+    empty = np.empty(0, np.int64)
+    fi = np.finfo(dtype)
+    for n in (1, 3, 4, 5, 1000, 1 << 16):
+        v = np.full(n, fi.max, dtype)
+        v[::2] = -fi.max
+        v[0] = fi.tiny / 4
+        if n > 2:
+            v[1] = -0.0
+        assert kkeys.push_rows_inplace(empty, 7, 3, 0, 7, v) is True
+        for bad in (np.nan, np.inf, -np.inf):
+            for pos in {0, n // 2, n - 1}:
+                b = v.copy()
+                b[pos] = bad
+                assert kkeys.push_rows_inplace(empty, 7, 3, 0, 7, b) is False
+    with pytest.raises(TypeError, match="float32 or float64"):
+        kkeys.push_rows_inplace(empty, 7, 3, 0, 7, np.ones(3, np.int32))
+
+
+def test_request_kernels_name_the_bad_key():
+    """A key outside the key space or the server's range is named, as local_rows_into does;
+    an empty shard holds no key."""
+    from hpcps.core.tables import KeyPartition
+
+    part = KeyPartition(1000, 3, permute=True)
+    lo, hi = part.shard_range(1)
+    other = part.shard_keys(0)[:1]
+    w = np.zeros((hi - lo, 1))
+    with pytest.raises(ValueError, match=rf"key {other[0]} does not belong"):
+        kkeys.push_rows_inplace(other.copy(), 1000, part.multiplier, lo, hi, np.ones(1))
+    with pytest.raises(ValueError, match=r"key 1000 is outside the key space"):
+        kkeys.gather_local(np.array([1000]), 1000, part.multiplier, lo, hi, w, np.empty((1, 1)))
+    with pytest.raises(ValueError, match="does not belong"):
+        kkeys.gather_local(other, 1000, part.multiplier, 5, 5, np.zeros((0, 1)), np.empty((1, 1)))
+    with pytest.raises(ValueError, match="do not fit"):
+        kkeys.gather_local(other, 1000, part.multiplier, lo, hi, w, np.empty((1, 1), np.float32))
