@@ -20,10 +20,9 @@ import scipy.sparse as sp
 
 from hpcps.data import DataError
 from hpcps.data.textstream import CHUNK_BYTES, Piece, data_files, iter_chunks, line_number, plan_parts
-from hpcps.data.textstream import compression as compression_of
 from hpcps.kernels.criteo import N_FIELDS, CriteoSyntaxError, parse_criteo
 
-__all__ = ["n_features", "iter_part", "read_criteo_part", "Block", "stream_parser"]
+__all__ = ["n_features", "iter_part", "read_criteo_part", "Block"]
 
 
 def n_features(hash_bits: int) -> int:
@@ -126,24 +125,3 @@ def read_criteo_part(path: str | os.PathLike, part: int, n_parts: int, *, hash_b
     X = sp.csr_matrix((np.ones(indices.size), indices, indptr), shape=(y.size, n_features(hash_bits)))
     X.sum_duplicates()
     return X, y
-
-
-def stream_parser(hash_bits: int = 0, seed: int = 0):
-    """``(parse, error)`` for :class:`hpcps.data.stream.StreamReader` on Criteo files.
-
-    ``parse(buf)`` gives ``(y, indptr, indices, None, line_offsets)`` (values are ones);
-    ``error(path, chunk_offset, chunk, exc)`` gives a :class:`DataError` naming the file and
-    the line.
-    """
-    def parse(buf):
-        y, indptr, indices, offsets = parse_criteo(buf, hash_bits, seed)
-        return y, indptr, indices, None, offsets
-
-    def error(path, chunk_offset, chunk, exc):
-        if not isinstance(exc, CriteoSyntaxError):
-            return exc
-        line = line_number(path, chunk_offset + exc.offset) if compression_of(path) is None \
-            else f"byte {chunk_offset + exc.offset} of the decompressed stream"
-        return DataError(f"{path}:{line}: {exc.reason}")
-
-    return parse, error
