@@ -174,7 +174,7 @@ class ServerGroup:
             return ParameterServer.from_copy(*args, state=state, clock=clock, examples=examples,
                                              order_key=keys, **common)
         if restore is not None:
-            return ParameterServer.from_checkpoint(*args, restore=restore, clock=clock,
+            return ParameterServer.from_checkpoint(*args, restore=restore, clock=clock, seed=self.seed,
                                                    examples=examples, order_key=keys, **common)
         return ParameterServer.initial(*args, seed=self.seed, clock=clock, examples=examples,
                                        order_key=keys, **common)

@@ -146,7 +146,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             else:
                 args = (ep, roles.index, roles.n_servers, roles.worker_ranks, tables, policy)
                 common = dict(windows=windows, run_dir=cfg.output.dir, elastic=elastic)
-                server = (ParameterServer.from_checkpoint(*args, restore=restore, **common)
+                server = (ParameterServer.from_checkpoint(*args, restore=restore, seed=cfg.seed,
+                                                            **common)
                           if restore is not None else
                           ParameterServer.initial(*args, seed=cfg.seed, **common))
             if windows:

@@ -109,8 +109,7 @@ class ParameterServer(ServerMembership):
         self.examples_total = int(examples)
         for tid, (spec, opt) in enumerate(tables):
             if spec.dynamic:                 # a hash table: the keys pushed, any 64-bit id
-                sh = DynamicShard.create(spec, opt, index, n_servers, seed,
-                                         header_len(self.n_workers), restore=restore)
+                sh = rows[tid]               # a DynamicShard, built by the named constructor
                 sh.hdr[H_VERSION] = sh.hdr[H_CLOCK] = start
                 sh.hdr[H_NWORKERS] = self.n_workers
                 sh.hdr[H_WORKER0:H_WORKER0 + self.n_workers] = start
@@ -164,7 +163,11 @@ class ParameterServer(ServerMembership):
         ``run_dir``, ``ft_state``, ``idle_spin``, ``elastic``, ``order_key``, ``examples``,
         ``staleness``). Local."""
         rows = []
-        for spec, _ in tables:
+        for spec, opt in tables:
+            if spec.dynamic:             # empty: keys are inserted by pushes
+                rows.append(DynamicShard.create(spec, opt, index, n_servers, seed,
+                                                header_len(len(worker_ranks))))
+                continue
             part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
             rows.append((spec.initial_rows(part.shard_keys(index), seed), None))
         return cls(endpoint, index, n_servers, worker_ranks, tables, policy, rows,
@@ -172,15 +175,20 @@ class ParameterServer(ServerMembership):
 
     @classmethod
     def from_checkpoint(cls, endpoint, index, n_servers, worker_ranks, tables, policy, *,
-                        restore, clock=None, **kw) -> "ParameterServer":
+                        restore, clock=None, seed=0, **kw) -> "ParameterServer":
         """Range ``index`` read from the checkpoint ``restore`` (``(directory, manifest)``,
         :func:`hpcps.checkpoint.latest_valid`): the rows of the range and every slot the
         optimizer has, by name, from whichever old shards hold them, so the number of servers
         may differ from the checkpointed job's. At the checkpoint's step (or ``clock``: a
         continue-mode range reloaded at the clock the workers resend from). Local (reads
-        HDF5)."""
+        HDF5). ``seed``: the job seed, the initial value of a dynamic table's keys pushed
+        after the checkpoint."""
         rows = []
         for spec, opt in tables:
+            if spec.dynamic:             # the keys this server owns now, from any old shard
+                rows.append(DynamicShard.create(spec, opt, index, n_servers, seed,
+                                                header_len(len(worker_ranks)), restore=restore))
+                continue
             part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
             lo, hi = part.shard_range(index)
             w, saved = ckpt.read_range(restore[0], restore[1], spec.name, lo, hi,
