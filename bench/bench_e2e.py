@@ -149,10 +149,10 @@ def _cache_data():
     orig = source.load_split
     memo = {}
 
-    def load_split(data_cfg, split, part, n_parts):
+    def load_split(data_cfg, split, part, n_parts, **kw):
         key = (repr(data_cfg), split, part, n_parts)
         if key not in memo:
-            memo[key] = orig(data_cfg, split, part, n_parts)
+            memo[key] = orig(data_cfg, split, part, n_parts, **kw)
         return memo[key]
 
     source.load_split = load_split
