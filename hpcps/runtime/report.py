@@ -206,6 +206,12 @@ def mb(n) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+def size(n) -> str:
+    """``n`` bytes for the printed lines: in bytes below 100 kB (a small dynamic table would
+    read "0.0 MB"), else :func:`mb`."""
+    return f"{int(n):,} B" if n < 100_000 else mb(n)
+
+
 def summary_lines(s: dict, history: list) -> list[str]:
     """The printed summary of a run (:func:`summarize`'s dict, the epochs' records).
 
@@ -229,7 +235,7 @@ def summary_lines(s: dict, history: list) -> list[str]:
             if r or e:
                 dyn += f" ({a:,} admitted, {r:,} pushes before admission, {e:,} evicted)"
         rss = f", peak RSS {mb(d['rss_peak_bytes'])}" if d.get("rss_peak_bytes") else ""
-        lines.append(f"  server {d['index']}: {d['rows']:,} rows ({mb(d['memory_bytes'])}{dyn}"
+        lines.append(f"  server {d['index']}: {d['rows']:,} rows ({size(d['memory_bytes'])}{dyn}"
                      f"{rss}); pushed in {mb(d['bytes_in'])} ({d['keys_pushed']:,} keys), {pulled}, "
                      f"{d['requests']:,} requests")
         for t, hot in d.get("hot_keys", {}).items():
