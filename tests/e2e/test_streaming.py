@@ -251,3 +251,47 @@ dir = "svm"
     s = json.loads((tmp_path / "svm" / "metrics.json").read_text())["summary"]
     assert s["servers"][0]["examples_per_epoch"] == [6000, 6000]
     assert sum(r["lines"] for r in s["reader"]) > 2 * 6002
+
+
+def test_one_gzip_file_banner_and_progress_name_the_reading_worker(tmp_path, data):
+    """One gzip train file and 3 workers: the file is read whole by one worker (worker 1,
+    the cuts move to the file's ends), so workers 0 and 2 have no rows. The banner says so
+    and suggests more files; the chief's progress line does not print its own zero loss and
+    0.0 MB/s as the job's, and the worker clocks it shows are not older than the clock
+    without saying so (the chief, with no rows, reads no shard header during the epoch)."""
+    import gzip
+    import re
+
+    d, _ = data
+    g = tmp_path / "one"
+    g.mkdir()
+    text = b"".join(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+                    for p in sorted(d.glob("part-0000[0-2]*")))
+    (g / "part-00000.tsv.gz").write_bytes(gzip.compress(text))
+    (g / "part-00003.tsv").write_bytes((d / "part-00003.tsv").read_bytes())
+    job = write(tmp_path, g, "onegz").read_text().replace("progress_seconds = 1.0",
+                                                         "progress_seconds = 0.05")
+    (tmp_path / "onegz.toml").write_text(job)
+    proc = subprocess.run([sys.executable, "-m", "hpcps", "run", "-n", "4", "onegz.toml"],
+                          cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0, (out + proc.stderr)[-3000:]
+    steps = -(-N_TRAIN // 32)                           # 282: every row on one worker
+    assert f"{steps} steps/epoch of 32 rows on 1 of 3 workers" in out, out[:2000]
+    assert re.search(r"note: worker\(s\) 0, 2 have no training rows.*at least 3 files", out), out[:2000]
+    lines = [ln for ln in out.splitlines() if re.match(r"epoch \d+/2 +step", ln)]
+    assert lines, out
+    for ln in lines:
+        assert "loss(w0)" not in ln and "read(w0)" not in ln, ln
+        assert "w0 has no rows" in ln, ln
+        clock = int(re.search(r" clock (\d+)", ln).group(1))
+        m = re.search(r"\(workers ([\d,]*)( as of clock (\d+))?\)", ln)
+        if m is None:                                    # no shard header read yet
+            continue
+        if m.group(2):                                   # labelled: read at an older clock
+            assert int(m.group(3)) < clock - 1, ln
+        else:                                            # unlabelled: current (BSP: >= clock - 1)
+            assert min(int(c) for c in m.group(1).split(",")) >= clock - 1, ln
+    # the rate is the rows read: 32 per clock here, not 3 workers x 32
+    s = json.loads((tmp_path / "onegz" / "metrics.json").read_text())["summary"]
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
