@@ -121,9 +121,16 @@ def capped_steps(steps: int, max_steps: int, plan=()) -> int:
     return min(steps, max(0, max_steps - sum(done_max(n) for _, n in plan)))
 
 
-def examples_per_step(n_train: int, batch_size: int, n_workers: int) -> float:
-    """Average examples one clock of ``n_workers`` workers reads (progress lines' rate)."""
-    return n_train / max(1, math.ceil(n_train / (batch_size * n_workers)))
+def examples_per_step(n_train: int, batch_size: int, n_workers: int, largest: int = 0) -> float:
+    """Average examples one clock of ``n_workers`` workers reads (progress lines' rate).
+
+    ``largest``: rows of the largest partition when known (0: partitions of equal size).
+    An epoch runs as many clocks as that partition needs, so unequal partitions (a compressed
+    file read whole by one worker, :meth:`hpcps.data.lineindex.LineIndex.part_bounds`) read
+    fewer rows per clock than ``batch_size * n_workers``.
+    """
+    rows = largest if largest else n_train / max(1, n_workers)
+    return n_train / max(1, math.ceil(rows / batch_size))
 
 
 def resume_position(restore: dict, n_workers: int) -> tuple[int, int, list]:

@@ -30,14 +30,20 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
     steps_full = tr.steps_full
     lines = []
     cfg, t = tr.cfg, tr.cfg.train
+    rows = list(getattr(tr, "part_rows", None) or [])
+    idle = [w for w, n in enumerate(rows) if n == 0]
+    per = (f"of {t.batch_size} rows on {len(rows) - len(idle)} of {len(rows)} workers"
+           if idle else f"of {t.batch_size} rows per worker")
     lines.append(f"hpcps: {tr.n_workers} worker(s), {tr.client.n_servers} server(s); "
               f"{n_train} train / {n_test} test rows; model {tr.model.name} "
               f"({_n_params(tr.client.specs):,} parameters{_dynamic_note(tr.client.specs)}); "
-              f"{steps_full} steps/epoch of {t.batch_size} rows per worker; "
+              f"{steps_full} steps/epoch {per}; "
               + ("AllReduce of the gradients (BSP by construction), "  # [cluster] mode
                  if tr.client.pull_mode == "allreduce" else
                  f"{tr.policy.describe()} ({tr.client.pull_mode} pulls), ")
               + f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
+    if idle:
+        lines.append(_idle_note(tr.streaming, idle, rows))
     if restore is not None:
         lines.append(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
                   f"step {int(restore['step_in_epoch'])} of the epoch, written by "
@@ -66,6 +72,17 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
         else:
             lines.append(f"hpcps: {e.add_workers} worker(s) will be added at clock {e.at_step}")
     return lines
+
+
+def _idle_note(streaming, idle, rows) -> str:
+    """The note on workers without training rows (a compressed file is read whole by one
+    worker, :meth:`hpcps.data.lineindex.LineIndex.part_bounds`; or fewer rows than workers)."""
+    why = ("a compressed file is read whole by one worker; split the data into at least "
+           f"{len(rows)} files (one or more per worker) to use every worker"
+           if streaming else "the split has too few rows for the workers")
+    return (f"hpcps: note: worker(s) {', '.join(str(w) for w in idle)} have no training rows "
+            f"(rows per worker: {', '.join(str(n) for n in rows)}): {why}; they run the "
+            "epoch's clocks with empty batches")
 
 
 def _n_params(specs) -> int:

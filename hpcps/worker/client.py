@@ -81,6 +81,7 @@ class PSClient:
         self.read_version = [np.full(n_servers, -1, dtype=np.int64) for _ in self.specs]
         #: the most recent shard header seen (server clock, worker clocks)
         self.last_header = np.zeros(self.header_len, dtype=np.int64)
+        self.header_clock = -1         # this worker's clock when last_header was read (-1: never)
         self.read_age_max = 0          # max over reads of (my clock - shard clock)
         self.read_age_sum = 0
         self.reads = 0
@@ -326,6 +327,7 @@ class PSClient:
         """Record the shard header a read returned (version for pushes; ages for reports)."""
         self.read_version[tid][server] = hdr[H_VERSION]
         self.last_header = hdr
+        self.header_clock = self.clock_value
         if self.acked_seen is not None and hdr[H_CLOCK] > self.acked_seen[server]:
             self.acked_seen[server] = hdr[H_CLOCK]
         age = self.clock_value - int(hdr[H_CLOCK])
@@ -337,7 +339,9 @@ class PSClient:
             self.lead_max = max(self.lead_max, self.clock_value - int(hdr[H_WORKER0:H_WORKER0 + n].min()))
 
     def worker_clocks(self) -> np.ndarray:
-        """Every worker's clock as of the most recent shard header read (int64)."""
+        """Every worker's clock as of the most recent shard header read (int64; empty before
+        the first read). That read was at this worker's clock :attr:`header_clock`: a worker
+        that pulls nothing (no rows) reads no header, so the values can be old."""
         n = int(self.last_header[H_NWORKERS])
         return self.last_header[H_WORKER0:H_WORKER0 + n].copy()
 
@@ -476,6 +480,7 @@ class PSClient:
         self.ep.stats = stats
         self.header_len = header_len(n_workers)
         self.last_header = np.zeros(self.header_len, dtype=np.int64)
+        self.header_clock = -1
         if windows is not None:
             self.windows = list(windows) or None
 

@@ -188,6 +188,7 @@ class Trainer:
         self.X = self.y = self.Xt = self.yt = None
         self.steps_full = 0
         self.n_train = 0
+        self.part_rows: list = []         # every worker's training rows (prepare)
         self._t0 = self._last = 0.0       # progress lines: start of the run, last line
         self._clock0 = 0
         self._examples_per_step = 0.0
@@ -228,6 +229,9 @@ class Trainer:
                             "lines)")
         self.n_train = n_train
         self.steps_full = capped_steps(self.max_steps(self.X.shape[0]), t.max_steps)
+        # every worker's training rows (banner, progress rate): a compressed file is read
+        # whole by one worker, so partitions can be unequal or empty
+        self.part_rows = [int(r[0]) for r in allgather_rows(self.comm, [self.X.shape[0]])]
         start_epoch, start_step, plan = 0, 0, []
         if restore is not None:
             streaming.check_stream_restore(self, restore)
@@ -261,7 +265,7 @@ class Trainer:
         self._stop_target = None
         self.epochs_done = start_epoch
         self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
-                                                    self.n_workers)
+                                                    self.n_workers, max(self.part_rows, default=0))
         self._t0 = self._last = time.perf_counter()
         self._clock0 = self.client.clock_value
 
@@ -269,8 +273,10 @@ class Trainer:
         """Take ``seg``'s partitions for the later epochs (after a re-plan). Local."""
         self.X, self.y, self.Xt, self.yt = seg.X, seg.y, seg.Xt, seg.yt
         self.steps_full = seg.steps_full
+        # block partitions: the new sizes are known locally (others: taken as equal)
+        self.part_rows = self.part_sizes(self.n_train, self.n_workers) if self.blocks() else []
         self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
-                                                    self.n_workers)
+                                                    self.n_workers, max(self.part_rows, default=0))
 
     def epoch_cursor(self, epoch: int, first: int = 0, plan=()) -> Cursor:
         """The cursor of ``epoch`` from step ``first``: the whole epoch on this worker's
@@ -393,15 +399,28 @@ class Trainer:
         done = max(1, self.client.clock_value - self._clock0)
         rate = done * self._examples_per_step / (last - self._t0)
         eta = (last - self._t0) / done * max(0, total_steps - self.client.clock_value)
-        read = ""
-        if hasattr(cur.Xe, "stats"):              # streamed: this worker's reader
-            st = cur.Xe.stats
-            read = (f"  read(w0) {st['bytes'] / 1e6 / (last - self._t0):,.1f} MB/s, "
-                    f"waited {st['wait_seconds']:.1f} s")
+        if cur.order.size == 0:     # the chief reads nothing this epoch: its 0 loss says nothing
+            mine = "  w0 has no rows (loss and reads: see the epoch lines and summary)"
+        else:
+            mine = f"  loss(w0) {cur.loss_sum / max(1, cur.n_ex):.4f}"
+            if hasattr(cur.Xe, "stats"):              # streamed: this worker's reader
+                st = cur.Xe.stats
+                mine += (f"  read(w0) {st['bytes'] / 1e6 / (last - self._t0):,.1f} MB/s, "
+                         f"waited {st['wait_seconds']:.1f} s")
         self.say(f"epoch {cur.epoch + 1}/{t.epochs}  step {step + 1}/{cur.steps}  "
-                  f"clock {self.client.clock_value} (workers "
-                  f"{','.join(str(c) for c in self.client.worker_clocks())})  {rate:,.0f} rows/s  "
-                  f"loss(w0) {cur.loss_sum / max(1, cur.n_ex):.4f}{read}  ETA {_fmt_eta(eta)}")
+                  f"clock {self.client.clock_value}{self._worker_clocks_note()}  "
+                  f"{rate:,.0f} rows/s{mine}  ETA {_fmt_eta(eta)}")
+
+    def _worker_clocks_note(self) -> str:
+        """`` (workers c0,c1,..)`` as the chief last read them in a shard header, with the
+        clock of that read when it is older than this step's pull (a chief with no rows
+        pulls nothing); empty before any read."""
+        clocks = self.client.worker_clocks()
+        if clocks.size == 0:
+            return ""
+        seen = getattr(self.client, "header_clock", None)     # None: AllReduce, always current
+        old = f" as of clock {seen}" if seen is not None and seen < self.client.clock_value - 1 else ""
+        return f" (workers {','.join(str(int(c)) for c in clocks)}{old})"
 
     def stop_here(self, cur: Cursor, checkpointer=None) -> None:
         """Act on a :class:`~hpcps.worker.events.StopRequested`: checkpoint at this step and

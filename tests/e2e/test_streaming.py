@@ -292,6 +292,5 @@ def test_one_gzip_file_banner_and_progress_name_the_reading_worker(tmp_path, dat
             assert int(m.group(3)) < clock - 1, ln
         else:                                            # unlabelled: current (BSP: >= clock - 1)
             assert min(int(c) for c in m.group(1).split(",")) >= clock - 1, ln
-    # the rate is the rows read: 32 per clock here, not 3 workers x 32
     s = json.loads((tmp_path / "onegz" / "metrics.json").read_text())["summary"]
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]

@@ -61,6 +61,9 @@ def test_step_counts():
     assert capped_steps(10, 3, [[2, 5]]) == 0
     assert examples_per_step(100, 10, 3) == 100 / 4
     assert examples_per_step(0, 10, 3) == 0
+    # one worker holds every row (a compressed file read whole): 10 rows per clock, not 30
+    assert examples_per_step(100, 10, 3, largest=100) == 10
+    assert examples_per_step(100, 10, 3, largest=34) == 100 / 4
 
 
 def test_resume_position():
