@@ -406,22 +406,36 @@ def route_keys(keys, num_keys, multiplier, range_size, n_servers):
     return srv, counts, bool(grouped)
 
 
+cdef uint64_t NOT_HERE = <uint64_t>0xFFFFFFFFFFFFFFFF     # no local row (see outside)
+
+
+cdef inline uint64_t _local_row(uint64_t k, uint64_t n, uint64_t a, uint64_t mn, uint64_t lo,
+                                uint64_t hi, int* outside) noexcept nogil:
+    """The local row ``p(k) - lo`` of key ``k`` on the server holding [lo, hi) of the permuted
+    space, or NOT_HERE with ``outside`` = 1 (``k`` outside [0, n)) or 0 (``p(k)`` outside
+    [lo, hi))."""
+    cdef uint64_t p
+    if k >= n:
+        outside[0] = 1
+        return NOT_HERE
+    p = _perm1(k, n, a, mn)
+    if p < lo or p >= hi:
+        outside[0] = 0
+        return NOT_HERE
+    return p - lo
+
+
 cdef Py_ssize_t _local_rows(const int64_t[::1] keys, uint64_t n, uint64_t a, uint64_t lo,
                             uint64_t hi, int64_t[::1] out, int* outside) noexcept nogil:
     """out[i] = p(keys[i]) - lo; returns the first i whose key is outside [0, n)
     (outside = 1) or whose position is outside [lo, hi) (outside = 0), stopping there."""
     cdef Py_ssize_t i, m = keys.shape[0]
-    cdef uint64_t k, p, mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // n
+    cdef uint64_t r, mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // n
     for i in range(m):
-        k = <uint64_t>keys[i]
-        if k >= n:
-            outside[0] = 1
+        r = _local_row(<uint64_t>keys[i], n, a, mn, lo, hi, outside)
+        if r == NOT_HERE:
             return i
-        p = _perm1(k, n, a, mn)
-        if p < lo or p >= hi:
-            outside[0] = 0
-            return i
-        out[i] = <int64_t>(p - lo)
+        out[i] = <int64_t>r
     return -1
 
 
@@ -662,22 +676,17 @@ cdef Py_ssize_t _gather_local(const int64_t[::1] keys, uint64_t n, uint64_t a, u
     """out row i = w row p(keys[i]) - lo (rows of ``rowb`` bytes); returns the first i with a
     key outside [0, n) (outside = 1) or outside [lo, hi) (outside = 0), else -1."""
     cdef Py_ssize_t i, m = keys.shape[0]
-    cdef uint64_t k, p, mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // n
+    cdef uint64_t r, mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // n
     for i in range(m):
-        k = <uint64_t>keys[i]
-        if k >= n:
-            outside[0] = 1
-            return i
-        p = _perm1(k, n, a, mn)
-        if p < lo or p >= hi:
-            outside[0] = 0
+        r = _local_row(<uint64_t>keys[i], n, a, mn, lo, hi, outside)
+        if r == NOT_HERE:
             return i
         if rowb == 4:                 # dim-1 float32 rows (the sparse tables): no call
-            (<uint32_t*>out)[i] = (<const uint32_t*>w)[p - lo]
+            (<uint32_t*>out)[i] = (<const uint32_t*>w)[r]
         elif rowb == 8:
-            (<uint64_t*>out)[i] = (<const uint64_t*>w)[p - lo]
+            (<uint64_t*>out)[i] = (<const uint64_t*>w)[r]
         else:
-            memcpy(out + i * rowb, w + (p - lo) * rowb, rowb)
+            memcpy(out + i * rowb, w + r * rowb, rowb)
     return -1
 
 
