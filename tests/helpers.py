@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpcps.core.procs import kill_session, session_pids  # noqa: F401 (used by the tests)
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data" / "adult.csv.gz"
 
@@ -66,30 +68,6 @@ def run_in_session(cmd, cwd=None, env=None, timeout=None, **kw) -> subprocess.Co
         out, err = p.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
-
-
-def session_pids(sid: int) -> list[int]:
-    """PIDs of the live processes whose session id is ``sid`` (Linux ``/proc``)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue                       # gone meanwhile
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(d.name))
-    return pids
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL every process of session ``sid`` (started with ``start_new_session=True``)."""
-    for pid in session_pids(sid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _run(cmd, cwd, env, timeout):

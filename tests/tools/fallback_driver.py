@@ -16,10 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hpcps.comm.core import abort_on_error, world  # noqa: E402
-from hpcps.config import load_job  # noqa: E402
 from hpcps.runtime import preflight  # noqa: E402
-from hpcps.runtime.job import run_job  # noqa: E402
+from tests.tools.train_driver import train  # noqa: E402
 
 MPICH = "MPICH Version:      4.2.0\nMPICH Release date: Fri Feb  9 12:29:21 CST 2024\n"
 
@@ -27,13 +25,7 @@ MPICH = "MPICH Version:      4.2.0\nMPICH Release date: Fri Feb  9 12:29:21 CST 
 def main() -> None:
     preflight.library_version = lambda: MPICH
     os.environ.pop("MPIR_CVAR_ASYNC_PROGRESS", None)
-    comm = world()
-    with abort_on_error(comm):
-        res = run_job(load_job(sys.argv[1]), comm, resume="never")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if res and res.get("skip_finalize"):   # as hpcps train: see hpcps.cli.main.cmd_train
-        os._exit(0)
+    train(sys.argv[1], resume="never")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hpcps.comm.core import abort_on_error, world  # noqa: E402
-from hpcps.config import load_job  # noqa: E402
-from hpcps.runtime.job import run_job  # noqa: E402
+from tests.tools.train_driver import train  # noqa: E402
 
 
 def main() -> None:
@@ -35,13 +33,7 @@ def main() -> None:
             while not os.path.exists(name):
                 time.sleep(0.02)
 
-    comm = world()
-    with abort_on_error(comm):
-        res = run_job(load_job(job), comm, resume="never", step_hook=hook)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if res and res.get("skip_finalize"):   # as hpcps train: see hpcps.cli.main.cmd_train
-        os._exit(0)
+    train(job, resume="never", step_hook=hook)
 
 
 if __name__ == "__main__":
