@@ -265,21 +265,8 @@ def test_worker_killed_while_a_worker_is_added_job_ends_and_relaunches(tmp_path)
     waited for ever — ends itself. hpcps run gets mpirun's status and relaunches; the relaunch
     resumes from the checkpoint at clock 20, grows at clock 30 and finishes."""
     timeout = 8
-    job = write(tmp_path, "gk", every=20, progress=0.000001,
-                elastic=f"[elastic]\nadd_workers = 1\nat_step = 30\njoin_timeout = {timeout}\n"
-                        + CONTINUE)
-    flag = tmp_path / "join-go"
-    env = mpi_env(HPCPS_TEST_JOIN_PAUSE=str(flag))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "tools" / "join_pause"),
-                                                      env.get("PYTHONPATH")]))
-    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", "--max-restarts", "1",
-                          str(job)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job, flag, p = _start_paused_growth(tmp_path, "gk", timeout)
     try:
-        deadline = time.time() + 240
-        while not list(tmp_path.glob("join-go.*")):          # the growth has begun
-            assert p.poll() is None and time.time() < deadline, p.communicate()[0][-3000:]
-            time.sleep(0.05)
         kill_rank(job, 2)                                    # worker 2 of the launch
         t_kill = time.time()
         time.sleep(0.5)
