@@ -141,6 +141,15 @@ def mpi_part(args) -> int:
     return 0
 
 
+def _run_or_exit(cmd, env, what: str) -> None:
+    """Run ``cmd`` with ``env`` added; on a non-zero exit print its output's tail and stop
+    the benchmark saying ``what``."""
+    p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+        raise SystemExit(f"bench_e2e.py: {what}")
+
+
 def _cache_data():
     """Featurize each split once per rank and reuse it in every variant (bench only): wraps
     ``hpcps.data.source.load_split`` where the model and the job look it up."""
@@ -278,20 +287,14 @@ def main(argv=None) -> int:
         def run_this(i):
             cmd, env = hpcps_cmd(i)
             print(f"e2e: hpcps run {i + 1}/{rounds}: {' '.join(cmd)}", flush=True)
-            p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
-            if p.returncode != 0:
-                sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
-                raise SystemExit("bench_e2e.py: the hpcps runs failed")
+            _run_or_exit(cmd, env, "the hpcps runs failed")
             for name, runs in json.loads(out.read_text()).items():
                 hp.setdefault(name, []).extend(runs)
 
         def run_base(i):
             cmd, env = baseline_cmd(i)
             print(f"e2e: hpcps {args.baseline_commit} run {i + 1}/{rounds}", flush=True)
-            p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
-            if p.returncode != 0:
-                sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
-                raise SystemExit("bench_e2e.py: the baseline commit's runs failed")
+            _run_or_exit(cmd, env, "the baseline commit's runs failed")
             runs = json.loads((d / "baseline.json").read_text())["hpcps BSP"]
             hp.setdefault(f"BSP {args.baseline_commit}", []).extend(runs)
 

@@ -385,23 +385,12 @@ class StreamedRows:
                 self.stats["read_seconds"] += time.perf_counter() - t0
                 self.stats["lines"] += int(want.size)
                 self.stats["bytes"] = base + reader.bytes
-                while not stop.is_set():
-                    try:
-                        q.put(u, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not _put(q, u, stop) or stop.is_set():
                     return
                 k += 1
             q.put(None)
         except BaseException as e:              # noqa: BLE001 (handed to the trainer)
-            while not stop.is_set():
-                try:
-                    q.put(e, timeout=0.1)
-                    return
-                except queue.Full:
-                    continue
+            _put(q, e, stop)
         finally:
             reader.close()
 
@@ -566,3 +555,15 @@ class _Labels:
         if isinstance(rows, slice):
             return self._rows[rows].labels
         return self._rows._gather(rows)[0]
+
+
+def _put(q, item, stop) -> bool:
+    """Put ``item`` on the bounded queue ``q``, waiting for room unless ``stop`` is set;
+    returns whether it was put (False: stopped)."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
