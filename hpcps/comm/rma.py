@@ -14,12 +14,27 @@ Why ``Win.Allocate``
     loop keeps polling (``Iprobe``) in any case, so reads also progress on MPIs without
     passive progress, just later.
 
-Locks
-    Every read is one lock epoch that never contains a collective or a blocking receive;
-    :meth:`ShardWindow.exclusive` is the server's epoch on its own window while it applies an
-    update (used under BSP/SSP so that a reader sees a whole clock or none of it). Under
-    asynchronous training the server writes without that lock and a read may see a row set
-    in which some rows already contain an update and others not (a torn read), which
+Locks and the write sequence (no exclusive lock anywhere)
+    Every lock on these windows is a *shared* lock taken with ``MPI.MODE_NOCHECK``: nobody
+    ever takes an exclusive one, so no lock needs checking and no lock word is touched. A
+    server publishes a write to its own window like a seqlock (:meth:`ShardWindow.writing`):
+    it bumps an int64 *sequence word* in the header to an odd value, writes, and bumps it to
+    the next even value (``Win.Sync`` between, inside a ``Lock(SHARED, NOCHECK)`` epoch on
+    its own rank). A validated read (:meth:`ShardWindow.read` with ``seq_offset``) gets the
+    header, then the rows, then the sequence word again, and keeps the result only if the
+    word was even and unchanged — else it retries. So a reader sees a whole clock or none of
+    it (BSP/SSP), and the server never waits for a reader.
+
+    Why not ``Lock(EXCLUSIVE)`` on the server's own window, as hpcps did before: Open MPI
+    5.0's ``osc/rdma`` over a BTL without hardware atomics (TCP between hosts) emulates the
+    lock words' atomics with active messages, and a server's exclusive self-lock taken while
+    workers poll with shared locks hung for ever across two test hosts (server, and workers,
+    spinning in ``MPI_Win_lock``; also with readers 10 ms apart, so not reader starvation;
+    fine with ``--mca btl_tcp_progress_thread 1`` and on one host, where ``osc/sm`` is used).
+    That matches Open MPI's own report of an emulated compare-and-swap that, when queued,
+    is never answered (open-mpi/ompi#14370, fixed after 5.0.x; the v5.0.x backport #14437
+    is open). Under asynchronous training reads are not validated: a read may see a row
+    set in which some rows already contain an update and others not (a torn read), which
     Downpour SGD tolerates by design.
 
 Freeing
@@ -86,8 +101,8 @@ class ShardWindow:
         self._span = np.empty(0, np.uint8)   # kept buffer of span reads (see SPAN_MAX_BYTES)
         self.gets = 0          # completed read epochs
         self.retries = 0       # read epochs that found the shard too old
+        self.torn = 0          # validated read epochs that overlapped a write (retried)
         self.read_seconds = 0.0          # in read(), retries and back-off included
-        self.exclusive_wait_seconds = 0.0  # waiting for the exclusive lock (server)
 
     # ---------------------------------------------------------------- local side
     def _check(self) -> MPI.Win:
@@ -119,31 +134,49 @@ class ShardWindow:
         return self._mem[offset:offset + n].view(dtype).reshape(shape)
 
     @contextlib.contextmanager
-    def exclusive(self):
-        """Exclusive lock epoch on this rank's own window (server side). Local, not collective.
+    def writing(self, seq: np.ndarray):
+        """Publish a write to this rank's own window (server side). Local, not collective.
 
-        Readers' ``Lock(SHARED)`` waits while it is held, so a write inside it is seen whole.
+        Bumps the sequence word ``seq`` (an int64 view of one entry of this window, from
+        :meth:`local_array`) to an odd value before the body and to the next even value
+        after it, with ``Win.Sync`` (a memory barrier between the window's copies) around
+        the body, inside a ``Lock(SHARED, MODE_NOCHECK)`` epoch on this rank: no MPI message
+        and no wait for readers. Validated reads (:meth:`read` with ``seq_offset``) retry
+        while the word is odd or when it changed during their epoch. If the body raises,
+        the word stays odd (readers never accept the half-written state; hpcps then aborts).
         Nothing inside may call a collective or wait for a message.
+
+        Raises
+        ------
+        ValueError
+            If ``seq`` is not a one-entry int64 view of this window's memory.
         """
         win = self._check()
-        t0 = time.perf_counter()
-        win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
-        self.exclusive_wait_seconds += time.perf_counter() - t0
+        if seq.dtype != np.int64 or seq.size != 1 or not np.may_share_memory(seq, self._mem):
+            raise ValueError("seq must be a one-entry int64 view of this window (local_array)")
+        win.Lock(self.rank, MPI.LOCK_SHARED, MPI.MODE_NOCHECK)
         try:
+            seq[...] += 1                    # odd: a write is under way
+            win.Sync()
             yield
+            win.Sync()
+            seq[...] += 1                    # even: the write is whole
         finally:
             win.Unlock(self.rank)
 
     # ---------------------------------------------------------------- remote reads
     def read(self, target: int, header: np.ndarray, rows_out: np.ndarray | None = None,
              row_offsets: np.ndarray | None = None, header_offset: int = 0,
-             fresh=None, max_bytes: int = 1 << 30) -> int:
+             fresh=None, max_bytes: int = 1 << 30, seq_offset: int | None = None) -> int:
         """Read a server's header and, once ``fresh(header)`` holds, some of its rows.
 
         Not collective: a passive-target read of ``target``'s window; the target takes no
-        part. Each attempt is one ``Lock(SHARED)`` … ``Unlock`` epoch: ``Get`` the header,
-        ``Flush``, and if ``fresh`` accepts it, ``Get`` the rows in the same epoch, so header
-        and rows belong together (the server writes under :meth:`exclusive`). A stale header
+        part. Each attempt is one ``Lock(SHARED, MODE_NOCHECK)`` … ``Unlock`` epoch: ``Get``
+        the header, ``Flush``, and if ``fresh`` accepts it, ``Get`` the rows in the same
+        epoch. With ``seq_offset`` the attempt is validated against the server's
+        :meth:`writing`: the header's sequence word must be even, and after the rows
+        (``Flush``) it is read again and must be unchanged, so header and rows belong to one
+        whole write; else the attempt is retried (counted in :attr:`torn`). A stale header
         ends the epoch and the read is retried after a short back-off.
 
         Parameters
@@ -160,6 +193,9 @@ class ShardWindow:
             Freshness test (``None`` accepts any header).
         max_bytes : int
             Largest single ``Get``; more rows are read in several.
+        seq_offset : int or None
+            Byte offset of the int64 sequence word (inside the header read) in the target's
+            window: validate the read as above. ``None``: no validation (a read may be torn).
 
         Returns
         -------
@@ -171,11 +207,20 @@ class ShardWindow:
         WindowFreedError
             If the window has been freed.
         ValueError
-            If the buffers are not C-contiguous or ``row_offsets`` does not match ``rows_out``.
+            If the buffers are not C-contiguous, ``row_offsets`` does not match ``rows_out``
+            or ``seq_offset`` is not an int64 entry of the header read.
         """
         win = self._check()
         if not header.flags.c_contiguous or header.dtype != np.int64:
             raise ValueError("header must be a C-contiguous int64 array")
+        seq_at = None
+        if seq_offset is not None:
+            rel = int(seq_offset) - int(header_offset)
+            if rel < 0 or rel % 8 or rel // 8 >= header.size:
+                raise ValueError(f"seq_offset {seq_offset} is not an int64 entry of the header "
+                                 f"read at byte {header_offset} ({header.size} entries)")
+            seq_at = rel // 8
+            seq_now = np.zeros(1, np.int64)
         gets, ttypes, gather = [], [], None     # (origin, target) of each row Get
         if rows_out is not None and rows_out.size:
             if not (rows_out.flags.c_contiguous and rows_out.dtype.isnative):
@@ -190,23 +235,31 @@ class ShardWindow:
         sleep = RETRY_SLEEP_MIN
         try:
             while True:
-                win.Lock(target, MPI.LOCK_SHARED)
-                ok = False
+                win.Lock(target, MPI.LOCK_SHARED, MPI.MODE_NOCHECK)
+                ok = whole = False
                 try:
                     win.Get([header, header.size, hdr_t], target,
                             (header_offset, header.size, hdr_t))
                     win.Flush(target)
-                    ok = fresh is None or fresh(header)
+                    whole = seq_at is None or not header[seq_at] & 1
+                    ok = whole and (fresh is None or fresh(header))
                     if ok:
                         for origin, tgt in gets:
                             win.Get(origin, target, tgt)
+                        if seq_at is not None:     # the rows first, then the word again
+                            win.Flush(target)
+                            win.Get([seq_now, 1, hdr_t], target, (seq_offset, 1, hdr_t))
                 finally:
                     win.Unlock(target)
+                if ok and seq_at is not None and seq_now[0] != header[seq_at]:
+                    ok = whole = False
                 if ok:
                     if gather is not None:          # span read: pick the rows out of it
                         take_rows(gather[0], gather[1], rows_out.reshape(rows_out.shape[0], -1))
                     self.gets += 1
                     return tries
+                if not whole:
+                    self.torn += 1
                 tries += 1
                 self.retries += 1
                 time.sleep(sleep)
@@ -262,7 +315,7 @@ class ShardWindow:
         """Free the window. **Collective** over ``comm``; idempotent on every rank.
 
         No lock may be held (hpcps holds locks only inside :meth:`read` and
-        :meth:`exclusive`). Views from :meth:`local_array` must not be used afterwards.
+        :meth:`writing`). Views from :meth:`local_array` must not be used afterwards.
         """
         if self._win is None:
             return

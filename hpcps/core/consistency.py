@@ -16,8 +16,11 @@ Staleness
 
 Shard header
     Each shard carries an int64 header (in its RMA window, or sent after a p2p pull reply):
-    ``[version, clock, busy, n_workers, clock of worker 0, ..., clock of worker N-1]``,
-    padded to a multiple of 8 entries. Readers check freshness with it.
+    ``[version, clock, seq, n_workers, clock of worker 0, ..., clock of worker N-1]``,
+    padded to a multiple of 8 entries. Readers check freshness with it. ``seq`` is the write
+    sequence word: odd while the server writes the shard, bumped before and after every
+    write (BSP/SSP: one clock's update of the shard; async: one push), so RMA readers can
+    tell a whole write from a half-done one (:mod:`hpcps.comm.rma`).
 
 Policies
     :class:`BSP`, :class:`SSP` and :class:`Async`; each tells a worker how fresh a read must
@@ -32,7 +35,7 @@ import numpy as np
 MODELS = ("bsp", "ssp", "async")
 
 # shard header layout (int64 entries)
-H_VERSION, H_CLOCK, H_BUSY, H_NWORKERS, H_WORKER0 = range(5)
+H_VERSION, H_CLOCK, H_SEQ, H_NWORKERS, H_WORKER0 = range(5)
 
 
 def header_len(n_workers: int) -> int:

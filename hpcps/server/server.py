@@ -8,8 +8,10 @@ arrival (asynchronous Downpour).
 
 With RMA pulls (``windows`` given) each shard's rows and clock header live in the memory of
 an MPI window (:mod:`hpcps.comm.rma`) and the optimizer updates that memory in place: one copy
-of the parameters. Under BSP/SSP every write to a window happens inside the server's
-exclusive lock epoch on it, so an RMA reader sees a clock's update whole or not at all.
+of the parameters. Under BSP/SSP every write to a window is published like a seqlock (the
+header's sequence word odd during the write, :meth:`hpcps.comm.rma.ShardWindow.writing`) and
+workers validate their reads against it, so an RMA reader sees a clock's update whole or not
+at all; the server never takes a lock a reader could hold up.
 Every applied push records its staleness (:mod:`hpcps.core.consistency`).
 """
 
@@ -20,7 +22,7 @@ import numpy as np
 from hpcps import checkpoint as ckpt
 from hpcps.comm import transport as tp
 from hpcps.comm.core import cores_dedicated
-from hpcps.core.consistency import (H_BUSY, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0,
+from hpcps.core.consistency import (H_CLOCK, H_NWORKERS, H_SEQ, H_VERSION, H_WORKER0,
                                     StalenessHistogram, header_len)
 from hpcps.core.optim import NonFiniteError, all_finite, check_finite
 from hpcps.core.tables import KeyPartition
@@ -470,11 +472,11 @@ class ParameterServer(ServerMembership):
             self.staleness.add(st)
             if self.policy.staleness_aware_lr:
                 scale /= st + 1
-        shard.hdr[H_BUSY] = 1
+        shard.hdr[H_SEQ] += 1            # odd: writing (reads are not validated under async)
         shard.apply(rows, grads, scale)
         self._check_weights(shard, rows, int(h[tp.H_CLOCK]))
         shard.hdr[H_VERSION] = version + 1
-        shard.hdr[H_BUSY] = 0
+        shard.hdr[H_SEQ] += 1
 
     def _check_weights(self, shard: Shard, rows, clock: int) -> None:
         """Stop (:class:`~hpcps.core.optim.NonFiniteError`) when an update made weights NaN/inf.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcps.core.consistency import header_len
+from hpcps.core.consistency import H_SEQ, header_len
 from hpcps.core.tables import KeyPartition, TableSpec
 from hpcps.kernels.keys import gather_local, push_rows_inplace
 from hpcps.kernels.optim import take_rows
@@ -84,8 +84,12 @@ class Shard:
         return rows_of(self.w, self.rows_for(keys, server), pool)
 
     def writing(self):
-        """Context of a write that RMA readers must see whole (exclusive window lock)."""
-        return self.window.exclusive() if self.window is not None else contextlib.nullcontext()
+        """Context of a write that RMA readers must see whole: the window's seqlock
+        publication (:meth:`hpcps.comm.rma.ShardWindow.writing`, the header's ``H_SEQ``
+        word odd during the write); nothing without a window. Local."""
+        if self.window is not None:
+            return self.window.writing(self.hdr[H_SEQ:H_SEQ + 1])
+        return contextlib.nullcontext()
 
     @property
     def nbytes(self) -> int:

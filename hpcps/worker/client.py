@@ -39,7 +39,7 @@ import numpy as np
 import time
 
 from hpcps.comm import transport as tp
-from hpcps.core.consistency import BSP, H_CLOCK, H_NWORKERS, H_VERSION, H_WORKER0, header_len
+from hpcps.core.consistency import BSP, H_CLOCK, H_NWORKERS, H_SEQ, H_VERSION, H_WORKER0, header_len
 from hpcps.core.dyntables import HashPartition
 from hpcps.core.tables import KeyPartition, TableSpec
 
@@ -309,6 +309,9 @@ class PSClient:
             def ok(h):
                 return self.policy.fresh(h, c)
         row_bytes = spec.dim * np.dtype(spec.dtype).itemsize
+        # BSP/SSP: validate against the server's write sequence (a whole clock or retry);
+        # async: torn reads are allowed
+        seq = H_SEQ * 8 if self.policy.aggregate else None
         pos = part.positions(sorted_keys)
         nbytes = 0
         for s in range(self.n_servers):
@@ -318,7 +321,7 @@ class PSClient:
             lo, _ = part.shard_range(s)
             offs = self.header_len * 8 + (pos[a:b] - lo) * row_bytes
             win.read(self.ep.server_ranks[s], hdrs[s], buf[a:b], offs, fresh=ok,
-                     max_bytes=self.ep.max_bytes)
+                     max_bytes=self.ep.max_bytes, seq_offset=seq)
             nbytes += buf[a:b].nbytes + hdrs[s].nbytes
         self.ep.stats.add(tp.PULL, messages=1, inn=nbytes, keys=int(sorted_keys.size),
                           seconds=time.perf_counter() - t0)

@@ -7,6 +7,7 @@
 * allocating and freeing windows repeatedly does not grow memory; use after free is an error.
 """
 
+import threading
 import time
 
 import numpy as np
@@ -16,7 +17,7 @@ from mpi4py import MPI
 from hpcps.comm import core
 from hpcps.comm.rma import ShardWindow, WindowFreedError, allocate_windows, free_windows
 from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint
-from hpcps.core.consistency import BSP, H_BUSY, H_VERSION, SSP, Async, header_len
+from hpcps.core.consistency import BSP, H_SEQ, H_VERSION, SSP, Async, header_len
 from hpcps.core.optim import Optimizer
 from hpcps.server.server import ParameterServer, window_sizes
 from hpcps.core.tables import TableSpec
@@ -137,7 +138,8 @@ def test_deferred_pushes_are_not_held_across_steps_with_rma_pulls():
 @pytest.mark.mpi(min_size=3)
 def test_rma_pull_completes_while_server_applies_a_large_update():
     """Worker 0 pushes 8 M keys (async: applied on arrival); worker 1 waits until the server's
-    busy flag is up, then does an RMA pull and sees the flag still up afterwards."""
+    write sequence word is odd (busy applying), then does an RMA pull and sees it still odd
+    afterwards (async reads are not validated, so they do not wait for the write)."""
     comm = MPI.COMM_WORLD
     n = 1 << 23
     spec = TableSpec("w", n, 1, "float64", sparse=True)
@@ -156,13 +158,13 @@ def test_rma_pull_completes_while_server_applies_a_large_update():
         deadline = time.monotonic() + 120
         while True:                       # the busy flag, or the update already finished
             win.read(server, hdr)
-            if hdr[H_BUSY] or hdr[H_VERSION] or time.monotonic() > deadline:
+            if hdr[H_SEQ] or hdr[H_VERSION] or time.monotonic() > deadline:
                 break
-        assert hdr[H_BUSY] == 1, "never saw the server busy applying (RMA read did not progress)"
+        assert hdr[H_SEQ] == 1, "never saw the server busy applying (RMA read did not progress)"
         got = client.pull("w", np.array([3, 1 << 22, n - 1]))
         after = np.zeros_like(hdr)
         win.read(server, after)
-        assert after[H_BUSY] == 1 and after[H_VERSION] == 0, "pull waited for the apply to end"
+        assert after[H_SEQ] == 1 and after[H_VERSION] == 0, "pull waited for the apply to end"
         assert got.shape == (3, 1)
         return True
 
@@ -234,6 +236,78 @@ def test_window_arguments_checked():
             w.local_array(32, np.float64, (8,))
         with pytest.raises(ValueError, match="int64"):
             w.read(comm.rank, np.zeros(2, dtype=np.int32))
+        with pytest.raises(ValueError, match="not an int64 entry of the header"):
+            w.read(comm.rank, np.zeros(2, dtype=np.int64), seq_offset=16)
+        with pytest.raises(ValueError, match="one-entry int64 view"):
+            with w.writing(np.zeros(1, dtype=np.int64)):
+                pass
     finally:
         w.free()
     w.free()                                    # idempotent
+
+
+@pytest.mark.mpi(min_size=1)
+def test_writing_marks_the_sequence_word_odd_during_a_write():
+    """:meth:`ShardWindow.writing` (the server's publication, no exclusive lock): the word is
+    odd inside, even after; a write that raises leaves it odd (never accepted)."""
+    w = ShardWindow(MPI.COMM_SELF, 64)
+    try:
+        seq = w.local_array(16, np.int64, (1,))
+        seq[0] = 4
+        with w.writing(seq):
+            assert seq[0] == 5
+        assert seq[0] == 6
+        with pytest.raises(RuntimeError, match="half-way"):
+            with w.writing(seq):
+                raise RuntimeError("half-way")
+        assert seq[0] == 7
+    finally:
+        w.free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_validated_read_never_returns_a_half_written_shard():
+    """A read that overlaps a write (the sequence word changed between the header and the
+    rows, or odd) is retried and returns the write whole, never half of it. The reader is
+    its own server here (a COMM_SELF window): the write starts inside the read's freshness
+    check — after the header ``Get``, before the rows ``Get`` — gets half-way, and a thread
+    finishes it 50 ms later. Before the write sequence (exclusive lock only) such a read
+    returned half old, half new rows."""
+    hl, n = 8, 64
+    w = ShardWindow(MPI.COMM_SELF, hl * 8 + n * 8)
+    finisher = None
+    try:
+        hdr = w.local_array(0, np.int64, (hl,))
+        rows = w.local_array(hl * 8, np.float64, (n, 1))
+        hdr[:] = 0
+        rows[:] = 1.0
+
+        def finish():
+            time.sleep(0.05)
+            rows[n // 2:] = 2.0
+            hdr[H_VERSION] = 1
+            hdr[H_SEQ] += 1                   # even: whole
+
+        seen = []
+
+        def fresh(h):
+            nonlocal finisher
+            if not seen:
+                hdr[H_SEQ] += 1               # odd: the server starts a write ...
+                rows[:n // 2] = 2.0           # ... and gets half-way
+                finisher = threading.Thread(target=finish)
+                finisher.start()
+            seen.append(int(h[H_SEQ]))
+            return True
+
+        out = np.zeros((n, 1))
+        got = np.zeros(hl, dtype=np.int64)
+        tries = w.read(0, got, out, hl * 8 + np.arange(n, dtype=np.int64) * 8, fresh=fresh,
+                       seq_offset=H_SEQ * 8)
+        assert np.all(out == 2.0), out.ravel()
+        assert got[H_SEQ] == 2 and got[H_VERSION] == 1, got
+        assert tries >= 1 and w.torn >= 1 and seen[0] == 0 and seen[-1] == 2, (tries, w.torn, seen)
+    finally:
+        if finisher is not None:
+            finisher.join()
+        w.free()
