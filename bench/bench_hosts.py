@@ -1,66 +1,248 @@
-"""bench_pushpull.py across two test hosts over TCP: hpcps push/pull vs raw mpi4py over the
-same link, in the same run.
+"""Push/pull and end to end across two test hosts over TCP, as ratios to raw mpi4py over the
+same link in the same run (issue 17; part of ``hpcps bench`` as ``hosts``).
 
 Needs root (it makes two test hosts with tests/hosts/testhosts.py, network and UTS namespaces
-joined by a bridge, and removes them afterwards, also on failure)::
+joined by a bridge, and removes them afterwards, also on failure; it takes the test hosts
+over: hosts a concurrent multi-host test made are removed)::
 
-    python bench/bench_hosts.py [--quick] [--json PATH]
+    python bench/bench_hosts.py [--quick] [--json PATH] [--no-e2e]
+
+Without root, ``ip``, ``nsenter`` or ``unshare`` it reports its ratios as n/a with the reason
+(exit 0), so ``hpcps bench`` runs everywhere.
 
 The worker runs on host 1 and the server on host 2; Open MPI uses its TCP BTL over the
-hosts' veth link (``--mca pml ob1 --mca btl tcp,self``). The ratios are bench_pushpull.py's:
-raw time / hpcps time for the same messages (goal >= 0.8 for large messages). On one machine
-the "link" is a veth pair through a bridge: kernel TCP, no wire, so the figures say what
-hpcps adds to a TCP transport, not what a real network gives.
+hosts' veth link (``--mca pml ob1 --mca btl tcp,self``).
+
+* **push/pull**: ``bench/bench_pushpull.py`` across the link; its ratios, raw time / hpcps time
+  for the same messages (goal >= 0.8 for large messages), named "across 2 hosts".
+* **end to end**: ``hpcps run`` of a small Adult job (BSP, 1 worker + 1 server, p2p pulls)
+  across the link, then, in the same run and over the same link, raw mpi4py
+  ``Send``/``Recv`` of the bytes the worker moved per step (pull request with its keys, the
+  rows and the shard header back, the push), as many steps (``--raw-exchange``, median of 3).
+  Ratio: raw seconds / the worker's communication seconds in hpcps (pull wait + push, which
+  also include waiting for the server to apply the step); no goal (the job's messages are
+  small: ~10-20 KB). The job's examples/s is reported too.
+
+On one machine the "link" is a veth pair through a bridge: kernel TCP, no wire, so the
+figures say what hpcps adds to a TCP transport, not what a real network gives.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.hosts import testhosts as th  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+import benchlib  # noqa: E402
+
+GOAL = 0.8
+HEADLINE = "push/pull across 2 hosts (TCP), large messages"
+
+JOB = """
+name = "hosts_e2e"
+seed = 3
+[cluster]
+servers = 1
+[data]
+format = "adult_csv"
+path = "{data}"
+max_rows = {rows}
+hash_bits = 16
+[model]
+dtype = "float32"
+[train]
+epochs = {epochs}
+batch_size = 128
+[consistency]
+model = "bsp"
+pull = "p2p"
+[evaluate]
+sklearn_baseline = false
+[output]
+dir = "{out}"
+"""
+
+
+def missing() -> str:
+    """Why the test hosts cannot be made here ('' if they can)."""
+    if os.geteuid() != 0:
+        return "the test hosts need root (network namespaces, a bridge)"
+    tools = [t for t in ("ip", "nsenter", "unshare") if not shutil.which(t)]
+    return f"missing {', '.join(tools)} (apt: iproute2 util-linux)" if tools else ""
+
+
+# ------------------------------------------------------------------ raw exchange (under mpirun)
+def raw_exchange(steps: int, pull_up: int, pull_down: int, push_up: int, reps: int) -> int:
+    """Rank 0 (worker) and rank 1 (server): ``steps`` times a pull request of ``pull_up``
+    bytes, its reply of ``pull_down`` bytes and a push of ``push_up`` bytes, blocking
+    ``Send``/``Recv``; rank 0 prints ``{"seconds": [...]}`` (one per repetition)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    r = comm.Get_rank()
+    up, down, push = (np.zeros(max(1, n), np.uint8) for n in (pull_up, pull_down, push_up))
+    ack = np.zeros(1, np.int64)
+    times = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        for _ in range(steps):
+            if r == 0:
+                comm.Send(up, 1, 1)
+                comm.Recv(down, 1, 2)
+                comm.Send(push, 1, 3)
+            else:
+                comm.Recv(up, 0, 1)
+                comm.Send(down, 0, 2)
+                comm.Recv(push, 0, 3)
+        if r == 0:
+            comm.Recv(ack, 1, 4)          # the last push has arrived
+            times.append(MPI.Wtime() - t0)
+        else:
+            comm.Send(ack, 0, 4)
+    if r == 0:
+        print(json.dumps({"seconds": times}), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------ the two parts
+def _env(tmp: str) -> dict:
+    return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                OMPI_MCA_osc="^ucx", PYTHONPATH=f"{ROOT / 'bench'}:{ROOT}",
+                PRTE_MCA_prte_tmpdir_base=tmp)
+
+
+def pushpull(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
+    out = tmp / "pushpull.json"
+    cmd = hs[0].cmd(mpirun, "-n", "2", "--map-by", "node", *mca, sys.executable,
+                    str(ROOT / "bench" / "bench_pushpull.py"), "--json", str(out))
+    if args.quick:
+        cmd.append("--quick")
+    if args.reps:
+        cmd += ["--reps", str(args.reps)]
+    print(f"bench_hosts: push/pull, worker on {hs[0].name} ({hs[0].addr}), server on "
+          f"{hs[1].name} ({hs[1].addr}), TCP over a veth link", flush=True)
+    p = subprocess.run(cmd, env=env, cwd=ROOT, timeout=1800)
+    if p.returncode or not out.exists():
+        raise RuntimeError(f"bench_pushpull.py across the hosts failed (exit {p.returncode})")
+    pp = json.loads(out.read_text())
+    rep.details["pushpull"] = pp["details"]
+    for n in pp.get("notes", []):
+        rep.note(f"across 2 hosts: {n}")
+    for x in pp["ratios"]:
+        if x["headline"]:
+            continue
+        rep.ratio(f"across 2 hosts: {x['what']}", x["value"], x["goal"],
+                  higher_is_better=not (x["goal_text"] or ">=").startswith("<="), unit=x["unit"])
+    head = next(x for x in pp["ratios"] if x["headline"])
+    what = head["what"].split("(worst: ", 1)
+    worst = f" (worst: {what[1].split(')')[0]})" if len(what) > 1 else ""
+    rep.ratio(f"{HEADLINE}{worst}: raw / hpcps", head["value"], GOAL, headline=True)
+
+
+def e2e(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
+    job = tmp / "hosts_e2e.toml"
+    rows, epochs = (2000, 1) if args.quick else (16000, 2)
+    job.write_text(JOB.format(data=ROOT / "data" / "adult.csv.gz", rows=rows, epochs=epochs,
+                              out=tmp / "e2e"))
+    print(f"bench_hosts: end to end, hpcps run of {job.name} ({rows} rows, {epochs} epoch(s), "
+          f"worker on {hs[0].name}, server on {hs[1].name})", flush=True)
+    cmd = hs[0].cmd(sys.executable, "-m", "hpcps", "run", "-n", "2", str(job), "--",
+                    "--map-by", "node", *mca)
+    p = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=1800)
+    print("\n".join(line for line in p.stdout.splitlines()
+                    if line.startswith(("done:", "  workers:", "  hosts:"))), flush=True)
+    metrics = tmp / "e2e" / "metrics.json"
+    if p.returncode or not metrics.exists():
+        raise RuntimeError(f"hpcps run across the hosts failed (exit {p.returncode}):\n"
+                           + (p.stdout + p.stderr)[-3000:])
+    s = json.loads(metrics.read_text())["summary"]
+    w = s["workers"][0]
+    steps = int(s["steps"])
+    comm_s = float(w["pull_seconds"]) + float(w["push_seconds"])
+    pull_up = 64 + 8 * int(w["keys_pulled"]) // steps
+    pull_down = int(w["bytes_pulled"]) // steps
+    push_up = int(w["bytes_pushed"]) // steps
+    cmd = hs[0].cmd(mpirun, "-n", "2", "--map-by", "node", *mca, sys.executable,
+                    str(Path(__file__).resolve()), "--raw-exchange", str(steps), str(pull_up),
+                    str(pull_down), str(push_up))
+    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    lines = [line for line in p.stdout.splitlines() if line.startswith('{"seconds"')]
+    if p.returncode or not lines:
+        raise RuntimeError(f"raw exchange across the hosts failed (exit {p.returncode}):\n"
+                           + (p.stdout + p.stderr)[-3000:])
+    raw_s = benchlib.median(json.loads(lines[-1])["seconds"])
+    rep.details["e2e"] = {"steps": steps, "examples_per_second": s["examples_per_second"],
+                          "train_seconds": s["train_seconds"], "worker_comm_seconds": comm_s,
+                          "bytes_per_step": {"pull_up": pull_up, "pull_down": pull_down,
+                                             "push_up": push_up},
+                          "raw_seconds": raw_s}
+    print(f"bench_hosts: end to end: {steps} steps, {s['examples_per_second']:,.0f} ex/s; worker "
+          f"communication {comm_s:.3f} s in hpcps, {raw_s:.3f} s raw Send/Recv of the same bytes "
+          f"per step ({pull_up:,} + {pull_down:,} + {push_up:,} B)", flush=True)
+    rep.ratio(f"end to end across 2 hosts (Adult BSP, 1 worker + 1 server, {steps} steps of "
+              f"~{(pull_down + push_up) // 1024} KiB): raw Send/Recv seconds / hpcps pull+push "
+              "seconds", raw_s / comm_s if comm_s > 0 else None, None)
+    rep.ratio("end to end across 2 hosts: examples/s", float(s["examples_per_second"]), None,
+              unit=" ex/s")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    ap.add_argument("--json", metavar="PATH", help="bench_pushpull.py's results as JSON")
-    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--json", metavar="PATH", help="the report as JSON (for hpcps bench)")
+    ap.add_argument("--reps", type=int, default=None, help="bench_pushpull.py's --reps")
+    ap.add_argument("--no-e2e", action="store_true", help="push/pull only")
+    ap.add_argument("--raw-exchange", nargs=4, type=int, metavar=("STEPS", "PULL_UP", "PULL_DOWN", "PUSH_UP"),
+                    help=argparse.SUPPRESS)      # internal: the raw e2e exchange, under mpirun
     args = ap.parse_args(argv)
-    if os.geteuid() != 0:
-        print("bench_hosts.py needs root (network namespaces)", file=sys.stderr)
-        return 2
+    if args.raw_exchange:
+        return raw_exchange(*args.raw_exchange, reps=3)
+    rep = benchlib.Report("hosts")
+    why = missing()
+    if why:
+        rep.ratio(f"{HEADLINE}: raw / hpcps", None, GOAL, headline=True)
+        rep.note(f"skipped: {why} (python bench/bench_hosts.py as root)")
+        print(f"bench_hosts: skipped: {why}")
+        rep.write(args.json)
+        print(rep.last_line())
+        return 0
+    from tests.hosts import testhosts as th
+
     mpirun = Path(sys.executable).parent / "mpirun"
     mpirun = str(mpirun) if mpirun.exists() else "mpirun"
+    t0 = time.perf_counter()
     th.down()
     hs = th.up(2)
     try:
         with tempfile.TemporaryDirectory(prefix="hpcps-bench-hosts-") as d:
-            hf = th.hostfile(Path(d) / "hostfile", hs, 1)
+            tmp = Path(d)
+            hf = th.hostfile(tmp / "hostfile", hs, 1)
             mca = th.mpirun_args(hf)
             mca[mca.index("tcp,self,sm")] = "tcp,self"
-            cmd = hs[0].cmd(mpirun, "-n", "2", "--map-by", "node", *mca, sys.executable,
-                            str(ROOT / "bench" / "bench_pushpull.py"))
-            if args.quick:
-                cmd.append("--quick")
-            if args.reps:
-                cmd += ["--reps", str(args.reps)]
-            if args.json:
-                cmd += ["--json", str(Path(args.json).resolve())]
-            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                       OMPI_MCA_osc="^ucx", PYTHONPATH=f"{ROOT / 'bench'}:{ROOT}",
-                       PRTE_MCA_prte_tmpdir_base=d)
-            print(f"bench_hosts: worker on {hs[0].name} ({hs[0].addr}), server on {hs[1].name} "
-                  f"({hs[1].addr}), TCP over a veth link", flush=True)
-            return subprocess.run(cmd, env=env, cwd=ROOT).returncode
+            env = _env(d)
+            pushpull(rep, th, hs, mpirun, mca, env, args, tmp)
+            if not args.no_e2e:
+                e2e(rep, th, hs, mpirun, mca, env, args, tmp)
     finally:
         th.down()
+    rep.details["seconds"] = time.perf_counter() - t0
+    rep.write(args.json)
+    head = next(r for r in rep.ratios if r["headline"])
+    print(f"bench_hosts: goal >= {GOAL:g} for large messages across 2 hosts: "
+          + ("met" if head["met"] else "MISSED") + f" ({head['value']:.2f})")
+    print(rep.last_line())
+    return 0
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ def suite(quick: bool, tmp: Path) -> list[dict]:
          "args": q + j("scaling") + ["--pushpull-json", str(tmp / "pushpull.json")]},
         {"name": "recovery", "ranks": 0, "script": "bench_recovery.py",
          "args": q + ([] if quick else ["--reps", "2"]) + j("recovery")},
+        # push/pull and end to end across 2 test hosts over TCP (root: network namespaces;
+        # without it the script reports n/a with the reason)
+        {"name": "hosts", "ranks": 0, "script": "bench_hosts.py", "args": q + j("hosts")},
     ]
 
 
@@ -119,7 +122,7 @@ def run_suite(quick: bool = False, out_dir=None, only=None,
         Where the results go (default ``bench/`` for a full run).
     only : list of str or None
         Names of the scripts to run (``kernels``, ``pushpull``, ``rma``, ``rma_fanin``,
-        ``checkpoint``, ``e2e``, ``scaling``, ``recovery``).
+        ``checkpoint``, ``e2e``, ``scaling``, ``recovery``, ``hosts``).
     """
     from hpcps.runtime import launch
 
@@ -232,7 +235,7 @@ def register(sub) -> None:
                         "user's run)")
     b.add_argument("--only", nargs="+", metavar="NAME",
                    help="run only these: kernels pushpull rma rma_fanin checkpoint e2e scaling "
-                        "recovery")
+                        "recovery hosts (hosts: across 2 test hosts over TCP; needs root)")
     b.add_argument("--out", help="directory for results.json/.md (default: bench/, or a "
                                  "temporary one with --quick)")
     b.add_argument("--mpirun", help="mpirun to use (default: next to python, then PATH)")

@@ -29,3 +29,23 @@ def test_a_ratio_above_its_bound_is_disturbed_not_met():
                    "reports": [{"name": "kernels", "ratios": rep.ratios, "notes": rep.notes}]})
     assert "| 2.31x | >= 0.5 | disturbed: rerun |" in md
     assert "| 0.71x | >= 0.5 | met |" in md and "| **missed** |" in md
+
+
+def test_bench_hosts_without_root_reports_na_with_the_reason(tmp_path, monkeypatch, capsys):
+    """``hpcps bench``'s ``hosts`` step where the test hosts cannot be made (not root): exit 0,
+    its headline ratio n/a with the goal, a note saying why, nothing made."""
+    import importlib
+    import json
+    import os
+
+    bench_hosts = importlib.import_module("bench_hosts")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    out = tmp_path / "hosts.json"
+    assert bench_hosts.main(["--quick", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["name"] == "hosts"
+    head = [x for x in rep["ratios"] if x["headline"]]
+    assert len(head) == 1 and head[0]["value"] is None and head[0]["goal"] == 0.8
+    assert head[0]["met"] is None and "across 2 hosts" in head[0]["what"]
+    assert any("skipped: the test hosts need root" in n for n in rep["notes"])
+    assert "bench_hosts: skipped: the test hosts need root" in capsys.readouterr().out
