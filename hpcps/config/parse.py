@@ -28,6 +28,13 @@ def _data(ck: Checker, doc: dict, dynamic: bool = False) -> DataConfig:
     fmt = ck.value(table, "format", SECTIONS["data"]["format"], "data.format")
     keys = rules.data_keys(ck, table, fmt if ck.good("data.format") else None, dynamic)
     vals = ck.values(table, "data", keys)
+    if fmt in ("adult_csv", "criteo") and ck.good("data.hash_bits"):
+        if dynamic and "hash_bits" not in table:
+            vals["hash_bits"] = 0            # a dynamic table: every feature its own 63-bit id
+        elif vals.get("hash_bits") == 0 and not dynamic:
+            ck.fail("data.hash_bits", "0 (unhashed 63-bit feature ids) needs a dynamic table: "
+                                      "set [model] storage = 'hash' (or [tables.weights] "
+                                      "storage = 'hash')")
     path = vals.pop("path", None)
     path = files.resolve(ck, path, "data.path") if ck.good("data.path") else None
     test_path = vals.pop("test_path", None)

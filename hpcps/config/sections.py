@@ -173,7 +173,9 @@ class DataConfig:
         Read at most this many rows (0 = all); for quick tests.
     hash_bits : int
         ``adult_csv`` and ``criteo``: the hashed feature space has ``2**hash_bits``
-        features (the sparse table's size); Criteo's 39 fields are hashed into it.
+        features (the sparse table's size); Criteo's 39 fields are hashed into it. ``0``:
+        no buckets, every feature keeps its own 63-bit id (needs ``storage = "hash"``, a
+        dynamic table; the default there).
     numeric_bins : int
         ``adult_csv``: number of quantile bins for numeric columns.
     crosses : bool
@@ -204,7 +206,7 @@ class DataConfig:
     test_fraction: float = key(0.2, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     split_seed: int = key(0, lo=0)
     max_rows: int = key(0, lo=0)
-    hash_bits: int = key(20, lo=1, hi=40)
+    hash_bits: int = key(20, lo=0, hi=40)
     numeric_bins: int = key(8, lo=2, hi=256)
     crosses: bool = key(True)
     stream: bool | None = key(None, kind=bool)
@@ -227,7 +229,7 @@ class DataConfig:
             from hpcps.data.prepared import file_attrs
 
             return int(file_attrs(self.path).get("n_features", 0))
-        return 2**self.hash_bits
+        return DYNAMIC_KEYS if self.hash_bits == 0 else 2**self.hash_bits
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,10 @@ numeric columns cut at quantiles of the training rows -- plus, optionally, one t
 ``"tokA^tokB"`` for each of the 91 unordered pairs of those tokens (the hashed
 feature-crosses recipe of click-through-rate models), and hashes every token into
 ``2**hash_bits`` buckets with :class:`sklearn.feature_extraction.FeatureHasher`
-(signed 32-bit MurmurHash3, seed 0, ``alternate_sign=False``).  Hashing is a pure
+(signed 32-bit MurmurHash3, seed 0, ``alternate_sign=False``), or, with ``hash_bits = 0``
+(for a dynamic table, :mod:`hpcps.server.dynshard`), gives each token its own 63-bit id
+(XXH64 of the UTF-8 token modulo ``2**63 - 1``: no bucketing, so distinct crosses collide
+only with probability about ``k**2 / 2**64`` for ``k`` tokens).  Hashing is a pure
 function of the token string, so results are identical in every process.
 
 Sources
@@ -34,6 +37,7 @@ import os
 from typing import Mapping
 
 import numpy as np
+import xxhash
 import scipy.sparse as sp
 from sklearn.exceptions import NotFittedError
 from sklearn.feature_extraction import FeatureHasher
@@ -88,6 +92,8 @@ _LABELS = {">50K": 1.0, "<=50K": 0.0}
 _SPLITS = ("train", "test")
 # FeatureHasher accepts n_features up to 2**31 - 1.
 _MAX_HASH_BITS = 30
+#: Ids of ``hash_bits = 0`` (unhashed tokens) are below this: the int64 id space of a dynamic table.
+RAW_IDS = (1 << 63) - 1
 
 
 def _open_text(path: str | os.PathLike) -> io.TextIOBase:
@@ -261,7 +267,8 @@ class AdultFeaturizer:
     Parameters
     ----------
     hash_bits : int, default=20
-        ``log2`` of the number of buckets, ``1 <= hash_bits <= 30``.
+        ``log2`` of the number of buckets, ``1 <= hash_bits <= 30``; ``0``: no buckets,
+        each token's id is its 63-bit XXH64 hash (``n_features = 2**63 - 1``).
     numeric_bins : int, default=8
         Number of quantile bins per numeric column, ``>= 1``.
     crosses : bool, default=True
@@ -281,21 +288,21 @@ class AdultFeaturizer:
     def __init__(self, hash_bits: int = 20, numeric_bins: int = 8, crosses: bool = True):
         hash_bits = operator.index(hash_bits)
         numeric_bins = operator.index(numeric_bins)
-        if not 1 <= hash_bits <= _MAX_HASH_BITS:
-            raise ValueError(f"hash_bits must be in [1, {_MAX_HASH_BITS}], got {hash_bits}")
+        if not 0 <= hash_bits <= _MAX_HASH_BITS:
+            raise ValueError(f"hash_bits must be in [0, {_MAX_HASH_BITS}], got {hash_bits}")
         if numeric_bins < 1:
             raise ValueError(f"numeric_bins must be >= 1, got {numeric_bins}")
         self.hash_bits = hash_bits
         self.numeric_bins = numeric_bins
         self.crosses = bool(crosses)
-        self._hasher = FeatureHasher(
+        self._hasher = None if hash_bits == 0 else FeatureHasher(
             n_features=2**hash_bits, input_type="string", alternate_sign=False, dtype=np.float64
         )
 
     @property
     def n_features(self) -> int:
-        """Number of columns of the output, ``2**hash_bits``."""
-        return 2**self.hash_bits
+        """Number of columns of the output, ``2**hash_bits`` (``2**63 - 1`` for ``0``)."""
+        return RAW_IDS if self.hash_bits == 0 else 2**self.hash_bits
 
     @property
     def n_tokens(self) -> int:
@@ -435,6 +442,9 @@ class AdultFeaturizer:
         """Bucket index of each token (int64, shape ``(len(tokens),)``)."""
         if not tokens:
             return np.empty(0, dtype=np.int64)
+        if self._hasher is None:
+            return np.array([xxhash.xxh64_intdigest(t.encode()) % RAW_IDS for t in tokens],
+                            dtype=np.int64)
         H = self._hasher.transform([[t] for t in tokens]).tocsr()
         # one token per row, alternate_sign=False: exactly one stored 1.0 per row
         return H.indices[H.indptr[:-1]].astype(np.int64)

@@ -111,9 +111,42 @@ def sklearn_baseline(cfg) -> dict:
     t0 = time.perf_counter()
     X, y = load_split(cfg.data, "train", 0, 1)
     Xt, yt = load_split(cfg.data, "test", 0, 1)
+    X, Xt = compact_columns(X, Xt)
     c = 1.0 / (cfg.model.l2 * X.shape[0]) if cfg.model.l2 > 0 else 1.0
     clf = LogisticRegression(C=c, max_iter=1000)
     clf.fit(X, y)
     m = binary_metrics(yt, clf.predict_proba(Xt)[:, 1])
     return {"C": c, "test_auc": m["auc"], "test_logloss": m["logloss"],
             "test_accuracy": m["accuracy"], "seconds": time.perf_counter() - t0}
+
+
+def compact_columns(X, Xt):
+    """``(X, Xt)`` with only the columns that occur in ``X``, renumbered ``0..k-1`` in order.
+
+    Raw 63-bit feature ids (a dynamic table) give a matrix of ``2**63 - 1`` columns that
+    scikit-learn cannot hold a coefficient vector for; a column absent from the training
+    rows gets a zero coefficient under L2, so dropping it from ``Xt`` changes no prediction.
+    Matrices of at most ``2**24`` columns are returned as they are.
+
+    Parameters
+    ----------
+    X, Xt : scipy.sparse.csr_matrix, shapes (n, d) and (m, d)
+
+    Returns
+    -------
+    tuple of scipy.sparse.csr_matrix, shapes (n, k) and (m, k)
+    """
+    import numpy as np
+    import scipy.sparse as sp
+
+    if X.shape[1] <= 1 << 24:
+        return X, Xt
+    cols = np.unique(X.indices)
+
+    def remap(M):
+        M = M.tocoo()
+        j = np.searchsorted(cols, M.col)
+        keep = (j < cols.size) & (cols[np.minimum(j, cols.size - 1)] == M.col)
+        return sp.csr_matrix((M.data[keep], (M.row[keep], j[keep])), shape=(M.shape[0], cols.size))
+
+    return remap(X), remap(Xt)

@@ -278,3 +278,40 @@ def test_ssp_and_async_train_a_dynamic_table_and_checkpoint_it(tmp_path, model):
         with h5py.File(ck.step_dir(tmp_path / "run", steps[-1]) / f, "r") as h:
             n += h["tables/weights/keys"].shape[0]
     assert stored == n > 1000, (stored, n)
+
+
+ADULT_RAW = """
+name = "adult_raw"
+[cluster]
+servers = 1
+[data]
+format = "adult_csv"
+path = "{data}"
+max_rows = 6000
+[model]
+storage = "hash"
+[train]
+epochs = 2
+[evaluate]
+sklearn_baseline = true
+max_auc_gap = 0.01
+[output]
+dir = "{d}/run"
+"""
+
+
+def test_adult_unhashed_crosses_train_in_a_dynamic_table(tmp_path):
+    """The quick-start model with [model] storage = "hash" and no hash_bits: every token and
+    cross keeps its own 63-bit id (no buckets); scikit-learn fits the same unhashed features."""
+    from tests.helpers import DATA
+
+    j = write_job(tmp_path / "raw.toml", ADULT_RAW.format(data=DATA, d=tmp_path))
+    proc, _ = hpcps(["run", "-n", "3", j], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    s = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]
+    stored = s["servers"][0]["keys_stored"]["weights"]
+    with h5py.File(tmp_path / "run" / "model.h5", "r") as f:
+        keys = f["weights_keys"][()]
+    assert keys.size == stored and 1000 < stored < 20000, stored
+    assert keys.max() > 2**50            # 63-bit ids, not buckets of 2**20
+    assert "AUC gap (scikit-learn - hpcps)" in proc.stdout, proc.stdout[-3000:]

@@ -201,6 +201,27 @@ def test_transform_equals_feature_hasher_on_tokens(adult, fitted):
     assert (feat.transform(adult, rows) != ref).nnz == 0
 
 
+def test_unhashed_tokens_keep_their_own_63_bit_ids(adult, fitted):
+    """hash_bits = 0 (a dynamic table): one id per distinct token and cross, XXH64 of the
+    token modulo 2**63 - 1, no buckets; the same tokens as the hashed featurizer."""
+    import xxhash
+
+    feat, train, test = fitted
+    raw = AdultFeaturizer(hash_bits=0).fit(adult, train)
+    assert raw.n_features == 2**63 - 1
+    rows = test[:300]
+    X = raw.transform(adult, rows)
+    toks = raw.tokens(adult, rows)
+    assert X.shape == (300, 2**63 - 1)
+    assert np.all(X.data == 1.0) and np.all(np.diff(X.indptr) == 105)      # no collisions
+    want = sorted(xxhash.xxh64_intdigest(t.encode()) % (2**63 - 1) for t in toks[7])
+    assert X.indices[X.indptr[7]:X.indptr[8]].tolist() == want
+    ids = np.unique(X.indices)
+    hashed = np.unique(feat.transform(adult, rows).indices)
+    assert ids.size > hashed.size and ids.max() > 2**40    # distinct crosses kept apart
+    assert ids.size == len({t for r in toks for t in r})
+
+
 def test_bins(adult, fitted):
     feat, train, _ = fitted
     edges = feat.bin_edges_
@@ -227,7 +248,7 @@ def test_fit_uses_given_rows_only(adult, fitted):
 
 def test_featurizer_errors(adult):
     with pytest.raises(ValueError):
-        AdultFeaturizer(hash_bits=0)
+        AdultFeaturizer(hash_bits=-1)
     with pytest.raises(ValueError):
         AdultFeaturizer(hash_bits=31)
     with pytest.raises(ValueError):

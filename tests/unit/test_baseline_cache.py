@@ -59,3 +59,22 @@ def test_the_baseline_is_fitted_once_per_set_of_features(tmp_path):
     except Exception:                         # noqa: BLE001 - a damaged gzip may not load
         pass
     assert fits == ["a", "c", "e"]
+
+
+def test_compact_columns_keeps_the_training_columns_of_raw_ids():
+    """A matrix over raw 63-bit ids cannot be fit as is; the baseline fits the columns the
+    training rows use (a test-only column has a zero coefficient under L2 anyway)."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from hpcps.runtime.baseline import compact_columns
+
+    big = 2**63 - 1
+    X = sp.csr_matrix((np.ones(4), [5, 2**62, 7, 2**62], [0, 2, 4]), shape=(2, big))
+    Xt = sp.csr_matrix((np.ones(3), [2**62, 9, 5], [0, 2, 3]), shape=(2, big))
+    a, b = compact_columns(X, Xt)
+    assert a.shape == (2, 3) and b.shape == (2, 3)
+    assert a.toarray().tolist() == [[1, 0, 1], [0, 1, 1]]       # columns 5, 7, 2**62
+    assert b.toarray().tolist() == [[0, 0, 1], [1, 0, 0]]       # 9 dropped
+    small = sp.csr_matrix(np.eye(3))
+    assert compact_columns(small, small)[0] is small

@@ -120,3 +120,34 @@ def test_bad_admission_or_eviction_keys(d, extra, key, words):
     with pytest.raises(ConfigError) as e:
         parse(d, extra)
     assert f"{key}:" in str(e.value) and words in str(e.value), str(e.value)
+
+
+ADULT = """\
+name = "a"
+[data]
+format = "adult_csv"
+path = "{d}/adult.csv"
+"""
+
+CRITEO = """\
+name = "c"
+[data]
+format = "criteo"
+path = "{d}/day.tsv"
+test_path = "{d}/day.tsv"
+"""
+
+
+@pytest.mark.parametrize("base", [ADULT, CRITEO], ids=["adult_csv", "criteo"])
+def test_hashed_formats_keep_raw_ids_in_a_dynamic_table(d, base):
+    (d / "adult.csv").write_text("age,income\n1,>50K\n")
+    (d / "day.tsv").write_text("1" + "\t" * 39 + "\n")
+    cfg = parse(d, '[model]\nstorage = "hash"\n', base)
+    assert cfg.data.hash_bits == 0 and cfg.data.num_features == DYNAMIC_KEYS
+    assert specs(cfg)["weights"].dynamic
+    # buckets still on request, and the fixed-array default is unchanged
+    assert parse(d, 'hash_bits = 22\n[model]\nstorage = "hash"\n', base).data.num_features == 2**22
+    assert parse(d, "", base).data.hash_bits == 20
+    with pytest.raises(ConfigError, match=r"data.hash_bits: 0 \(unhashed 63-bit feature ids\) "
+                                          r"needs a dynamic table"):
+        parse(d, "hash_bits = 0\n", base)
