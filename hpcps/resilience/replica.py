@@ -51,7 +51,7 @@ from hpcps.comm.core import irecv_array, isend_array, send_array, waitall
 from hpcps.comm.ft import is_peer_failure
 from hpcps.comm.transport import ServerEndpoint
 from hpcps.core.consistency import StalenessHistogram
-from hpcps.core.tables import KeyPartition
+from hpcps.core.routing import partition_of
 from hpcps.resilience.recovery import ServerReport, recover
 from hpcps.server.loop import IDLE_SPIN, agreed_growth, serve_requests
 from hpcps.server.server import ParameterServer
@@ -328,7 +328,8 @@ class ServerGroup:
 
         serve_requests(lambda: self.ep.poll(), self.handle, settled, 0.0)
 
-        def rebind(roles, windows):
+        def adopt():        # the job's membership has the new layout
+            roles = self.elastic.membership.roles
             stats = self.ep.stats
             self.ep = tp.ServerEndpoint(roles.ps, self.ep.max_bytes)
             self.ep.stats = stats
@@ -342,7 +343,7 @@ class ServerGroup:
             if crowded and self.idle_spin is not None:
                 self.idle_spin = min(self.idle_spin, IDLE_SPIN)
 
-        self.elastic.grow(n, clock, rebind, oversubscribe=bool(oversubscribe))
+        self.elastic.grow(n, clock, adopt, oversubscribe=bool(oversubscribe))
 
     # ------------------------------------------------------------------ failures
     def _report(self) -> ServerReport:
@@ -540,4 +541,4 @@ class _Fresh:
 
 
 def _range_bounds(spec, n_ranges: int, r: int) -> tuple[int, int]:
-    return KeyPartition(spec.num_keys, n_ranges, permute=spec.sparse).shard_range(r)
+    return partition_of(spec, n_ranges).shard_range(r)
