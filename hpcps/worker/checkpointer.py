@@ -109,7 +109,7 @@ class Checkpointer:
         d = ckpt.step_dir(self.cfg.output.dir, clock)
         shards = self.client.checkpoint(clock, pushes)
         partitions = {}
-        for spec, part, slots in zip(self.client.specs, self.client.parts, self.slot_names):
+        for spec, part, slots in zip(self.client.specs, self.client.routing.parts, self.slot_names):
             if spec.dynamic:
                 partitions[spec.name] = dict(storage="hash", num_keys=spec.num_keys,
                                              dim=spec.dim, dtype=spec.dtype,
