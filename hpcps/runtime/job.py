@@ -25,6 +25,7 @@ from hpcps.comm.rma import allocate_windows, free_windows
 from hpcps.comm.membership import Membership
 from hpcps.comm.transport import ServerEndpoint, check_ranges
 from hpcps.config import check_world
+from hpcps.core import log
 from hpcps.core.consistency import policy_from_config
 from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.resilience.elastic import Elastic
@@ -129,6 +130,9 @@ def join_job(out=None, stop=None, deadline=None) -> dict:
     if joined is None:
         return {"joined": False, "stopped_by_signal": False}
     elastic, plan, cfg, model = joined
+    m = elastic.membership                 # this worker's number in the job, in its lines
+    me = m.roles.ps.Get_rank()
+    log.set_rank(m.world_ranks[me] if m.world_ranks else me)
     return _run_roles(cfg, elastic, model, model.tables(), policy_from_config(cfg.consistency),
                       out, stop=stop, join=plan)
 
