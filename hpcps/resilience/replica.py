@@ -51,7 +51,7 @@ from hpcps.comm.core import irecv_array, isend_array, send_array, waitall
 from hpcps.comm.ft import is_peer_failure
 from hpcps.comm.transport import ServerEndpoint
 from hpcps.core.consistency import StalenessHistogram
-from hpcps.core.routing import partition_of
+from hpcps.core.tables import KeyPartition
 from hpcps.resilience.recovery import ServerReport, recover
 from hpcps.server.loop import IDLE_SPIN, agreed_growth, serve_requests
 from hpcps.server.server import ParameterServer
@@ -541,4 +541,4 @@ class _Fresh:
 
 
 def _range_bounds(spec, n_ranges: int, r: int) -> tuple[int, int]:
-    return partition_of(spec, n_ranges).shard_range(r)
+    return KeyPartition(spec.num_keys, n_ranges, permute=spec.sparse).shard_range(r)
