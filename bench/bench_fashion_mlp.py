@@ -80,6 +80,7 @@ def run_mpi(job: Path, n: int, workdir: Path) -> dict:
     print("  " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, cwd=workdir, text=True, capture_output=True)
     for line in proc.stdout.splitlines():
+        line = re.sub(r"^\[[^\]]*\] ", "", line)        # the rank and host (hpcps.core.log)
         if re.match(r"epoch \d+:|done:|  workers:|  consistency", line):
             print("  " + line, flush=True)
     if proc.returncode != 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,16 @@ from hpcps.core.procs import kill_session, session_pids  # noqa: F401 (used by t
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data" / "adult.csv.gz"
+
+
+#: The rank and host in front of every line a rank of a job writes (hpcps.core.log.origin).
+ORIGIN = re.compile(r"^\[(?:rank \d+@)?[^\]\s]+\] ")
+
+
+def log_lines(text: str) -> list:
+    """The lines of a job's output without the ``[rank R@HOST] `` in front of each
+    (:mod:`hpcps.core.log`): the texts as hpcps wrote them."""
+    return [ORIGIN.sub("", line) for line in text.splitlines()]
 
 
 def mpirun() -> str:

@@ -63,6 +63,7 @@ def cmd_train(args) -> int:
     from hpcps.runtime.job import run_job
 
     world = core.world()
+    log.set_rank(world.Get_rank())      # every line names its rank (and host)
     try:
         core.check_launch(world)
     except core.LaunchError as e:
@@ -350,7 +351,7 @@ def _verbosity(p) -> None:
     """``-v`` / ``-q`` (:mod:`hpcps.core.log`) on a command that runs a job."""
     g = p.add_mutually_exclusive_group()
     g.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
-                   help="put the rank and host in front of every line; show debug messages")
+                   help="show debug messages too (every line names its rank and host)")
     g.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
                    help="warnings and errors only (no progress lines, no summary)")
 

@@ -1,16 +1,24 @@
 """hpcps's output through the standard :mod:`logging` module: one logger (``"hpcps"``), one
 formatter, levels, and the ``-v``/``-q`` of the command line. No MPI.
 
-Messages keep the texts users and scripts read (``hpcps: warning: ...``, the progress lines,
-``done: ...``); what changes with the verbosity:
+Every line a rank writes starts with where it comes from — its rank and host, in brackets —
+then the text users and scripts read (``hpcps: warning: ...``, the progress lines,
+``done: ...``)::
+
+    [rank 0@node7] epoch 1/2  step 40/120  clock 40 (workers 40,39,40)  ...
+    [rank 3@node8] hpcps: warning: ...
+
+The rank is the job's world rank (:func:`set_rank`, once MPI is up; before that, the
+launcher's ``OMPI_COMM_WORLD_RANK``/``PMI_RANK``/``PMIX_RANK``/``SLURM_PROCID``); a worker
+added while the job runs takes the number the job gave it (after every rank of the launch).
+Outside a launch the prefix is the host alone (``[node7]``). The verbosity picks the levels:
 
 ``-q``
     warnings and errors only (no progress, no summary);
 default
-    the messages as they are, progress lines included;
+    the messages, progress lines included;
 ``-v``
-    every line carries the rank and host it comes from (``[rank 0 on node7] ...``), and debug
-    messages are shown.
+    debug messages too.
 
 Code that writes to a text stream (``out.write(...)``, as the trainer and the job do) is
 routed through the logger by :class:`LineStream`, which gives each line the level its
@@ -41,35 +49,40 @@ def rank_from_env(environ=None) -> str | None:
     return None
 
 
+def origin(rank, host: str) -> str:
+    """The prefix of a line of ``rank`` on ``host``: ``[rank 3@node7] ``, or ``[node7] ``
+    when the rank is not known (None)."""
+    return f"[rank {rank}@{host}] " if rank is not None else f"[{host}] "
+
+
 class RankFormatter(logging.Formatter):
-    """One formatter for every line: the message as written; with ``where`` (``-v``), the
-    rank and host in front of it (``[rank 3 on node7] ...``; ``[node7]`` outside a launch).
+    """One formatter for every line: the rank and host in front of the message as written
+    (:func:`origin`), on each line of a multi-line message.
 
     Parameters
     ----------
-    where : bool
-        Put the rank and host in front of every line.
-    rank : str or None
+    rank : str, int or None
         The rank (default: from the launcher's environment).
     host : str or None
         The host (default: :func:`socket.gethostname`).
     """
 
-    def __init__(self, where: bool = False, rank: str | None = None, host: str | None = None):
+    def __init__(self, rank=None, host: str | None = None):
         super().__init__("%(message)s")
-        self.where = where
-        r = rank if rank is not None else rank_from_env()
-        h = host or socket.gethostname()
-        self.prefix = f"[rank {r} on {h}] " if r is not None else f"[{h}] "
+        self.host = host or socket.gethostname()
+        self.set_rank(rank if rank is not None else rank_from_env())
+
+    def set_rank(self, rank) -> None:
+        """Name ``rank`` in the lines from now on."""
+        self.rank = rank
+        self.prefix = origin(rank, self.host)
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        if not self.where:
-            return text
         return "\n".join(self.prefix + line for line in text.split("\n"))
 
 
-def configure(verbosity: int = 0, stream=None, rank: str | None = None) -> logging.Logger:
+def configure(verbosity: int = 0, stream=None, rank=None) -> logging.Logger:
     """Set up the ``"hpcps"`` logger for this process (once per command; again replaces).
 
     Parameters
@@ -78,8 +91,9 @@ def configure(verbosity: int = 0, stream=None, rank: str | None = None) -> loggi
         ``-1`` (``-q``), ``0`` or ``1`` (``-v``); out-of-range values are clipped.
     stream : text stream, optional
         Where the lines go (default ``sys.stdout`` at the time of each write).
-    rank : str, optional
-        The rank for ``-v`` (default: from the launcher's environment).
+    rank : str or int, optional
+        The rank in the lines (default: from the launcher's environment; :func:`set_rank`
+        changes it).
 
     Returns
     -------
@@ -90,11 +104,19 @@ def configure(verbosity: int = 0, stream=None, rank: str | None = None) -> loggi
     for h in list(log.handlers):
         log.removeHandler(h)
     handler = _StdoutHandler(stream)
-    handler.setFormatter(RankFormatter(where=v > 0, rank=rank))
+    handler.setFormatter(RankFormatter(rank=rank))
     log.addHandler(handler)
     log.setLevel(LEVELS[v])
     log.propagate = False
     return log
+
+
+def set_rank(rank) -> None:
+    """Name ``rank`` (the job's world rank, an int) in every line from now on (after
+    :func:`configure`; once MPI knows it). Local."""
+    for h in logging.getLogger(LOGGER).handlers:
+        if isinstance(h.formatter, RankFormatter):
+            h.formatter.set_rank(rank)
 
 
 class _StdoutHandler(logging.StreamHandler):

@@ -192,17 +192,16 @@ class JoinPlan:
 
 class Elastic:
     """The growth of the job, over its membership (:class:`hpcps.comm.membership.Membership`:
-    roles, RMA windows; in continue mode the same object as the
+    roles, tables, RMA windows; in continue mode the same object as the
     :class:`hpcps.resilience.recovery.FTState`'s, so a recovery and a growth change one
-    layout). One per rank; ``hpcps.runtime.job`` reads the final ``roles`` and ``windows``.
+    layout, each through :meth:`Membership.change`). One per rank; ``hpcps.runtime.job``
+    reads the final ``roles`` and ``windows``.
 
     Parameters
     ----------
     cfg : hpcps.config.JobConfig
-    roles : hpcps.comm.core.Roles
-    specs : list of TableSpec
-    windows : list of hpcps.comm.rma.ShardWindow
-        The RMA windows (empty for p2p pulls).
+    membership : hpcps.comm.membership.Membership
+        This rank's layout (roles, tables, RMA windows; empty windows for p2p pulls).
     ft_state : hpcps.resilience.recovery.FTState or None
     out : text stream for the chief's messages
     run : hpcps.core.runplan.RunPlan, optional
@@ -218,13 +217,12 @@ class Elastic:
         Why this launch cannot add processes (:func:`hpcps.comm.spawn.spawn_unavailable`).
     """
 
-    def __init__(self, cfg, roles, specs, windows=(), ft_state=None, out=None, run=None):
+    def __init__(self, cfg, membership, ft_state=None, out=None, run=None):
         self.cfg = cfg
         self.run = run if run is not None else RunPlan.of(cfg)
-        # the rank's one membership object: continue mode's (the recovery changes it too)
-        self.membership = ft_state.membership if ft_state is not None else Membership(roles)
-        self.membership.windows = list(windows)
-        self.specs = list(specs)
+        # the rank's one membership object (continue mode: the recovery changes it too)
+        self.membership = membership
+        self.specs = membership.specs
         self.ft = ft_state
         self.out = out or sys.stdout
         self.events: list = []
@@ -245,20 +243,10 @@ class Elastic:
         """This rank's :class:`~hpcps.comm.core.Roles` (the membership's)."""
         return self.membership.roles
 
-    @roles.setter
-    def roles(self, value):
-        self.membership.roles = value
-        if self.ft is not None and value is not None:
-            ft.watch(value.ps)                    # continue mode: every wait watches the job
-
     @property
     def windows(self) -> list:
         """The RMA windows of the current layout (the membership's)."""
         return self.membership.windows
-
-    @windows.setter
-    def windows(self, value):
-        self.membership.windows = list(value)
 
     # ------------------------------------------------------------ triggers (workers)
     def planned(self, clock: int) -> tuple[int, bool]:
@@ -305,7 +293,7 @@ class Elastic:
             self.request = None
 
     # ------------------------------------------------------------ growth (every rank)
-    def grow(self, n: int, clock: int, rebind, oversubscribe: bool = False, join=None):
+    def grow(self, n: int, clock: int, adopt=None, oversubscribe: bool = False, join=None):
         """Add ``n`` workers at ``clock`` (module docstring, steps 2-6). Collective over every
         rank of the job; the workers call it after sending GROW (:meth:`PSClient.grow`), the
         servers once they have GROW from every worker.
@@ -314,9 +302,12 @@ class Elastic:
         ----------
         n : int
         clock : int
-        rebind : callable(roles, windows)
-            This rank's switch to the new layout (the server's or the worker's), called between
-            the allocation of the new windows and the release of the old ones.
+        adopt : callable() or None
+            The server's step into the new layout, read from the membership (changed already):
+            called between the allocation of the new windows and the release of the old ones,
+            before any worker reads a new window (a server moves its shards into them). A
+            worker passes None and follows the membership once this returns
+            (:meth:`hpcps.worker.trainer.Trainer.follow`).
         oversubscribe : bool
         join : JoinPlan or None
             The chief's plan for the new workers (None elsewhere).
@@ -327,17 +318,17 @@ class Elastic:
             The event (time, seconds, workers, ...) when the workers were added, ``None``
             when they were not (the same on every rank; the chief has said why).
         """
-        r = self.roles
+        r, m = self.roles, self.membership
         t0 = time.perf_counter()
         world_ranks = []                              # continue mode: numbers of the new layout
         if self.ft is not None:
             # new numbers after every number ever used (a dead rank's too: its host is kept)
-            top = max(max(self.ft.world_ranks, default=-1) + 1, len(self.ft.hosts))
-            world_ranks = list(self.ft.world_ranks) + list(range(top, top + n))
+            top = max(max(m.world_ranks, default=-1) + 1, len(m.hosts))
+            world_ranks = list(m.world_ranks) + list(range(top, top + n))
             if join is not None:
                 join.world_ranks = world_ranks
-                join.server_ids = list(self.ft.server_ids)
-                join.hosts = list(self.ft.hosts)
+                join.server_ids = list(m.server_ids)
+                join.hosts = list(m.hosts)
         event = {"time": time.time(), "clock": int(clock), "workers_requested": int(n),
                  "trigger": "request" if self.request is not None else "job file"}
         if core.any_rank_failed(r.ps, self.unavailable is not None):
@@ -347,20 +338,20 @@ class Elastic:
             inter, error = spawn.spawn_workers(r.ps, n, r.worker_ranks[0], oversubscribe,
                                                deadline=timeout)
             if inter is not None:
-                return self._handshake(inter, r, n, clock, rebind, join, event, t0, world_ranks)
+                return self._handshake(inter, r, n, clock, adopt, join, event, t0, world_ranks)
         slots = spawn.universe_size(r.ps)
         return self._refused(event, f"{error} (the launch has {slots} slot(s) for "
                                     f"{r.ps.Get_size()} running rank(s); give mpirun more "
                                     "slots, or let the new workers share cores: [elastic] "
                                     "oversubscribe = true, hpcps grow --oversubscribe)")
 
-    def _handshake(self, inter, r, n, clock, rebind, join, event, t0, world_ranks):
+    def _handshake(self, inter, r, n, clock, adopt, join, event, t0, world_ranks):
         """Steps 3-6 on the parents' side (:meth:`grow`); collective with the new workers."""
         event["spawn_seconds"] = round(time.perf_counter() - t0, 3)
         with ft.unwatched():            # the new workers' collectives are blocking ones
-            return self._meet(inter, r, n, clock, rebind, join, event, t0, world_ranks)
+            return self._meet(inter, r, n, clock, adopt, join, event, t0, world_ranks)
 
-    def _meet(self, inter, r, n, clock, rebind, join, event, t0, world_ranks):
+    def _meet(self, inter, r, n, clock, adopt, join, event, t0, world_ranks):
         """:meth:`_handshake` after the spawn. Collective with the new workers."""
         try:
             merged = spawn.merge(inter, high=False)
@@ -372,19 +363,20 @@ class Elastic:
                 merged.Free()
                 spawn.disconnect(inter)
                 return self._refused(event, "the new workers could not start (their error is above)")
-            hosts = core.allgather_hostnames(merged) if self.ft is not None else []
-            n_before = r.ps.Get_size()
-            roles, windows = self._settle(merged, r.role, r.index, rebind)
+            layout = {}
+            if self.ft is not None:                   # continue mode's failure records
+                hosts = core.allgather_hostnames(merged)
+                layout = dict(world_ranks=world_ranks,
+                              hosts=list(self.membership.hosts) + hosts[r.ps.Get_size():])
+            old_windows = list(self.windows)
+            roles = self._settle(merged, r.role, r.index, adopt, **layout)
         except Exception as e:                        # noqa: BLE001 - see GrowthFailed
             raise _failed(e, clock) from e
-        if self.windows:
-            free_windows(self.windows)                # collective over the old ranks
+        if old_windows:
+            free_windows(old_windows)                 # collective over the old ranks
         r.free()
         self.intercomms.append(inter)
-        if self.ft is not None:
-            self.ft.world_ranks = world_ranks
-            self.ft.hosts = list(self.ft.hosts) + hosts[n_before:]
-        self.roles, self.windows = roles, windows
+        self._watch()
         event.update(workers_added=int(n), workers=roles.n_workers,
                      seconds=round(time.perf_counter() - t0, 3))
         if r.is_chief:
@@ -396,10 +388,11 @@ class Elastic:
             self.mark_running()
         return event
 
-    def _settle(self, merged, role, key, rebind):
+    def _settle(self, merged, role, key, adopt, **layout):
         """Step 6: roles over ``merged``, BLAS threads for the node's new rank count
-        (``node_ranks``), new RMA windows, ``rebind``. Collective over ``merged`` (old and new
-        ranks alike)."""
+        (``node_ranks``), new RMA windows, the membership's change (with ``layout``: continue
+        mode's ``world_ranks`` and ``hosts``), ``adopt``. Returns the new roles. Collective
+        over ``merged`` (old and new ranks alike)."""
         roles = core.rebuild_roles(merged, role, key)
         self.node_ranks = core.node_size(merged)
         core.limit_threads(merged, self.node_ranks)
@@ -408,10 +401,17 @@ class Elastic:
             sizes = (window_sizes(self.specs, roles.index, roles.n_servers, roles.n_workers)
                      if role == core.SERVER else [0] * len(self.specs))
             windows = allocate_windows(merged, sizes)
-        rebind(roles, windows)
+        self.membership.change(roles, windows=windows, **layout)
+        if adopt is not None:
+            adopt()
         if windows:
             barrier(merged)                           # shards copied before any read
-        return roles, windows
+        return roles
+
+    def _watch(self) -> None:
+        """Continue mode: every wait watches the job's new communicator. Local."""
+        if self.ft is not None:
+            ft.watch(self.roles.ps)
 
     @classmethod
     def join(cls, out=None, deadline=None):
@@ -466,28 +466,29 @@ class Elastic:
                 deadline.cancel()
             return None
         ft_state = None
+        membership = Membership(None, specs=specs, range_ranks=plan.range_ranks)
         if cfg.fault_tolerance.mode == "continue" and plan.world_ranks:
             f = cfg.fault_tolerance
             hosts = core.allgather_hostnames(merged)    # as the running job does
-            ft_state = FTState(roles=None, world_ranks=list(plan.world_ranks),
-                               hosts=list(plan.hosts) + hosts[parent.Get_remote_size():],
-                               n_ranges=len(plan.range_ranks), replicas=f.replicas,
-                               on_server_loss=f.on_server_loss,
-                               server_ids=list(plan.server_ids), run_dir=Path(plan.output_dir))
-        self = cls.__new__(cls)
+            membership.world_ranks = list(plan.world_ranks)
+            membership.hosts = list(plan.hosts) + hosts[parent.Get_remote_size():]
+            membership.server_ids = list(plan.server_ids)
+            ft_state = FTState(n_ranges=len(plan.range_ranks), replicas=f.replicas,
+                               on_server_loss=f.on_server_loss, run_dir=Path(plan.output_dir),
+                               membership=membership)
         # the running job's pull mode (p2p after its RMA fallback), not the job file's
         run = dataclasses.replace(RunPlan.of(cfg), pull=plan.pull,
                                   rma_fallback=plan.pull != cfg.consistency.pull)
-        cls.__init__(self, cfg, None, specs, (), ft_state, out, run=run)
+        self = cls(cfg, membership, ft_state, out, run=run)
         key = plan.n_old + merged.Get_rank() - parent.Get_remote_size()   # after the old ones
         try:
             with core.watchdog(merged, cfg.elastic.join_timeout, "joining the running job"):
-                roles, windows = self._settle(merged, core.WORKER, key, lambda *_: None)
+                self._settle(merged, core.WORKER, key, None)
         except Exception as e:                        # noqa: BLE001 - see GrowthFailed
             raise _failed(e, plan.clock) from e
         if deadline is not None:
             deadline.cancel()
-        self.roles, self.windows = roles, windows
+        self._watch()
         self.intercomms.append(parent)
         return self, plan, cfg, model
 

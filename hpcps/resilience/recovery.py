@@ -49,7 +49,6 @@ import numpy as np
 
 from hpcps.comm import core, ft
 from hpcps.comm.collectives import allgather_rows, bcast_int
-from hpcps.comm.membership import Membership
 from hpcps.resilience.plan import Plan, ServerReport, WorkerReport, make_plan, report_row
 
 @dataclass
@@ -124,7 +123,8 @@ class FTState:
         The one membership object of this rank: ``roles``, ``hosts`` (host of every rank of the
         original layout, ``ps`` rank order), ``world_ranks`` (original ``ps`` rank of every
         rank of the current ``roles.ps``), ``server_ids`` (original index of each server of
-        the current layout); also readable and settable here by those names.
+        the current layout), ``range_ranks``; also readable here by those names. A recovery
+        changes it (:meth:`~hpcps.comm.membership.Membership.change`).
     events : list of dict
         One record per failure: time, failed ranks and hosts, workers lost, examples
         reassigned, ranges moved or reloaded, steps lost, recovery seconds.
@@ -140,11 +140,9 @@ class FTState:
         Where the checkpoints are (to reload a lost range).
     """
 
-    def __init__(self, roles=None, hosts=(), world_ranks=(), events=None, recoveries=0,
-                 n_ranges=1, replicas=1, on_server_loss="restart", server_ids=(), run_dir=None,
-                 membership=None):
-        self.membership = membership if membership is not None else Membership(
-            roles, hosts=hosts, world_ranks=world_ranks, server_ids=server_ids)
+    def __init__(self, membership, n_ranges=1, replicas=1, on_server_loss="restart",
+                 run_dir=None, events=None, recoveries=0):
+        self.membership = membership
         self.events = list(events) if events is not None else []
         self.recoveries = recoveries
         self.n_ranges = n_ranges
@@ -152,14 +150,10 @@ class FTState:
         self.on_server_loss = on_server_loss
         self.run_dir = run_dir
 
-    roles = property(lambda self: self.membership.roles,
-                     lambda self, v: setattr(self.membership, "roles", v))
-    hosts = property(lambda self: self.membership.hosts,
-                     lambda self, v: setattr(self.membership, "hosts", v))
-    world_ranks = property(lambda self: self.membership.world_ranks,
-                           lambda self, v: setattr(self.membership, "world_ranks", v))
-    server_ids = property(lambda self: self.membership.server_ids,
-                          lambda self, v: setattr(self.membership, "server_ids", v))
+    roles = property(lambda self: self.membership.roles)
+    hosts = property(lambda self: self.membership.hosts)
+    world_ranks = property(lambda self: self.membership.world_ranks)
+    server_ids = property(lambda self: self.membership.server_ids)
 
 
 def recover(state: FTState, report, reload_step_of=None, max_attempts: int = 5) -> Recovery:
@@ -225,9 +219,9 @@ def _recover_once(state, report, reload_step_of, t0) -> Recovery:
     workers = list(roles.worker_ranks)
     old_index = {new: worker_old_index[rank] for new, rank in enumerate(workers)}
     owner_ranks = tuple(roles.server_ranks[plan.alive_ids.index(c[0])] for c in plan.chains)
-    state.roles = roles
-    state.world_ranks = [state.world_ranks[f] for f in survivors] if state.world_ranks else []
-    state.server_ids = list(plan.alive_ids)
+    state.membership.change(
+        roles, range_ranks=owner_ranks, server_ids=plan.alive_ids,
+        world_ranks=[state.world_ranks[f] for f in survivors] if state.world_ranks else [])
     state.recoveries += 1
     k = reload_step or 0
     return Recovery(roles=roles, dead_workers=dead_workers, clocks=plan.clocks.copy(),

@@ -328,7 +328,8 @@ class ServerGroup:
 
         serve_requests(lambda: self.ep.poll(), self.handle, settled, 0.0)
 
-        def rebind(roles, windows):
+        def adopt():        # the job's membership has the new layout
+            roles = self.elastic.membership.roles
             stats = self.ep.stats
             self.ep = tp.ServerEndpoint(roles.ps, self.ep.max_bytes)
             self.ep.stats = stats
@@ -342,7 +343,7 @@ class ServerGroup:
             if crowded and self.idle_spin is not None:
                 self.idle_spin = min(self.idle_spin, IDLE_SPIN)
 
-        self.elastic.grow(n, clock, rebind, oversubscribe=bool(oversubscribe))
+        self.elastic.grow(n, clock, adopt, oversubscribe=bool(oversubscribe))
 
     # ------------------------------------------------------------------ failures
     def _report(self) -> ServerReport:

@@ -205,7 +205,7 @@ class Supervisor:
         rec = recover(tr.ft, WorkerReport(tr.client.clock_value, tr.client.kept_from(),
                                           tr.epochs_done))
         tr.epochs_agreed = rec.plan.epochs
-        tr.rebind(rec.roles, self.ckpt, server_ranks=rec.owner_ranks)
+        tr.follow(self.ckpt)                 # the membership recover() changed
         mine = int(rec.clocks[old_me])
         done_ex = 0
         if tr.client.kept is not None:
@@ -298,12 +298,12 @@ class Supervisor:
                             output_dir=str(cfg.output.dir), pull=tr.elastic.run.pull,
                             tables=JoinPlan.layout(tr.client.specs),
                             nonfinite_rejected=tr.guard.rejected,
-                            range_ranks=list(tr.client.ep.server_ranks) if tr.ft else [])
-        event = tr.elastic.grow(n, clock, lambda roles, windows: tr.rebind(roles, self.ckpt, windows),
-                                oversubscribe=oversubscribe, join=join)
+                            range_ranks=list(tr.client.membership.range_ranks) if tr.ft else [])
+        event = tr.elastic.grow(n, clock, oversubscribe=oversubscribe, join=join)
         if event is None:
             tr.vote = tr.make_vote()                # on the unchanged workers' communicator
             return None
+        tr.follow(self.ckpt)                        # the membership the growth changed
         seg = self.regroup_or_recover(epoch, plan_next)
         if tr.is_chief:
             event.update(epoch=epoch + 1, examples_replanned=int(sum(seg.remaining)),

@@ -22,8 +22,10 @@ from hpcps.comm import ft
 from hpcps.comm.collectives import allreduce_max, barrier, gather_rows
 from hpcps.comm.core import any_rank_failed
 from hpcps.comm.rma import allocate_windows, free_windows
-from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint, check_ranges
+from hpcps.comm.membership import Membership
+from hpcps.comm.transport import ServerEndpoint, check_ranges
 from hpcps.config import check_world
+from hpcps.core import log
 from hpcps.core.consistency import policy_from_config
 from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.resilience.elastic import Elastic
@@ -89,13 +91,24 @@ def run_job(cfg, world, out=None, resume="auto", stop=None, step_hook=None,
     check_memory(cfg, tables, world)
     check_ranges(world, cfg.cluster.servers)
     roles = core.split_roles(world, cfg.cluster.servers)
-    ft_state = _fault_tolerance(cfg, roles, world, out)
+    continue_mode = _continue_mode(cfg, roles, world, out)
+    hosts = core.allgather_hostnames(roles.ps) if continue_mode else ()
     windows = []
     if run.pull == "rma":                       # one window per table (collective)
         sizes = (window_sizes(specs, roles.index, roles.n_servers, roles.n_workers)
                  if roles.role == core.SERVER else [0] * len(specs))
         windows = allocate_windows(roles.ps, sizes)
-    elastic = Elastic(cfg, roles, specs, windows, ft_state, out, run=run)
+    # the job's layout on this rank, built once: read by the server and worker loops, and
+    # changed by the recovery and the growth (hpcps.comm.membership)
+    membership = Membership(roles, windows, specs=specs, hosts=hosts,
+                            world_ranks=range(world.Get_size()) if continue_mode else (),
+                            server_ids=range(roles.n_servers) if continue_mode else ())
+    ft_state = None
+    if continue_mode:
+        f = cfg.fault_tolerance
+        ft_state = FTState(membership, n_ranges=roles.n_servers, replicas=f.replicas,
+                           on_server_loss=f.on_server_loss, run_dir=cfg.output.dir)
+    elastic = Elastic(cfg, membership, ft_state, out, run=run)
     return _run_roles(cfg, elastic, model, tables, policy, out, restore=restore, stop=stop,
                       step_hook=step_hook, restart=restart)
 
@@ -117,6 +130,9 @@ def join_job(out=None, stop=None, deadline=None) -> dict:
     if joined is None:
         return {"joined": False, "stopped_by_signal": False}
     elastic, plan, cfg, model = joined
+    m = elastic.membership                 # this worker's number in the job, in its lines
+    me = m.roles.ps.Get_rank()
+    log.set_rank(m.world_ranks[me] if m.world_ranks else me)
     return _run_roles(cfg, elastic, model, model.tables(), policy_from_config(cfg.consistency),
                       out, stop=stop, join=plan)
 
@@ -159,11 +175,9 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             load = server.load()
             mine = RankStats.of_server(load, cfg.train.epochs)
         else:
-            # the rank holding each key range (an added worker after a server loss: from the plan)
-            range_ranks = join.range_ranks if join is not None and join.range_ranks else \
-                roles.server_ranks
-            ep = WorkerEndpoint(roles.ps, range_ranks, cfg.comm.max_message_bytes)
-            client = PSClient(ep, specs, len(range_ranks), policy, roles.n_workers, windows)
+            # the rank holding each key range: the membership's (an added worker after a
+            # server loss: from the join plan)
+            client = PSClient(elastic.membership, policy, cfg.comm.max_message_bytes)
             if restore is not None:
                 client.clock_value = int(restore[1]["step"])
             if join is not None:
@@ -292,26 +306,20 @@ def survived_failure(ft_state) -> bool:
     return ft_state is not None and ft_state.recoveries > 0
 
 
-def _fault_tolerance(cfg, roles, world, out):
-    """The :class:`hpcps.resilience.recovery.FTState` of a continue-mode job, or ``None`` (restart mode,
-    or an MPI without ULFM: then rank 0 says so and a failure stops the job as usual). Local
-    decision, identical on every rank (same environment and library)."""
+def _continue_mode(cfg, roles, world, out) -> bool:
+    """Whether a failed rank is survived (``[fault_tolerance] mode = "continue"`` with ULFM):
+    then errors are returned on the job's communicators and every wait watches them. In
+    restart mode, or on an MPI without ULFM (rank 0 then says so), a failure stops the job as
+    usual. Local decision, identical on every rank (same environment and library)."""
     if cfg.fault_tolerance.mode != "continue":
-        return None
+        return False
     ok, why = ft.ulfm_available()
     if not ok:
         if world.Get_rank() == 0:
             out.write(f"hpcps: warning: [fault_tolerance] mode = 'continue' is not available: "
                       f"{why}; a lost rank stops the job for a restart from its last checkpoint\n")
             out.flush()
-        return None
+        return False
     ft.errors_return(roles.ps, roles.role_comm)
     ft.watch(roles.ps)              # every wait notices a failed rank (no revoke)
-    n = world.Get_size()
-    f = cfg.fault_tolerance
-    return FTState(roles=roles, hosts=core.allgather_hostnames(roles.ps),
-                   world_ranks=list(range(n)), n_ranges=roles.n_servers,
-                   replicas=f.replicas, on_server_loss=f.on_server_loss,
-                   server_ids=list(range(roles.n_servers)), run_dir=cfg.output.dir)
-
-
+    return True

@@ -115,10 +115,11 @@ class ServerMembership:
             raise RuntimeError(f"server {self.index}: GROW received but this job cannot grow")
         self.check_growth(clock)
 
-        def rebind(roles, windows):
-            self.add_workers(roles, clock, self.elastic.oversubscribed(), windows)
+        def adopt():        # the job's membership has the new layout (and RMA windows)
+            m = self.elastic.membership
+            self.add_workers(m.roles, clock, self.elastic.oversubscribed(), m.windows)
 
-        self.elastic.grow(n, clock, rebind, oversubscribe=bool(oversubscribe))
+        self.elastic.grow(n, clock, adopt, oversubscribe=bool(oversubscribe))
 
     def state(self) -> list:
         """``(w, slots)`` of every table (the arrays themselves, not copies)."""

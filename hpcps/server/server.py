@@ -25,7 +25,7 @@ from hpcps.comm.core import cores_dedicated
 from hpcps.core.consistency import (H_CLOCK, H_NWORKERS, H_SEQ, H_VERSION, H_WORKER0,
                                     StalenessHistogram, header_len)
 from hpcps.core.optim import NonFiniteError, all_finite, check_finite
-from hpcps.core.tables import KeyPartition
+from hpcps.core.routing import partition_of
 from hpcps.server.membership import ServerMembership
 from hpcps.server.loop import (IDLE_SLEEP_MAX, IDLE_SLEEP_MIN, IDLE_SPIN, IDLE_SPIN_DEDICATED,
                                agreed_growth, serve_requests)
@@ -117,7 +117,7 @@ class ParameterServer(ServerMembership):
                 sh.hdr[H_WORKER0:H_WORKER0 + self.n_workers] = start
                 self.shards.append(sh)
                 continue
-            part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
+            part = partition_of(spec, n_servers)
             lo, hi = part.shard_range(index)
             shape = (hi - lo, spec.dim)
             w, slots = rows[tid]
@@ -170,7 +170,7 @@ class ParameterServer(ServerMembership):
                 rows.append(DynamicShard.create(spec, opt, index, n_servers, seed,
                                                 header_len(len(worker_ranks))))
                 continue
-            part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
+            part = partition_of(spec, n_servers)
             rows.append((spec.initial_rows(part.shard_keys(index), seed), None))
         return cls(endpoint, index, n_servers, worker_ranks, tables, policy, rows,
                    clock=clock or 0, **kw)
@@ -191,7 +191,7 @@ class ParameterServer(ServerMembership):
                 rows.append(DynamicShard.create(spec, opt, index, n_servers, seed,
                                                 header_len(len(worker_ranks)), restore=restore))
                 continue
-            part = KeyPartition(spec.num_keys, n_servers, permute=spec.sparse)
+            part = partition_of(spec, n_servers)
             lo, hi = part.shard_range(index)
             w, saved = ckpt.read_range(restore[0], restore[1], spec.name, lo, hi,
                                        num_keys=spec.num_keys, dim=spec.dim, dtype=spec.dtype,

@@ -61,9 +61,10 @@ class Checkpointer:
         #: launches, :func:`hpcps.runtime.rundir.launch_records`)
         self.more = {}
 
-    def rebind(self, comm, n_workers: int, is_chief: bool) -> None:
-        """Work with the workers of a new layout (after a recovery or a growth). Local."""
-        self.comm, self.n_workers, self.is_chief = comm, n_workers, is_chief
+    def follow(self, roles) -> None:
+        """Work with the workers of a new layout ``roles`` (after a recovery or a growth,
+        :class:`hpcps.comm.core.Roles`). Local."""
+        self.comm, self.n_workers, self.is_chief = roles.role_comm, roles.n_workers, roles.is_chief
 
     def after_step(self, clock, epoch, step_in_epoch, plan, history, collective=True) -> None:
         """Called by every worker after each clock. Collective when ``every_seconds`` is set
@@ -108,7 +109,7 @@ class Checkpointer:
         d = ckpt.step_dir(self.cfg.output.dir, clock)
         shards = self.client.checkpoint(clock, pushes)
         partitions = {}
-        for spec, part, slots in zip(self.client.specs, self.client.parts, self.slot_names):
+        for spec, part, slots in zip(self.client.specs, self.client.routing.parts, self.slot_names):
             if spec.dynamic:
                 partitions[spec.name] = dict(storage="hash", num_keys=spec.num_keys,
                                              dim=spec.dim, dtype=spec.dtype,

@@ -20,10 +20,12 @@ so that its next push can carry it (the server computes the update's staleness f
 No method is collective; each talks point-to-point to the servers that own the keys, or
 reads their windows.
 
-Key ranges and routing: the tables are partitioned into ``n_servers`` key ranges (one per
-server of the launch); requests for range ``s`` go to the rank ``endpoint.server_ranks[s]``.
-After a continue-mode job lost a server, another server holds its range and
-:meth:`PSClient.reroute` points the range there (several ranges may then share a rank).
+Key ranges and routing: the client reads both from the job's
+:class:`~hpcps.comm.membership.Membership` — key -> key range (:meth:`Membership.route`, one
+range per server of the launch), range ``s`` -> ``ps`` rank ``membership.range_ranks[s]``.
+After a continue-mode job lost a server another server holds its range (several ranges may
+then share a rank); after a recovery or a growth :meth:`PSClient.follow` re-reads the
+membership.
 
 Kept pushes (continue mode, BSP/SSP, :meth:`PSClient.keep_pushes`): every push and CLOCK is
 kept until the range has shown, in the clock header of a pull reply, that it (and its
@@ -40,8 +42,6 @@ import time
 
 from hpcps.comm import transport as tp
 from hpcps.core.consistency import BSP, H_CLOCK, H_NWORKERS, H_SEQ, H_VERSION, H_WORKER0, header_len
-from hpcps.core.dyntables import HashPartition
-from hpcps.core.tables import KeyPartition, TableSpec
 
 
 class PSClient:
@@ -49,34 +49,31 @@ class PSClient:
 
     Parameters
     ----------
-    endpoint : hpcps.comm.transport.WorkerEndpoint
-    tables : list of TableSpec
-        In table-id order, identical on every rank.
-    n_servers : int
+    membership : hpcps.comm.membership.Membership
+        The job's layout on this rank: the tables and their key -> range map, the rank of
+        each range, the number of workers (the shard header length), the RMA windows (one
+        per table, in table-id order: pull through RMA instead of p2p messages; none: p2p).
     policy : hpcps.core.consistency.Policy, optional
         Freshness required of reads (default BSP).
-    n_workers : int, optional
-        Number of workers (the shard header length); required with ``windows``.
-    windows : list of hpcps.comm.rma.ShardWindow, optional
-        One per table, in table-id order: pull through RMA instead of p2p messages.
+    max_bytes : int
+        Largest message (``[comm] max_message_bytes``); bigger ones are split.
     """
 
-    def __init__(self, endpoint, tables, n_servers, policy=None, n_workers=1, windows=None):
-        self.ep = endpoint
-        self.specs = list(tables)
-        self.ids = {s.name: i for i, s in enumerate(self.specs)}
-        # a dynamic table's keys go to servers by their hash (HashPartition), not by range
-        self.parts = [HashPartition(n_servers, num_keys=s.num_keys, name=s.name) if s.dynamic
-                      else KeyPartition(s.num_keys, n_servers, permute=s.sparse)
-                      for s in self.specs]
+    def __init__(self, membership, policy=None, max_bytes: int = 1 << 30):
+        self.membership = membership
+        self.routing = membership.routing
+        self.specs = self.routing.specs
+        self.ids = self.routing.ids
+        n_servers = membership.n_ranges
+        self.ep = tp.WorkerEndpoint(membership.roles.ps, membership.range_ranks, max_bytes)
         self.n_servers = n_servers
         self.pushes_sent = np.zeros(n_servers, dtype=np.int64)   # PUSH messages per server
         self.clock_value = 0
         self.seq = 0
         self.policy = policy or BSP()
-        self.windows = list(windows) if windows else None
+        self.windows = list(membership.windows) or None
         self.pull_mode = "rma" if self.windows else "p2p"
-        self.header_len = header_len(n_workers)
+        self.header_len = header_len(membership.n_workers)
         #: shard version last read, per table and server (-1 = never): sent with pushes
         self.read_version = [np.full(n_servers, -1, dtype=np.int64) for _ in self.specs]
         #: the most recent shard header seen (server clock, worker clocks)
@@ -115,12 +112,6 @@ class PSClient:
                 entry[1] = [p for p in entry[1] if c >= self.acked_seen[p[0]]]
         nbytes = sum(k.nbytes + g.nbytes for e in self.kept.values() for _, _, k, g in e[1])
         self.kept_bytes_max = max(self.kept_bytes_max, nbytes)
-
-    def reroute(self, endpoint) -> None:
-        """Send from now on through ``endpoint`` (its ``server_ranks[s]`` holds range ``s``)."""
-        stats = self.ep.stats
-        self.ep = endpoint
-        self.ep.stats = stats
 
     def rollback(self, clock: int) -> None:
         """Forget kept steps ``>= clock`` (unfinished: they are computed again) and set the
@@ -166,12 +157,9 @@ class PSClient:
             self.ep.complete(tp.CLOCK)
         return sent
 
-    def _table(self, table) -> tuple[int, TableSpec, KeyPartition]:
-        try:
-            tid = self.ids[table] if isinstance(table, str) else int(table)
-            return tid, self.specs[tid], self.parts[tid]
-        except (KeyError, IndexError):
-            raise KeyError(f"unknown table {table!r}; tables: {', '.join(self.ids)}") from None
+    def _table(self, table):
+        """``(table id, spec, key -> range map)``; ``KeyError`` for an unknown table."""
+        return self.routing.table(table)
 
     def pull(self, table, keys, fresh: bool = False, out: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``keys``.
@@ -233,7 +221,7 @@ class PSClient:
 
     def _pull_prepare(self, table, keys, out):
         """Check a pull and group its keys by server; allocate what it needs."""
-        tid, spec, part = self._table(table)
+        tid, spec, _ = self._table(table)
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
         if out is None:
             out = np.empty((keys.size, spec.dim), dtype=spec.dtype)
@@ -246,7 +234,7 @@ class PSClient:
                              f"{getattr(out, 'shape', '')}")
         if keys.size == 0:
             return table, tid, None, None, None, out, out, None
-        order, bounds = _group(part, keys)
+        order, bounds = self.routing.group(tid, keys)
         sorted_keys = keys if order is None else keys[order]
         buf = out if order is None else np.empty_like(out)   # in order already: no reordering
         hdrs = np.zeros((self.n_servers, self.header_len), dtype=np.int64)
@@ -254,7 +242,7 @@ class PSClient:
 
     def _pull_post(self, tid, sorted_keys, order, bounds, buf, out, hdrs, fresh) -> None:
         """Start a prepared pull through the windows (RMA, complete on return)."""
-        spec, part = self.specs[tid], self.parts[tid]
+        _, spec, part = self._table(tid)
         self._pull_rma(tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh)
         self.seq += 1
 
@@ -376,7 +364,7 @@ class PSClient:
         ValueError
             On a shape mismatch or a key outside the key space.
         """
-        tid, spec, part = self._table(table)
+        tid, spec, _ = self._table(table)
         given_keys, given_grads = keys, grads
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
         grads = np.asarray(grads, dtype=spec.dtype).reshape(keys.size, -1) if keys.size else \
@@ -386,7 +374,7 @@ class PSClient:
                              f"({keys.size}, {spec.dim})")
         if keys.size == 0:
             return
-        order, bounds = _group(part, keys)
+        order, bounds = self.routing.group(tid, keys)
         if order is None:
             k, g = keys, grads
             if defer:       # sent after clock() returns: never from the caller's memory
@@ -474,18 +462,18 @@ class PSClient:
                                            aux=n_workers, rng=s))
         self.ep.complete(tp.GROW)
 
-    def rebind(self, ps, server_ranks, n_workers: int, windows=None) -> None:
-        """Talk to the servers over a new communicator (after a recovery or a growth):
-        ``server_ranks`` are ranks of ``ps``; the shard header is sized for ``n_workers``;
-        ``windows`` replace the RMA windows when given. Traffic counts are kept. Local."""
+    def follow(self) -> None:
+        """Take the membership's new layout (after a recovery or a growth): the ``ps``
+        communicator and the rank of each key range, the shard header sized for the number of
+        workers, the RMA windows. Traffic counts are kept. Local."""
+        m = self.membership
         stats = self.ep.stats
-        self.ep = tp.WorkerEndpoint(ps, server_ranks, self.ep.max_bytes)
+        self.ep = tp.WorkerEndpoint(m.roles.ps, m.range_ranks, self.ep.max_bytes)
         self.ep.stats = stats
-        self.header_len = header_len(n_workers)
+        self.header_len = header_len(m.n_workers)
         self.last_header = np.zeros(self.header_len, dtype=np.int64)
         self.header_clock = -1
-        if windows is not None:
-            self.windows = list(windows) or None
+        self.windows = list(m.windows) or None
 
     def pull_table(self, table) -> np.ndarray:
         """The whole table in original key order, ``(num_keys, dim)``; for model output.
@@ -518,7 +506,7 @@ class PSClient:
         rows: :data:`hpcps.server.dynshard.PULL_SHARD_COUNT`), each answered once the
         server's clock has reached this worker's clock."""
         self.send_staged()
-        tid, spec, part = self._table(table)
+        tid, spec, _ = self._table(table)
         counts = [np.zeros(1, dtype=np.int64) for _ in range(self.n_servers)]
         self._pull_shards(tid, counts, aux=1)
         n = [int(c[0]) for c in counts]
@@ -590,17 +578,3 @@ def _private(a: np.ndarray, given) -> np.ndarray:
     if isinstance(given, np.ndarray) and not np.may_share_memory(a, given):
         return a
     return a.copy()
-
-
-def _group(part: KeyPartition, keys: np.ndarray):
-    """Group ``keys`` by server: ``(order, bounds)`` as :meth:`KeyPartition.split`, except that
-    ``order`` is None when the keys are grouped already (always with one server, and for
-    ascending key blocks of a dense table), which spares the caller a reordering copy of the
-    keys and of the rows. One pass over the keys (:meth:`KeyPartition.route`). Raises
-    ``ValueError`` for a key outside the key space."""
-    srv, counts, grouped = part.route(keys)
-    bounds = np.zeros(part.n_servers + 1, dtype=np.int64)
-    np.cumsum(counts, out=bounds[1:])
-    if grouped:
-        return None, bounds
-    return np.argsort(srv, kind="stable"), bounds

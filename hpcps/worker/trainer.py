@@ -456,17 +456,13 @@ class Trainer:
                 "examples_per_second": total_examples / elapsed if elapsed else 0.0,
                 "clock": self.client.clock_value, "stopped_by_signal": self.stopped_by_signal}
 
-    def rebind(self, roles, checkpointer, windows=None, server_ranks=None) -> None:
-        """Work in the layout ``roles`` (after a recovery or a growth): the client's
-        endpoint, this worker's index and communicator, the checkpointer's. Local; the
-        steps runner drops what it held (flushed before a growth).
-
-        ``server_ranks``: the ``roles.ps`` rank holding each key range (default: the routing
-        the client has, continue mode — a growth keeps every old rank's number —, else
-        ``roles.server_ranks``)."""
-        if server_ranks is None:
-            server_ranks = self.client.ep.server_ranks if self.ft is not None else roles.server_ranks
-        self.client.rebind(roles.ps, server_ranks, roles.n_workers, windows)
+    def follow(self, checkpointer) -> None:
+        """Work in the layout of the client's membership (after a recovery or a growth changed
+        it, :meth:`hpcps.comm.membership.Membership.change`): the client's endpoint, this
+        worker's index and communicator, the checkpointer's. Local; the steps runner drops
+        what it held (flushed before a growth)."""
+        roles = self.client.membership.roles
+        self.client.follow()
         self.comm, self.index, self.n_workers = roles.role_comm, roles.index, roles.n_workers
         self.is_chief = roles.is_chief
         self.guard.index = self.index
@@ -474,7 +470,7 @@ class Trainer:
         if hasattr(self.steps, "_reset"):
             self.steps._reset()
         if checkpointer is not None:
-            checkpointer.rebind(self.comm, self.n_workers, self.is_chief)
+            checkpointer.follow(roles)
 
     def blocks(self) -> bool:
         """True when training partition ``p`` of ``P`` is block ``p`` of the split's rows."""

@@ -9,8 +9,9 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcps.comm import core
+from hpcps.comm.membership import Membership
 from hpcps.comm.rma import allocate_windows, free_windows
-from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint
+from hpcps.comm.transport import ServerEndpoint
 from hpcps.core.consistency import BSP
 from hpcps.core.optim import Optimizer
 from hpcps.core.tables import TableSpec
@@ -33,8 +34,7 @@ def main(n: int, max_bytes: int) -> None:
             roles.ps.Barrier()
             server.serve()
         else:
-            client = PSClient(WorkerEndpoint(roles.ps, roles.server_ranks, max_bytes), [spec], 1,
-                              BSP(), roles.n_workers, windows)
+            client = PSClient(Membership(roles, windows, specs=[spec]), BSP(), max_bytes)
             roles.ps.Barrier()
             for t in range(3):
                 client.push("w", np.arange(n), np.ones((n, 1), np.float32), defer=True)

@@ -152,15 +152,16 @@ def test_tables_too_big_for_memory_are_refused_with_the_arithmetic(tmp_path):
 
 
 def test_verbose_and_quiet(tmp_path):
-    """-v: every line of the ranks carries its rank and host; -q: no progress, no summary
-    (issue 16, item 6)."""
+    """Every line of the ranks carries its rank and host (``[rank R@HOST] ``), with or
+    without -v; -q: no progress, no summary (issue 16, item 6)."""
     job = write_job(tmp_path / "small.toml", SMALL.replace("epochs = 2", "epochs = 1"))
     host = socket.gethostname()
-    proc, _ = hpcps(["run", "-n", "3", "-v", job, "--resume", "never"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [l for l in proc.stdout.splitlines() if not l.startswith("hpcps run:")]
-    assert ranks and all(l.startswith("[rank ") and f" on {host}] " in l for l in ranks), ranks
-    assert any(l.startswith("[rank 0 on ") and "] done: 1 epoch(s)" in l for l in ranks)
+    for flag in (["-v"], []):
+        proc, _ = hpcps(["run", "-n", "3", *flag, job, "--resume", "never"], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ranks = [l for l in proc.stdout.splitlines() if not l.startswith("hpcps run:")]
+        assert ranks and all(re.match(rf"\[rank [0-2]@{re.escape(host)}\] ", l) for l in ranks), ranks
+        assert any(l.startswith(f"[rank 0@{host}] done: 1 epoch(s)") for l in ranks), ranks
     proc, _ = hpcps(["run", "-n", "3", "-q", job, "--resume", "never"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [l for l in proc.stdout.splitlines() if not l.startswith("hpcps run:")]

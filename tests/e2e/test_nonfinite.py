@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hpcps import checkpoint as ck
-from tests.helpers import launch, write_job
+from tests.helpers import launch, log_lines, write_job
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
@@ -72,7 +72,7 @@ def test_bsp_rejects_the_step_on_every_worker_until_the_limit(tmp_path):
     job = setup(tmp_path, 2)
     proc, _ = launch(4, ["train", job], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    warnings = [line for line in proc.stdout.splitlines() if line.startswith("hpcps: warning:")]
+    warnings = [line for line in log_lines(proc.stdout) if line.startswith("hpcps: warning:")]
     assert warnings == [
         f"hpcps: warning: non-finite values (NaN or inf) at clock {c} on worker 2 (gradient): "
         f"step rejected on every worker ({k} of at most 2, [train] max_nonfinite_steps = 2)"
@@ -114,7 +114,7 @@ def test_ssp_and_async_drop_the_producing_workers_gradient(tmp_path, model):
     job = write_job(tmp_path / "job.toml", text)
     proc, _ = launch(4, ["train", job], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    warnings = [line for line in proc.stdout.splitlines() if line.startswith("hpcps: warning:")]
+    warnings = [line for line in log_lines(proc.stdout) if line.startswith("hpcps: warning:")]
     assert len(warnings) == 2 and all("on worker 2 (gradient): step worker 2's gradient dropped"
                                       in w for w in warnings), warnings
     summary = json.loads((tmp_path / "out" / "metrics.json").read_text())["summary"]

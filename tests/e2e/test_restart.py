@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from hpcps import checkpoint as ck
-from tests.helpers import hpcps, launch, mpi_env, rank_pids, write_job
+from tests.helpers import hpcps, launch, log_lines, mpi_env, rank_pids, write_job
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
@@ -338,7 +338,7 @@ def test_every_checkpoint_damaged_require_stops_and_auto_trains_afresh_saying_so
     assert ck.list_steps(tmp_path / "d") == [20, 25]                 # left as they were
     proc, _ = launch(4, ["train", j], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (line,) = [x for x in proc.stdout.splitlines() if "checkpoint" in x and "warning" in x]
+    (line,) = [x for x in log_lines(proc.stdout) if "checkpoint" in x and "warning" in x]
     assert line.startswith("hpcps: warning: no valid checkpoint in") and "trains from scratch" \
         in line and "truncated" in line and "checksum does not match" in line, line
     assert "resumed from" not in proc.stdout

@@ -25,7 +25,7 @@ import pytest
 from hpcps import checkpoint as ck
 from hpcps.data.criteo import read_criteo_part
 from hpcps.data.lines import row_hashes
-from tests.helpers import kill_while_paused, mpi_env, rank_pids
+from tests.helpers import kill_while_paused, log_lines, mpi_env, rank_pids
 
 pytestmark = pytest.mark.slow      # launches mpirun
 
@@ -279,7 +279,7 @@ def test_one_gzip_file_banner_and_progress_name_the_reading_worker(tmp_path, dat
     steps = -(-N_TRAIN // 32)                           # 282: every row on one worker
     assert f"{steps} steps/epoch of 32 rows on 1 of 3 workers" in out, out[:2000]
     assert re.search(r"note: worker\(s\) 0, 2 have no training rows.*at least 3 files", out), out[:2000]
-    lines = [ln for ln in out.splitlines() if re.match(r"epoch \d+/2 +step", ln)]
+    lines = [ln for ln in log_lines(out) if re.match(r"epoch \d+/2 +step", ln)]
     assert lines, out
     for ln in lines:
         assert "loss(w0)" not in ln and "read(w0)" not in ln, ln

@@ -11,7 +11,8 @@ import pytest
 from mpi4py import MPI
 
 from hpcps.comm import core
-from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint
+from hpcps.comm.membership import Membership
+from hpcps.comm.transport import ServerEndpoint
 from hpcps.core.consistency import BSP
 from hpcps.core.optim import Optimizer
 from hpcps.server.server import ParameterServer
@@ -33,8 +34,7 @@ def _ps(comm, n_servers, tables, worker_fn, max_bytes=1 << 30, policy=None, serv
             server.serve()
             result = server_fn(server) if server_fn else None
         else:
-            ep = WorkerEndpoint(roles.ps, roles.server_ranks, max_bytes)
-            client = PSClient(ep, [t[0] for t in tables], roles.n_servers, policy)
+            client = PSClient(Membership(roles, specs=[t[0] for t in tables]), policy, max_bytes)
             try:
                 result = worker_fn(client, roles)
             finally:

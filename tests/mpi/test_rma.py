@@ -15,8 +15,9 @@ import pytest
 from mpi4py import MPI
 
 from hpcps.comm import core
+from hpcps.comm.membership import Membership
 from hpcps.comm.rma import ShardWindow, WindowFreedError, allocate_windows, free_windows
-from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint
+from hpcps.comm.transport import ServerEndpoint
 from hpcps.core.consistency import BSP, H_SEQ, H_VERSION, SSP, Async, header_len
 from hpcps.core.optim import Optimizer
 from hpcps.server.server import ParameterServer, window_sizes
@@ -40,8 +41,7 @@ def _ps(comm, n_servers, tables, policy, worker_fn):
             roles.ps.Barrier()
             server.serve()
         else:
-            ep = WorkerEndpoint(roles.ps, roles.server_ranks, 1 << 30)
-            client = PSClient(ep, specs, roles.n_servers, policy, roles.n_workers, windows)
+            client = PSClient(Membership(roles, windows, specs=specs), policy)
             roles.ps.Barrier()
             with core.abort_on_error(comm):   # a failed check must not leave ranks waiting
                 result = worker_fn(client, roles)

@@ -2,6 +2,7 @@
 
 import io
 import logging
+import socket
 
 from hpcps.core import log
 
@@ -10,7 +11,7 @@ def _run(verbosity, lines, rank="2", host="node7"):
     buf = io.StringIO()
     logger = log.configure(verbosity, stream=buf, rank=rank)
     for h in logger.handlers:
-        h.setFormatter(log.RankFormatter(where=verbosity > 0, rank=rank, host=host))
+        h.setFormatter(log.RankFormatter(rank=rank, host=host))
     out = log.LineStream()
     for text in lines:
         out.write(text)
@@ -23,23 +24,36 @@ LINES = ["hpcps: 3 worker(s), 1 server(s); ...\n",
          "  12,000 ex/s\n",
          "hpcps: warning: the job file differs from the checkpoint's\n",
          "done: 2 epoch(s), 40 steps\n"]
+TEXTS = ["hpcps: 3 worker(s), 1 server(s); ...", "epoch 1/2  step 10/20  ETA 3 s  12,000 ex/s",
+         "hpcps: warning: the job file differs from the checkpoint's", "done: 2 epoch(s), 40 steps"]
 
 
-def test_default_keeps_every_text_as_written():
-    assert _run(0, LINES) == "".join(LINES)
+def test_every_line_names_its_rank_and_host_then_keeps_the_text_as_written():
+    for v in (0, 1):
+        assert _run(v, LINES).splitlines() == ["[rank 2@node7] " + t for t in TEXTS]
+    assert _run(0, ["x\n"], rank=None) == "[node7] x\n"          # outside a launch
+    assert _run(0, ["a\nb"]) == "[rank 2@node7] a\n[rank 2@node7] b\n"
 
 
-def test_verbose_puts_rank_and_host_in_front_of_every_line():
-    got = _run(1, LINES).splitlines()
-    assert len(got) == 4 and all(l.startswith("[rank 2 on node7] ") for l in got), got
-    assert got[1] == "[rank 2 on node7] epoch 1/2  step 10/20  ETA 3 s  12,000 ex/s"
-    assert _run(1, ["x\n"], rank=None).startswith("[node7] x")
+def test_set_rank_names_the_jobs_rank_from_then_on():
+    buf = io.StringIO()
+    log.configure(0, stream=buf, rank="0")
+    out = log.LineStream()
+    out.write("before\n")
+    log.set_rank(5)                        # e.g. an added worker, numbered after the launch
+    out.write("after\n")
+    host = socket.gethostname()
+    assert buf.getvalue() == f"[rank 0@{host}] before\n[rank 5@{host}] after\n"
 
 
-def test_quiet_keeps_warnings_and_errors_only():
+def test_verbose_shows_debug_messages_and_quiet_warnings_and_errors_only():
+    buf = io.StringIO()
+    logger = log.configure(1, stream=buf, rank="1")
+    logger.debug("details")
+    assert buf.getvalue().endswith("] details\n")
     got = _run(-1, LINES + ["hpcps: error: boom\n"])
-    assert got == ("hpcps: warning: the job file differs from the checkpoint's\n"
-                   "hpcps: error: boom\n")
+    assert got == ("[rank 2@node7] hpcps: warning: the job file differs from the checkpoint's\n"
+                   "[rank 2@node7] hpcps: error: boom\n")
 
 
 def test_levels_from_prefixes_and_rank_from_the_launcher():
