@@ -143,9 +143,10 @@ def bytes_per_key(rule: str, dim: int, dtype) -> dict:
     -------
     dict
         ``minimum``: key + row + optimizer state (8 + dim*T + state bytes, the arithmetic
-        minimum); ``record``: the arena record (padded to 8 B); ``low``/``high``: record +
-        the index's 8 B per slot at its highest (0.8) and lowest (0.8/1.5) load.
+        minimum); ``record``: the arena record (row and state, padded); ``low``/``high``:
+        record + the index's 12 B per slot (key, row) at its highest (0.8) and lowest
+        (0.8/1.5) load.
     """
     rec, minimum = record_layout(rule, dim, dtype)
     return {"minimum": minimum, "record": rec.itemsize,
-            "low": rec.itemsize + 8 / 0.8, "high": rec.itemsize + 8 * 1.5 / 0.8}
+            "low": rec.itemsize + 12 / 0.8, "high": rec.itemsize + 12 * 1.5 / 0.8}
