@@ -25,7 +25,7 @@ empty), linear probing, never more than ``max_load`` (0.8) full. ``h = fmix64(ke
 power of two). A probe compares the full keys of 4 slots at a time without a branch per
 slot (the first slot holding the key or empty ends it; 3 slots past the end mirror the
 first 3, so a group never wraps) and never reads a record, so a key costs one index line
-(two when its run crosses one). Probe passes compute the home slots 32 keys ahead and
+(two when its run crosses one). Probe passes compute the home slots 64 keys ahead and
 prefetch them. The index grows by 1.5x (all keys re-inserted) when the load would pass
 ``max_load``: its load stays in [0.53, 0.8] once it has grown.
 
@@ -110,11 +110,11 @@ cdef enum:
     _R_ADAGRAD = 1
     _R_ADAM = 2
     _R_FTRL = 3
-    _RING = 64              # home slots computed ahead (a power of two > _AHEAD_INDEX)
+    _RING = 128             # home slots computed ahead (a power of two > _AHEAD_INDEX)
     _GROUP = 4              # slots a probe step compares at once (branch-free)
     _AHEAD_SCATTER = 16     # keys ahead whose scatter target is prefetched
 
-cdef Py_ssize_t _AHEAD_INDEX = 32       # keys ahead whose index slot is prefetched
+cdef Py_ssize_t _AHEAD_INDEX = 64       # keys ahead whose index slots are prefetched
 cdef Py_ssize_t _AHEAD_UPDATE = 8       # rows ahead whose record is prefetched (merge path)
 
 
@@ -588,15 +588,15 @@ def _finite(x, name):
 
 
 def set_prefetch(index_ahead=None, update_ahead=None):
-    """Set how many keys ahead a probe pass prefetches the index slots (default 32, at
-    most 63) and how many rows ahead the merge path's update prefetches the record
+    """Set how many keys ahead a probe pass prefetches the index slots (default 64, at
+    most 127) and how many rows ahead the merge path's update prefetches the record
     (default 8); returns the previous ``(index, update)``. The weights do not depend on
     them. For benchmarks.
 
     Raises
     ------
     ValueError
-        For a distance below 1 or above its bound (63, 1024).
+        For a distance below 1 or above its bound (127, 1024).
     """
     global _AHEAD_INDEX, _AHEAD_UPDATE
     old = (int(_AHEAD_INDEX), int(_AHEAD_UPDATE))

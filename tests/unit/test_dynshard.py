@@ -127,7 +127,7 @@ def test_prefetch_distances_give_the_same_weights_and_are_checked():
     keys = rng.integers(-2**62, 2**62, 5000)
     pushes = [keys[rng.zipf(1.2, 4000) % keys.size] for _ in range(4)]
     out = []
-    for ahead in ((32, 8), (1, 1), (63, 200)):
+    for ahead in ((64, 8), (1, 1), (127, 200)):
         old = H.set_prefetch(*ahead)
         try:
             t = H.HashTable(1, "float32", "adagrad", lr=0.1)
@@ -136,10 +136,10 @@ def test_prefetch_distances_give_the_same_weights_and_are_checked():
             out.append((t.keys(), t.weights(), t.slots()["accumulator"]))
         finally:
             H.set_prefetch(*old)
-    assert H.set_prefetch() == (32, 8)
+    assert H.set_prefetch() == (64, 8)
     for o in out[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(out[0], o))
     with pytest.raises(ValueError, match="prefetch distance"):
         H.set_prefetch(0)
     with pytest.raises(ValueError, match="prefetch distance"):
-        H.set_prefetch(64)
+        H.set_prefetch(128)
