@@ -10,7 +10,7 @@ FTRL, float32, dim 1):
   neighbours);
 * ``--pushes`` pushes of ``--updates`` keys each, ranks drawn Zipf(``--zipf``, default 1.1)
   folded into ``[0, N)`` as bench_kernels does, one float32 gradient row per key;
-* timed, interleaved, median of ``--reps``: ``hash`` = ``HashTable.apply`` (find each key's
+* timed (wall clock, and process CPU time beside it), interleaved, median of ``--reps``: ``hash`` = ``HashTable.apply`` (find each key's
   record through the index, sum duplicates, step each distinct row) and ``fixed`` =
   ``hpcps.core.optim.Optimizer.apply`` on the fixed rows (the server's call: merge
   duplicates, step each distinct row). The two end bitwise equal (checked).
@@ -103,9 +103,12 @@ def bench(rule, n_keys, args, rng, rep):
 
     run_hash(), run_fixed()                                   # warm (scratch buffers)
     times = {"hash": [], "fixed": []}
+    cpu = {"hash": [], "fixed": []}        # process CPU time: not lengthened by preemption
     for r in range(args.reps):
         for name in benchlib.rotate(["hash", "fixed"], r):
+            c0 = time.process_time()
             times[name].append(benchlib.time_once(run_hash if name == "hash" else run_fixed))
+            cpu[name].append(time.process_time() - c0)
     # both applied the same pushes the same number of times: bitwise equal rows
     probe = np.unique(np.concatenate([p[1] for p in pushes]))
     inv = np.empty(n_keys, dtype=np.int64)
@@ -114,15 +117,16 @@ def bench(rule, n_keys, args, rng, rep):
     n_upd = args.pushes * args.updates
     th, tf = benchlib.median(times["hash"]), benchlib.median(times["fixed"])
     best = min(times["fixed"]) / min(times["hash"])
+    cpu_ratio = benchlib.median(cpu["fixed"]) / benchlib.median(cpu["hash"])
     res = {"rule": rule, "keys": n_keys, "dtype": dtype.name, "updates_per_push": args.updates,
            "pushes": args.pushes, "distinct_per_push": float(distinct),
            "hash_updates_per_s": n_upd / th, "fixed_updates_per_s": n_upd / tf,
-           "ratio": tf / th, "ratio_of_best": best, "rss_bytes_per_key": per_key, "min_bytes_per_key": minimum,
+           "ratio": tf / th, "ratio_of_best": best, "ratio_cpu": cpu_ratio, "rss_bytes_per_key": per_key, "min_bytes_per_key": minimum,
            "record_bytes": table.record_bytes, "index_load": len(table) / table.index_slots,
            "table_nbytes_per_key": table.nbytes / len(table), "build_s": build_s,
            "bitwise_equal": same}
     print(f"{rule:8s} {n_keys:>12,} keys  hash {n_upd / th / 1e6:7.1f} M upd/s  fixed "
-          f"{n_upd / tf / 1e6:7.1f} M upd/s  ratio {tf / th:5.2f} (of the best reps {best:4.2f})  |  RSS {per_key:5.1f} B/key "
+          f"{n_upd / tf / 1e6:7.1f} M upd/s  ratio {tf / th:5.2f} (of the best reps {best:4.2f}, of CPU times {cpu_ratio:4.2f})  |  RSS {per_key:5.1f} B/key "
           f"(record {table.record_bytes} B, index load {res['index_load']:.2f}), minimum "
           f"{minimum} B -> {per_key / minimum:4.2f}x  |  build {build_s:5.1f} s  "
           f"distinct/push {distinct:,.0f}  equal {same}", flush=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcps.core.optim import Optimizer
+from hpcps.data import DataError
 from hpcps.core.tables import TableSpec
 from hpcps.kernels.hashtable import HashTable, record_layout, server_of
 
@@ -58,14 +59,16 @@ class HashPartition:
         self.name = name
 
     def check(self, keys: np.ndarray) -> None:
-        """Raise ``ValueError`` naming the table and the key when a key is outside
-        ``[0, num_keys)`` (the declared id type: non-negative ids below the bound)."""
+        """Raise :class:`hpcps.data.DataError` (a ``ValueError``) naming the table and the
+        key when a key is outside ``[0, num_keys)`` (the declared id type: non-negative ids
+        below the bound). A ``DataError`` ends the job with exit status 65, which ``hpcps
+        run --max-restarts`` does not relaunch (the same keys would fail the same way)."""
         if self.num_keys is None or not keys.size:
             return
         lo, hi = keys.min(), keys.max()
         if lo < 0 or hi >= self.num_keys:
             bad = int(lo) if lo < 0 else int(hi)
-            raise ValueError(f"table {self.name!r}: key {bad} is outside its id space "
+            raise DataError(f"table {self.name!r}: key {bad} is outside its id space "
                              f"[0, {self.num_keys}) (dynamic table: non-negative int64 ids"
                              f"{' below n_features' if self.num_keys < (1 << 63) - 1 else ''})")
 
@@ -80,7 +83,7 @@ class HashPartition:
 
         Raises
         ------
-        ValueError
+        hpcps.data.DataError
             For a key outside ``[0, num_keys)`` (:meth:`check`)."""
         keys = np.asarray(keys)
         self.check(keys)
@@ -143,9 +146,10 @@ def bytes_per_key(rule: str, dim: int, dtype) -> dict:
     -------
     dict
         ``minimum``: key + row + optimizer state (8 + dim*T + state bytes, the arithmetic
-        minimum); ``record``: the arena record (padded to 8 B); ``low``/``high``: record +
-        the index's 8 B per slot at its highest (0.8) and lowest (0.8/1.5) load.
+        minimum); ``record``: the arena record (row and state, padded); ``low``/``high``:
+        record + the index's 12 B per slot (key, row) at its highest (0.8) and lowest
+        (0.8/1.5) load.
     """
     rec, minimum = record_layout(rule, dim, dtype)
     return {"minimum": minimum, "record": rec.itemsize,
-            "low": rec.itemsize + 8 / 0.8, "high": rec.itemsize + 8 * 1.5 / 0.8}
+            "low": rec.itemsize + 12 / 0.8, "high": rec.itemsize + 12 * 1.5 / 0.8}

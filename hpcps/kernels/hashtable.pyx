@@ -6,42 +6,43 @@ reinterpreted bitwise (uint64 ``2**64 - 1`` is the key ``-1``); keys come back a
 
 Layout
 ------
-*Row arena*: one record per stored key, in insertion order, each record holding the key,
-the row's ``dim`` weights and the row's optimizer state right after them, so an update
-of a row touches one record (one cache line for ``dim`` 1)::
+*Row arena*: one record per stored key, in insertion order, each record holding the row's
+``dim`` weights and the row's optimizer state right after them, so an update of a row
+touches one record (one cache line for ``dim`` 1)::
 
-    offset 0            key      int64
-    offset 8            w        dim x T          (T = float32 or float64)
-    offset 8 + dim*T    state    sgd: none; adagrad: acc[dim]; ftrl: z[dim], n[dim];
+    offset 0            w        dim x T          (T = float32 or float64)
+    offset dim*T        state    sgd: none; adagrad: acc[dim]; ftrl: z[dim], n[dim];
                                  adam: m[dim], v[dim], then step (int64, 8-aligned)
-    record size rounded up to a multiple of 8 bytes
+    record size rounded up to a multiple of T's size (of 8 bytes for adam)
 
-The arena grows by 1.5x into a fresh ``numpy.empty`` buffer: the pages past the used rows
-are never written, so they cost address space, not resident memory.
+The arena grows by 1.5x into a fresh anonymous mapping: the pages past the used rows are
+never written, so they cost address space, not resident memory.
 
-*Index*: ``C`` slots of one uint64 each (0 = empty, else ``tag << 32 | (row + 1)``, row + 1
-in the low 31 bits; bit 31 is set only while a push is in progress, see below), linear
-probing. ``h = fmix64(key)`` (MurmurHash3's 64-bit finaliser, a bijection with full
-avalanche); the home slot is ``floor(h * C / 2**64)`` (Lemire's multiply-shift range
-reduction, so ``C`` need not be a power of two) and ``tag`` is the low 32 bits of ``h``. A
-probe compares the tag first and reads the record's key only on a tag match (a false match
-has probability 2**-32 per probed slot), so an absent key costs index reads only. The
-index grows by 1.5x (all keys re-inserted) when the load would pass ``max_load`` (0.8):
-its load stays in [0.53, 0.8] once it has grown.
+*Index*: ``C`` slots of 12 bytes, each the full key (uint64) and ``row + 1`` (uint32; 0 =
+empty), linear probing, never more than ``max_load`` (0.8) full. ``h = fmix64(key)``
+(MurmurHash3's 64-bit finaliser, a bijection with full avalanche); the home slot is
+``floor(h * C / 2**64)`` (Lemire's multiply-shift range reduction, so ``C`` need not be a
+power of two). A probe compares the full keys of 4 slots at a time without a branch per
+slot (the first slot holding the key or empty ends it; 3 slots past the end mirror the
+first 3, so a group never wraps) and never reads a record, so a key costs one index line
+(two when its run crosses one). Probe passes compute the home slots 64 keys ahead and
+prefetch them. The index grows by 1.5x (all keys re-inserted) when the load would pass
+``max_load``: its load stays in [0.53, 0.8] once it has grown.
 
-Bytes per stored key: ``record + 8 / load``, i.e. record + 10 to 15 bytes; the arithmetic
-minimum is ``8 + dim*T + state`` (key + row + slots, no padding). For ``dim`` 1::
+Bytes per stored key: ``record + 12 / load``, i.e. record + 15 to 22.5 bytes; the
+arithmetic minimum is ``8 + dim*T + state`` (key + row + slots, no padding). For
+``dim`` 1::
 
     rule     state            float32 record  float64 record   minimum f32 / f64
-    sgd      -                16              16               12 / 16
-    adagrad  acc              16              24               16 / 24
-    ftrl     z, n             24              32               20 / 32
-    adam     m, v, step       32              40               28 / 40
+    sgd      -                4               8                12 / 16
+    adagrad  acc              8               16               16 / 24
+    ftrl     z, n             12              24               20 / 32
+    adam     m, v, step       24              32               28 / 40
 
 Both live in anonymous private mappings (``mmap``; huge pages asked for from 4 MiB), so
 a grown-out buffer returns to the system at once instead of staying in the heap.
 
-Limits: at most ``2**31 - 2`` rows per table (the index packs ``row + 1`` into 31 bits).
+Limits: at most ``2**31 - 2`` rows per table.
 
 Key -> server spread
 --------------------
@@ -58,20 +59,22 @@ Updates
 value), sums the gradient rows of equal keys in input order (never dropping one), then
 runs the rule once per distinct row, with exactly the arithmetic of
 :mod:`hpcps.kernels.optim` (so a dynamic table gives bitwise the values a fixed table
-gives for the same pushes). Duplicates are summed in the same pass that finds the rows:
-the first occurrence of a row in a push marks its index slot with the row's number ``u``
-in the push (``tag << 32 | 1 << 31 | u + 1``), so a repeat reads ``u`` from the slot it
-probes anyway; the rows are put back in the update pass (and around a rehash). The pass
-takes a tag match for the key without reading the record (that dependent read is what
-stalls on cold keys), then checks every such match in one prefetched pass over the
-distinct rows before any update; a false match (probability about 2**-32 per probed
-slot) makes it redo the push with the records read.
+gives for the same pushes). It runs in two passes, as the fixed table's
+``apply_sparse`` after its key -> row step: (1) each key's arena row, by the probe
+above (absent keys inserted); (2) the gradient rows summed by row, then every distinct
+row stepped in ascending arena order (the records are read as a forward stream). When the
+table has at most ``64 n + 65536`` rows (n: keys in the push) the sums are scattered in
+input order into a zeroed (rows, dim) buffer plus a bitmap of the touched rows, both
+kept between pushes (``dim * T`` bytes per stored row, as a fixed table of the same rows
+keeps); otherwise the rows are merged by ``merge_duplicates`` (a sort).
 """
 
 import math
 import mmap
 
 import numpy as np
+
+from hpcps.kernels.optim import merge_duplicates as _merge_duplicates
 
 from libc.math cimport copysign, copysignf, fabs, fabsf, pow, sqrt
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
@@ -89,9 +92,13 @@ cdef extern from *:
     static inline unsigned long long hpcps_ht_range(unsigned long long h, unsigned long long c) {
         return (unsigned long long)(((unsigned __int128)h * c) >> 64);
     }
+    static inline int hpcps_ht_ctz(unsigned int x) { return __builtin_ctz(x); }
+    static inline int hpcps_ht_ctz64(unsigned long long x) { return __builtin_ctzll(x); }
     """
     void hpcps_ht_prefetch(const void* p) noexcept nogil
     uint64_t hpcps_ht_range(uint64_t h, uint64_t c) noexcept nogil
+    int hpcps_ht_ctz(unsigned int x) noexcept nogil
+    int hpcps_ht_ctz64(uint64_t x) noexcept nogil
 
 __all__ = ["HashTable", "server_of", "table_hash", "record_layout", "RULES"]
 
@@ -103,22 +110,29 @@ cdef enum:
     _R_ADAGRAD = 1
     _R_ADAM = 2
     _R_FTRL = 3
-    _AHEAD_UPDATE = 8       # distinct rows ahead whose record is prefetched in the update
+    _RING = 128             # home slots computed ahead (a power of two > _AHEAD_INDEX)
+    _GROUP = 4              # slots a probe step compares at once (branch-free)
+    _AHEAD_SCATTER = 16     # keys ahead whose scatter target is prefetched
 
-cdef Py_ssize_t _AHEAD_INDEX = 32       # keys ahead whose index slot is prefetched
-cdef Py_ssize_t _AHEAD_RECORD = 16      # keys ahead whose record is prefetched (tag scan)
+cdef Py_ssize_t _AHEAD_INDEX = 64       # keys ahead whose index slots are prefetched
+cdef Py_ssize_t _AHEAD_UPDATE = 8       # rows ahead whose record is prefetched (merge path)
 
 
 _RULE_CODES = {"sgd": _R_SGD, "adagrad": _R_ADAGRAD, "adam": _R_ADAM, "ftrl": _R_FTRL}
 
 cdef uint64_t _GOLDEN = 0x9E3779B97F4A7C15ULL
-cdef uint64_t _EMPTY = 0
-cdef uint64_t _MAX_ROWS = 0x7FFFFFFEULL           # row + 1 must fit 31 bits
-cdef uint64_t _MARK = 0x80000000ULL               # bit 31: slot marked by a push in progress
-cdef uint64_t _ROW = 0x7FFFFFFFULL                # row + 1 of a slot
+cdef uint64_t _MAX_ROWS = 0x7FFFFFFEULL           # row + 1 and u + 1 must fit 31 bits
 _MAX_LOAD_DEFAULT = 0.8
 _HUGE_MIN = 4 << 20         # mappings from this size ask for transparent huge pages
-_GROWTH = 1.5
+_GROWTH = 1.5               # index: load in [0.8 / 1.5, 0.8] = [0.53, 0.8] once grown
+_ARENA_GROWTH = 1.5
+_SLOT_BYTES = 12
+# apply: duplicates summed by a scatter into a (rows, dim) buffer plus a bitmap when the
+# table has at most _SCATTER_ROWS_PER_KEY * n + _SCATTER_SLACK rows and the buffer takes at
+# most _SCATTER_MAX_BYTES (as hpcps.kernels.optim.apply_sparse); otherwise merged by a sort
+_SCATTER_ROWS_PER_KEY = 64
+_SCATTER_SLACK = 1 << 16
+_SCATTER_MAX_BYTES = 1 << 30
 
 
 # --------------------------------------------------------------------------------------
@@ -225,9 +239,10 @@ def record_layout(rule, dim, dtype):
     Returns
     -------
     record : numpy.dtype
-        Fields ``key`` (int64), ``w`` (T, (dim,)) and the state fields of the rule
-        (``accumulator``; ``m``, ``v``, ``step``; ``z``, ``n``) at the offsets in the module
-        docstring; itemsize a multiple of 8.
+        Fields ``w`` (T, (dim,)) and the state fields of the rule (``accumulator``; ``m``,
+        ``v``, ``step``; ``z``, ``n``) at the offsets in the module docstring; itemsize a
+        multiple of T's size (of 8 for Adam). The key is not in the record: the index
+        slot holds it.
     minimum : int
         Bytes of key + row + state without padding (the arithmetic minimum per key).
 
@@ -246,9 +261,9 @@ def record_layout(rule, dim, dtype):
     if dim < 1:
         raise ValueError(f"dim must be >= 1, got {dim}")
     t = dt.itemsize
-    names, formats, offsets = ["key", "w"], [np.int64, (dt, (dim,))], [0, 8]
-    end = 8 + dim * t
-    minimum = end
+    names, formats, offsets = ["w"], [(dt, (dim,))], [0]
+    end = dim * t
+    minimum = 8 + end
     slot_fields = {"sgd": (), "adagrad": ("accumulator",), "ftrl": ("z", "n"),
                    "adam": ("m", "v")}[rule]
     for name in slot_fields:
@@ -264,7 +279,8 @@ def record_layout(rule, dim, dtype):
         offsets.append(end)
         end += 8
         minimum += 8
-    itemsize = (end + 7) // 8 * 8
+    align = 8 if rule == "adam" else t
+    itemsize = (end + align - 1) // align * align
     rec = np.dtype({"names": names, "formats": formats, "offsets": offsets,
                     "itemsize": itemsize})
     return rec, minimum
@@ -358,76 +374,53 @@ cdef inline void _ftrl_row(floating* w, floating* z, floating* n, const floating
             w[j] = 0
 
 
-cdef void _update_rows(char* arena, Py_ssize_t rec, Py_ssize_t soff,
-                       Py_ssize_t step_off, Py_ssize_t dim, const int64_t* urows,
-                       Py_ssize_t m, const floating* summed, const _Hyper* hp,
-                       uint64_t* index, const uint64_t* upos) noexcept nogil:
-    """Run rule ``hp.rule`` on the records ``urows[u]`` (distinct) with gradient
-    ``summed[u]``, prefetching the record ``_AHEAD_UPDATE`` rows ahead; and restore the
-    tag of the index slot ``upos[u]`` each row's push marked (in the same pass: the
-    record holds the key to hash)."""
-    cdef Py_ssize_t u, j
-    cdef char* r
-    cdef floating* w
-    cdef floating* s
-    cdef int64_t t
-    cdef floating lr = <floating>hp.lr, l2 = <floating>hp.l2, scale = <floating>hp.scale
-    cdef floating eps = <floating>hp.eps, b1 = <floating>hp.beta1, b2 = <floating>hp.beta2
-    cdef floating beta = <floating>hp.beta, l1 = <floating>hp.lambda1
-    cdef floating l2p = <floating>hp.lambda2
-    for u in range(m):
-        if u + _AHEAD_UPDATE < m:
-            r = arena + urows[u + _AHEAD_UPDATE] * rec
-            hpcps_ht_prefetch(r)
-            hpcps_ht_prefetch(index + upos[u + _AHEAD_UPDATE])
-            if rec > 64:
-                j = 64
-                while j < rec:
-                    hpcps_ht_prefetch(r + j)
-                    j += 64
-        r = arena + urows[u] * rec
-        index[upos[u]] = (index[upos[u]] & 0xFFFFFFFF00000000ULL) | <uint64_t>(urows[u] + 1)
-        w = <floating*>(r + 8)
-        s = <floating*>(r + soff)
-        if hp.rule == _R_SGD:
-            _sgd_row(w, summed + u * dim, dim, lr, l2, scale)
-        elif hp.rule == _R_ADAGRAD:
-            _adagrad_row(w, s, summed + u * dim, dim, lr, l2, scale, eps)
-        elif hp.rule == _R_FTRL:
-            _ftrl_row(w, s, s + dim, summed + u * dim, dim, <floating>hp.lr, beta, l1, l2p,
-                      l2, scale)
-        else:
-            t = (<int64_t*>(r + step_off))[0] + 1
-            (<int64_t*>(r + step_off))[0] = t
-            # 1 - beta**t in double, as optim's table/_bias_correction give it (bitwise)
-            _adam_row(w, s, s + dim, summed + u * dim, dim, lr, l2, scale, b1, b2, eps,
-                      <floating>(1.0 - pow(hp.beta1, <double>t)),
-                      <floating>(1.0 - pow(hp.beta2, <double>t)))
+cdef packed struct _Slot:
+    uint64_t key        # the key (any 64-bit pattern); 0 in an empty slot
+    uint32_t row1       # arena row + 1; 0: the slot is empty
 
 
-cdef inline void _prefetch_record(const uint64_t* index, uint64_t C, const char* arena,
-                                  Py_ssize_t rec, uint64_t key) noexcept nogil:
-    """Prefetch the record of ``key``: scan its probe run (whose index line was prefetched
-    earlier) for the first slot with its tag, up to 8 slots; the home slot alone holds
-    another key's row about half the time at load 0.6. Marked slots are skipped (their
-    records were touched by this push already)."""
-    cdef uint64_t h = _fmix64(key), tag = h & 0xFFFFFFFFULL, e
-    cdef uint64_t p = hpcps_ht_range(h, C)
-    cdef int s
-    for s in range(8):
-        e = index[p]
-        if e == _EMPTY:
-            return
-        if not (e & _MARK) and (e >> 32) == tag:
-            hpcps_ht_prefetch(arena + (<int64_t>(e & _ROW) - 1) * rec)
-            return
-        p += 1
-        if p == C:
-            p = 0
+cdef inline uint64_t _home(uint64_t key, uint64_t C) noexcept nogil:
+    """The home slot of ``key`` in an index of ``C`` slots."""
+    return hpcps_ht_range(_fmix64(key), C)
+
+
+cdef inline uint64_t _probe(const _Slot* ix, uint64_t C, uint64_t key, uint64_t p) noexcept nogil:
+    """Linear probing from ``p``: the first slot that holds ``key`` or is empty (the index
+    is never full). Compares ``_GROUP`` slots per step without a branch per slot: slots
+    ``C .. C + _GROUP - 2`` mirror ``0 .. _GROUP - 2``, so a group starting near the end
+    reads on without a wrap test."""
+    cdef unsigned int hit
+    while True:
+        hit = ((<unsigned int>(ix[p].key == key) | <unsigned int>(ix[p].row1 == 0))
+               | ((<unsigned int>(ix[p + 1].key == key) | <unsigned int>(ix[p + 1].row1 == 0)) << 1)
+               | ((<unsigned int>(ix[p + 2].key == key) | <unsigned int>(ix[p + 2].row1 == 0)) << 2)
+               | ((<unsigned int>(ix[p + 3].key == key) | <unsigned int>(ix[p + 3].row1 == 0)) << 3))
+        if hit:
+            p += <uint64_t>hpcps_ht_ctz(hit)
+            return p - C if p >= C else p
+        p += _GROUP
+        if p >= C:
+            p -= C
+
+
+cdef inline void _prefetch_group(const _Slot* g) noexcept nogil:
+    """Prefetch the ``_GROUP`` slots a probe step reads first (48 bytes: two cache lines
+    unless the group starts in a line's first 16 bytes)."""
+    hpcps_ht_prefetch(g)
+    hpcps_ht_prefetch(<const char*>(g + _GROUP) - 1)
+
+
+cdef inline void _put(_Slot* ix, uint64_t C, uint64_t p, uint64_t key, uint32_t row1) noexcept nogil:
+    """Fill the empty slot ``p`` (and its mirror)."""
+    ix[p].key = key
+    ix[p].row1 = row1
+    if p < _GROUP - 1:
+        ix[p + C].key = key
+        ix[p + C].row1 = row1
 
 
 ctypedef struct _Tab:
-    uint64_t* index
+    _Slot* index
     uint64_t C
     char* arena
     Py_ssize_t rec
@@ -436,126 +429,138 @@ ctypedef struct _Tab:
     Py_ssize_t rows_cap
 
 
-cdef inline void _new_u(Py_ssize_t* m, int64_t r, uint64_t p, int64_t* urows, uint64_t* upos,
-                        floating* summed, Py_ssize_t dim) noexcept nogil:
-    cdef Py_ssize_t j, u = m[0]
-    urows[u] = r
-    upos[u] = p
-    for j in range(dim):
-        summed[u * dim + j] = 0
-    m[0] = u + 1
+cdef Py_ssize_t _rows_pass(_Tab* t, const int64_t* keys, Py_ssize_t n, Py_ssize_t start,
+                           int64_t* rows, const char* tmpl, int64_t* newkeys,
+                           Py_ssize_t before) noexcept nogil:
+    """Insert-or-find: ``rows[i]`` = arena row of ``keys[i]`` for i in ``[start, n)``.
 
-
-cdef Py_ssize_t _push_pass(_Tab* t, const int64_t* keys, const floating* grads, Py_ssize_t n,
-                           Py_ssize_t dim, Py_ssize_t start, Py_ssize_t* m_io, int64_t* urows,
-                           uint64_t* upos, int64_t* ukeys, floating* summed, const char* tmpl,
-                           bint exact) noexcept nogil:
-    """One pass over a push: insert-or-find each key and sum its gradient row into the
-    row's entry ``u`` (distinct rows numbered in first-occurrence order; ``summed[u]``
-    starts at +0.0 and adds the rows in input order, as ``merge_duplicates`` does).
-
-    The first occurrence of a row *marks* its index slot: ``tag << 32 | MARK | (u + 1)``
-    (``upos[u]``, ``urows[u]`` and ``ukeys[u]`` remember slot, row and key), so a later
-    occurrence finds ``u`` in the slot it probes anyway (tag, then ``ukeys[u]``) — no second
-    map; :func:`_unmark` puts the rows back. ``exact`` False: a tag match on an unmarked
-    slot is taken for the key without reading its record (the read that stalls a cold
-    key); :func:`_verify` checks every such match before any update. A marked slot with
-    the key's tag but another key stops a non-exact pass (returns -1: redo it exactly).
-    Returns the i at which it stopped because the index or the arena is full (n when
-    done); ``m_io`` in/out."""
-    cdef Py_ssize_t i, j, m = m_io[0], rec = t.rec
-    cdef uint64_t k, h, p, e, tag, C = t.C
-    cdef uint64_t* index = t.index
-    cdef int64_t r, u
-    cdef char* dst
-    cdef const floating* g
-    cdef floating* o
+    The home slots of the keys ``_AHEAD_INDEX`` ahead are computed into a ring and
+    prefetched, so a probe usually finds its slots' line in cache; a probe compares the
+    full keys held by the slots (:func:`_probe`) and never reads a record. A new row is
+    written from ``tmpl`` (``NULL``: left as is) and its key to ``newkeys[row - before]``
+    (``NULL``: not kept). Returns the i at which it stopped because the index or the arena
+    is full (n when done)."""
+    cdef Py_ssize_t i, rec = t.rec, ahead = _AHEAD_INDEX
+    cdef uint64_t k, p, q, C = t.C
+    cdef _Slot* ix = t.index
+    cdef uint64_t ring[_RING]
+    cdef int64_t r
+    for i in range(start, min(start + ahead, n)):
+        q = _home(<uint64_t>keys[i], C)
+        ring[i & (_RING - 1)] = q
+        _prefetch_group(ix + q)
     for i in range(start, n):
-        if i + _AHEAD_INDEX < n:
-            hpcps_ht_prefetch(index + hpcps_ht_range(_fmix64(<uint64_t>keys[i + _AHEAD_INDEX]), C))
-        if exact and i + _AHEAD_RECORD < n:
-            _prefetch_record(index, C, t.arena, rec, <uint64_t>keys[i + _AHEAD_RECORD])
+        if i + ahead < n:
+            q = _home(<uint64_t>keys[i + ahead], C)
+            ring[(i + ahead) & (_RING - 1)] = q
+            _prefetch_group(ix + q)
         k = <uint64_t>keys[i]
-        h = _fmix64(k)
-        tag = h & 0xFFFFFFFFULL
-        p = hpcps_ht_range(h, C)
-        while True:
-            e = index[p]
-            if e == _EMPTY:
-                if t.size >= t.grow_at or t.size >= t.rows_cap:
-                    m_io[0] = m
-                    return i
-                r = t.size
-                dst = t.arena + r * rec
-                memcpy(dst, tmpl, rec)
-                (<uint64_t*>dst)[0] = k
-                t.size += 1
-                u = m
-                _new_u(&m, r, p, urows, upos, summed, dim)
-                ukeys[u] = <int64_t>k
-                index[p] = (tag << 32) | _MARK | <uint64_t>(u + 1)
-                break
-            if (e >> 32) == tag:
-                if e & _MARK:
-                    u = <int64_t>(e & _ROW) - 1
-                    if <uint64_t>ukeys[u] == k:
-                        break
-                    if not exact:
-                        m_io[0] = m
-                        return -1
-                else:
-                    r = <int64_t>(e & _ROW) - 1
-                    if not exact or (<uint64_t*>(t.arena + r * rec))[0] == k:
-                        u = m
-                        _new_u(&m, r, p, urows, upos, summed, dim)
-                        ukeys[u] = <int64_t>k
-                        index[p] = (tag << 32) | _MARK | <uint64_t>(u + 1)
-                        break
-            p += 1
-            if p == C:
-                p = 0
-        g = grads + i * dim
-        o = summed + u * dim
-        for j in range(dim):
-            o[j] += g[j]
-    m_io[0] = m
+        p = _probe(ix, C, k, ring[i & (_RING - 1)])
+        r = <int64_t>ix[p].row1 - 1
+        if r < 0:
+            if t.size >= t.grow_at or t.size >= t.rows_cap:
+                return i
+            r = t.size
+            if tmpl != NULL:
+                memcpy(t.arena + r * rec, tmpl, rec)
+            if newkeys != NULL:
+                newkeys[r - before] = <int64_t>k
+            _put(ix, C, p, k, <uint32_t>(r + 1))
+            t.size += 1
+        rows[i] = r
     return n
 
 
-cdef bint _verify(_Tab* t, Py_ssize_t m, const int64_t* urows, const int64_t* ukeys) noexcept nogil:
-    """True when the record of every ``urows[u]`` holds ``ukeys[u]`` (prefetching ahead)."""
-    cdef Py_ssize_t u
-    for u in range(m):
-        if u + _AHEAD_UPDATE < m:
-            hpcps_ht_prefetch(t.arena + urows[u + _AHEAD_UPDATE] * t.rec)
-        if (<int64_t*>(t.arena + urows[u] * t.rec))[0] != ukeys[u]:
-            return False
-    return True
+cdef inline void _step_row(char* r, const floating* g, Py_ssize_t soff, Py_ssize_t step_off,
+                           Py_ssize_t dim, const _Hyper* hp) noexcept nogil:
+    """Run rule ``hp.rule`` on the record at ``r`` with the summed gradient ``g``."""
+    cdef floating* w = <floating*>r
+    cdef floating* s = <floating*>(r + soff)
+    cdef int64_t t
+    if hp.rule == _R_SGD:
+        _sgd_row(w, g, dim, <floating>hp.lr, <floating>hp.l2, <floating>hp.scale)
+    elif hp.rule == _R_ADAGRAD:
+        _adagrad_row(w, s, g, dim, <floating>hp.lr, <floating>hp.l2, <floating>hp.scale,
+                     <floating>hp.eps)
+    elif hp.rule == _R_FTRL:
+        _ftrl_row(w, s, s + dim, g, dim, <floating>hp.lr, <floating>hp.beta,
+                  <floating>hp.lambda1, <floating>hp.lambda2, <floating>hp.l2,
+                  <floating>hp.scale)
+    else:
+        t = (<int64_t*>(r + step_off))[0] + 1
+        (<int64_t*>(r + step_off))[0] = t
+        # 1 - beta**t in double, as optim's table/_bias_correction give it (bitwise)
+        _adam_row(w, s, s + dim, g, dim, <floating>hp.lr, <floating>hp.l2,
+                  <floating>hp.scale, <floating>hp.beta1, <floating>hp.beta2,
+                  <floating>hp.eps, <floating>(1.0 - pow(hp.beta1, <double>t)),
+                  <floating>(1.0 - pow(hp.beta2, <double>t)))
 
 
-cdef void _unmark(_Tab* t, Py_ssize_t m, const int64_t* urows, const uint64_t* upos) noexcept nogil:
-    """Restore the tags of the slots a push marked."""
-    cdef Py_ssize_t u
+cdef Py_ssize_t _scatter_update(char* arena, Py_ssize_t rec, Py_ssize_t soff,
+                                Py_ssize_t step_off, Py_ssize_t dim, const int64_t* rows,
+                                const floating* grads, Py_ssize_t n, floating* buf,
+                                uint64_t* bitmap, Py_ssize_t nwords, int64_t* urows,
+                                const _Hyper* hp) noexcept nogil:
+    """Sum the gradient rows of equal rows into ``buf[row]`` (zero on entry, +0.0 plus the
+    rows in input order, as ``merge_duplicates``), mark them in ``bitmap``, then step
+    every marked row in ascending arena order (the records are visited as a forward
+    stream) and clear ``buf`` and ``bitmap`` for the next push. ``urows`` gets the rows
+    stepped; returns their number."""
+    cdef Py_ssize_t i, j, wi, m = 0
     cdef int64_t r
-    cdef uint64_t h
-    for u in range(m):
-        t.index[upos[u]] = (t.index[upos[u]] & 0xFFFFFFFF00000000ULL) | <uint64_t>(urows[u] + 1)
+    cdef uint64_t word
+    cdef floating* o
+    cdef const floating* g
+    for i in range(n):
+        if i + _AHEAD_SCATTER < n:
+            r = rows[i + _AHEAD_SCATTER]
+            hpcps_ht_prefetch(buf + r * dim)
+            hpcps_ht_prefetch(bitmap + (r >> 6))
+        r = rows[i]
+        bitmap[r >> 6] |= (<uint64_t>1) << (r & 63)
+        if dim == 1:
+            buf[r] += grads[i]
+        else:
+            o = buf + r * dim
+            g = grads + i * dim
+            for j in range(dim):
+                o[j] += g[j]
+    for wi in range(nwords):
+        word = bitmap[wi]
+        if word == 0:
+            continue
+        bitmap[wi] = 0
+        while word:
+            r = (<int64_t>wi << 6) + hpcps_ht_ctz64(word)
+            word &= word - 1
+            o = buf + r * dim
+            _step_row(arena + r * rec, o, soff, step_off, dim, hp)
+            if dim == 1:
+                o[0] = 0
+            else:
+                for j in range(dim):
+                    o[j] = 0
+            urows[m] = r
+            m += 1
+    return m
 
 
-cdef void _remark(_Tab* t, Py_ssize_t m, const int64_t* urows, uint64_t* upos) noexcept nogil:
-    """Mark again (after the index was rebuilt) the slots of the rows ``urows[:m]``."""
-    cdef Py_ssize_t u
-    cdef int64_t r
-    cdef uint64_t p
+cdef void _update_rows(char* arena, Py_ssize_t rec, Py_ssize_t soff,
+                       Py_ssize_t step_off, Py_ssize_t dim, const int64_t* urows,
+                       Py_ssize_t m, const floating* summed, const _Hyper* hp) noexcept nogil:
+    """Step the records ``urows[u]`` (distinct) with gradient ``summed[u]``, prefetching
+    the record ``_AHEAD_UPDATE`` rows ahead."""
+    cdef Py_ssize_t u, j, ahead = _AHEAD_UPDATE
+    cdef char* r
     for u in range(m):
-        r = urows[u]
-        p = hpcps_ht_range(_fmix64((<uint64_t*>(t.arena + r * t.rec))[0]), t.C)
-        while (t.index[p] & _MARK) or (t.index[p] & _ROW) != <uint64_t>(r + 1):
-            p += 1
-            if p == t.C:
-                p = 0
-        upos[u] = p
-        t.index[p] = (t.index[p] & 0xFFFFFFFF00000000ULL) | _MARK | <uint64_t>(u + 1)
+        if u + ahead < m:
+            r = arena + urows[u + ahead] * rec
+            hpcps_ht_prefetch(r)
+            j = 64
+            while j < rec:
+                hpcps_ht_prefetch(r + j)
+                j += 64
+        _step_row(arena + urows[u] * rec, summed + u * dim, soff, step_off, dim, hp)
 
 
 # --------------------------------------------------------------------------------------
@@ -582,37 +587,27 @@ def _finite(x, name):
     return x
 
 
-_SORT_ROWS = False
-
-
-def set_prefetch(index_ahead=None, record_ahead=None):
-    """Set how many keys ahead the push pass prefetches the index slot (default 32) and
-    the record (default 16, exact passes); returns the previous ``(index, record)``. The
-    weights do not depend on them. For benchmarks.
+def set_prefetch(index_ahead=None, update_ahead=None):
+    """Set how many keys ahead a probe pass prefetches the index slots (default 64, at
+    most 127) and how many rows ahead the merge path's update prefetches the record
+    (default 8); returns the previous ``(index, update)``. The weights do not depend on
+    them. For benchmarks.
 
     Raises
     ------
     ValueError
-        For a distance below 1 or above 1024.
+        For a distance below 1 or above its bound (127, 1024).
     """
-    global _AHEAD_INDEX, _AHEAD_RECORD
-    old = (int(_AHEAD_INDEX), int(_AHEAD_RECORD))
-    for v in (index_ahead, record_ahead):
-        if v is not None and not 1 <= int(v) <= 1024:
-            raise ValueError(f"prefetch distance must be in [1, 1024], got {v}")
+    global _AHEAD_INDEX, _AHEAD_UPDATE
+    old = (int(_AHEAD_INDEX), int(_AHEAD_UPDATE))
+    for v, hi in ((index_ahead, _RING - 1), (update_ahead, 1024)):
+        if v is not None and not 1 <= int(v) <= hi:
+            raise ValueError(f"prefetch distance must be in [1, {hi}], got {v}")
     if index_ahead is not None:
         _AHEAD_INDEX = int(index_ahead)
-    if record_ahead is not None:
-        _AHEAD_RECORD = int(record_ahead)
+    if update_ahead is not None:
+        _AHEAD_UPDATE = int(update_ahead)
     return old
-
-
-def set_sort_rows(flag):
-    """Step the distinct rows of a push in arena order (True) or in first-occurrence order
-    (False, the default); the weights are the same either way (each row's step is
-    independent). For benchmarks."""
-    global _SORT_ROWS
-    _SORT_ROWS = bool(flag)
 
 
 cdef class HashTable:
@@ -664,16 +659,17 @@ cdef class HashTable:
     cdef object init
     cdef _Hyper hp
     cdef Py_ssize_t soff, step_off
-    cdef object _index        # uint64 (C,)
+    cdef object _index        # uint8 ((C + _GROUP - 1) * 12,): the slots, then the mirror
     cdef object _arena        # uint8 (rows_cap * record_bytes,)
-    cdef uint64_t* index
+    cdef _Slot* index
     cdef uint64_t C
     cdef Py_ssize_t grow_at
     cdef char* arena
     cdef Py_ssize_t rows_cap
-    cdef object _scratch      # apply's buffers: distinct rows, their slots, summed grads
+    cdef object _scratch      # apply's buffers: rows, distinct rows, new keys
+    cdef object _sbuf         # apply's scatter buffer (rows_cap * dim) and bitmap, kept zero
     cdef Py_ssize_t _last_m   # distinct rows the last apply stepped (last_rows)
-    cdef object _template     # one record holding a new row's state (key and w zero)
+    cdef object _template     # one record holding a new row's state (w zero)
 
     def __init__(self, dim, dtype="float64", rule="sgd", *, lr=0.01, l2=0.0, eps=1e-8,
                  beta1=0.9, beta2=0.999, beta=1.0, lambda1=0.0, lambda2=0.0,
@@ -685,7 +681,7 @@ cdef class HashTable:
         self.dim = int(dim)
         self.dtype = rec.fields["w"][0].base
         self.rule = rule
-        self.soff = 8 + self.dim * self.dtype.itemsize
+        self.soff = self.dim * self.dtype.itemsize
         self.step_off = rec.fields["step"][1] if rule == "adam" else 0
         self.hp.rule = _RULE_CODES[rule]
         self.hp.lr = _finite(lr, "lr")
@@ -723,7 +719,11 @@ cdef class HashTable:
         self.rows_cap = 0
         self._arena = None
         self.arena = NULL
+        self._index = None
+        self.index = NULL
+        self.C = 0
         self._scratch = None
+        self._sbuf = None
         self._last_m = 0
         cap = int(capacity)
         if cap < 0:
@@ -734,23 +734,18 @@ cdef class HashTable:
     # ---------------------------------------------------------------- storage growth
 
     def _new_index(self, Py_ssize_t slots):
-        """Replace the index by one of ``slots`` slots and re-insert every stored key."""
-        cdef Py_ssize_t r
-        cdef uint64_t h, p, C = slots
-        idx = _anonymous(slots * 8).view(np.uint64)   # zero pages
-        cdef uint64_t[::1] iv = idx
-        cdef uint64_t* ip = &iv[0]
-        cdef char* a = self.arena
-        cdef Py_ssize_t rec = self.record_bytes, n = self.size
+        """Replace the index by one of ``slots`` slots holding every stored key."""
+        cdef Py_ssize_t i
+        cdef uint64_t p, C = slots, oldC = self.C
+        idx = _anonymous((slots + _GROUP - 1) * _SLOT_BYTES)     # zero pages: all empty
+        cdef uint8_t[::1] iv = idx
+        cdef _Slot* ip = <_Slot*>&iv[0]
+        cdef _Slot* old = self.index
         with nogil:
-            for r in range(n):
-                h = _fmix64((<uint64_t*>(a + r * rec))[0])
-                p = hpcps_ht_range(h, C)
-                while ip[p] != _EMPTY:
-                    p += 1
-                    if p == C:
-                        p = 0
-                ip[p] = ((h & 0xFFFFFFFFULL) << 32) | <uint64_t>(r + 1)
+            for i in range(<Py_ssize_t>oldC):
+                if old[i].row1 != 0:
+                    p = _probe(ip, C, old[i].key, _home(old[i].key, C))
+                    _put(ip, C, p, old[i].key, old[i].row1)
         self._index = idx
         self.index = ip
         self.C = C
@@ -779,48 +774,28 @@ cdef class HashTable:
             self._new_index(max(int(self.C * _GROWTH),
                                 int((self.size + 2) / self.max_load) + 1))
         if self.size >= self.rows_cap:
-            self._grow_arena(max(int(self.rows_cap * _GROWTH), self.size + 1))
+            self._grow_arena(max(int(self.rows_cap * _ARENA_GROWTH), self.size + 1))
 
     # ---------------------------------------------------------------- probing
 
-    cdef inline int64_t _find(self, uint64_t key, uint64_t h) noexcept nogil:
-        """Row of ``key`` (hash ``h``) or -1."""
-        cdef uint64_t p = hpcps_ht_range(h, self.C), e, tag = h & 0xFFFFFFFFULL
-        cdef int64_t r
-        while True:
-            e = self.index[p]
-            if e == _EMPTY:
-                return -1
-            if (e >> 32) == tag:
-                r = <int64_t>(e & _ROW) - 1
-                if (<uint64_t*>(self.arena + r * self.record_bytes))[0] == key:
-                    return r
-            p += 1
-            if p == self.C:
-                p = 0
-
-    cdef inline void _prefetch(self, uint64_t key, bint record) noexcept nogil:
-        """Prefetch the home slot of ``key``; with ``record``, read it (it should be in
-        cache by now) and prefetch the record it points to."""
-        cdef uint64_t h = _fmix64(key), e
-        cdef uint64_t* slot = self.index + hpcps_ht_range(h, self.C)
-        if not record:
-            hpcps_ht_prefetch(slot)
-            return
-        _prefetch_record(self.index, self.C, self.arena, self.record_bytes, key)
-
     cdef Py_ssize_t _lookup_loop(self, const int64_t* keys, Py_ssize_t n,
                                  int64_t* rows) noexcept nogil:
-        """rows[i] = row of keys[i] or -1; returns the number absent."""
-        cdef Py_ssize_t i, absent = 0
-        cdef uint64_t k
+        """rows[i] = row of keys[i] or -1 (home slots prefetched ahead); returns the
+        number absent."""
+        cdef Py_ssize_t i, absent = 0, ahead = _AHEAD_INDEX
+        cdef uint64_t q, C = self.C
+        cdef uint64_t ring[_RING]
+        for i in range(min(ahead, n)):
+            q = _home(<uint64_t>keys[i], C)
+            ring[i & (_RING - 1)] = q
+            _prefetch_group(self.index + q)
         for i in range(n):
-            if i + _AHEAD_INDEX < n:
-                self._prefetch(<uint64_t>keys[i + _AHEAD_INDEX], False)
-            if i + _AHEAD_RECORD < n:
-                self._prefetch(<uint64_t>keys[i + _AHEAD_RECORD], True)
-            k = <uint64_t>keys[i]
-            rows[i] = self._find(k, _fmix64(k))
+            if i + ahead < n:
+                q = _home(<uint64_t>keys[i + ahead], C)
+                ring[(i + ahead) & (_RING - 1)] = q
+                _prefetch_group(self.index + q)
+            q = _probe(self.index, C, <uint64_t>keys[i], ring[i & (_RING - 1)])
+            rows[i] = <int64_t>self.index[q].row1 - 1
             if rows[i] < 0:
                 absent += 1
         return absent
@@ -837,8 +812,9 @@ cdef class HashTable:
 
     @property
     def nbytes(self):
-        """Bytes of the index plus the used arena records (resident memory of the data)."""
-        return int(self.C) * 8 + self.size * self.record_bytes
+        """Bytes of the index (16 per slot) plus the used arena records (resident memory
+        of the data)."""
+        return int(self.C) * _SLOT_BYTES + self.size * self.record_bytes
 
     def lookup(self, keys):
         """Arena row of each key, -1 for an absent key (nothing inserted).
@@ -879,58 +855,29 @@ cdef class HashTable:
         """
         k = _key_vector(keys)
         rows = np.empty(k.shape[0], dtype=np.int64)
+        cdef Py_ssize_t i = 0, n = k.shape[0], before = self.size
+        if n == 0:
+            return rows
+        newkeys = np.empty(n if self.init is not None else 1, dtype=np.int64)
         cdef const int64_t[::1] kv = k
         cdef int64_t[::1] rv = rows
-        cdef Py_ssize_t i = 0, n = k.shape[0], before = self.size
+        cdef int64_t[::1] nv = newkeys
+        cdef int64_t* nk = &nv[0] if self.init is not None else NULL
         cdef uint8_t[::1] tv = self._template
         cdef const char* tmpl = <const char*>&tv[0]
+        cdef _Tab t
         try:
             while i < n:
+                self._fill(&t)
                 with nogil:
-                    i = self._insert_from(&kv[0], n, i, &rv[0], tmpl)
+                    i = _rows_pass(&t, &kv[0], n, i, &rv[0], tmpl, nk, before)
+                self.size = t.size
                 if i < n:
                     self._make_room()
         finally:
             if self.size > before:
-                self._init_rows(before, self.size)
+                self._init_rows(before, self.size, newkeys)
         return rows
-
-    cdef Py_ssize_t _insert_from(self, const int64_t* keys, Py_ssize_t n, Py_ssize_t start,
-                                 int64_t* rows, const char* tmpl) noexcept nogil:
-        cdef Py_ssize_t i, rec = self.record_bytes
-        cdef uint64_t k, h, p, e, tag
-        cdef int64_t r = -1
-        cdef char* dst
-        for i in range(start, n):
-            if i + _AHEAD_INDEX < n:
-                self._prefetch(<uint64_t>keys[i + _AHEAD_INDEX], False)
-            if i + _AHEAD_RECORD < n:
-                self._prefetch(<uint64_t>keys[i + _AHEAD_RECORD], True)
-            k = <uint64_t>keys[i]
-            h = _fmix64(k)
-            tag = h & 0xFFFFFFFFULL
-            p = hpcps_ht_range(h, self.C)
-            while True:
-                e = self.index[p]
-                if e == _EMPTY:
-                    if self.size >= self.grow_at or self.size >= self.rows_cap:
-                        return i
-                    r = self.size
-                    dst = self.arena + r * rec
-                    memcpy(dst, tmpl, rec)
-                    (<uint64_t*>dst)[0] = k
-                    self.index[p] = (tag << 32) | <uint64_t>(r + 1)
-                    self.size += 1
-                    break
-                if (e >> 32) == tag:
-                    r = <int64_t>(e & _ROW) - 1
-                    if (<uint64_t*>(self.arena + r * rec))[0] == k:
-                        break
-                p += 1
-                if p == self.C:
-                    p = 0
-            rows[i] = r
-        return n
 
     def _records(self, lo=0, hi=None):
         """Structured view of the records ``[lo, hi)`` (default: all stored)."""
@@ -938,13 +885,14 @@ cdef class HashTable:
         rb = self.record_bytes
         return self._arena[lo * rb:hi * rb].view(self.record_dtype)
 
-    def _init_rows(self, Py_ssize_t lo, Py_ssize_t hi):
-        """Initial weights (``init``) and FTRL's matching ``z`` for the new rows [lo, hi);
-        zero weights and the template state are already in place."""
+    def _init_rows(self, Py_ssize_t lo, Py_ssize_t hi, newkeys):
+        """Initial weights (``init``) and FTRL's matching ``z`` for the new rows [lo, hi)
+        (their keys: ``newkeys[:hi - lo]``); zero weights and the template state are
+        already in place."""
         if self.init is None or hi <= lo:
             return
         recs = self._records(lo, hi)
-        w = self._initial(recs["key"])
+        w = self._initial(newkeys[:hi - lo])
         recs["w"] = w
         if self.rule == "ftrl" and np.any(w):
             dt = self.dtype.type        # as hpcps.core.optim.Optimizer.init_slots
@@ -1003,22 +951,15 @@ cdef class HashTable:
 
     cdef Py_ssize_t _gather_loop(self, const int64_t* keys, Py_ssize_t n, int64_t* rows,
                                  char* out, Py_ssize_t wb) noexcept nogil:
-        cdef Py_ssize_t i, absent = 0
-        cdef uint64_t k
-        cdef int64_t r
+        cdef Py_ssize_t i, absent, rec = self.record_bytes, ahead = _AHEAD_UPDATE
+        absent = self._lookup_loop(keys, n, rows)
         for i in range(n):
-            if i + _AHEAD_INDEX < n:
-                self._prefetch(<uint64_t>keys[i + _AHEAD_INDEX], False)
-            if i + _AHEAD_RECORD < n:
-                self._prefetch(<uint64_t>keys[i + _AHEAD_RECORD], True)
-            k = <uint64_t>keys[i]
-            r = self._find(k, _fmix64(k))
-            rows[i] = r
-            if r < 0:
+            if i + ahead < n and rows[i + ahead] >= 0:
+                hpcps_ht_prefetch(self.arena + rows[i + ahead] * rec)
+            if rows[i] < 0:
                 memset(out + i * wb, 0, wb)
-                absent += 1
             else:
-                memcpy(out + i * wb, self.arena + r * self.record_bytes + 8, wb)
+                memcpy(out + i * wb, self.arena + rows[i] * rec, wb)
         return absent
 
     def apply(self, keys, grads, scale=1.0):
@@ -1060,84 +1001,87 @@ cdef class HashTable:
             raise ValueError(f"a push of {n:,} keys is more than {int(_MAX_ROWS):,}")
         g = np.ascontiguousarray(g)
         if self._scratch is None or self._scratch[0].shape[0] < n:
-            self._scratch = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.uint64),
-                             np.empty(n, dtype=np.int64), np.empty(n * self.dim, dtype=self.dtype))
-        urows, upos, ukeys, summed = self._scratch
+            self._scratch = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64),
+                             np.empty(n, dtype=np.int64))
+        rows, urows, newkeys = self._scratch
         cdef const int64_t[::1] kv = k
+        cdef int64_t[::1] rv = rows
         cdef int64_t[::1] uv = urows
-        cdef uint64_t[::1] pv = upos
-        cdef int64_t[::1] ukv = ukeys
-        cdef const float[:, ::1] g32
-        cdef const double[:, ::1] g64
-        cdef float[::1] s32
-        cdef double[::1] s64
-        cdef bint f32 = self.dtype == np.float32
-        if f32:
-            g32, s32 = g, summed
-        else:
-            g64, s64 = g, summed
+        cdef int64_t[::1] nv = newkeys
+        cdef int64_t* nk = &nv[0] if self.init is not None else NULL
         cdef uint8_t[::1] tv = self._template
         cdef const char* tmpl = <const char*>&tv[0]
         cdef _Hyper hp = self.hp
         hp.scale = sc
         cdef _Tab t
-        cdef Py_ssize_t i = 0, before = self.size
-        cdef bint exact = False, ok
-        m = 0
-        while True:
+        cdef Py_ssize_t i = 0, before = self.size, nwords
+        self._last_m = 0
+        while True:                               # each key's row; new keys inserted
             self._fill(&t)
             with nogil:
-                if f32:
-                    i = _push_pass[float](&t, &kv[0], &g32[0, 0], n, self.dim, i, &m, &uv[0],
-                                          &pv[0], &ukv[0], &s32[0], tmpl, exact)
-                else:
-                    i = _push_pass[double](&t, &kv[0], &g64[0, 0], n, self.dim, i, &m, &uv[0],
-                                           &pv[0], &ukv[0], &s64[0], tmpl, exact)
-                ok = i == n and (exact or _verify(&t, m, &uv[0], &ukv[0]))
+                i = _rows_pass(&t, &kv[0], n, i, &rv[0], tmpl, nk, before)
             self.size = t.size
-            if ok:
+            if i == n:
                 break
-            with nogil:
-                _unmark(&t, m, &uv[0], &pv[0])    # the index is clean while it grows
-            if i < 0 or i == n:                   # a tag matched another key: redo exactly
-                exact, i, m = True, 0, 0          # (the keys inserted so far are real)
-                continue
             try:
                 self._make_room()
             except BaseException:
-                self._init_rows(before, self.size)
+                self._init_rows(before, self.size, newkeys)
                 raise
-            self._fill(&t)
-            with nogil:
-                _remark(&t, m, &uv[0], &pv[0])
-        try:
-            self._init_rows(before, self.size)
-        except BaseException:
-            with nogil:
-                _unmark(&t, m, &uv[0], &pv[0])
-            raise
-        if _SORT_ROWS and m > 1:                  # step the rows in arena order (locality)
-            order = np.argsort(urows[:m])
-            urows[:m] = urows[:m][order]
-            upos[:m] = upos[:m][order]
-            sv = summed[:m * self.dim].reshape(m, self.dim)
-            sv[...] = sv[order]
-        with nogil:                               # step each row, unmark its slot
+        self._init_rows(before, self.size, newkeys)
+        self._fill(&t)
+        cdef Py_ssize_t R = self.size, dim = self.dim
+        cdef bint f32 = self.dtype == np.float32
+        cdef const float[:, ::1] g32
+        cdef const double[:, ::1] g64
+        cdef float[::1] b32
+        cdef double[::1] b64
+        cdef uint64_t[::1] bmv
+        if (R <= _SCATTER_ROWS_PER_KEY * n + _SCATTER_SLACK
+                and R * dim * self.dtype.itemsize <= _SCATTER_MAX_BYTES):
+            nwords = (R + 63) >> 6
+            if self._sbuf is None or self._sbuf[0].shape[0] < R * dim:
+                cap = max(self.rows_cap, R)
+                self._sbuf = (np.zeros(cap * dim, dtype=self.dtype),
+                              np.zeros((cap + 63) >> 6, dtype=np.uint64))
+            buf, bitmap = self._sbuf
+            bmv = bitmap
             if f32:
-                _update_rows[float](t.arena, t.rec, self.soff, self.step_off, self.dim,
-                                    &uv[0], m, &s32[0], &hp, t.index, &pv[0])
+                g32, b32 = g, buf
+                with nogil:
+                    m = _scatter_update[float](t.arena, t.rec, self.soff, self.step_off, dim,
+                                               &rv[0], &g32[0, 0], n, &b32[0], &bmv[0],
+                                               nwords, &uv[0], &hp)
             else:
-                _update_rows[double](t.arena, t.rec, self.soff, self.step_off, self.dim,
-                                     &uv[0], m, &s64[0], &hp, t.index, &pv[0])
+                g64, b64 = g, buf
+                with nogil:
+                    m = _scatter_update[double](t.arena, t.rec, self.soff, self.step_off, dim,
+                                                &rv[0], &g64[0, 0], n, &b64[0], &bmv[0],
+                                                nwords, &uv[0], &hp)
+        else:                                     # a large table: merge by sorting the rows
+            ur, summed = _merge_duplicates(rows[:n], g)
+            m = ur.shape[0]
+            urows[:m] = ur
+            summed = np.ascontiguousarray(summed)
+            if f32:
+                g32 = summed
+                with nogil:
+                    _update_rows[float](t.arena, t.rec, self.soff, self.step_off, dim,
+                                        &uv[0], m, &g32[0, 0], &hp)
+            else:
+                g64 = summed
+                with nogil:
+                    _update_rows[double](t.arena, t.rec, self.soff, self.step_off, dim,
+                                         &uv[0], m, &g64[0, 0], &hp)
         self._last_m = m
 
     def last_rows(self):
-        """The distinct arena rows the last :meth:`apply` stepped, int64 (m,) in order of
-        first occurrence: a view of a scratch buffer, valid until the next ``apply`` (copy
+        """The distinct arena rows the last :meth:`apply` stepped, int64 (m,) ascending:
+        a view of a scratch buffer, valid until the next ``apply`` (copy
         it to keep it). Empty before the first apply and after an empty one."""
         if self._scratch is None:
             return np.empty(0, dtype=np.int64)
-        return self._scratch[0][:self._last_m]
+        return self._scratch[1][:self._last_m]
 
     cdef void _fill(self, _Tab* t):
         t.index = self.index
@@ -1151,8 +1095,18 @@ cdef class HashTable:
     # ---------------------------------------------------------------- contents
 
     def keys(self):
-        """The stored keys in arena (insertion) order: int64 (size,), a copy."""
-        return np.ascontiguousarray(self._records()["key"])
+        """The stored keys in arena (insertion) order: int64 (size,), a copy (a walk of
+        the index)."""
+        out = np.empty(self.size, dtype=np.int64)
+        cdef int64_t[::1] ov = out
+        cdef Py_ssize_t i
+        cdef _Slot* ip = self.index
+        if self.size:
+            with nogil:
+                for i in range(<Py_ssize_t>self.C):
+                    if ip[i].row1 != 0:
+                        ov[ip[i].row1 - 1] = <int64_t>ip[i].key
+        return out
 
     def weights(self):
         """The stored rows in arena order: (size, dim) of the table's dtype, a copy."""

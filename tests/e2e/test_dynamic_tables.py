@@ -240,7 +240,8 @@ class NegativeIds(LogisticRegression):
 
 def test_a_key_outside_the_id_space_stops_the_job_naming_the_table(tmp_path):
     """A dynamic table takes non-negative int64 ids: a model that pushes key -3 stops the
-    job with an error naming the table and the key, non-zero exit, in seconds."""
+    job with a DataError naming the table and the key, exit status 65 (an input error:
+    ``hpcps run --max-restarts`` does not relaunch it), in seconds."""
     from tests.helpers import mpi_env
 
     (tmp_path / "train.svm").write_text(SVM)
@@ -253,9 +254,17 @@ def test_a_key_outside_the_id_space_stops_the_job_naming_the_table(tmp_path):
     proc, secs = launch(3, ["train", j], cwd=tmp_path, timeout=120, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-2000:]
-    assert "table 'weights': key -3 is outside its id space [0, 9223372036854775807)" in out, \
-        out[-3000:]
+    assert "DataError: table 'weights': key -3 is outside its id space " \
+           "[0, 9223372036854775807)" in out, out[-3000:]
     assert secs < 60, secs
+    # an error of the input (exit status 65): hpcps run does not relaunch it
+    proc, secs = hpcps(["run", "-n", "3", "--max-restarts", "2", j], cwd=tmp_path,
+                       timeout=180, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 65, (proc.returncode, out[-3000:])
+    assert "not restarting, a relaunch would fail the same way" in out, out[-3000:]
+    assert "table 'weights': key -3 is outside its id space" in out, out[-3000:]
+    assert secs < 90, secs
 
 
 @pytest.mark.parametrize("model", ["ssp", "async"])

@@ -97,22 +97,25 @@ def test_max_keys_without_eviction_is_an_error_naming_the_table():
         push(sh, [4])
 
 
-def test_stepping_rows_in_arena_order_gives_the_same_weights():
+def test_scatter_and_merge_paths_give_the_same_weights(monkeypatch):
+    """apply sums duplicates by a scatter into a row buffer (tables up to 64 rows per
+    pushed key) or by merge_duplicates (larger tables): the same weights and state, rows
+    stepped in ascending arena order either way (last_rows)."""
     from hpcps.kernels import hashtable as H
 
     rng = np.random.default_rng(3)
     keys = rng.integers(-2**62, 2**62, 5000)
     pushes = [keys[rng.zipf(1.2, 4000) % keys.size] for _ in range(4)]
     out = []
-    for flag in (False, True):
-        H.set_sort_rows(flag)
-        try:
-            t = H.HashTable(2, "float64", "ftrl", lr=0.1, lambda1=0.01)
-            for p in pushes:
-                t.apply(p, np.sin(p[:, None] * np.array([1.0, 2.0])), 0.5)
-            out.append((t.keys(), t.weights(), t.slots()))
-        finally:
-            H.set_sort_rows(False)
+    for per_key, slack in ((64, 1 << 16), (0, 0)):
+        monkeypatch.setattr(H, "_SCATTER_ROWS_PER_KEY", per_key)
+        monkeypatch.setattr(H, "_SCATTER_SLACK", slack)
+        t = H.HashTable(2, "float64", "ftrl", lr=0.1, lambda1=0.01)
+        for p in pushes:
+            t.apply(p, np.sin(p[:, None] * np.array([1.0, 2.0])), 0.5)
+            rows = t.last_rows()
+            assert np.array_equal(rows, np.sort(t.lookup(np.unique(p))))
+        out.append((t.keys(), t.weights(), t.slots()))
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
     assert all(np.array_equal(out[0][2][s], out[1][2][s]) for s in out[0][2])
 
@@ -124,7 +127,7 @@ def test_prefetch_distances_give_the_same_weights_and_are_checked():
     keys = rng.integers(-2**62, 2**62, 5000)
     pushes = [keys[rng.zipf(1.2, 4000) % keys.size] for _ in range(4)]
     out = []
-    for ahead in ((32, 16), (1, 1), (200, 3)):
+    for ahead in ((64, 8), (1, 1), (127, 200)):
         old = H.set_prefetch(*ahead)
         try:
             t = H.HashTable(1, "float32", "adagrad", lr=0.1)
@@ -133,8 +136,10 @@ def test_prefetch_distances_give_the_same_weights_and_are_checked():
             out.append((t.keys(), t.weights(), t.slots()["accumulator"]))
         finally:
             H.set_prefetch(*old)
-    assert H.set_prefetch() == (32, 16)
+    assert H.set_prefetch() == (64, 8)
     for o in out[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(out[0], o))
     with pytest.raises(ValueError, match="prefetch distance"):
         H.set_prefetch(0)
+    with pytest.raises(ValueError, match="prefetch distance"):
+        H.set_prefetch(128)

@@ -138,6 +138,6 @@ def test_restore_refuses_fixed_table_and_mismatches(tmp_path):
 
 def test_bytes_per_key_figures():
     b = bytes_per_key("adagrad", 1, "float32")
-    assert b["minimum"] == 16 and b["record"] == 16
-    assert b["low"] == 26 and b["high"] == 31
+    assert b["minimum"] == 16 and b["record"] == 8
+    assert b["low"] == 23 and b["high"] == 30.5
     assert b["high"] <= 2 * b["minimum"]

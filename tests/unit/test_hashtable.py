@@ -213,15 +213,17 @@ def test_bad_arguments():
 
 
 def test_record_layout_sizes():
-    """The record sizes and minima of the module docstring's table (dim 1)."""
-    want = {("sgd", "float32"): (16, 12), ("sgd", "float64"): (16, 16),
-            ("adagrad", "float32"): (16, 16), ("adagrad", "float64"): (24, 24),
-            ("ftrl", "float32"): (24, 20), ("ftrl", "float64"): (32, 32),
-            ("adam", "float32"): (32, 28), ("adam", "float64"): (40, 40)}
+    """The record sizes and minima of the module docstring's table (dim 1): the record
+    holds the row and its state (the key is in the index slot); the minimum counts the key."""
+    want = {("sgd", "float32"): (4, 12), ("sgd", "float64"): (8, 16),
+            ("adagrad", "float32"): (8, 16), ("adagrad", "float64"): (16, 24),
+            ("ftrl", "float32"): (12, 20), ("ftrl", "float64"): (24, 32),
+            ("adam", "float32"): (24, 28), ("adam", "float64"): (32, 40)}
     for (rule, dt), (rec, minimum) in want.items():
         r, m = record_layout(rule, 1, dt)
         assert (r.itemsize, m) == (rec, minimum), (rule, dt)
-    r, _ = record_layout("adam", 3, "float32")          # step 8-aligned after 6 floats
+        assert "key" not in r.names
+    r, _ = record_layout("adam", 3, "float32")          # step 8-aligned after 9 floats
     assert r.fields["step"][1] % 8 == 0
 
 
@@ -271,8 +273,7 @@ def test_push_that_grows_the_index_midway_still_sums_repeats():
 
 def test_failing_init_leaves_a_consistent_table():
     """An init that raises during a push: the error propagates, no update is applied, and
-    the index is usable (the push's marks were removed): every key is found, later
-    pushes work."""
+    the index is usable: every key is found, later pushes work."""
     calls = []
 
     def init(keys):
@@ -307,9 +308,8 @@ def _inverse_fmix64(h):
 
 @pytest.mark.parametrize("order", ["b_alone", "abab", "b_then_a"])
 def test_keys_with_equal_tags_are_told_apart(order):
-    """Keys whose hashes share the 32-bit tag and the probe run: a push first trusts tag
-    matches (no record read), then verifies them; a false match or a marked slot with the
-    tag of another key makes it redo the push exactly. Weights as a dict reference."""
+    """Keys whose hashes share their low 32 bits and the probe run (a 32-bit tag scheme
+    would confuse them; the index compares full keys). Weights as a dict reference."""
     ha = 0x1234_5678_9ABC_DEF0
     hb = (ha + (1 << 33)) % (1 << 64)             # same low 32 bits, neighbouring home slot
     a, b = (np.uint64(_inverse_fmix64(h)).view(np.int64) for h in (ha, hb))
