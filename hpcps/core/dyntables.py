@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcps.core.optim import Optimizer
-from hpcps.data import DataError
+from hpcps.core.errors import DataError
 from hpcps.core.tables import TableSpec
 from hpcps.kernels.hashtable import HashTable, record_layout, server_of
 
@@ -59,7 +59,7 @@ class HashPartition:
         self.name = name
 
     def check(self, keys: np.ndarray) -> None:
-        """Raise :class:`hpcps.data.DataError` (a ``ValueError``) naming the table and the
+        """Raise :class:`hpcps.core.errors.DataError` (a ``ValueError``) naming the table and the
         key when a key is outside ``[0, num_keys)`` (the declared id type: non-negative ids
         below the bound). A ``DataError`` ends the job with exit status 65, which ``hpcps
         run --max-restarts`` does not relaunch (the same keys would fail the same way)."""
@@ -83,7 +83,7 @@ class HashPartition:
 
         Raises
         ------
-        hpcps.data.DataError
+        hpcps.core.errors.DataError
             For a key outside ``[0, num_keys)`` (:meth:`check`)."""
         keys = np.asarray(keys)
         self.check(keys)

@@ -18,14 +18,6 @@ partition_rows
     :func:`~hpcps.data.partition_rows.block_bounds` (``np.array_split`` block arithmetic).
 """
 
+from hpcps.core.errors import DataError
+
 __all__ = ["DataError"]
-
-
-class DataError(ValueError):
-    """Malformed or inconsistent input data.
-
-    Raised by the readers of :mod:`hpcps.data` instead of a bare ``ValueError`` (it *is* a
-    ``ValueError``, so ``except ValueError`` still catches it).  The message always
-    starts with the path of the offending file and, where known, ``:line`` and the
-    column or feature index at fault.
-    """

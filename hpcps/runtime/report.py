@@ -234,7 +234,8 @@ def summary_lines(s: dict, history: list) -> list[str]:
             a, r, e = d["admitted"][t], d["rejected"][t], d["evicted"][t]
             if r or e:
                 dyn += f" ({a:,} admitted, {r:,} pushes before admission, {e:,} evicted)"
-        rss = f", peak RSS {mb(d['rss_peak_bytes'])}" if d.get("rss_peak_bytes") else ""
+        rss = (f", peak RSS {d['rss_peak_bytes'] / 2**20:,.0f} MiB"     # as the readers' line
+               if d.get("rss_peak_bytes") else "")
         lines.append(f"  server {d['index']}: {d['rows']:,} rows ({size(d['memory_bytes'])}{dyn}"
                      f"{rss}); pushed in {mb(d['bytes_in'])} ({d['keys_pushed']:,} keys), {pulled}, "
                      f"{d['requests']:,} requests")

@@ -36,7 +36,7 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
            if idle else f"of {t.batch_size} rows per worker")
     lines.append(f"hpcps: {tr.n_workers} worker(s), {tr.client.n_servers} server(s); "
               f"{n_train} train / {n_test} test rows; model {tr.model.name} "
-              f"({_n_params(tr.client.specs):,} parameters{_dynamic_note(tr.client.specs)}); "
+              f"({_plural(_n_params(tr.client.specs), 'parameter')}{_dynamic_note(tr.client.specs)}); "
               f"{steps_full} steps/epoch {per}; "
               + ("AllReduce of the gradients (BSP by construction), "  # [cluster] mode
                  if tr.client.pull_mode == "allreduce" else
@@ -93,3 +93,8 @@ def _n_params(specs) -> int:
 def _dynamic_note(specs) -> str:
     dyn = [s.name for s in specs if s.dynamic]
     return f" + dynamic table(s) {', '.join(dyn)} (hash, grow with the keys)" if dyn else ""
+
+
+def _plural(n: int, word: str) -> str:
+    """``"1 parameter"``, ``"109,386 parameters"``."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
