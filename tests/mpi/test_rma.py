@@ -181,11 +181,26 @@ def _rss_kb() -> int:
     return 0
 
 
-def _shm_bytes() -> int:
+def _job_shm_prefixes() -> set:
+    """Name prefixes of this job's files in /dev/shm: the ones this process maps, without
+    their rank suffix (``sm_segment.HOST.0.JOBID``). Other jobs on the machine (other test
+    runs) create and remove their own segments meanwhile; only this job's count."""
+    names = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if path.startswith("/dev/shm/"):
+                names.add(path[len("/dev/shm/"):].rsplit(".", 1)[0])
+    return names
+
+
+def _shm_bytes(prefixes) -> int:
     import os
     total = 0
     for root, _, files in os.walk("/dev/shm"):
         for f in files:
+            if not any(f.startswith(p) for p in prefixes):
+                continue
             try:
                 total += os.stat(os.path.join(root, f)).st_size
             except OSError:
@@ -215,7 +230,9 @@ def test_windows_freed_repeatedly_do_not_grow_memory():
             assert all(w.freed for w in ws)
             with pytest.raises(WindowFreedError):
                 ws[0].read(1, np.zeros(1, dtype=np.int64))
-            rounds.append((_rss_kb(), _shm_bytes()))
+            if i == 0:
+                prefixes = _job_shm_prefixes()
+            rounds.append((_rss_kb(), _shm_bytes(prefixes)))
     finally:
         comm.Free()
     rss = [r for r, _ in rounds]
