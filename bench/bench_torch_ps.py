@@ -7,16 +7,24 @@ The peer ``bench_e2e.py`` compares hpcps with. Applied to the Adult hashed-cross
 regression (the same features, read with hpcps's own featurizer):
 
 * rank 0 holds the model: one float32 weight per feature, the bias and AdaGrad's sums;
-* only sparse rows travel: a trainer finds its batch's distinct features (``torch.unique``),
-  computes the log-loss gradient of those rows itself, and sends ``(keys, gradient)``;
+* only sparse rows travel: a trainer finds its batch's distinct features and each nonzero's
+  index into them (:class:`UniqueInverse`: two linear passes over a per-feature scratch
+  array, as hpcps's workers do; ``torch.unique`` sorts, 4x slower), computes the log-loss
+  gradient of those rows itself, and sends ``(keys, gradient)``;
 * one fused RPC per step: ``push_pull(keys, grad, bias_grad, next_keys)`` applies the step's
-  gradient and returns the rows of the trainer's next batch;
+  gradient and returns the rows of the trainer's next batch (the next epoch's first batch
+  too: the only other RPCs are the run's first pull and the evaluations);
 * ``--mode async`` (Downpour): the server applies each push at once, under a lock;
   ``--mode bsp``: ``bsp_push_pull`` is an ``@rpc.functions.async_execution`` function whose
   future completes when every trainer has pushed the clock; the summed gradient is applied
   once, then every trainer gets its next rows (one batched RPC per step);
-* torch threads per process: its share of the cores (at least 1); processes started with
-  ``torch.multiprocessing``; rendezvous over TCP on 127.0.0.1.
+* torch threads per process: its share of the cores (at least 1), one inter-op thread;
+  processes started with ``torch.multiprocessing``; rendezvous over TCP on 127.0.0.1;
+  TensorPipe's ``uv`` transport (TCP on loopback) by default: its ``shm`` transport, the
+  default on one host, busy-polls a reactor thread per process (``--transport shm`` to
+  compare);
+* the server's test split and scikit-learn's metrics are loaded before the trainers start
+  their clocks (importing ``sklearn.metrics`` beside torch in the first evaluation took ~4 s).
 
 Same work as the hpcps job: the same train/test split and features, the same number of
 trainers (``--workers``) plus one server process, the same batch size, epochs, AdaGrad
@@ -272,7 +280,7 @@ def run_worker(rank, world_size, args, port, queue):
     torch.set_num_interop_threads(1)
     opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=max(4, world_size), rpc_timeout=600,
                                            init_method=f"tcp://127.0.0.1:{port}",
-                                           _transports=[args.transport] if args.transport else None)
+                                           _transports=[args.transport])
     if rank == 0:
         from hpcps.config import load_job
 
@@ -304,8 +312,11 @@ def main(argv=None) -> int:
                          "answer waits for every trainer's push of the clock (default async)")
     ap.add_argument("--data-npz", help="featurized data written by adultdata.save_npz (default: featurize "
                                        "in every process)")
-    ap.add_argument("--transport", choices=["shm", "uv"], default=None,
-                    help="TensorPipe transport (default: TensorPipe's choice)")
+    ap.add_argument("--transport", choices=["shm", "uv"], default="uv",
+                    help="TensorPipe transport: uv (TCP over loopback, the default) or shm, "
+                         "TensorPipe's own choice on one host, whose reactor thread busy-polls "
+                         "(~20%% of a core per idle process on the 2 shared cores it was measured "
+                         "on; slower there in examples/s in both modes)")
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
     if torch is None:
