@@ -112,7 +112,7 @@ def write_job(d: Path, epochs: int, quick: bool) -> Path:
 def mpi_part(args) -> int:
     """Every rank: train each variant ``reps`` times (collective over the world)."""
     from hpcps.comm.core import abort_on_error, world
-    from hpcps.config import ClusterConfig, ConsistencyConfig, load_job
+    from hpcps.config import ConsistencyConfig, load_job
     from hpcps.runtime.job import run_job
 
     _cache_data()
