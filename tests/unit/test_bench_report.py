@@ -29,3 +29,21 @@ def test_a_ratio_above_its_bound_is_disturbed_not_met():
                    "reports": [{"name": "kernels", "ratios": rep.ratios, "notes": rep.notes}]})
     assert "| 2.31x | >= 0.5 | disturbed: rerun |" in md
     assert "| 0.71x | >= 0.5 | met |" in md and "| **missed** |" in md
+
+
+def test_torch_peer_unique_inverse_matches_torch_unique_across_reused_scratch():
+    """bench_torch_ps's linear-time distinct keys (scratch array kept between batches): every
+    key once, keys[inv] gives the batch back, stale scratch entries of earlier batches and an
+    empty batch do no harm."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    import bench_torch_ps
+
+    uniq = bench_torch_ps.UniqueInverse(1000)
+    g = torch.Generator().manual_seed(0)
+    for n in (500, 3, 0, 2000):
+        k = torch.randint(0, 1000, (n,), generator=g)
+        keys, inv = uniq(k)
+        assert torch.equal(keys[inv], k)
+        assert torch.equal(keys.sort().values, torch.unique(k))
