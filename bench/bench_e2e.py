@@ -17,8 +17,10 @@ Run it with plain ``python`` (it launches what it needs)::
   summed with ``MPI.Allreduce``; included when this hpcps implements the mode, otherwise the
   row says so.
 * **torch RPC PS**: ``bench_torch_ps.py`` with ``workers`` trainers + 1 server process, in its
-  BSP and its async mode (sparse rows only, one fused push-pull RPC per step), each compared
-  with hpcps's mode of the same name (skipped with a message when torch is not installed).
+  BSP and its async mode (sparse rows only, one fused push-pull RPC per step, torch threads
+  set to each process's share of the cores), each compared with hpcps's mode of the same name
+  (skipped with a message when torch is not installed); a note says when its final test AUC
+  is more than the job's ``max_auc_gap`` from hpcps's.
 
 The job: ``jobs/adult_lr.toml`` (2^20 hashed features with crosses, AdaGrad lr 0.1, batch 256
 per worker) with ``l2 = 0`` (the torch model has no L2 term), no checkpoints, no scikit-learn
@@ -110,7 +112,7 @@ def write_job(d: Path, epochs: int, quick: bool) -> Path:
 def mpi_part(args) -> int:
     """Every rank: train each variant ``reps`` times (collective over the world)."""
     from hpcps.comm.core import abort_on_error, world
-    from hpcps.config import ClusterConfig, ConsistencyConfig, load_job
+    from hpcps.config import ConsistencyConfig, load_job
     from hpcps.runtime.job import run_job
 
     _cache_data()
@@ -252,6 +254,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.mpi_part:
         return mpi_part(args)
+    from hpcps.config import load_job
     from hpcps.runtime import launch
 
     if args.quick:
@@ -262,6 +265,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="hpcps-bench-e2e-") as d:
         d = Path(d)
         job = write_job(d, args.epochs, args.quick)
+        gap = load_job(job).evaluate.max_auc_gap
         mpirun = launch.find_mpirun()
         out = d / "hpcps.json"
         base_dir = build_commit(args.baseline_commit, d) if args.baseline_commit else None
@@ -359,6 +363,13 @@ def main(argv=None) -> int:
             rep.note(f"torch rpc PS {mode}: {tp['unreached']} of {tp['reps']} runs ended above log-loss "
                      f"{args.target}; their whole training time counts as their time to it (a lower "
                      "bound), so the time-to-target ratio is a lower bound")
+    # the peer trains the same model: its final test AUC within the job's max_auc_gap of hpcps's
+    for name in ("hpcps BSP", "hpcps async"):
+        tp = rows.get("torch PS " + name.split()[1])
+        if tp and abs(tp["final_auc"] - rows[name]["final_auc"]) > gap:
+            rep.note(f"torch rpc PS {name.split()[1]}: final test AUC {tp['final_auc']:.4f}, "
+                     f"{name} {rows[name]['final_auc']:.4f}: more than max_auc_gap {gap} apart "
+                     "(not the same model?)")
     for name in ("hpcps BSP", "hpcps async"):
         h = rows[name]
         tp = rows.get("torch PS " + name.split()[1])

@@ -7,16 +7,24 @@ The peer ``bench_e2e.py`` compares hpcps with. Applied to the Adult hashed-cross
 regression (the same features, read with hpcps's own featurizer):
 
 * rank 0 holds the model: one float32 weight per feature, the bias and AdaGrad's sums;
-* only sparse rows travel: a trainer finds its batch's distinct features (``torch.unique``),
-  computes the log-loss gradient of those rows itself, and sends ``(keys, gradient)``;
+* only sparse rows travel: a trainer finds its batch's distinct features and each nonzero's
+  index into them (:class:`UniqueInverse`: two linear passes over a per-feature scratch
+  array, as hpcps's workers do; ``torch.unique`` sorts, 4x slower), computes the log-loss
+  gradient of those rows itself, and sends ``(keys, gradient)``;
 * one fused RPC per step: ``push_pull(keys, grad, bias_grad, next_keys)`` applies the step's
-  gradient and returns the rows of the trainer's next batch;
+  gradient and returns the rows of the trainer's next batch (the next epoch's first batch
+  too: the only other RPCs are the run's first pull and the evaluations);
 * ``--mode async`` (Downpour): the server applies each push at once, under a lock;
   ``--mode bsp``: ``bsp_push_pull`` is an ``@rpc.functions.async_execution`` function whose
   future completes when every trainer has pushed the clock; the summed gradient is applied
   once, then every trainer gets its next rows (one batched RPC per step);
-* torch threads per process: its share of the cores (at least 1); processes started with
-  ``torch.multiprocessing``; rendezvous over TCP on 127.0.0.1.
+* torch threads per process: its share of the cores (at least 1), one inter-op thread;
+  processes started with ``torch.multiprocessing``; rendezvous over TCP on 127.0.0.1;
+  TensorPipe's ``uv`` transport (TCP on loopback) by default: its ``shm`` transport, the
+  default on one host, busy-polls a reactor thread per process (``--transport shm`` to
+  compare);
+* the server's test split and scikit-learn's metrics are loaded before the trainers start
+  their clocks (importing ``sklearn.metrics`` beside torch in the first evaluation took ~4 s).
 
 Same work as the hpcps job: the same train/test split and features, the same number of
 trainers (``--workers``) plus one server process, the same batch size, epochs, AdaGrad
@@ -32,7 +40,6 @@ dependency of hpcps): ``pip install torch`` (CPU wheel) to run it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -95,7 +102,14 @@ class SparsePS:
         self.lr, self.eps = float(lr), float(eps)
         self.n_trainers, self.job, self.npz = n_trainers, job, npz
         self.lock = Lock()
-        self.test = None
+        self.unique = UniqueInverse(n_features)
+        # the test split and the metrics (scikit-learn's) loaded now, before the trainers
+        # start their clocks: a user's script imports at its top, not in the first evaluation
+        # (importing sklearn.metrics beside torch took ~4 s here, a third of a 2-epoch run)
+        self.test = load(job, "test", 0, 1, npz)
+        from hpcps.models.logistic_math import binary_metrics
+
+        binary_metrics([0.0, 1.0], [0.25, 0.75])
         self.sizes = {}
         self.size_futures = []
         self.pending = []          # BSP: (keys, grads, bias grad, next keys, future) of this clock
@@ -113,8 +127,6 @@ class SparsePS:
         """Test log-loss and AUC of the current model (the server holds the test split)."""
         from hpcps.models.logistic_math import binary_metrics
 
-        if self.test is None:
-            self.test = load(self.job, "test", 0, 1, self.npz)
         indptr, indices, data, y, _ = self.test
         with self.lock:
             z = torch.zeros(y.numel()).index_add_(0, _row_ids(indptr), self.w[indices] * data) + self.b
@@ -123,6 +135,24 @@ class SparsePS:
 
 
 _PS = None
+
+
+class UniqueInverse:
+    """Distinct keys of a batch and each occurrence's index into them, ``(keys, inv)`` with
+    ``keys[inv] == k`` (keys in order of a first occurrence, not sorted): two linear passes
+    over a per-feature scratch array kept between steps, 0.3 ms for a 27k-key batch where
+    ``torch.unique(return_inverse=True)`` sorts in 1.1 ms (hpcps's workers find their keys
+    the same way, ``hpcps.kernels.keys.unique_inverse``)."""
+
+    def __init__(self, n_features):
+        self.scratch = torch.empty(n_features, dtype=torch.int64)
+
+    def __call__(self, k):
+        pos = torch.arange(k.numel())
+        self.scratch[k] = pos                       # one occurrence of each key wins
+        keys = k[self.scratch[k] == pos]            # that occurrence: each key once
+        self.scratch[keys] = torch.arange(keys.numel())
+        return keys, self.scratch[k]
 
 
 def _row_ids(indptr):
@@ -169,7 +199,7 @@ def bsp_push_pull(keys, g, gb, next_keys):
         ps.pending.append((keys, g, gb, next_keys, fut))
         if len(ps.pending) == ps.n_trainers:
             k = torch.cat([p[0] for p in ps.pending])
-            uk, inv = torch.unique(k, return_inverse=True)
+            uk, inv = ps.unique(k)
             gs = torch.zeros(uk.numel()).index_add_(0, inv, torch.cat([p[1] for p in ps.pending]))
             ps.apply(uk, gs / ps.n_trainers, sum(p[2] for p in ps.pending) / ps.n_trainers)
             for p in ps.pending:
@@ -195,6 +225,7 @@ def run_trainer(rank, n_workers, args, queue):
     steps = -(-longest // bs)
     g = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
     empty = torch.zeros(0, dtype=torch.int64)
+    unique = UniqueInverse(nf)
     t0 = time.time()
     examples, epochs = 0, []
 
@@ -203,29 +234,38 @@ def run_trainer(rank, n_workers, args, queue):
         starts, lens = indptr[rows], indptr[rows + 1] - indptr[rows]
         offsets = torch.cumsum(lens, 0) - lens
         idx = torch.repeat_interleave(starts - offsets, lens) + torch.arange(int(lens.sum()))
-        keys, inv = torch.unique(indices[idx], return_inverse=True)
+        keys, inv = unique(indices[idx])
         row_ids = torch.repeat_interleave(torch.arange(rows.numel()), lens)
         return rows, keys, inv, row_ids, data[idx]
 
-    for epoch in range(args.epochs):
-        order = torch.randperm(n, generator=g)
-        cur = batch(order, 0)
-        w, b = rpc.rpc_sync("parameter_server", push_pull, args=(empty, torch.zeros(0), 0.0, cur[1]))
-        for s in range(steps):
-            rows, keys, inv, row_ids, vals = cur
-            nxt = batch(order, s + 1) if s + 1 < steps else None
-            if rows.numel():
-                z = torch.zeros(rows.numel()).index_add_(0, row_ids, w[inv] * vals) + b
-                err = (torch.sigmoid(z) - y[rows]) / rows.numel()         # mean log-loss
-                gk = torch.zeros(keys.numel()).index_add_(0, inv, err[row_ids] * vals)
-                gb = float(err.sum())
-            else:
-                gk, gb = torch.zeros(0), 0.0
-            w, b = rpc.rpc_sync("parameter_server", step_fn,
-                                args=(keys, gk, gb, nxt[1] if nxt is not None else empty))
-            examples += rows.numel()
-            cur = nxt
-        if rank == 1:
+    # the steps of every epoch in one sequence: each RPC pushes a step's gradient and pulls
+    # the rows of the next step, the first step of the next epoch included (its order drawn
+    # one step early); only the very first pull is an RPC of its own
+    total = args.epochs * steps
+    order = torch.randperm(n, generator=g)
+    cur = batch(order, 0)
+    w, b = rpc.rpc_sync("parameter_server", push_pull, args=(empty, torch.zeros(0), 0.0, cur[1]))
+    for t in range(total):
+        epoch, s = divmod(t, steps)
+        rows, keys, inv, row_ids, vals = cur
+        if t + 1 == total:
+            nxt = None
+        else:
+            if s + 1 == steps:
+                order = torch.randperm(n, generator=g)
+            nxt = batch(order, (t + 1) % steps)
+        if rows.numel():
+            z = torch.zeros(rows.numel()).index_add_(0, row_ids, w[inv] * vals) + b
+            err = (torch.sigmoid(z) - y[rows]) / rows.numel()         # mean log-loss
+            gk = torch.zeros(keys.numel()).index_add_(0, inv, err[row_ids] * vals)
+            gb = float(err.sum())
+        else:
+            gk, gb = torch.zeros(0), 0.0
+        w, b = rpc.rpc_sync("parameter_server", step_fn,
+                            args=(keys, gk, gb, nxt[1] if nxt is not None else empty))
+        examples += rows.numel()
+        cur = nxt
+        if rank == 1 and s + 1 == steps:
             ll, auc = rpc.rpc_sync("parameter_server", evaluate)
             epochs.append({"epoch": epoch + 1, "seconds": time.time() - t0, "test_logloss": ll,
                            "test_auc": auc})
@@ -237,8 +277,10 @@ def run_trainer(rank, n_workers, args, queue):
 def run_worker(rank, world_size, args, port, queue):
     # each process's share of the cores (at least one thread)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_interop_threads(1)
     opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=max(4, world_size), rpc_timeout=600,
-                                           init_method=f"tcp://127.0.0.1:{port}")
+                                           init_method=f"tcp://127.0.0.1:{port}",
+                                           _transports=[args.transport])
     if rank == 0:
         from hpcps.config import load_job
 
@@ -270,6 +312,11 @@ def main(argv=None) -> int:
                          "answer waits for every trainer's push of the clock (default async)")
     ap.add_argument("--data-npz", help="featurized data written by adultdata.save_npz (default: featurize "
                                        "in every process)")
+    ap.add_argument("--transport", choices=["shm", "uv"], default="uv",
+                    help="TensorPipe transport: uv (TCP over loopback, the default) or shm, "
+                         "TensorPipe's own choice on one host, whose reactor thread busy-polls "
+                         "(~20%% of a core per idle process on the 2 shared cores it was measured "
+                         "on; slower there in examples/s in both modes)")
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
     if torch is None:

@@ -49,3 +49,21 @@ def test_bench_hosts_without_root_reports_na_with_the_reason(tmp_path, monkeypat
     assert head[0]["met"] is None and "across 2 hosts" in head[0]["what"]
     assert any("skipped: the test hosts need root" in n for n in rep["notes"])
     assert "bench_hosts: skipped: the test hosts need root" in capsys.readouterr().out
+
+
+def test_torch_peer_unique_inverse_matches_torch_unique_across_reused_scratch():
+    """bench_torch_ps's linear-time distinct keys (scratch array kept between batches): every
+    key once, keys[inv] gives the batch back, stale scratch entries of earlier batches and an
+    empty batch do no harm."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    import bench_torch_ps
+
+    uniq = bench_torch_ps.UniqueInverse(1000)
+    g = torch.Generator().manual_seed(0)
+    for n in (500, 3, 0, 2000):
+        k = torch.randint(0, 1000, (n,), generator=g)
+        keys, inv = uniq(k)
+        assert torch.equal(keys[inv], k)
+        assert torch.equal(keys.sort().values, torch.unique(k))
