@@ -28,7 +28,8 @@ batch 32, AdaGrad; every launch is ``mpirun --with-ft ulfm`` (``hpcps.runtime.la
 Run directories (checkpoints, metrics) are on tmpfs (``/dev/shm``) when there is one, so that
 a slow ``fsync`` under other jobs' disk load does not enter the figures.
 
-The last line is the replication ratio. ``--quick``: 1 repetition, fewer rows (a smoke test).
+The last line is the replication ratio. ``--quick`` (a smoke test): 1 repetition, 3,000 rows,
+one epoch (25 steps), the kills at clock 15, checkpoints every 10 steps.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ RANKS = 6                  # 3 workers (ranks 0-2) + 3 servers (ranks 3-5)
 WORKER1, SERVER1 = 1, 4    # the victims: worker 1, server 1
 KILL_CLOCK = 60
 EVERY = 40                 # checkpoint interval of the reload and restart scenarios
+QUICK_KILL_CLOCK, QUICK_EVERY = 15, 10     # --quick: one epoch of 25 steps
 
 JOB = """
 name = "recovery"
@@ -90,8 +92,9 @@ def write_job(d: Path, rows: int, epochs: int) -> Path:
     return p
 
 
-def variant(base, name: str, out_dir: Path):
-    """The job of one variant: fault-tolerance mode, replicas, checkpoints."""
+def variant(base, name: str, out_dir: Path, every: int = EVERY):
+    """The job of one variant: fault-tolerance mode, replicas, checkpoints (every ``every``
+    steps in the scenarios that reload or resume)."""
     ft = base.fault_tolerance
     ck = base.checkpoint
     if name == "restart":
@@ -101,7 +104,7 @@ def variant(base, name: str, out_dir: Path):
     else:
         ft = dataclasses.replace(ft, replicas=2)
     if name in ("server lost, replicas 1", "restart kill", "restart resume"):
-        ck = dataclasses.replace(ck, every_steps=EVERY, keep=10)
+        ck = dataclasses.replace(ck, every_steps=every, keep=10)
     if name in ("restart kill", "restart resume"):
         ft = dataclasses.replace(ft, mode="restart", replicas=1)
     return dataclasses.replace(base, fault_tolerance=ft, checkpoint=ck,
@@ -147,7 +150,7 @@ def mpi_kill(args) -> int:
     comm = world()
     pids = comm.allgather(os.getpid())           # start-up only, not the measured path
     base = load_job(args.job)
-    cfg = variant(base, args.scenario, Path(args.run_dir))
+    cfg = variant(base, args.scenario, Path(args.run_dir), args.every)
     marks = {}
 
     def hook(worker, clock):
@@ -190,19 +193,24 @@ def launch_mpi(program: list, timeout: float = 600,
                           timeout=timeout)
 
 
-def kill_scenario(d: Path, job: Path, scenario: str, victim: int, rep: int) -> dict:
+def kill_scenario(d: Path, job: Path, scenario: str, victim: int, rep: int,
+                  at: int = KILL_CLOCK, every: int = EVERY) -> dict:
+    """One launch of ``scenario`` (two for "restart kill"): rank ``victim`` killed at clock
+    ``at``, checkpoints every ``every`` steps where the scenario takes them."""
     out = d / f"{scenario.replace(' ', '_').replace(',', '')}-{rep}.json"
     run_dir = d / "runs" / out.stem
     p = launch_mpi([sys.executable, str(HERE / "bench_recovery.py"), "--mpi-kill",
                     "--job", str(job), "--scenario", scenario, "--victim", str(victim),
-                    "--at", str(KILL_CLOCK), "--run-dir", str(run_dir), "--mpi-out", str(out)],
+                    "--at", str(at), "--every", str(every), "--run-dir", str(run_dir),
+                    "--mpi-out", str(out)],
                    ulfm=scenario != "restart kill")
     if scenario == "restart kill":
         t_kill = float(Path(str(out) + ".kill").read_text())
         out2 = d / f"restart-resume-{rep}.json"
         p2 = launch_mpi([sys.executable, str(HERE / "bench_recovery.py"), "--mpi-kill",
                          "--job", str(job), "--scenario", "restart resume", "--victim", "-1",
-                         "--at", "0", "--run-dir", str(run_dir), "--mpi-out", str(out2)],
+                         "--at", "0", "--every", str(every), "--run-dir", str(run_dir),
+                         "--mpi-out", str(out2)],
                         ulfm=False)
         if p2.returncode != 0:
             sys.stderr.write(p2.stdout[-3000:] + p2.stderr[-3000:])
@@ -210,7 +218,7 @@ def kill_scenario(d: Path, job: Path, scenario: str, victim: int, rep: int) -> d
         r = json.loads(out2.read_text())
         first = r["marks"]["first"]
         return {"kill_to_step": first - t_kill, "gap": first - t_kill,
-                "steps_redone": KILL_CLOCK - KILL_CLOCK // EVERY * EVERY, "exit": p.returncode}
+                "steps_redone": at - at // every * every, "exit": p.returncode}
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-20000:])
         raise SystemExit(f"bench_recovery.py: scenario {scenario!r} failed")
@@ -235,6 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     ap.add_argument("--victim", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--at", type=int, default=KILL_CLOCK, help=argparse.SUPPRESS)
+    ap.add_argument("--every", type=int, default=EVERY, help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
@@ -242,8 +251,10 @@ def main(argv=None) -> int:
         return mpi_throughput(args)
     if args.mpi_kill:
         return mpi_kill(args)
+    at, every, kill_epochs = KILL_CLOCK, EVERY, 2
     if args.quick:
-        args.reps, args.rows, args.epochs = 1, 6000, 2
+        args.reps, args.rows, args.epochs = 1, 3000, 1
+        at, every, kill_epochs = QUICK_KILL_CLOCK, QUICK_EVERY, 1
     rep = benchlib.Report("recovery")
     scenarios = [("worker lost", WORKER1), ("server lost, replicas 2", SERVER1),
                  ("server lost, replicas 1", SERVER1), ("restart kill", SERVER1)]
@@ -263,19 +274,19 @@ def main(argv=None) -> int:
             raise SystemExit("bench_recovery.py: the throughput runs failed")
         thr = json.loads(out.read_text())
         (d / "k").mkdir()
-        kjob = write_job(d / "k", args.rows, 2)
+        kjob = write_job(d / "k", args.rows, kill_epochs)
         kills = {name: [] for name, _ in scenarios}
         for r in range(args.reps):
             for name, victim in benchlib.rotate(scenarios, r):
                 print(f"recovery: {name}, repetition {r + 1}", flush=True)
-                kills[name].append(kill_scenario(d, kjob, name, victim, r))
+                kills[name].append(kill_scenario(d, kjob, name, victim, r, at, every))
     med = {n: benchlib.median([x["examples_per_second"] for x in v]) for n, v in thr.items()}
     rows = {}
     for name, runs in kills.items():
         rows[name] = {k: benchlib.median([x[k] for x in runs]) for k in runs[0] if k != "exit"}
     rep.details.update({"throughput": thr, "throughput_median": med, "recovery": kills,
-                        "recovery_median": rows, "kill_clock": KILL_CLOCK,
-                        "checkpoint_every": EVERY, "ranks": RANKS, "rows": args.rows})
+                        "recovery_median": rows, "kill_clock": at,
+                        "checkpoint_every": every, "ranks": RANKS, "rows": args.rows})
     print(f"Adult {args.rows} rows, 3 workers + 3 servers, BSP float64, batch 32; "
           f"{args.reps} repetition(s), medians")
     for n, v in med.items():
