@@ -245,6 +245,16 @@ def parse_criteo(bytes buf, int hash_bits=0, uint64_t seed=0):
             if err == E_OK:
                 for field in range(NI, NF):
                     fstart = p
+                    if p + 8 <= line_end and (p + 8 == line_end or s[p + 8] == c'\t'):
+                        # the usual field: 8 digits, converted without a branch per digit
+                        v = _hex8(<const uint8_t*>(s + p))
+                        if v >= 0:
+                            if (field < NF - 1 and p + 8 == line_end) or (field == NF - 1 and p + 8 != line_end):
+                                err = _field_error(s, fstart, line_end, field, E_FIELDS)
+                                break
+                            indices[k + field] = _feature(field, v, seed, mask)
+                            p += 9
+                            continue
                     v = 0
                     while p < line_end:
                         d = HEX[<uint8_t>s[p]]
@@ -289,6 +299,16 @@ cdef inline int _field_error(const char* s, Py_ssize_t fstart, Py_ssize_t line_e
     if (field < NF - 1 and q >= line_end) or (field == NF - 1 and q != line_end):
         return E_FIELDS
     return err
+
+
+cdef inline int64_t _hex8(const uint8_t* q) noexcept nogil:
+    """The value of 8 hexadecimal digits at ``q``, or -1 if one is not a digit."""
+    cdef uint32_t d0 = HEX[q[0]], d1 = HEX[q[1]], d2 = HEX[q[2]], d3 = HEX[q[3]]
+    cdef uint32_t d4 = HEX[q[4]], d5 = HEX[q[5]], d6 = HEX[q[6]], d7 = HEX[q[7]]
+    if (d0 | d1 | d2 | d3 | d4 | d5 | d6 | d7) >= 16:
+        return -1
+    return <int64_t>(((d0 << 28) | (d1 << 24) | (d2 << 20) | (d3 << 16))
+                     | ((d4 << 12) | (d5 << 8) | (d6 << 4) | d7))
 
 
 cdef inline Py_ssize_t _count_nl(const char* s, Py_ssize_t n) noexcept nogil:
