@@ -22,8 +22,8 @@ import numpy as np
 cimport numpy as cnp
 from libc.math cimport isfinite
 from libc.stdint cimport int64_t, uint64_t
-from libc.stdlib cimport strtod
-from libc.string cimport memchr
+from libc.stdlib cimport free, malloc, strtod
+from libc.string cimport memchr, memcpy
 
 cnp.import_array()
 
@@ -132,12 +132,26 @@ cdef inline bint _fast_double(const char* p, const char* e, double* out) noexcep
 
 
 cdef inline bint _to_double(const char* s, Py_ssize_t t0, Py_ssize_t t1, double* out) noexcept nogil:
-    """``strtod`` of the token ``[t0, t1)``; False unless it reads exactly the token."""
+    """``strtod`` of the token ``[t0, t1)``; False unless it reads exactly the token. The
+    token is copied with a terminating NUL for ``strtod`` (the buffer need not have one)."""
     cdef char* stop
+    cdef char small[128]
+    cdef char* tok = small
+    cdef Py_ssize_t m = t1 - t0
+    cdef bint ok
     if _fast_double(s + t0, s + t1, out):
         return True
-    out[0] = strtod(s + t0, &stop)
-    return stop == s + t1
+    if m >= 128:
+        tok = <char*>malloc(m + 1)
+        if tok == NULL:
+            return False
+    memcpy(tok, s + t0, m)
+    tok[m] = 0
+    out[0] = strtod(tok, &stop)
+    ok = stop == tok + m
+    if tok != small:
+        free(tok)
+    return ok
 
 
 cdef inline void _count2(const char* s, Py_ssize_t n, Py_ssize_t* nl, Py_ssize_t* colons) noexcept nogil:
@@ -150,14 +164,13 @@ cdef inline void _count2(const char* s, Py_ssize_t n, Py_ssize_t* nl, Py_ssize_t
 
 
 
-def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_duplicates=False):
+def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=False):
     """Parse whole svmlight lines into CSR arrays.
 
     Parameters
     ----------
-    buf : bytes
-        Whole lines of an svmlight file (the last one may lack its ``\\n``). ``bytes``
-        (not any buffer) because ``strtod`` relies on its terminating NUL.
+    buf : bytes-like (bytes, memoryview, mmap), contiguous
+        Whole lines of an svmlight file (the last one may lack its ``\\n``).
     index_base : {0, 1}
         Index of the first feature in the file; subtracted from every index.
     n_features : int
@@ -195,8 +208,11 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
         raise ValueError(f"index_base must be 0 or 1, got {index_base}")
     if n_features < 1:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
-    cdef Py_ssize_t n = len(buf)
-    cdef const char* s = buf
+    cdef const unsigned char[::1] view = buf
+    cdef Py_ssize_t n = view.shape[0]
+    cdef const char* s = b""
+    if n > 0:
+        s = <const char*>&view[0]
     cdef Py_ssize_t max_rows, max_nnz
     with nogil:
         _count2(s, n, &max_rows, &max_nnz)
@@ -340,7 +356,7 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
                 indptr[rows] = nnz
             pos = eol + 1
     if err != E_OK:
-        raise SvmlightSyntaxError(line_start, _reason(err, buf[bad_t0:bad_t1], bad_col,
+        raise SvmlightSyntaxError(line_start, _reason(err, bytes(view[bad_t0:bad_t1]), bad_col,
                                                       bad_prev, index_base, n_features))
     if 4 * (max_nnz - nnz) <= max_nnz and 4 * (max_rows - rows) <= max_rows:
         # little unused (no comment, blank or qid line to speak of): views, not copies
