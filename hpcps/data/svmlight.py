@@ -29,6 +29,7 @@ This module never imports ``mpi4py``.
 
 from __future__ import annotations
 
+import mmap
 import operator
 import os
 
@@ -177,33 +178,33 @@ def read_svmlight_part(
     with open(path, "rb") as f:
         p = _line_start_at_or_after(f, offset, size)
         q = _line_start_at_or_after(f, offset + length, size)
-        f.seek(p)
-        buf = f.read(max(q - p, 0))
-    if p == 0:
-        if buf.startswith(UTF8_BOM):               # skipped: the rows read exactly
-            p, buf = len(UTF8_BOM), buf[len(UTF8_BOM):]
-        elif buf.startswith(UTF16_BOMS):
-            raise DataError(f"{path}:1: the file starts with a UTF-16 byte-order mark; "
-                            "svmlight files are ASCII (or UTF-8) text: convert it, e.g. "
-                            "iconv -f UTF-16 -t UTF-8")
+        # the part is parsed from a read-only map of the file: no copy of it in memory
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if q > p else None
     try:
-        y, indptr, indices, data, line_at = parse_svmlight(
-            buf, index_base, n_features, sum_duplicates=(duplicates == "sum"))
-    except SvmlightSyntaxError as e:
-        raise DataError(f"{path}:{_line_of(path, p, buf, e.offset)}: {e.reason}") from None
+        if p == 0 and mm is not None:
+            if mm[:len(UTF8_BOM)] == UTF8_BOM:          # skipped: the rows read exactly
+                p = len(UTF8_BOM)
+            elif mm[:2] in UTF16_BOMS:
+                raise DataError(f"{path}:1: the file starts with a UTF-16 byte-order mark; "
+                                "svmlight files are ASCII (or UTF-8) text: convert it, e.g. "
+                                "iconv -f UTF-16 -t UTF-8")
+        with (memoryview(mm)[p:max(q, p)] if mm is not None else memoryview(b"")) as buf:
+            try:
+                y, indptr, indices, data, line_at = parse_svmlight(
+                    buf, index_base, n_features, sum_duplicates=(duplicates == "sum"))
+            except SvmlightSyntaxError as e:
+                raise DataError(f"{path}:{line_number(path, p + e.offset)}: {e.reason}") from None
+    finally:
+        if mm is not None:
+            mm.close()
     bad = ~np.isin(y, (-1.0, 0.0, 1.0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise DataError(f"{path}:{_line_of(path, p, buf, int(line_at[i]))}: label "
+        raise DataError(f"{path}:{line_number(path, p + int(line_at[i]))}: label "
                         f"{float(y[i])!r} is not -1, 0 or +1")
     X = sp.csr_matrix((data.astype(dtype, copy=False), indices, indptr),
                       shape=(y.shape[0], n_features))
     return X, (y > 0).astype(np.float64)
-
-
-def _line_of(path, p: int, buf: bytes, offset: int) -> int:
-    """1-based line number in ``path`` of byte ``p + offset`` (``buf`` = bytes from ``p``)."""
-    return line_number(path, p) + buf.count(b"\n", 0, offset)
 
 
 def write_svmlight(X, y, path: str | os.PathLike, index_base: int) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from hpcps.data import DataError
+from hpcps.kernels.text import count_newlines
 
 __all__ = ["Chunk", "Piece", "data_files", "compression", "iter_chunks", "plan_parts", "line_number",
            "CHUNK_BYTES"]
@@ -128,6 +129,24 @@ def _decode_errors():
     return tuple(errors)
 
 
+def _read_into(f, buf: bytearray, at: int, want: int) -> int:
+    """Read up to ``want`` bytes of ``f`` into ``buf[at:]`` (fewer only at end of stream)."""
+    got = 0
+    with memoryview(buf) as mv:
+        while got < want:
+            n = f.readinto(mv[at + got:at + want])
+            if not n:
+                break
+            got += n
+    return got
+
+
+def _copy(buf: bytearray, lo: int, hi: int) -> bytes:
+    """``bytes(buf[lo:hi])`` copied once (slicing a bytearray copies it, then ``bytes``)."""
+    with memoryview(buf) as mv:
+        return bytes(mv[lo:hi])
+
+
 def iter_chunks(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES, start: int = 0,
                 start_line: int = 1, stop: int | None = None) -> Iterator[Chunk]:
     """Whole lines of ``path`` from byte ``start`` of its decompressed stream, in chunks.
@@ -172,33 +191,39 @@ def iter_chunks(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES, start: 
                         if not got:
                             break
                         left -= len(got)
-            tail = b""
+            # lines are read into one reused buffer; a chunk's bytes are copied out of it once
+            buf = bytearray(chunk_bytes)
+            have = 0                                   # bytes of buf holding the next lines
             while True:
                 # a chunk covers [offset, offset + chunk_bytes) cut at its last line end, so that
                 # the chunks from a given offset do not depend on where reading started
-                want = chunk_bytes - len(tail) if len(tail) < chunk_bytes else chunk_bytes
+                want = chunk_bytes - have if have < chunk_bytes else chunk_bytes
                 if stop is not None:
-                    want = min(want, max(stop - offset - len(tail), 0))
-                block = f.read(want) if want > 0 else b""
-                if not block:
-                    if tail:
-                        yield Chunk(tail, offset, line)
+                    want = min(want, max(stop - offset - have, 0))
+                if len(buf) < have + want:
+                    buf.extend(bytes(have + want - len(buf)))
+                end = have + _read_into(f, buf, have, want)
+                if end == have:
+                    if have:
+                        yield Chunk(_copy(buf, 0, have), offset, line)
                     return
-                buf = tail + block
-                cut = buf.rfind(b"\n") + 1
-                if stop is not None and offset + len(buf) >= stop:
+                if stop is not None and offset + end >= stop:
                     # the line that starts before stop ends with the next newline
-                    if buf[-1:] != b"\n":
-                        buf += f.readline()
-                    yield Chunk(buf, offset, line)
+                    out = _copy(buf, 0, end)
+                    if out[-1:] != b"\n":
+                        out += f.readline()
+                    yield Chunk(out, offset, line)
                     return
+                cut = buf.rfind(b"\n", 0, end) + 1
                 if cut == 0:
-                    tail = buf
+                    have = end
                     continue
-                out, tail = buf[:cut], buf[cut:]
+                out = _copy(buf, 0, cut)
+                buf[:end - cut] = _copy(buf, cut, end)
+                have = end - cut
                 yield Chunk(out, offset, line)
-                offset += len(out)
-                line += out.count(b"\n")
+                offset += cut
+                line += count_newlines(out)
     except _decode_errors() as e:
         raise DataError(f"{p}: {kind} stream damaged or truncated after byte {offset} of its "
                         f"decompressed data (line {line}): {e}") from None

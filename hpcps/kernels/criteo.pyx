@@ -26,7 +26,8 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.math cimport floor, log
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int16_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memchr
 
 cnp.import_array()
 
@@ -90,6 +91,36 @@ cdef inline int64_t _int_bin(int64_t v) noexcept nogil:
     return <int64_t>floor(l * l)
 
 
+# lookup tables: hexadecimal digit values (H_TAB for a tab, H_BAD for any other byte), the
+# bins of 0 <= v < BIN_N (as _int_bin computes them), the bins FT_LO <= b < FT_LO + FT_N whose
+# feature ids are computed once per call
+cdef enum:
+    H_TAB = 254
+    H_BAD = 255
+    BIN_N = 1 << 16
+    FT_LO = -16
+    FT_N = 256
+cdef uint8_t HEX[256]
+cdef int16_t bins[BIN_N]
+
+
+cdef void _init_tables() noexcept:
+    cdef int i
+    for i in range(256):
+        HEX[i] = H_BAD
+    for i in range(10):
+        HEX[48 + i] = i
+    for i in range(6):
+        HEX[97 + i] = 10 + i
+        HEX[65 + i] = 10 + i
+    HEX[9] = H_TAB
+    for i in range(BIN_N):
+        bins[i] = <int16_t>_int_bin(i)
+
+
+_init_tables()
+
+
 def _mask(int hash_bits):
     if hash_bits < 0 or hash_bits > 63:
         raise ValueError(f"hash_bits must be in [0, 63], got {hash_bits}")
@@ -129,27 +160,36 @@ def parse_criteo(bytes buf, int hash_bits=0, uint64_t seed=0):
     cdef uint64_t mask = _mask(hash_bits)
     cdef Py_ssize_t n = len(buf)
     cdef const char* s = buf
-    cdef Py_ssize_t max_rows = buf.count(b"\n") + 1
+    cdef Py_ssize_t max_rows
+    with nogil:
+        max_rows = _count_nl(s, n) + 1
     labels_a = np.empty(max_rows, dtype=np.float64)
     indices_a = np.empty(max_rows * NF, dtype=np.int64)
     offsets_a = np.empty(max_rows, dtype=np.int64)
     cdef double[::1] labels = labels_a
     cdef int64_t[::1] indices = indices_a
     cdef int64_t[::1] offsets = offsets_a
-    cdef Py_ssize_t pos = 0, line_start = 0, line_end, row = 0, k = 0, fstart, q, p, next_line
-    cdef int field, err = E_OK, err_field = 0
+    # ids of the missing value of each field, and of the small bins of the integer fields
+    cdef int64_t miss[NF]
+    cdef int64_t ftab[NI][FT_N]
+    cdef Py_ssize_t pos = 0, line_start = 0, line_end, row = 0, k, fstart, p
+    cdef int field = 0, err = E_OK, err_field = 0, b
     cdef int64_t v, nd
     cdef bint neg
-    cdef char c
+    cdef uint8_t c, d
+    cdef const char* nl
     cdef Py_ssize_t err_line = 0
     with nogil:
+        for field in range(NF):
+            miss[field] = _feature(field, C_MISSING, seed, mask)
+        for field in range(NI):
+            for b in range(FT_N):
+                ftab[field][b] = _feature(field, b + FT_LO, seed, mask)
         while pos < n:
             line_start = pos
-            line_end = pos
-            while line_end < n and s[line_end] != c'\n':
-                line_end += 1
-            next_line = line_end + 1
-            pos = next_line
+            nl = <const char*>memchr(s + pos, c'\n', n - pos)
+            line_end = (nl - s) if nl != NULL else n
+            pos = line_end + 1
             if line_end > line_start and s[line_end - 1] == c'\r':
                 line_end -= 1
             if line_end == line_start:
@@ -162,66 +202,126 @@ def parse_criteo(bytes buf, int hash_bits=0, uint64_t seed=0):
                 err = E_LABEL
                 err_line = line_start
                 break
-            fstart = line_start + 2
+            p = line_start + 2
             k = row * NF
-            for field in range(NF):
-                # the field is [fstart, q)
-                q = fstart
-                while q < line_end and s[q] != c'\t':
-                    q += 1
-                if (field < NF - 1 and q >= line_end) or (field == NF - 1 and q != line_end):
-                    err = E_FIELDS
-                    break
-                if q == fstart:
-                    v = C_MISSING
-                elif field < NI:
-                    v = 0
-                    nd = 0
-                    neg = s[fstart] == c'-'
-                    for p in range(fstart + neg, q):
-                        c = s[p]
-                        if c < c'0' or c > c'9' or nd >= 18:
-                            err = E_INT
-                            break
-                        v = v * 10 + (c - c'0')
-                        nd += 1
-                    if err != E_OK or nd == 0:
+            # each field is parsed while it is scanned, up to its tab or the line end; a bad
+            # character sends it to _field_error, which says what the two-pass reading said
+            for field in range(NI):
+                fstart = p
+                neg = p < line_end and s[p] == c'-'
+                p += neg
+                v = 0
+                nd = 0
+                while p < line_end:
+                    c = <uint8_t>s[p]
+                    if c == 9:                              # tab
+                        break
+                    d = c - 48
+                    if d > 9 or nd >= 18:
                         err = E_INT
                         break
+                    v = v * 10 + d
+                    nd += 1
+                    p += 1
+                if err == E_OK and p >= line_end:
+                    err = E_FIELDS
+                elif err == E_OK and nd == 0 and neg:
+                    err = E_INT
+                if err != E_OK:
+                    err = _field_error(s, fstart, line_end, field, err)
+                    break
+                if nd == 0:
+                    indices[k + field] = miss[field]
+                else:
                     if neg:
                         v = -v
-                    v = _int_bin(v)
-                else:
+                    if v > 2:
+                        v = bins[v] if v < BIN_N else _int_bin(v)
+                    if v >= FT_LO and v < FT_LO + FT_N:
+                        indices[k + field] = ftab[field][v - FT_LO]
+                    else:
+                        indices[k + field] = _feature(field, v, seed, mask)
+                p += 1
+            if err == E_OK:
+                for field in range(NI, NF):
+                    fstart = p
+                    if p + 8 <= line_end and (p + 8 == line_end or s[p + 8] == c'\t'):
+                        # the usual field: 8 digits, converted without a branch per digit
+                        v = _hex8(<const uint8_t*>(s + p))
+                        if v >= 0:
+                            if (field < NF - 1 and p + 8 == line_end) or (field == NF - 1 and p + 8 != line_end):
+                                err = _field_error(s, fstart, line_end, field, E_FIELDS)
+                                break
+                            indices[k + field] = _feature(field, v, seed, mask)
+                            p += 9
+                            continue
                     v = 0
-                    if q - fstart > 16:
-                        err = E_HEX
-                        break
-                    for p in range(fstart, q):
-                        c = s[p]
-                        if c >= c'0' and c <= c'9':
-                            v = (v << 4) | (c - c'0')
-                        elif c >= c'a' and c <= c'f':
-                            v = (v << 4) | (c - c'a' + 10)
-                        elif c >= c'A' and c <= c'F':
-                            v = (v << 4) | (c - c'A' + 10)
-                        else:
-                            err = E_HEX
+                    while p < line_end:
+                        d = HEX[<uint8_t>s[p]]
+                        if d >= 16:
                             break
+                        v = (v << 4) | d
+                        p += 1
+                    nd = p - fstart
+                    if p < line_end and d != H_TAB:
+                        err = E_HEX
+                    elif nd > 16:
+                        err = E_HEX
+                    elif (field < NF - 1 and p >= line_end) or (field == NF - 1 and p != line_end):
+                        err = E_FIELDS
                     if err != E_OK:
+                        err = _field_error(s, fstart, line_end, field, err)
                         break
-                indices[k + field] = _feature(field, v, seed, mask)
-                fstart = q + 1
+                    indices[k + field] = miss[field] if nd == 0 else _feature(field, v, seed, mask)
+                    p += 1
             if err != E_OK:
                 err_field = field
                 err_line = line_start
                 break
             offsets[row] = line_start
             row += 1
-            pos = next_line
     if err != E_OK:
         raise CriteoSyntaxError(err_line, _reason(buf, err, err_field, err_line))
     indptr_a = np.arange(row + 1, dtype=np.int64) * NF
+    if row + 1 >= max_rows:                 # the usual case: no blank line, so no copy
+        return labels_a[:row], indptr_a, indices_a[:row * NF], offsets_a[:row]
     return labels_a[:row].copy(), indptr_a, indices_a[:row * NF].copy(), offsets_a[:row].copy()
+
+
+cdef inline int _field_error(const char* s, Py_ssize_t fstart, Py_ssize_t line_end, int field,
+                             int err) noexcept nogil:
+    """The error of a field that starts at ``fstart`` where the fast scan found ``err``: a
+    wrong field count (the field ends the line too early, or the last field does not end it)
+    comes first, as when the field's end is found before its value is parsed."""
+    cdef Py_ssize_t q = fstart
+    while q < line_end and s[q] != c'\t':
+        q += 1
+    if (field < NF - 1 and q >= line_end) or (field == NF - 1 and q != line_end):
+        return E_FIELDS
+    return err
+
+
+cdef inline int64_t _hex8(const uint8_t* q) noexcept nogil:
+    """The value of 8 hexadecimal digits at ``q``, or -1 if one is not a digit."""
+    cdef uint32_t d0 = HEX[q[0]], d1 = HEX[q[1]], d2 = HEX[q[2]], d3 = HEX[q[3]]
+    cdef uint32_t d4 = HEX[q[4]], d5 = HEX[q[5]], d6 = HEX[q[6]], d7 = HEX[q[7]]
+    if (d0 | d1 | d2 | d3 | d4 | d5 | d6 | d7) >= 16:
+        return -1
+    return <int64_t>(((d0 << 28) | (d1 << 24) | (d2 << 20) | (d3 << 16))
+                     | ((d4 << 12) | (d5 << 8) | (d6 << 4) | d7))
+
+
+cdef inline Py_ssize_t _count_nl(const char* s, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t count = 0
+    cdef const char* p = s
+    cdef const char* e = s + n
+    while p < e:
+        p = <const char*>memchr(p, c'\n', e - p)
+        if p == NULL:
+            break
+        count += 1
+        p += 1
+    return count
 
 
 def _field_name(int f):

@@ -22,7 +22,8 @@ import numpy as np
 cimport numpy as cnp
 from libc.math cimport isfinite
 from libc.stdint cimport int64_t, uint64_t
-from libc.stdlib cimport strtod
+from libc.stdlib cimport free, malloc, strtod
+from libc.string cimport memchr, memcpy
 
 cnp.import_array()
 
@@ -66,14 +67,110 @@ cdef inline bint _space(char c) nogil:
     return c == c' ' or c == c'\t' or c == c'\r' or c == c'\v' or c == c'\f'
 
 
-def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_duplicates=False):
+# exact powers of ten for the fast path of _to_double
+cdef double P10[23]
+cdef int _i
+for _i in range(23):
+    P10[_i] = float(10 ** _i)
+
+
+cdef inline bint _fast_double(const char* p, const char* e, double* out) noexcept nogil:
+    """``[+-]digits[.digits][(e|E)[+-]digits]`` spanning ``[p, e)`` with at most 19
+    significant digits, a mantissa below 2**53 and a decimal exponent within +-22: the
+    value, correctly rounded (one exact IEEE multiplication or division of exact operands,
+    Clinger's fast path), so equal to ``strtod``'s. False for anything else."""
+    cdef bint neg = False, dot = False, any_digit = False, eneg = False
+    cdef uint64_t m = 0
+    cdef int nsig = 0, ex = 0, ev = 0, d
+    if p < e and (p[0] == c'-' or p[0] == c'+'):
+        neg = p[0] == c'-'
+        p += 1
+    while p < e:
+        d = <int>p[0] - 48
+        if 0 <= d <= 9:
+            any_digit = True
+            if m == 0 and d == 0:
+                if dot:
+                    ex -= 1
+            elif nsig < 19:
+                m = m * 10 + <uint64_t>d
+                nsig += 1
+                if dot:
+                    ex -= 1
+            else:
+                return False
+        elif p[0] == c'.' and not dot:
+            dot = True
+        else:
+            break
+        p += 1
+    if not any_digit:
+        return False
+    if p < e and (p[0] == c'e' or p[0] == c'E'):
+        p += 1
+        if p < e and (p[0] == c'-' or p[0] == c'+'):
+            eneg = p[0] == c'-'
+            p += 1
+        if p >= e:
+            return False
+        while p < e:
+            d = <int>p[0] - 48
+            if not (0 <= d <= 9) or ev > 10000:
+                return False
+            ev = ev * 10 + d
+            p += 1
+        ex += -ev if eneg else ev
+    if p != e or m > (<uint64_t>1 << 53) or ex < -22 or ex > 22:
+        return False
+    if ex >= 0:
+        out[0] = <double>m * P10[ex]
+    else:
+        out[0] = <double>m / P10[-ex]
+    if neg:
+        out[0] = -out[0]
+    return True
+
+
+cdef inline bint _to_double(const char* s, Py_ssize_t t0, Py_ssize_t t1, double* out) noexcept nogil:
+    """``strtod`` of the token ``[t0, t1)``; False unless it reads exactly the token. The
+    token is copied with a terminating NUL for ``strtod`` (the buffer need not have one)."""
+    cdef char* stop
+    cdef char small[128]
+    cdef char* tok = small
+    cdef Py_ssize_t m = t1 - t0
+    cdef bint ok
+    if _fast_double(s + t0, s + t1, out):
+        return True
+    if m >= 128:
+        tok = <char*>malloc(m + 1)
+        if tok == NULL:
+            return False
+    memcpy(tok, s + t0, m)
+    tok[m] = 0
+    out[0] = strtod(tok, &stop)
+    ok = stop == tok + m
+    if tok != small:
+        free(tok)
+    return ok
+
+
+cdef inline void _count2(const char* s, Py_ssize_t n, Py_ssize_t* nl, Py_ssize_t* colons) noexcept nogil:
+    cdef Py_ssize_t i, a = 0, b = 0
+    for i in range(n):
+        a += s[i] == c'\n'
+        b += s[i] == c':'
+    nl[0] = a
+    colons[0] = b
+
+
+
+def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=False):
     """Parse whole svmlight lines into CSR arrays.
 
     Parameters
     ----------
-    buf : bytes
-        Whole lines of an svmlight file (the last one may lack its ``\\n``). ``bytes``
-        (not any buffer) because ``strtod`` relies on its terminating NUL.
+    buf : bytes-like (bytes, memoryview, mmap), contiguous
+        Whole lines of an svmlight file (the last one may lack its ``\\n``).
     index_base : {0, 1}
         Index of the first feature in the file; subtracted from every index.
     n_features : int
@@ -111,10 +208,15 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
         raise ValueError(f"index_base must be 0 or 1, got {index_base}")
     if n_features < 1:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
-    cdef Py_ssize_t n = len(buf)
-    cdef const char* s = buf
-    cdef Py_ssize_t max_rows = buf.count(b"\n") + 1
-    cdef Py_ssize_t max_nnz = buf.count(b":")
+    cdef const unsigned char[::1] view = buf
+    cdef Py_ssize_t n = view.shape[0]
+    cdef const char* s = b""
+    if n > 0:
+        s = <const char*>&view[0]
+    cdef Py_ssize_t max_rows, max_nnz
+    with nogil:
+        _count2(s, n, &max_rows, &max_nnz)
+    max_rows += 1
     labels_a = np.empty(max_rows, dtype=np.float64)
     indptr_a = np.empty(max_rows + 1, dtype=np.int64)
     indices_a = np.empty(max_nnz, dtype=np.int64)
@@ -129,7 +231,7 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
     cdef Py_ssize_t pos = 0, eol, end, t0, t1, colon, k
     cdef Py_ssize_t rows = 0, nnz = 0, line_start = 0, bad_t0 = 0, bad_t1 = 0
     cdef int err = E_OK
-    cdef char* stop
+    cdef const char* hit
     cdef double label, value
     cdef uint64_t idx, digit
     cdef int64_t col, prev, bad_col = 0, bad_prev = 0
@@ -138,21 +240,18 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
     with nogil:
         while pos < n and err == E_OK:
             line_start = pos
-            eol = pos
-            while eol < n and s[eol] != c'\n':
-                if s[eol] == c'\r':
-                    k = eol + 1
-                    while k < n and s[k] == c'\r':
-                        k += 1
-                    if k < n and s[k] != c'\n':       # CR CR... then not LF nor the end
-                        err = E_BARE_CR
-                        break
-                eol += 1
-            if err != E_OK:
-                break
-            end = pos
-            while end < eol and s[end] != c'#':
-                end += 1
+            hit = <const char*>memchr(s + pos, c'\n', n - pos)
+            eol = (hit - s) if hit != NULL else n
+            hit = <const char*>memchr(s + pos, c'\r', eol - pos)
+            if hit != NULL:                            # CR CR... then not LF nor the end
+                k = hit - s
+                while k < eol and s[k] == c'\r':
+                    k += 1
+                if k < eol:
+                    err = E_BARE_CR
+                    break
+            hit = <const char*>memchr(s + pos, c'#', eol - pos)
+            end = (hit - s) if hit != NULL else eol
             first = True
             qid_allowed = True
             prev = -1
@@ -163,12 +262,14 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
                 if t0 >= end:
                     break
                 t1 = t0
+                colon = -1
                 while t1 < end and not _space(s[t1]):
+                    if s[t1] == c':' and colon < 0:
+                        colon = t1
                     t1 += 1
                 bad_t0, bad_t1 = t0, t1
                 if first:
-                    label = strtod(s + t0, &stop)
-                    if stop != s + t1:
+                    if not _to_double(s, t0, t1, &label):
                         err = E_LABEL
                         break
                     labels[rows] = label
@@ -176,10 +277,7 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
                     first = False
                     t0 = t1
                     continue
-                colon = t0
-                while colon < t1 and s[colon] != c':':
-                    colon += 1
-                if colon >= t1:
+                if colon < 0:
                     err = E_PAIR
                     break
                 if qid_allowed and colon - t0 == 3 and s[t0] == c'q' and s[t0 + 1] == c'i' \
@@ -209,7 +307,7 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
                         err = E_INDEX
                         break
                     digit = <uint64_t>(s[k] - c'0')
-                    if idx > (<uint64_t>0x7FFFFFFFFFFFFFFF - digit) // 10:
+                    if k - t0 >= 18 and idx > (<uint64_t>0x7FFFFFFFFFFFFFFF - digit) // 10:
                         err = E_INDEX_HUGE
                         break
                     idx = idx * 10 + digit
@@ -219,8 +317,7 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
                 if colon + 1 >= t1:
                     err = E_VALUE
                     break
-                value = strtod(s + colon + 1, &stop)
-                if stop != s + t1:
+                if not _to_double(s, colon + 1, t1, &value):
                     err = E_VALUE
                     break
                 if not isfinite(value):
@@ -259,8 +356,12 @@ def parse_svmlight(bytes buf, int index_base, int64_t n_features, bint sum_dupli
                 indptr[rows] = nnz
             pos = eol + 1
     if err != E_OK:
-        raise SvmlightSyntaxError(line_start, _reason(err, buf[bad_t0:bad_t1], bad_col,
+        raise SvmlightSyntaxError(line_start, _reason(err, bytes(view[bad_t0:bad_t1]), bad_col,
                                                       bad_prev, index_base, n_features))
+    if 4 * (max_nnz - nnz) <= max_nnz and 4 * (max_rows - rows) <= max_rows:
+        # little unused (no comment, blank or qid line to speak of): views, not copies
+        return (labels_a[:rows], indptr_a[:rows + 1], indices_a[:nnz], data_a[:nnz],
+                offsets_a[:rows])
     return (labels_a[:rows].copy(), indptr_a[:rows + 1].copy(), indices_a[:nnz].copy(),
             data_a[:nnz].copy(), offsets_a[:rows].copy())
 
