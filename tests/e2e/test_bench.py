@@ -22,7 +22,7 @@ NAMES = ["kernels", "pushpull", "rma", "rma_fanin", "checkpoint", "e2e", "scalin
 
 
 def test_bench_quick_runs_every_script_and_writes_the_table(tmp_path):
-    proc, seconds = hpcps(["bench", "--quick", "--out", tmp_path, "--only", *NAMES], timeout=600)
+    proc, seconds = hpcps(["bench", "--quick", "--out", tmp_path, "--only", *NAMES], timeout=840)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["quick"] is True and res["machine"]["cores"] >= 1 and "mpi" in res["machine"]
