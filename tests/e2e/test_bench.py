@@ -6,7 +6,6 @@ results table — so the suite cannot rot between full runs.
 """
 
 import json
-import os
 
 import pytest
 
@@ -38,14 +37,6 @@ def test_bench_quick_runs_every_script_and_writes_the_table(tmp_path):
     assert 5 in goals["kernels"] and 0.5 in goals["kernels"] and 0.8 in goals["pushpull"]
     assert 0.8 in goals["rma"] and 0.7 in goals["checkpoint"]
     assert 0.5 in goals["recovery"] and 2.0 in goals["recovery"]
-    hosts = next(r for r in res["reports"] if r["name"] == "hosts")   # across 2 test hosts (TCP)
-    assert 0.8 in goals["hosts"] and any("across 2 hosts" in x["what"] and x["headline"] for x in hosts["ratios"])
-    if os.geteuid() == 0:           # made the test hosts: measured, end to end included
-        assert all(x["value"] is not None for x in hosts["ratios"]), hosts
-        assert "e2e" in hosts["details"] and "pushpull" in hosts["details"]
-        assert "goal >= 0.8 for large messages across 2 hosts: " in proc.stdout
-    else:
-        assert any("skipped: the test hosts need root" in n for n in hosts["notes"]), hosts
     md = (tmp_path / "results.md").read_text()
     assert "| benchmark | ratio | measured | goal |" in md and "(--quick" in md
     for name in NAMES:

@@ -14,6 +14,7 @@
 
 import subprocess
 
+from tests.helpers import log_lines
 from tests.multihost.conftest import RANKS, same_weights, start_on_hosts, wait, weights, write_job
 
 NETEM = ["netem", "delay", "2ms", "1ms", "loss", "0.5%", "rate", "50mbit"]
@@ -54,5 +55,5 @@ def test_rma_pulls_across_hosts_give_the_p2p_model(tmp_path, hosts, reference):
     out = wait(p, timeout=300)        # ~45-65 s on the loaded 2-core machine; the hang was for ever
     assert p.returncode == 0, out[-4000:]
     assert "pulls are RMA reads" in out and " by RMA, " in out, out[-3000:]   # no fallback to p2p
-    print(next(line for line in out.splitlines() if line.startswith("done:")))
+    print(next(line for line in log_lines(out) if line.startswith("done:")))
     assert same_weights(weights(tmp_path / "rma"), reference[0])
