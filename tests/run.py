@@ -5,7 +5,9 @@ The suite is a list of groups (``GROUPS``), run in order, each a list of launche
 
 1. ``unit``: ``tests/unit`` in one pytest process;
 2. ``e2e``: each end-to-end file (``tests/e2e/test_*.py``, which launch real ``mpirun`` jobs)
-   in its own pytest process;
+   in its own pytest process, ``--jobs`` (2) of them side by side, longest first: most of an
+   end-to-end test's time is start-up, timeouts and failure detection, not CPU (each launch's
+   line gives its CPU seconds, the closing lines each group's wall and CPU time);
 3. ``slurm``: ``tests/slurm`` (a real one-node Slurm, started by its fixture);
 4. ``multihost``: ``tests/multihost`` (test hosts made of namespaces on this machine), if present;
 5. ``mpi``: every ``tests/mpi/test_*.py`` under ``mpirun -n K python -m pytest --with-mpi``
@@ -29,16 +31,20 @@ leave it out and ``--only-mpi`` keep it).
 from __future__ import annotations
 
 import argparse
+import atexit
 import codecs
 import os
 import re
 import select
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -80,6 +86,7 @@ class Counts:
     skipped: int = 0
     skips: list = field(default_factory=list)          # (test id, reason)
     fails: list = field(default_factory=list)          # (test id, first line of the message)
+    cpu: float = 0.0                                   # CPU seconds of the launch(es)
 
     def add(self, other: "Counts") -> None:
         self.passed += other.passed
@@ -87,6 +94,7 @@ class Counts:
         self.skipped += other.skipped
         self.skips += other.skips
         self.fails += other.fails
+        self.cpu += other.cpu
 
 
 def junit_counts(paths) -> Counts:
@@ -145,55 +153,61 @@ class Launch:
     ranks: int = 0                  # 0: one pytest process; K: mpirun -n K (one XML per rank)
 
 
-def stream(cmd, env, label: str, timeout: float) -> int:
-    """Run ``cmd`` in its own session, copying its output (stdout and stderr) to ours as it
-    comes, each line prefixed with ``label``; on timeout kill every process of the session.
-    Returns the exit status (124 on timeout)."""
+#: one writer at a time: launches of a parallel group print whole lines, each with its label
+_OUT = threading.Lock()
+
+
+def _say(text: str) -> None:
+    with _OUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def stream(cmd, env, label: str, timeout: float) -> tuple[int, float]:
+    """Run ``cmd`` in its own session, copying its output (stdout and stderr) to ours line by
+    line as it comes, each line prefixed with ``label``; on timeout kill every process of the
+    session. Returns (the exit status, 124 on timeout; the CPU seconds, user + system, of the
+    command and every descendant it waited for: ``os.wait4``)."""
     p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, start_new_session=True)
     fd = p.stdout.fileno()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")   # a character split between reads
     deadline = time.monotonic() + timeout
-    at_line_start = True
-    out = sys.stdout
+    partial = ""
+    rc = None
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             kill_session(p.pid)
-            p.wait()
-            out.write(("" if at_line_start else "\n") + f"[{label}] TIMEOUT after {timeout:.0f} s\n")
-            out.flush()
-            return 124
+            _say((f"[{label}] {partial}\n" if partial else "") + f"[{label}] TIMEOUT after {timeout:.0f} s\n")
+            partial = ""
+            rc = 124
+            break
         ready, _, _ = select.select([fd], [], [], min(left, 1.0))
         if not ready:
             continue
         chunk = os.read(fd, 65536)
         if not chunk:
             break
-        text = decoder.decode(chunk).replace("\x00", "")   # pytest-mpi prints MPI's NUL-ended version
-        pieces = text.split("\n")
-        for i, piece in enumerate(pieces):
-            if at_line_start and piece:
-                out.write(f"[{label}] ")
-                at_line_start = False
-            out.write(piece)
-            if i < len(pieces) - 1:
-                out.write("\n")
-                at_line_start = True
-        out.flush()
-    if not at_line_start:
-        out.write("\n")
+        text = partial + decoder.decode(chunk).replace("\x00", "")   # pytest-mpi prints MPI's NUL-ended version
+        *lines, partial = text.split("\n")
+        if lines:
+            _say("".join(f"[{label}] {line}\n" if line else "\n" for line in lines))
+    if partial:
+        _say(f"[{label}] {partial}\n")
     p.stdout.close()
-    return p.wait()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return (p.returncode if rc is None else rc), usage.ru_utime + usage.ru_stime
 
 
 def run(launch: Launch, workdir: Path) -> Counts:
     """Run one launch; count its tests from its JUnit XML; apply the exit-status rules."""
     xml = workdir / (re.sub(r"[^\w.-]+", "_", launch.label) + ("-{rank}.xml" if launch.ranks else ".xml"))
     cmd = launch.cmd + [f"--junitxml={xml}"]
-    print(f"\n=== {launch.label}: {shlex.join(map(str, cmd))}", flush=True)
+    _say(f"\n=== {launch.label}: {shlex.join(map(str, cmd))}\n")
     t0 = time.time()
-    rc = stream(cmd, launch.env, launch.label, TIMEOUT)
+    rc, cpu = stream(cmd, launch.env, launch.label, TIMEOUT)
     files = ([Path(str(xml).replace("{rank}", str(r))) for r in range(launch.ranks)]
              if launch.ranks else [xml])
     c = junit_counts(files)
@@ -202,8 +216,9 @@ def run(launch: Launch, workdir: Path) -> Counts:
     elif rc != 0 and c.failed == 0:
         c.failed = 1                           # died, timed out, or a rank's XML is missing
         c.fails.append(("(the launch)", f"exit status {rc} with no failed test in its XML"))
-    print(f"=== {launch.label}: exit {rc}, {c.passed} passed, {c.failed} failed, "
-          f"{c.skipped} skipped, {time.time() - t0:.1f} s", flush=True)
+    c.cpu = cpu
+    _say(f"=== {launch.label}: exit {rc}, {c.passed} passed, {c.failed} failed, "
+         f"{c.skipped} skipped, {time.time() - t0:.1f} s, cpu {cpu:.0f} s\n")
     return c
 
 
@@ -215,10 +230,22 @@ def unit(args) -> list[Launch]:
     return [Launch("tests/unit", PYTEST + ["tests/unit"] + k_option(args), with_session_dir(mpi_env()))]
 
 
+#: End-to-end files that take longest (about 2-4 min each on a 2-core machine): started first, so
+#: that the lanes of the e2e group end together (longest first). Others follow in name order.
+E2E_LONGEST = ["test_elastic.py", "test_restart.py", "test_resume.py", "test_streaming.py",
+               "test_server_loss.py", "test_bad_inputs.py", "test_dynamic_tables.py"]
+
+
 def e2e(args) -> list[Launch]:
-    # each end-to-end file (real mpirun launches) in its own process
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "e2e").glob("test_*.py"))
-    return [Launch(f, PYTEST + [f] + k_option(args), with_session_dir(mpi_env())) for f in files]
+    # each end-to-end file (real mpirun launches) in its own process, with its own pytest base
+    # temporary directory (pytest prunes old numbered ones: lanes must not share them)
+    files = sorted((p.relative_to(ROOT) for p in (ROOT / "tests" / "e2e").glob("test_*.py")),
+                   key=lambda p: (E2E_LONGEST.index(p.name) if p.name in E2E_LONGEST else len(E2E_LONGEST),
+                                  p.name))
+    base = Path(tempfile.mkdtemp(prefix="hpcps-e2e-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)
+    return [Launch(str(f), PYTEST + [str(f), f"--basetemp={base / f.stem}"] + k_option(args),
+                   with_session_dir(mpi_env())) for f in files]
 
 
 def slurm(args) -> list[Launch]:
@@ -260,9 +287,10 @@ class Group:
     name: str
     launches: Callable              # args -> list[Launch]
     mpi: bool = False               # left out by --no-mpi, the only one run by --only-mpi
+    parallel: bool = False          # its launches may run side by side (--jobs)
 
 
-GROUPS = [Group("unit", unit), Group("e2e", e2e), Group("slurm", slurm), Group("multihost", multihost),
+GROUPS = [Group("unit", unit), Group("e2e", e2e, parallel=True), Group("slurm", slurm), Group("multihost", multihost),
           Group("mpi", mpi, mpi=True)]
 
 
@@ -274,6 +302,10 @@ def main() -> int:
     ap.add_argument("--group", action="append", choices=[g.name for g in GROUPS],
                     help="run only this group (repeatable)")
     ap.add_argument("--file", help="only the launches whose label contains this (e.g. test_rma.py)")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("HPCPS_TEST_JOBS", "2")),
+                    help="launches of the e2e group run side by side (default 2, or "
+                         "$HPCPS_TEST_JOBS): most of an end-to-end test's time is waiting "
+                         "(start-up, timeouts, detection), not CPU")
     args = ap.parse_args()
     total = Counts()
     walls = []
@@ -286,12 +318,16 @@ def main() -> int:
             if not launches:
                 continue
             t0 = time.time()
-            for launch in launches:
-                c = run(launch, Path(tmp))
+            lanes = max(1, args.jobs) if group.parallel else 1
+            with ThreadPoolExecutor(max_workers=lanes) as pool:
+                results = list(pool.map(lambda launch: run(launch, Path(tmp)), launches))
+            cpu = 0.0
+            for launch, c in zip(launches, results):
                 c.skips = [(launch.label, t, r) for t, r in c.skips]
                 c.fails = [(launch.label, t, r) for t, r in c.fails]
+                cpu += c.cpu
                 total.add(c)
-            walls.append((group.name, len(launches), time.time() - t0))
+            walls.append((group.name, len(launches), time.time() - t0, cpu, lanes))
     if total.skips:
         print(f"\nskipped ({total.skipped}):")
         for label, test, reason in total.skips:
@@ -300,9 +336,10 @@ def main() -> int:
         print(f"\nfailed ({total.failed}):")
         for label, test, message in total.fails:
             print(f"  [{label}] {test}: {message[:200]}")
-    print("\nwall time per group: " + ", ".join(f"{name} {s:.0f} s ({n} launch{'es' if n > 1 else ''})"
-                                                  for name, n, s in walls)
-          + f"; total {sum(s for _, _, s in walls):.0f} s")
+    print("\nwall time per group: " + ", ".join(
+        f"{name} {s:.0f} s ({n} launch{'es' if n > 1 else ''}"
+        + (f" in {lanes} lanes" if lanes > 1 else "") + f", cpu {cpu:.0f} s)"
+        for name, n, s, cpu, lanes in walls) + f"; total {sum(w[2] for w in walls):.0f} s")
     print(f"\n{total.passed} passed, {total.failed} failed"
           + (f", {total.skipped} skipped" if total.skipped else ""), flush=True)
     return 1 if total.failed else 0

@@ -56,3 +56,25 @@ def test_a_launch_that_hangs_is_killed_at_its_timeout(tmp_path, capsys, monkeypa
 def test_every_mpi_file_runs_at_two_sizes():
     for path in sorted((run.ROOT / "tests" / "mpi").glob("test_*.py")):
         assert len(set(run.mpi_sizes(path))) == 2, path.name
+
+
+def test_launches_side_by_side_print_whole_lines_and_count_their_cpu(tmp_path, capsys):
+    """Two launches at once (the e2e group's lanes): each line whole, with its own label, even
+    when a launch writes a line in pieces; each launch's CPU seconds include its children's."""
+    script = tmp_path / "t.py"
+    script.write_text(textwrap.dedent("""
+        import subprocess, sys, time
+        me = sys.argv[1]
+        for i in range(20):
+            sys.stdout.write(me + "-head-"); sys.stdout.flush(); time.sleep(0.01)
+            sys.stdout.write(f"tail-{i}\\n"); sys.stdout.flush()
+        subprocess.run([sys.executable, "-c", "import time\\nt = time.process_time()\\n"
+                        "while time.process_time() - t < 0.5: pass"])
+    """))
+    from concurrent.futures import ThreadPoolExecutor
+    launches = [run.Launch(name, [sys.executable, str(script), name], {}) for name in ("aa", "bb")]
+    with ThreadPoolExecutor(2) as pool:
+        counts = list(pool.map(lambda x: run.run(x, tmp_path), launches))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "-head-" in ln]
+    assert sorted(lines) == sorted(f"[{n}] {n}-head-tail-{i}" for n in ("aa", "bb") for i in range(20))
+    assert all(c.cpu >= 0.4 for c in counts), [c.cpu for c in counts]     # the grandchild's 0.5 s
