@@ -230,10 +230,11 @@ def unit(args) -> list[Launch]:
     return [Launch("tests/unit", PYTEST + ["tests/unit"] + k_option(args), with_session_dir(mpi_env()))]
 
 
-#: End-to-end files that take longest (about 2-4 min each on a 2-core machine): started first, so
+#: End-to-end files that take longest (about 1.5-5 min each on a 2-core machine): started first, so
 #: that the lanes of the e2e group end together (longest first). Others follow in name order.
-E2E_LONGEST = ["test_elastic.py", "test_restart.py", "test_resume.py", "test_streaming.py",
-               "test_server_loss.py", "test_bad_inputs.py", "test_dynamic_tables.py"]
+E2E_LONGEST = ["test_resume.py", "test_elastic.py", "test_restart.py", "test_streaming.py",
+               "test_bad_inputs.py", "test_signals.py", "test_server_loss.py",
+               "test_dynamic_tables.py", "test_cli.py", "test_fault_tolerance.py"]
 
 
 def e2e(args) -> list[Launch]:
