@@ -34,6 +34,8 @@ from mpi4py import MPI
 import benchlib
 from psbench import DENSE_DIM, Bench, fmt_bytes, inner_count
 
+from hpcps.comm.core import abort_on_error  # noqa: E402  (importable once psbench ran)
+
 HDR = 8
 #: keys of the "small" sparse pull and push: the per-request overhead of hpcps at the server
 #: and the client, beside raw Send/Recv of the same bytes (goal: at most PER_REQUEST_GOAL_US)
@@ -214,4 +216,5 @@ def report(todo, times, hl, args, busy):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with abort_on_error(MPI.COMM_WORLD):     # an error on one rank ends every rank (no hang)
+        sys.exit(main())

@@ -36,6 +36,8 @@ from mpi4py import MPI
 import benchlib
 from psbench import DENSE_DIM, Bench, fmt_bytes, inner_count
 
+from hpcps.comm.core import abort_on_error  # noqa: E402  (importable once psbench ran)
+
 
 def raw_windows(b: Bench, world):
     """Raw windows with the same layout (header + rows) as hpcps's, one per table. Collective."""
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(0)
         perm = rng.permutation(sparse_keys).astype(np.int64)
         todo = [("dense", k) for k in dense_sizes] + [("sparse", k) for k in sparse_sizes]
-        part = b.client.parts[1] if b.client else None
+        part = b.client.routing.parts[1] if b.client else None
         times = {c: {"hpcps": [], "raw": []} for c in todo}
         bufs = {c: np.empty((c[1], DENSE_DIM if c[0] == "dense" else 1), dtype=np.float32) for c in todo}
         hbufs = {c: np.zeros_like(v) for c, v in bufs.items()}     # hpcps reads into these
@@ -216,4 +218,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with abort_on_error(MPI.COMM_WORLD):     # an error on one rank ends every rank (no hang)
+        sys.exit(main())
