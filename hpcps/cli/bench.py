@@ -23,6 +23,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -111,12 +112,15 @@ def _command(step: dict, mpirun: str | None, flavour) -> tuple[list[str], dict]:
 
 #: Seconds a step of the suite may run before it is killed (``--step-timeout``).
 STEP_TIMEOUT = 900.0
+#: Seconds a step that timed out has after SIGTERM before its session is killed.
+TERM_GRACE = 15.0
 
 
 def run_step(cmd, env: dict, timeout: float) -> tuple[str, int, bool]:
     """Run one step of the suite in a session of its own; on timeout kill every process of
     that session (``mpirun``, its ranks and whatever they started: killing only ``mpirun``
-    left the ranks running, spinning). Local.
+    left the ranks running, spinning), after SIGTERM to the step and ``TERM_GRACE`` seconds
+    to clean up. Local.
 
     Returns
     -------
@@ -134,6 +138,11 @@ def run_step(cmd, env: dict, timeout: float) -> tuple[str, int, bool]:
     try:
         stdout, stderr = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        try:                      # a chance to clean up (bench_hosts.py removes its hosts)
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=TERM_GRACE)
+        except subprocess.TimeoutExpired:
+            pass
         kill_session(p.pid)       # the session's id is the pid of its first process
         stdout, stderr = p.communicate()    # every writer of the pipes is gone now
         return stdout + stderr, 124, True
