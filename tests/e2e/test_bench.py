@@ -56,6 +56,18 @@ Path(sys.argv[1], f"{os.getpid()}").write_text(f"{os.getsid(0)}")
 time.sleep(3600)
 '''
 
+# a step deaf to SIGTERM, with a child deaf to it too: only the kill of the session ends them
+STUBBORN = '''\
+import os, signal, subprocess, sys, time
+from pathlib import Path
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"])
+for pid in (os.getpid(), child.pid):
+    Path(sys.argv[1], str(pid)).write_text(str(os.getsid(0)))
+time.sleep(3600)
+'''
+
 DONE = '''\
 import json, sys
 json.dump({"name": "done", "ratios": [], "notes": []}, open(sys.argv[sys.argv.index("--json") + 1], "w"))
@@ -70,46 +82,52 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_step_that_times_out_is_killed_with_its_mpirun_and_ranks_and_the_next_runs(tmp_path):
-    """A step that hangs under mpirun (2 ranks asleep): after ``--step-timeout`` every process
-    of its session is gone (the old runner killed only mpirun and left the ranks running), the
-    step is reported as failed ("timed out after N s") in results.json and results.md, and the
-    next step still runs."""
+def test_a_step_that_times_out_is_killed_with_its_mpirun_and_ranks_and_the_next_runs(tmp_path, monkeypatch):
+    """A step that hangs under mpirun (2 ranks asleep) and one deaf to SIGTERM (and its
+    child): after ``--step-timeout`` every process of their sessions is gone (the old runner
+    killed only its direct child and left mpirun's ranks running), each is reported as failed
+    ("timed out after N s") in results.json and results.md, and the next step still runs."""
     import io
 
-    from hpcps.cli.bench import run_suite
+    from hpcps.cli import bench
     from tests.helpers import session_pids
 
-    (tmp_path / "hang.py").write_text(HANG)
-    (tmp_path / "done.py").write_text(DONE)
-    pids = tmp_path / "pids"
-    pids.mkdir()
+    monkeypatch.setattr(bench, "TERM_GRACE", 3.0)      # the stubborn step ignores it anyway
+    for name, text in (("hang", HANG), ("stubborn", STUBBORN), ("done", DONE)):
+        (tmp_path / f"{name}.py").write_text(text)
+    pids = {name: tmp_path / f"pids-{name}" for name in ("hang", "stubborn")}
+    for d in pids.values():
+        d.mkdir()
 
     def steps(quick, tmp):
-        return [{"name": "hang", "ranks": 2, "script": str(tmp_path / "hang.py"), "args": [str(pids)]},
+        return [{"name": "hang", "ranks": 2, "script": str(tmp_path / "hang.py"), "args": [str(pids["hang"])]},
+                {"name": "stubborn", "ranks": 0, "script": str(tmp_path / "stubborn.py"),
+                 "args": [str(pids["stubborn"])]},
                 {"name": "done", "ranks": 0, "script": str(tmp_path / "done.py"),
                  "args": ["--json", str(tmp / "done.json")]}]
 
     out = io.StringIO()
     t0 = time.monotonic()
-    rc = run_suite(quick=True, out_dir=tmp_path / "out", timeout=20, stream=out, steps=steps)
+    rc = bench.run_suite(quick=True, out_dir=tmp_path / "out", timeout=20, stream=out, steps=steps)
     seconds = time.monotonic() - t0
-    ranks = {int(p.name): int(p.read_text()) for p in pids.iterdir()}
-    assert len(ranks) == 2, f"the ranks did not start within the timeout: {out.getvalue()[-3000:]}"
+    procs = {int(p.name): int(p.read_text()) for d in pids.values() for p in d.iterdir()}
+    assert len(procs) == 4, f"the steps did not start within the timeout: {out.getvalue()[-3000:]}"
     deadline = time.monotonic() + 5          # orphans are reaped by init
-    while time.monotonic() < deadline and any(_alive(p) for p in ranks):
+    while time.monotonic() < deadline and any(_alive(p) for p in procs):
         time.sleep(0.1)
-    left = [p for p in ranks if _alive(p)]
+    left = [p for p in procs if _alive(p)]
     for pid in left:                          # do not leave them to the next test
         os.kill(pid, signal.SIGKILL)
-    assert not left, f"ranks {left} still running after the step timed out"
-    (sid,) = set(ranks.values())
-    assert session_pids(sid) == [], "processes of the timed-out step's session are left"
-    assert rc == 1 and seconds < 60, (rc, seconds)
+    assert not left, f"processes {left} still running after their step timed out"
+    sessions = set(procs.values())
+    assert len(sessions) == 2 and all(session_pids(sid) == [] for sid in sessions), \
+        "processes of a timed-out step's session are left"
+    assert rc == 1 and seconds < 90, (rc, seconds)
     res = json.loads((tmp_path / "out" / "results.json").read_text())
-    hang, done = res["reports"]
-    assert hang["failed"] and hang["timed_out"] and hang["exit"] == 124
-    assert hang["error"].startswith("timed out after 20 s")
+    hang, stubborn, done = res["reports"]
+    for r in (hang, stubborn):
+        assert r["failed"] and r["timed_out"] and r["exit"] == 124
+        assert r["error"].startswith("timed out after 20 s")
     assert done["name"] == "done" and not done.get("failed")
     assert "| hang | (failed: timed out after 20 s" in (tmp_path / "out" / "results.md").read_text()
     assert "=== hpcps bench: hang FAILED (timed out after 20 s" in out.getvalue()
