@@ -25,6 +25,13 @@ hosts' veth link (``--mca pml ob1 --mca btl tcp,self``).
 
 On one machine the "link" is a veth pair through a bridge: kernel TCP, no wire, so the
 figures say what hpcps adds to a TCP transport, not what a real network gives.
+
+Each launch across the hosts runs in a session of its own with a time limit (``--timeout``,
+per launch): one still running then is killed with every process of its session and every
+process on the two hosts (mpirun, the daemon on the other host, the ranks) and the script fails with an error naming the launch
+and the limit, instead of waiting for ever (a worker rank that raised once left the server
+rank spinning in its receive for 40 min). SIGTERM (``hpcps bench`` at its step timeout) ends
+the launches and removes the hosts before the script exits.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +53,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 import benchlib  # noqa: E402
 
 GOAL = 0.8
+#: Seconds a launch across the hosts may take (``--timeout``; with ``--quick``: QUICK_TIMEOUT).
+#: (One full run of the three launches took 258 s, docs/benchmarks.md.)
+TIMEOUT = 900.0
+QUICK_TIMEOUT = 300.0
 HEADLINE = "push/pull across 2 hosts (TCP), large messages"
 
 JOB = """
@@ -115,6 +127,65 @@ def raw_exchange(steps: int, pull_up: int, pull_down: int, push_up: int, reps: i
     return 0
 
 
+# ------------------------------------------------------------------ launches across the hosts
+#: Sessions of the launches still running (ended by :func:`end_launches`).
+_running: set = set()
+
+
+class LaunchTimeout(RuntimeError):
+    """A launch across the hosts did not finish within its time limit (it was killed)."""
+
+
+def run_across(cmd, env: dict, cwd, timeout: float, what: str, hosts=(),
+               capture: bool = False) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (a launch across ``hosts``) in a session of its own and wait at most
+    ``timeout`` seconds; then kill every process of that session and every process running
+    on ``hosts`` (Open MPI's daemon on another host detaches into a session of its own, with
+    the ranks it starts), and raise :class:`LaunchTimeout` naming ``what`` and the limit
+    (with the end of its output when ``capture``). ``capture``: stdout and stderr as text in
+    the result; else they go to ours. The hosts must run nothing else.
+    """
+    from hpcps.core.procs import kill_session
+    from tests.hosts import testhosts as th
+
+    pipe = subprocess.PIPE if capture else None
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=pipe,
+                         stderr=pipe, text=True, errors="replace", start_new_session=True)
+    _running.add(p.pid)
+    try:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            killed = set(kill_session(p.pid))
+            for h in hosts:
+                killed.update(th.kill_on(h))
+            out, err = p.communicate()
+            tail = ("; its output ended with:\n" + ((out or "") + (err or ""))[-3000:]
+                    if capture else "")
+            raise LaunchTimeout(f"{what} did not finish within {timeout:g} s (--timeout): "
+                                f"killed its {len(killed)} processes (mpirun, the daemons, "
+                                f"the ranks){tail}") from None
+    finally:
+        if p.poll() is None:              # an exception or a signal while it ran
+            kill_session(p.pid)
+            p.wait()
+        _running.discard(p.pid)
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def end_launches() -> None:
+    """Kill every process of the launches still running (their sessions; what runs on the
+    hosts goes with them, :func:`testhosts.down`). Local."""
+    from hpcps.core.procs import kill_session
+
+    for sid in list(_running):
+        kill_session(sid)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)        # the finally blocks end the launches, remove the hosts
+
+
 # ------------------------------------------------------------------ the two parts
 def _env(tmp: str) -> dict:
     return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -132,7 +203,8 @@ def pushpull(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
         cmd += ["--reps", str(args.reps)]
     print(f"bench_hosts: push/pull, worker on {hs[0].name} ({hs[0].addr}), server on "
           f"{hs[1].name} ({hs[1].addr}), TCP over a veth link", flush=True)
-    p = subprocess.run(cmd, env=env, cwd=ROOT, timeout=1800)
+    p = run_across(cmd, env, ROOT, args.timeout, "bench_pushpull.py across the hosts",
+                   hs)
     if p.returncode or not out.exists():
         raise RuntimeError(f"bench_pushpull.py across the hosts failed (exit {p.returncode})")
     pp = json.loads(out.read_text())
@@ -159,7 +231,8 @@ def e2e(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
           f"worker on {hs[0].name}, server on {hs[1].name})", flush=True)
     cmd = hs[0].cmd(sys.executable, "-m", "hpcps", "run", "-n", "2", str(job), "--",
                     "--map-by", "node", *mca)
-    p = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=1800)
+    p = run_across(cmd, env, tmp, args.timeout, "hpcps run across the hosts", hs,
+                   capture=True)
     print("\n".join(line for line in p.stdout.splitlines()
                     if line.startswith(("done:", "  workers:", "  hosts:"))), flush=True)
     metrics = tmp / "e2e" / "metrics.json"
@@ -176,7 +249,8 @@ def e2e(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
     cmd = hs[0].cmd(mpirun, "-n", "2", "--map-by", "node", *mca, sys.executable,
                     str(Path(__file__).resolve()), "--raw-exchange", str(steps), str(pull_up),
                     str(pull_down), str(push_up))
-    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = run_across(cmd, env, ROOT, args.timeout, "the raw exchange across the hosts",
+                   hs, capture=True)
     lines = [line for line in p.stdout.splitlines() if line.startswith('{"seconds"')]
     if p.returncode or not lines:
         raise RuntimeError(f"raw exchange across the hosts failed (exit {p.returncode}):\n"
@@ -203,11 +277,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH", help="the report as JSON (for hpcps bench)")
     ap.add_argument("--reps", type=int, default=None, help="bench_pushpull.py's --reps")
     ap.add_argument("--no-e2e", action="store_true", help="push/pull only")
+    ap.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                    help=f"kill a launch across the hosts still running after SECONDS and fail "
+                         f"(default {TIMEOUT:g}; {QUICK_TIMEOUT:g} with --quick)")
     ap.add_argument("--raw-exchange", nargs=4, type=int, metavar=("STEPS", "PULL_UP", "PULL_DOWN", "PUSH_UP"),
                     help=argparse.SUPPRESS)      # internal: the raw e2e exchange, under mpirun
     args = ap.parse_args(argv)
     if args.raw_exchange:
         return raw_exchange(*args.raw_exchange, reps=3)
+    if args.timeout is None:
+        args.timeout = QUICK_TIMEOUT if args.quick else TIMEOUT
+    if not args.timeout > 0:
+        ap.error(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     rep = benchlib.Report("hosts")
     why = missing()
     if why:
@@ -222,9 +303,10 @@ def main(argv=None) -> int:
     mpirun = Path(sys.executable).parent / "mpirun"
     mpirun = str(mpirun) if mpirun.exists() else "mpirun"
     t0 = time.perf_counter()
-    th.down()
-    hs = th.up(2)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
+        th.down()
+        hs = th.up(2)
         with tempfile.TemporaryDirectory(prefix="hpcps-bench-hosts-") as d:
             tmp = Path(d)
             hf = th.hostfile(tmp / "hostfile", hs, 1)
@@ -234,7 +316,12 @@ def main(argv=None) -> int:
             pushpull(rep, th, hs, mpirun, mca, env, args, tmp)
             if not args.no_e2e:
                 e2e(rep, th, hs, mpirun, mca, env, args, tmp)
+    except LaunchTimeout as e:
+        print(f"bench_hosts: error: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)     # nothing stops the clean-up now
+        end_launches()
         th.down()
     rep.details["seconds"] = time.perf_counter() - t0
     rep.write(args.json)

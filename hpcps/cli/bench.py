@@ -23,6 +23,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -109,8 +110,48 @@ def _command(step: dict, mpirun: str | None, flavour) -> tuple[list[str], dict]:
     return launch.build_launch(step["ranks"], program, mpirun=mpirun, flavour=flavour)
 
 
+#: Seconds a step of the suite may run before it is killed (``--step-timeout``).
+STEP_TIMEOUT = 900.0
+#: Seconds a step that timed out has after SIGTERM before its session is killed.
+TERM_GRACE = 15.0
+
+
+def run_step(cmd, env: dict, timeout: float) -> tuple[str, int, bool]:
+    """Run one step of the suite in a session of its own; on timeout kill every process of
+    that session (``mpirun``, its ranks and whatever they started: killing only ``mpirun``
+    left the ranks running, spinning), after SIGTERM to the step and ``TERM_GRACE`` seconds
+    to clean up. Local.
+
+    Returns
+    -------
+    text : str
+        The step's stdout, and its stderr when it failed or timed out.
+    rc : int
+        Its exit status; 124 on timeout.
+    timed_out : bool
+    """
+    from hpcps.core.procs import kill_session
+
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, errors="replace",
+                         start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:                      # a chance to clean up (bench_hosts.py removes its hosts)
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=TERM_GRACE)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_session(p.pid)       # the session's id is the pid of its first process
+        stdout, stderr = p.communicate()    # every writer of the pipes is gone now
+        return stdout + stderr, 124, True
+    return stdout + (stderr if p.returncode else ""), p.returncode, False
+
+
 def run_suite(quick: bool = False, out_dir=None, only=None,
-              mpirun: str | None = None, timeout: float = 900.0, stream=None) -> int:
+              mpirun: str | None = None, timeout: float = STEP_TIMEOUT, stream=None,
+              steps=None) -> int:
     """Run the suite; write ``results.json`` and ``results.md``; return 0, or 1 if a script
     failed (its output is shown and the others still run).
 
@@ -123,6 +164,18 @@ def run_suite(quick: bool = False, out_dir=None, only=None,
     only : list of str or None
         Names of the scripts to run (``kernels``, ``pushpull``, ``rma``, ``rma_fanin``,
         ``checkpoint``, ``e2e``, ``scaling``, ``recovery``, ``hosts``).
+    mpirun : str or None
+        The ``mpirun`` to use (default: next to python, then ``PATH``).
+    timeout : float
+        Seconds each step may run. A step still running then is killed with every process
+        of its session (``mpirun`` and its ranks), reported as failed ("timed out after N s")
+        and the next step runs.
+    stream : file-like or None
+        Where the progress goes (default stdout).
+    steps : callable or None
+        Tests only: ``steps(quick, tmp)`` returns the steps to run instead of :func:`suite`'s
+        (dicts with ``name``, ``ranks``, ``script`` — a path, relative to ``bench/`` — and
+        ``args``).
     """
     from hpcps.runtime import launch
 
@@ -131,6 +184,11 @@ def run_suite(quick: bool = False, out_dir=None, only=None,
         out.write(f"hpcps bench: no benchmark scripts at {BENCH}: the suite runs from a source "
                   "checkout of hpcps (the bench/ directory next to the package)\n")
         return 2
+    if not timeout > 0:
+        out.write(f"hpcps bench: --step-timeout must be a positive number of seconds, not "
+                  f"{timeout!r}\n")
+        return 2
+    steps_of = steps or suite
     if out_dir is None:
         out_dir = Path(tempfile.mkdtemp(prefix="hpcps-bench-")) if quick else BENCH
     out_dir = Path(out_dir)
@@ -147,31 +205,30 @@ def run_suite(quick: bool = False, out_dir=None, only=None,
     reports, failed = [], []
     with tempfile.TemporaryDirectory(prefix="hpcps-bench-json-") as tmp:
         tmp = Path(tmp)
-        steps = [s for s in suite(quick, tmp) if not only or s["name"] in only]
-        unknown = set(only or ()) - {s["name"] for s in suite(quick, tmp)}
+        every = steps_of(quick, tmp)
+        unknown = set(only or ()) - {s["name"] for s in every}
         if unknown:
             out.write(f"hpcps bench: unknown benchmark(s) {', '.join(sorted(unknown))}; valid: "
-                      f"{', '.join(s['name'] for s in suite(quick, tmp))}\n")
+                      f"{', '.join(s['name'] for s in every)}\n")
             return 2
-        for step in steps:
+        for step in [s for s in every if not only or s["name"] in only]:
             cmd, env = _command(step, mpirun, flavour)
             out.write(f"\n=== hpcps bench: {step['name']}: {' '.join(cmd)}\n")
             out.flush()
             t0 = time.perf_counter()
-            try:
-                p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True,
-                                   text=True, errors="replace", timeout=timeout)
-                text, rc = p.stdout + (p.stderr if p.returncode else ""), p.returncode
-            except subprocess.TimeoutExpired:
-                text, rc = f"timed out after {timeout:.0f} s\n", 124
-            out.write(text if text.endswith("\n") else text + "\n")
+            text, rc, timed_out = run_step(cmd, {**os.environ, **env}, timeout)
             seconds = time.perf_counter() - t0
+            if text:
+                out.write(text if text.endswith("\n") else text + "\n")
             path = tmp / f"{step['name']}.json"
             if rc != 0 or not path.exists():
                 failed.append(step["name"])
-                out.write(f"=== hpcps bench: {step['name']} FAILED (exit {rc})\n")
+                error = (f"timed out after {timeout:g} s (killed with its mpirun and ranks)"
+                         if timed_out else f"exit {rc}")
+                out.write(f"=== hpcps bench: {step['name']} FAILED ({error})\n")
                 reports.append({"name": step["name"], "failed": True, "exit": rc,
-                                 "seconds": seconds, "ratios": [], "notes": [], "details": {}})
+                                "error": error, "timed_out": timed_out,
+                                "seconds": seconds, "ratios": [], "notes": [], "details": {}})
                 continue
             r = json.loads(path.read_text())
             r["seconds"] = seconds
@@ -214,7 +271,8 @@ def markdown(results: dict) -> str:
     notes = []
     for r in results["reports"]:
         if r.get("failed"):
-            lines.append(f"| {r['name']} | (failed, exit {r['exit']}) | | | |")
+            lines.append(f"| {r['name']} | (failed: {r.get('error') or 'exit ' + str(r['exit'])}) "
+                         "| | | |")
             continue
         for x in r["ratios"]:
             mark = ("disturbed: rerun" if x.get("disturbed") else
@@ -239,5 +297,8 @@ def register(sub) -> None:
     b.add_argument("--out", help="directory for results.json/.md (default: bench/, or a "
                                  "temporary one with --quick)")
     b.add_argument("--mpirun", help="mpirun to use (default: next to python, then PATH)")
+    b.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT, metavar="SECONDS",
+                   help="kill a script still running after SECONDS, with its mpirun and ranks, "
+                        "report it as failed and go on with the next (default: %(default)g)")
     b.set_defaults(func=lambda a: run_suite(quick=a.quick, out_dir=a.out, only=a.only,
-                                            mpirun=a.mpirun))
+                                            mpirun=a.mpirun, timeout=a.step_timeout))

@@ -19,6 +19,10 @@ what is missing made, hosts beyond N removed); ``down`` removes everything (proc
 namespaces, UTS mounts, namespaces, veths, bridge, state); ``status`` prints it; ``run HOST
 CMD...`` runs CMD on HOST. ``tests/hosts/rsh-agent HOST CMD...`` is Open MPI's launch agent
 (``--mca plm_rsh_agent``). Needs root, iproute2 and util-linux (``nsenter``, ``unshare``).
+
+The names and the subnet are fixed: one set of test hosts per machine, so one user at a time
+(``up``/``down``, ``tests/multihost`` and ``bench/bench_hosts.py`` take them over and kill
+what runs on them). When done, or after an interrupted run, ``down`` (tests/hosts/README.md).
 """
 
 from __future__ import annotations
@@ -287,7 +291,10 @@ def mpirun_args(hostfile_path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="The test hosts (hpcps-h*, 10.213.7.0/24) are one per machine: one user at a "
+               "time. Clean up when done: testhosts.py down")
     sub = ap.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="make N test hosts (idempotent)")
     u.add_argument("n", type=int)
