@@ -29,7 +29,8 @@ benchlib.ensure_importable()
 
 from hpcps.comm.core import DEFAULT_MAX_MESSAGE_BYTES, split_roles  # noqa: E402
 from hpcps.comm.rma import allocate_windows, free_windows  # noqa: E402
-from hpcps.comm.transport import ServerEndpoint, WorkerEndpoint  # noqa: E402
+from hpcps.comm.membership import Membership  # noqa: E402
+from hpcps.comm.transport import ServerEndpoint  # noqa: E402
 from hpcps.core.consistency import BSP, header_len  # noqa: E402
 from hpcps.core.optim import Optimizer  # noqa: E402
 from hpcps.server.server import ParameterServer, window_sizes  # noqa: E402
@@ -75,9 +76,8 @@ class Bench:
             for sh in self.server.shards:   # non-zero rows (a pull of zeros proves nothing)
                 sh.w[...] = np.arange(sh.w.size, dtype=np.float32).reshape(sh.w.shape) % 97
         else:
-            ep = WorkerEndpoint(r.ps, r.server_ranks, DEFAULT_MAX_MESSAGE_BYTES)
-            self.client = PSClient(ep, self.specs, r.n_servers, self.policy, r.n_workers,
-                                   self.windows or None)
+            self.client = PSClient(Membership(r, self.windows, specs=self.specs), self.policy,
+                                   DEFAULT_MAX_MESSAGE_BYTES)
         self.header_len = header_len(r.n_workers)
         if self.windows:
             r.ps.Barrier()
