@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(0)
         perm = rng.permutation(sparse_keys).astype(np.int64)
         todo = [("dense", k) for k in dense_sizes] + [("sparse", k) for k in sparse_sizes]
-        part = b.client.parts[1] if b.client else None
+        part = b.client.routing.parts[1] if b.client else None
         times = {c: {"hpcps": [], "raw": []} for c in todo}
         bufs = {c: np.empty((c[1], DENSE_DIM if c[0] == "dense" else 1), dtype=np.float32) for c in todo}
         hbufs = {c: np.zeros_like(v) for c, v in bufs.items()}     # hpcps reads into these
