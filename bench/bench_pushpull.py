@@ -64,11 +64,25 @@ def payload_bytes(table, op, k, hl):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--notices", action="store_true",
+                    help="run inside abort_on_error(notify=True), as hpcps train does: with the "
+                         "thread that listens for another rank's input error "
+                         "(hpcps.comm.notices), to measure what it costs")
     ap.add_argument("--only", metavar="CASES",
                     help="run only these cases, e.g. 'sparse:8,sparse:1000000' (table:n)")
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
+    if args.notices:
+        from hpcps.comm.core import abort_on_error
+
+        with abort_on_error(world, notify=True):
+            return run(args, world)
+    return run(args, world)
+
+
+def run(args, world) -> int:
+    """The benchmark (see the module docstring). Collective over ``world`` (2 ranks)."""
     if world.Get_size() != 2:
         if world.Get_rank() == 0:
             print("bench_pushpull.py needs exactly 2 ranks: mpirun -n 2 python bench/bench_pushpull.py")
@@ -164,7 +178,8 @@ def report(todo, times, hl, args, busy):
     rep = benchlib.Report("pushpull")
     rows = []
     print("hpcps client vs raw mpi4py Send/Recv of the same bytes, 1 worker + 1 server "
-          f"({MPI.Get_library_version().splitlines()[0].strip()})")
+          f"({MPI.Get_library_version().splitlines()[0].strip()})"
+          + (", input-error listener running" if args.notices else ""))
     print(f"{'case':<28} {'bytes up':>10} {'bytes down':>10} {'raw us':>10} {'hpcps us':>10} "
           f"{'raw/hpcps':>9} {'overhead us':>11} {'hpcps GB/s':>10} {'server us':>9}")
     for case in todo:

@@ -77,7 +77,7 @@ def cmd_train(args) -> int:
     note = output_note(cfg) if world.Get_rank() == 0 else None
     if note:
         out.write(f"hpcps: note: {note}\n")
-    with core.abort_on_error(world):
+    with core.abort_on_error(world, notify=True):
         try:
             res = run_job(cfg, world, out=out, resume=args.resume, stop=stop,
                           restart=args.restart)
@@ -122,7 +122,7 @@ def cmd_join(args) -> int:
     if spawn.parent() is None:
         return _fail("`hpcps join` is started by a running job to add workers to it (hpcps "
                      "grow, [elastic] add_workers); it cannot run by itself")
-    with core.abort_on_error(core.world()):
+    with core.abort_on_error(core.world(), notify=True):
         res = join_job(out=log.LineStream(), stop=stop, deadline=deadline)
     return EXIT_REQUEUE if res.get("stopped_by_signal") else 0
 

@@ -5,6 +5,9 @@ Submodules
 core
     World checks, the server/worker role split, abort-on-error, dtype-derived buffer sends
     with splitting of messages over ``max_message_bytes``.
+notices
+    When one rank finds an input error, every other rank prints why the job stops (a notice
+    sent before the abort, heard by a thread on each rank).
 progress
     Whether the MPI gives one-sided reads passive progress, and what to set if not.
 transport

@@ -19,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
+from hpcps.comm import notices
 from hpcps.comm.launcher import cores_dedicated, launcher_local_size, launcher_world_size
 from hpcps.core.exitcodes import EXIT_FAILED, status_for
 from hpcps.core.procs import mark_abort
@@ -288,7 +289,7 @@ def watchdog(comm: MPI.Comm, seconds: float, what: str, stream=None):
 
 
 @contextlib.contextmanager
-def abort_on_error(comm: MPI.Comm, stream=None):
+def abort_on_error(comm: MPI.Comm, stream=None, notify: bool = False):
     """Turn an exception on any rank into an abort of the whole job.
 
     Prints ``hpcps: rank R on HOST: <traceback>`` to ``stream`` (stderr) and calls
@@ -297,7 +298,16 @@ def abort_on_error(comm: MPI.Comm, stream=None):
     failed write, 1 for the unexpected), which mpirun returns and launchers use to decide
     whether a relaunch can help.
     Not collective: only the raising rank calls ``Abort``. ``SystemExit`` with code 0 passes.
+
+    With ``notify`` (``hpcps train``, ``hpcps join``) every rank of ``comm`` also listens for
+    the notice of another rank's input error and prints why it stops, and this rank, on an
+    input error (:data:`hpcps.core.exitcodes.INPUT_ERRORS`), sends that notice to every other
+    rank and waits for their acknowledgements (at most
+    :data:`hpcps.comm.notices.ACK_SECONDS`) before it aborts (:mod:`hpcps.comm.notices`).
+    Entering is then collective over ``comm`` (one ``Dup``); the listener's thread ends when
+    the body ends without an error.
     """
+    listener = notices.listen(comm, stream) if notify else None
     try:
         yield
     except SystemExit as e:
@@ -310,10 +320,14 @@ def abort_on_error(comm: MPI.Comm, stream=None):
         if code != EXIT_FAILED or type(e).__name__ in ("ServerLost", "GrowthFailed"):
             text = f"{type(e).__name__}: {e}\n"      # an error of the input: no traceback
         _report_and_abort(comm, stream, text.rstrip(), code=code)
+    finally:
+        notices.stop(listener)
 
 
 #: Seconds between a rank's error line and its ``Abort``: mpirun forwards the line before it
-#: prints its own ``MPI_ABORT was invoked`` banner (issue 21.8: the banner came first).
+#: prints its own ``MPI_ABORT was invoked`` banner (issue 21.8: the banner came first). After
+#: an input error this follows the other ranks' acknowledgements of the notice
+#: (:func:`hpcps.comm.notices.tell_others`), so that their lines come before the banner too.
 ABORT_GRACE = 1.0
 
 
@@ -323,6 +337,10 @@ def _report_and_abort(comm, stream, text, code):
         stream.write(f"hpcps: rank {comm.Get_rank()} on {hostname()}: {text}\n")
         stream.flush()
         mark_abort(code)                 # hpcps run ends mpirun if it does not exit after it
+        try:
+            notices.tell_others(code, text)  # input errors: every rank says why it stops
+        except Exception:                # noqa: BLE001 - the abort below must happen
+            pass
         time.sleep(ABORT_GRACE)
     finally:
         comm.Abort(code)

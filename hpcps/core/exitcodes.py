@@ -42,6 +42,10 @@ _BY_NAME = (
 
 #: Statuses after which relaunching cannot help.
 FINAL = frozenset({EXIT_OK, EXIT_USAGE, EXIT_DATA, EXIT_IO})
+#: Statuses of an error of the input (job file, resume, data, a file that cannot be written):
+#: the rank that finds one tells every other rank before it aborts the job
+#: (:mod:`hpcps.comm.notices`); not ``EXIT_FAILED`` (a bug, a lost peer) nor a stop signal.
+INPUT_ERRORS = frozenset({EXIT_USAGE, EXIT_DATA, EXIT_IO})
 
 
 def status_for(exc: BaseException) -> int:

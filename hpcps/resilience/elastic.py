@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcps.comm import core, ft, spawn
+from hpcps.comm import core, ft, notices, spawn
 from hpcps.comm.collectives import allreduce_max, barrier, bcast_array
 from hpcps.comm.membership import Membership
 from hpcps.comm.rma import allocate_windows
@@ -391,9 +391,11 @@ class Elastic:
     def _settle(self, merged, role, key, adopt, **layout):
         """Step 6: roles over ``merged``, BLAS threads for the node's new rank count
         (``node_ranks``), new RMA windows, the membership's change (with ``layout``: continue
-        mode's ``world_ranks`` and ``hosts``), ``adopt``. Returns the new roles. Collective
-        over ``merged`` (old and new ranks alike)."""
+        mode's ``world_ranks`` and ``hosts``), ``adopt``; the input-error notices go over
+        ``merged`` from now on (:func:`hpcps.comm.notices.follow`). Returns the new roles.
+        Collective over ``merged`` (old and new ranks alike)."""
         roles = core.rebuild_roles(merged, role, key)
+        notices.follow(merged)
         self.node_ranks = core.node_size(merged)
         core.limit_threads(merged, self.node_ranks)
         windows = []

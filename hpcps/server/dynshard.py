@@ -15,6 +15,7 @@ import numpy as np
 
 from hpcps.core.consistency import H_CLOCK
 from hpcps.core.dyntables import HashPartition, new_shard
+from hpcps.core.errors import DataError
 
 #: hot keys per dynamic table in the run summary
 HOT_KEYS = 10
@@ -223,8 +224,10 @@ class DynamicShard:
 
         Raises
         ------
-        RuntimeError
-            When the table exceeds ``max_keys`` with ``evict = "none"`` (naming the table).
+        DataError
+            When the table exceeds ``max_keys`` with ``evict = "none"`` (naming the table):
+            the data holds more distinct keys than the job allows, an error of the input
+            (exit status 65; a relaunch would fail the same way).
         """
         if self.admission is not None and keys.size:
             absent = self.table.lookup(keys) < 0
@@ -263,7 +266,7 @@ class DynamicShard:
                 drop = old
         if spec.max_keys and n - (0 if drop is None else int(drop.sum())) > spec.max_keys:
             if spec.evict != "lfu":
-                raise RuntimeError(
+                raise DataError(
                     f"server {self.index}: dynamic table {spec.name!r} holds "
                     f"{n - (0 if drop is None else int(drop.sum())):,} keys, more than its "
                     f"max_keys = {spec.max_keys:,} per server, and eviction is off; raise "

@@ -14,7 +14,7 @@ def train(job: str, **kw) -> None:
     """Run job file ``job`` (``kw``: :func:`hpcps.runtime.job.run_job`'s keywords). Collective
     over the world communicator."""
     comm = world()
-    with abort_on_error(comm):
+    with abort_on_error(comm, notify=True):
         res = run_job(load_job(job), comm, **kw)
     sys.stdout.flush()
     sys.stderr.flush()

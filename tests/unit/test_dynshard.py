@@ -90,11 +90,16 @@ def test_lfu_eviction_at_max_keys_keeps_the_most_updated():
 
 
 def test_max_keys_without_eviction_is_an_error_naming_the_table():
+    """An error of the input (DataError: exit status 65, not relaunched), naming the table."""
+    from hpcps.core.errors import DataError
+    from hpcps.core.exitcodes import EXIT_DATA, status_for
+
     sh = shard(max_keys=3)
     push(sh, [1, 2, 3])
-    with pytest.raises(RuntimeError, match=r"dynamic table 'w' holds 4 keys, more than its "
-                                           r"max_keys = 3 .* evict = 'lfu'"):
+    with pytest.raises(DataError, match=r"dynamic table 'w' holds 4 keys, more than its "
+                                           r"max_keys = 3 .* evict = 'lfu'") as e:
         push(sh, [4])
+    assert status_for(e.value) == EXIT_DATA
 
 
 def test_scatter_and_merge_paths_give_the_same_weights(monkeypatch):
