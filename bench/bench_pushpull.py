@@ -74,8 +74,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
     if args.notices:
-        from hpcps.comm.core import abort_on_error
-
         with abort_on_error(world, notify=True):
             return run(args, world)
     return run(args, world)
