@@ -1,11 +1,11 @@
-# mpi-ranks: 3
+# mpi-ranks: 3 4
 """The notice of an input error (:mod:`hpcps.comm.notices`) between real MPI ranks: every other
 rank prints one line naming itself and the origin and acknowledges it; two origins at once
 each get every acknowledgement and print nothing of the other's; only input errors are told.
 The abort that follows in a job is tested end to end in
 ``tests/e2e/test_input_error_every_rank.py``.
 
-Run: ``mpirun -n 3 python -m pytest --with-mpi tests/mpi/test_notices.py``.
+Run: ``mpirun -n 3 python -m pytest --with-mpi tests/mpi/test_notices.py`` (and ``-n 4``).
 """
 
 import io
