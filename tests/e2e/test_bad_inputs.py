@@ -1,6 +1,7 @@
 """The corpus of bad inputs in tests/data/bad/, each run end to end under mpirun: a clear
 message naming the file and line, a non-zero exit, within seconds — never a hang."""
 
+import re
 import shutil
 
 import pytest
@@ -77,7 +78,12 @@ def test_hpcps_run_does_not_restart_a_data_error(tmp_path):
     assert proc.returncode == 65, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "mpirun exited with status 65 (bad training data or non-finite values): not " \
            "restarting" in proc.stdout, proc.stdout
-    assert "restart 1/2" not in proc.stdout and proc.stderr.count("DataError") == 1
+    assert "restart 1/2" not in proc.stdout, proc.stdout
+    # one launch: the origin's line once, and each other rank's notice of it once
+    origin = re.findall(r"^hpcps: rank \d+ on \S+: DataError: ", proc.stderr, re.M)
+    told = re.findall(r"^hpcps: rank \d+ on \S+: stopped: rank \d+ on \S+ found an input error: "
+                      r"DataError: ", proc.stderr, re.M)
+    assert (len(origin), len(told)) == (1, 2), proc.stderr[-3000:]
     assert secs < 60
 
 
