@@ -14,7 +14,7 @@ OOM-killed at a 1.25 GiB limit while every server stayed bounded).
 * A dynamic table (:class:`DynamicTableStream`): each server reports its number of keys
   (``aux`` :data:`~hpcps.server.dynshard.PULL_SHARD_COUNT`), then serves its keys in
   ascending order in chunks (``aux`` :data:`~hpcps.core.tables.PULL_SHARD_SORTED`, ``seq`` the
-  position of the chunk's first key), and :func:`merge_sorted` merges the servers' chunks
+  position of the chunk's first key), and :func:`hpcps.core.dyntables.merge_sorted` merges the servers' chunks
   (a k-way merge: every key a server holds is on that server only).
 
 Every request carries the chief's clock, so a server answers once it has applied every step
@@ -27,9 +27,10 @@ from __future__ import annotations
 import numpy as np
 
 from hpcps.comm import transport as tp
+from hpcps.core.dyntables import merge_sorted
 from hpcps.core.tables import PULL_SHARD_KEY_RANGE, PULL_SHARD_SORTED
 
-__all__ = ["FixedTableStream", "DynamicTableStream", "merge_sorted", "model_tables"]
+__all__ = ["FixedTableStream", "DynamicTableStream", "model_tables"]
 
 #: ``PULL_SHARD`` aux of a dynamic table's key count (hpcps.server.dynshard.PULL_SHARD_COUNT)
 _COUNT = 1
@@ -118,7 +119,7 @@ class FixedTableStream(_Stream):
 
 class DynamicTableStream(_Stream):
     """A dynamic table's keys and rows ascending by key, merged from every server's sorted
-    chunks (:func:`merge_sorted`).
+    chunks (:func:`hpcps.core.dyntables.merge_sorted`).
 
     Parameters
     ----------
@@ -172,7 +173,7 @@ class DynamicTableStream(_Stream):
         """Yield ``(keys, rows)`` ascending by key, every key once, each block at most
         ``max_rows`` rows; the servers are asked for chunks of ``max(1, max_rows // S)``
         keys (S servers holding keys), so the chief holds at most ``max_rows`` received rows
-        and one merged block (see :func:`merge_sorted`). Point-to-point.
+        and one merged block (see :func:`hpcps.core.dyntables.merge_sorted`). Point-to-point.
 
         Raises
         ------
@@ -191,106 +192,3 @@ class DynamicTableStream(_Stream):
             yield from merge_sorted(counts, self._fetch, per, name=self.name, stats=stats)
         finally:
             self.held_max = max(self.held_max, stats.get("held_max", 0))
-
-
-def merge_sorted(counts, fetch, per: int, name: str = "table", stats: dict | None = None):
-    """Merge the servers' ascending keys into one ascending stream, chunk by chunk.
-
-    Parameters
-    ----------
-    counts : sequence of int
-        Keys held by each server.
-    fetch : callable([(server, start, n)]) -> [(keys int64 (n,), rows (n, dim))]
-        Returns chunks of each server's keys in ascending order (positions ``[start,
-        start + n)``) and their rows; asked for the chunks of several servers at once.
-    per : int
-        Keys per chunk asked of a server (>= 1).
-    name : str
-        The table, for the messages.
-    stats : dict, optional
-        Filled with ``held_max``: the most bytes of keys and rows held at once (the
-        servers' current chunks plus the block being yielded), and ``blocks``.
-
-    Yields
-    ------
-    (keys, rows)
-        Ascending keys and their rows. Each block holds every buffered key up to the
-        smallest last key among the servers that have more to send, so each one empties at
-        least one server's chunk and holds at most ``S * per`` rows.
-
-    Raises
-    ------
-    RuntimeError
-        If a chunk is not strictly ascending, does not continue its server's keys, or
-        holds a key another server holds too (naming ``name``).
-    """
-    if per < 1:
-        raise ValueError(f"per must be >= 1, got {per}")
-    counts = [int(n) for n in counts]
-    pos = [0] * len(counts)                 # next position to ask of each server
-    bufs: dict = {}                         # server -> [keys, rows, first unused]
-    tail: dict = {}                         # server -> its last key received
-    last = None                             # the last key yielded
-    held_max, n_blocks = 0, 0
-
-    def refill(servers):
-        asks = [(s, pos[s], min(per, counts[s] - pos[s])) for s in servers]
-        for (s, start, n), (k, r) in zip(asks, fetch(asks)):
-            if k.shape != (n,) or r.shape[0] != n:
-                raise RuntimeError(f"table {name!r}: server {s} sent {k.shape[0]} keys for a "
-                                   f"chunk of {n}")
-            if n > 1 and not bool(np.all(k[1:] > k[:-1])):
-                raise RuntimeError(f"table {name!r}: server {s}'s chunk at {start} is not "
-                                   "strictly ascending")
-            if s in tail and k[0] <= tail[s]:
-                raise RuntimeError(f"table {name!r}: server {s}'s chunk at {start} does not "
-                                   "continue its previous one")
-            pos[s] = start + n
-            tail[s] = int(k[-1])
-            bufs[s] = [k, r, 0]
-
-    refill([s for s, n in enumerate(counts) if n])
-    while bufs:
-        held = sum(b[0].nbytes + b[1].nbytes for b in bufs.values())
-        more = [bufs[s][0][-1] for s in bufs if pos[s] < counts[s]]
-        bound = min(more) if more else None
-        ks, rs, done = [], [], []
-        for s, b in bufs.items():
-            k, r, i = b
-            j = k.size if bound is None else int(np.searchsorted(k, bound, side="right"))
-            if j > i:
-                ks.append(k[i:j])
-                rs.append(r[i:j])
-            b[2] = j
-            if j == k.size:
-                done.append(s)
-        if len(ks) == 1:
-            keys, rows = ks[0], rs[0]
-        else:
-            keys = np.concatenate(ks)
-            order = np.argsort(keys, kind="stable")
-            keys = keys[order]
-            rows = np.concatenate(rs)[order]
-            if keys.size > 1 and not bool(np.all(keys[1:] > keys[:-1])):
-                k = int(keys[np.flatnonzero(keys[1:] <= keys[:-1])[0]])
-                raise RuntimeError(f"table {name!r}: key {k} was sent by two servers")
-        del ks, rs
-        if last is not None and keys.size and keys[0] <= last:
-            raise RuntimeError(f"table {name!r}: key {int(keys[0])} comes after key {last}")
-        held_max = max(held_max, held + keys.nbytes + rows.nbytes)
-        if keys.size:
-            last = int(keys[-1])
-            n_blocks += 1
-            if stats is not None:
-                stats["held_max"], stats["blocks"] = held_max, n_blocks
-            yield keys, rows
-        del keys, rows
-        again = []
-        for s in done:
-            del bufs[s]
-            if pos[s] < counts[s]:
-                again.append(s)
-        if again:
-            refill(again)
-    if stats is not None:
-        stats["held_max"], stats["blocks"] = held_max, n_blocks
