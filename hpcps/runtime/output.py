@@ -164,7 +164,8 @@ def write_model(path, tables: dict, cfg, step: int, epoch: int,
     cfg : hpcps.config.JobConfig
     step, epoch : int
     chunk_bytes : int
-        Bytes of rows (and keys) per block asked of a source (at least one row).
+        Bytes per block asked of a source: ``chunk_bytes // (dim * itemsize + 8)`` rows (at
+        least one; 8 bytes for the row's key).
 
     Raises
     ------
@@ -222,8 +223,10 @@ def _write_table(f, name: str, t, chunk_bytes: int, out) -> bool:
     else:
         d.attrs["meaning"] = f"rows of table {name!r} in original key order"
     appenders.append(_Appender(d))
-    row_bytes = dim * dtype.itemsize + (8 if t.dynamic else 0)
-    for keys, rows in t.blocks(max(1, int(chunk_bytes) // max(1, row_bytes))):
+    # + 8: a dynamic table's key; for a fixed table pulled from the servers, the int64 key
+    # and server of each row of a block (hpcps.worker.export.FixedTableStream)
+    row_bytes = dim * dtype.itemsize + 8
+    for keys, rows in t.blocks(max(1, int(chunk_bytes) // row_bytes)):
         if t.dynamic:
             appenders[0].add(np.asarray(keys, dtype=np.int64))
         appenders[-1].add(np.asarray(rows, dtype=dtype).reshape(-1, dim))

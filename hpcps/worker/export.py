@@ -80,7 +80,8 @@ class FixedTableStream(_Stream):
     def blocks(self, max_rows: int):
         """Yield ``(None, rows)`` for the keys ``[0, rows)``, ``[rows, 2 rows)``, ... in
         order, each ``rows`` at most ``max_rows``. The chief holds one block and its
-        servers' parts (twice the block) at a time. Point-to-point.
+        servers' parts (twice the block) and the block's keys and servers (int64) at a
+        time. Point-to-point.
 
         Raises
         ------
