@@ -62,7 +62,14 @@ def whole_write(path: Path, tables: dict, cfg, step: int, epoch: int) -> Path:
         f.attrs["config"] = cfg.text
         f.attrs["num_features"] = int(cfg.data.num_features)
         f.attrs["index_base"] = -1
-        for name, (keys, arr) in tables.items():
+        for name, arr in tables.items():
+            if not isinstance(arr, tuple):
+                d = f.create_dataset(name, data=arr, chunks=True if arr.size > 1 else None,
+                                     compression="gzip" if arr.size > 4096 else None)
+                d.attrs["dim"] = arr.shape[1]
+                d.attrs["meaning"] = f"rows of table {name!r} in original key order"
+                continue
+            keys, arr = arr
             k = f.create_dataset(f"{name}_keys", data=keys, chunks=True if keys.size > 1
                                  else None, compression="gzip" if keys.size > 4096 else None)
             k.attrs["meaning"] = f"key of each row of {name!r}, ascending"
@@ -79,12 +86,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--keys", type=int, default=3_000_000)
     ap.add_argument("--dim", type=int, default=1)
+    ap.add_argument("--fixed", action="store_true",
+                    help="a fixed table of --keys rows (pull_table before) instead")
     ap.add_argument("--mode", choices=["stream", "whole"], required=True)
     ap.add_argument("--chunk-mib", type=float, default=MODEL_CHUNK_BYTES / 2**20)
     ap.add_argument("--dir", type=Path, required=True)
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
-    spec = TableSpec("weights", (1 << 63) - 1, a.dim, "float64", storage="hash")
+    spec = (TableSpec("weights", a.keys, a.dim, "float64") if a.fixed else
+            TableSpec("weights", (1 << 63) - 1, a.dim, "float64", storage="hash"))
     tables = [(spec, Optimizer("adagrad", 0.1))]
     roles = core.split_roles(comm, comm.size - 1)
     cfg = SimpleNamespace(name="bench_model_write", text="", data=SimpleNamespace(
@@ -93,7 +103,7 @@ def main() -> None:
         server = ParameterServer.initial(ServerEndpoint(roles.ps, 1 << 30), roles.index,
                                          roles.n_servers, roles.worker_ranks, tables, BSP())
         server.serve()
-        print(f"server {roles.index}: {server.shards[0].n_rows:,} keys, peak RSS "
+        print(f"server {roles.index}: {server.shards[0].n_rows:,} rows, peak RSS "
               f"{rss_mib():,.0f} MiB", flush=True)
     else:
         client = PSClient(Membership(roles, specs=[spec]), BSP(), 1 << 30)
@@ -101,7 +111,8 @@ def main() -> None:
         step = 200_000
         for lo in range(0, a.keys, step):
             n = min(step, a.keys - lo)
-            keys = rng.integers(0, 1 << 62, n, dtype=np.int64)   # ~all distinct
+            keys = (rng.integers(0, a.keys, n, dtype=np.int64) if a.fixed else
+                    rng.integers(0, 1 << 62, n, dtype=np.int64))   # ~all distinct
             client.push("weights", keys, rng.standard_normal((n, a.dim)), n_examples=1)
             client.clock(1)
         a.dir.mkdir(parents=True, exist_ok=True)
@@ -109,7 +120,8 @@ def main() -> None:
         before = rss_mib()
         t0 = time.perf_counter()
         if a.mode == "whole":
-            whole_write(path, {"weights": client.pull_keys_rows("weights")}, cfg, 1, 0)
+            whole_write(path, {"weights": client.pull_table("weights") if a.fixed else
+                               client.pull_keys_rows("weights")}, cfg, 1, 0)
             held = ""
         else:
             streams = model_tables(client)
@@ -120,8 +132,8 @@ def main() -> None:
         secs = time.perf_counter() - t0
         after = rss_mib()
         with h5py.File(path, "r") as f:
-            n = f["weights_keys"].shape[0]
-        print(f"chief ({a.mode}): {n:,} keys (dim {a.dim}); peak RSS {before:,.0f} MiB before "
+            n = f["weights"].shape[0]
+        print(f"chief ({a.mode}, {'fixed' if a.fixed else 'dynamic'}): {n:,} keys (dim {a.dim}); peak RSS {before:,.0f} MiB before "
               f"the model, {after:,.0f} MiB after (+{after - before:,.0f} MiB); write "
               f"{secs:.1f} s; file {path.stat().st_size / 2**20:,.1f} MiB{held}", flush=True)
         client.stop()
