@@ -44,10 +44,16 @@ a server rank may then hold several ranges.
 is followed by the shard's int64 clock header (tag ``reply_tag(range) + 1``, layout in
 :mod:`hpcps.core.consistency`), from which the worker learns the version it read. Each range has
 its own pair of reply tags, so that the replies of two ranges held by one server rank never
-match each other's receives, whatever order the server answers in. Header slot 7
+match each other's receives, whatever order the server answers in. A ``PULL_SHARD`` of a
+chunk of a dynamic table's sorted keys is answered like a ``PULL`` with the chunk's keys in
+the place of the clock header. Header slot 7
 (``H_AUX``) is, for ``PULL``, 1 when the read must see every update of clocks below the
 request's clock whatever the consistency model (evaluation, final model), and for ``PUSH``
-the shard version the gradient was computed on (for staleness), for ``CLOCK`` the worker's
+the shard version the gradient was computed on (for staleness), for ``PULL_SHARD`` what
+part of the shard (0: all of it; a dynamic table's count, keys, rows, or ``n_keys`` of its
+keys in ascending order from position ``seq`` with their rows; a fixed table's rows of the
+keys ``[seq, seq + n_keys)``: :data:`hpcps.core.tables.PULL_SHARD_SORTED`,
+:data:`~hpcps.core.tables.PULL_SHARD_KEY_RANGE`), for ``CLOCK`` the worker's
 epoch (0-based; servers count examples per epoch), for ``GROW`` the number of workers to add
 (:mod:`hpcps.resilience.elastic`; its ``n_keys`` slot is 1 to let them share cores). MPI keeps messages of
 one (source, tag, communicator) in order, so the parts of a request are matched by the server

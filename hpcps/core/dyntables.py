@@ -25,7 +25,7 @@ from hpcps.core.errors import DataError
 from hpcps.core.tables import TableSpec
 from hpcps.kernels.hashtable import HashTable, record_layout, server_of
 
-__all__ = ["HashPartition", "new_shard", "bytes_per_key"]
+__all__ = ["HashPartition", "new_shard", "bytes_per_key", "merge_sorted"]
 
 
 class HashPartition:
@@ -153,3 +153,106 @@ def bytes_per_key(rule: str, dim: int, dtype) -> dict:
     rec, minimum = record_layout(rule, dim, dtype)
     return {"minimum": minimum, "record": rec.itemsize,
             "low": rec.itemsize + 12 / 0.8, "high": rec.itemsize + 12 * 1.5 / 0.8}
+
+
+def merge_sorted(counts, fetch, per: int, name: str = "table", stats: dict | None = None):
+    """Merge the servers' ascending keys into one ascending stream, chunk by chunk.
+
+    Parameters
+    ----------
+    counts : sequence of int
+        Keys held by each server.
+    fetch : callable([(server, start, n)]) -> [(keys int64 (n,), rows (n, dim))]
+        Returns chunks of each server's keys in ascending order (positions ``[start,
+        start + n)``) and their rows; asked for the chunks of several servers at once.
+    per : int
+        Keys per chunk asked of a server (>= 1).
+    name : str
+        The table, for the messages.
+    stats : dict, optional
+        Filled with ``held_max``: the most bytes of keys and rows held at once (the
+        servers' current chunks plus the block being yielded), and ``blocks``.
+
+    Yields
+    ------
+    (keys, rows)
+        Ascending keys and their rows. Each block holds every buffered key up to the
+        smallest last key among the servers that have more to send, so each one empties at
+        least one server's chunk and holds at most ``S * per`` rows.
+
+    Raises
+    ------
+    RuntimeError
+        If a chunk is not strictly ascending, does not continue its server's keys, or
+        holds a key another server holds too (naming ``name``).
+    """
+    if per < 1:
+        raise ValueError(f"per must be >= 1, got {per}")
+    counts = [int(n) for n in counts]
+    pos = [0] * len(counts)                 # next position to ask of each server
+    bufs: dict = {}                         # server -> [keys, rows, first unused]
+    tail: dict = {}                         # server -> its last key received
+    last = None                             # the last key yielded
+    held_max, n_blocks = 0, 0
+
+    def refill(servers):
+        asks = [(s, pos[s], min(per, counts[s] - pos[s])) for s in servers]
+        for (s, start, n), (k, r) in zip(asks, fetch(asks)):
+            if k.shape != (n,) or r.shape[0] != n:
+                raise RuntimeError(f"table {name!r}: server {s} sent {k.shape[0]} keys for a "
+                                   f"chunk of {n}")
+            if n > 1 and not bool(np.all(k[1:] > k[:-1])):
+                raise RuntimeError(f"table {name!r}: server {s}'s chunk at {start} is not "
+                                   "strictly ascending")
+            if s in tail and k[0] <= tail[s]:
+                raise RuntimeError(f"table {name!r}: server {s}'s chunk at {start} does not "
+                                   "continue its previous one")
+            pos[s] = start + n
+            tail[s] = int(k[-1])
+            bufs[s] = [k, r, 0]
+
+    refill([s for s, n in enumerate(counts) if n])
+    while bufs:
+        held = sum(b[0].nbytes + b[1].nbytes for b in bufs.values())
+        more = [bufs[s][0][-1] for s in bufs if pos[s] < counts[s]]
+        bound = min(more) if more else None
+        ks, rs, done = [], [], []
+        for s, b in bufs.items():
+            k, r, i = b
+            j = k.size if bound is None else int(np.searchsorted(k, bound, side="right"))
+            if j > i:
+                ks.append(k[i:j])
+                rs.append(r[i:j])
+            b[2] = j
+            if j == k.size:
+                done.append(s)
+        if len(ks) == 1:
+            keys, rows = ks[0], rs[0]
+        else:
+            keys = np.concatenate(ks)
+            order = np.argsort(keys, kind="stable")
+            keys = keys[order]
+            rows = np.concatenate(rs)[order]
+            if keys.size > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+                k = int(keys[np.flatnonzero(keys[1:] <= keys[:-1])[0]])
+                raise RuntimeError(f"table {name!r}: key {k} was sent by two servers")
+        del ks, rs
+        if last is not None and keys.size and keys[0] <= last:
+            raise RuntimeError(f"table {name!r}: key {int(keys[0])} comes after key {last}")
+        held_max = max(held_max, held + keys.nbytes + rows.nbytes)
+        if keys.size:
+            last = int(keys[-1])
+            n_blocks += 1
+            if stats is not None:
+                stats["held_max"], stats["blocks"] = held_max, n_blocks
+            yield keys, rows
+        del keys, rows
+        again = []
+        for s in done:
+            del bufs[s]
+            if pos[s] < counts[s]:
+                again.append(s)
+        if again:
+            refill(again)
+    if stats is not None:
+        stats["held_max"], stats["blocks"] = held_max, n_blocks

@@ -26,6 +26,16 @@ from hpcps.kernels.keys import (choose_multiplier, inverse_multiplier, local_row
                           route_keys)
 
 
+# ``PULL_SHARD`` requests (hpcps.comm.transport), by their header's ``aux``: the whole shard
+# of a fixed table (0); for a dynamic table the number of keys stored (int64 (1,)), the first
+# ``n_keys`` keys in arena order, their rows (1, 2, 3; hpcps.worker.client.PSClient.pull_keys_rows);
+# and, for the final model written chunk by chunk (hpcps.worker.export):
+#: dynamic table: ``n_keys`` keys from position ``seq`` of the shard's keys in ascending
+#: order, and their rows (the reply: rows, then the keys where a pull sends its clock header)
+PULL_SHARD_SORTED = 4
+#: fixed table: the rows of the keys ``[seq, seq + n_keys)`` the shard holds, ascending by key
+PULL_SHARD_KEY_RANGE = 5
+
 @dataclass(frozen=True)
 class TableSpec:
     """Declaration of one parameter table.

@@ -44,6 +44,7 @@ from hpcps.sandblaster.run import run_sandblaster
 from hpcps.server.server import ParameterServer, window_sizes
 from hpcps.worker.checkpointer import Checkpointer
 from hpcps.worker.client import PSClient
+from hpcps.worker.export import model_tables
 from hpcps.worker.trainer import Trainer
 
 
@@ -211,16 +212,14 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                                      "seconds": checkpointer.seconds if checkpointer else 0.0,
                                      "bytes": checkpointer.bytes if checkpointer else 0}
             mine.stopped = bool(result["stopped_by_signal"])
-            final = None
             if roles.is_chief and not result["stopped_by_signal"]:
-                final = {s.name: client.pull_keys_rows(s.name) if s.dynamic else
-                         client.pull_table(s.name) for s in specs}
-            client.stop()
-            mine.add_client(client.ep.stats)
-            if roles.is_chief and final is not None:
-                path = write_model(RunDir(cfg.output.dir).model, final, cfg,
+                # streamed from the servers in chunks while it is written (hpcps.worker.export):
+                # the chief never holds a whole table
+                path = write_model(RunDir(cfg.output.dir).model, model_tables(client), cfg,
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
+            client.stop()
+            mine.add_client(client.ep.stats)
         world = roles.ps                     # the job's ranks now (after failures, growths)
         if roles.role != core.SERVER:            # servers: their original index (above)
             mine.index = roles.index

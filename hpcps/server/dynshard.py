@@ -15,6 +15,7 @@ import numpy as np
 
 from hpcps.core.consistency import H_CLOCK
 from hpcps.core.dyntables import HashPartition, new_shard
+from hpcps.core.tables import PULL_SHARD_SORTED
 from hpcps.core.errors import DataError
 
 #: hot keys per dynamic table in the run summary
@@ -22,10 +23,13 @@ HOT_KEYS = 10
 #: numbers per table in a server's summary row (:meth:`DynamicShard.report`)
 REPORT_LEN = 4 + 3 * HOT_KEYS
 
-__all__ = ["DynamicShard", "Admission", "peak_rss", "HOT_KEYS", "REPORT_LEN", "PULL_SHARD_COUNT", "PULL_SHARD_KEYS", "PULL_SHARD_ROWS"]
+__all__ = ["DynamicShard", "Admission", "peak_rss", "HOT_KEYS", "REPORT_LEN", "PULL_SHARD_COUNT",
+           "PULL_SHARD_KEYS", "PULL_SHARD_ROWS", "PULL_SHARD_SORTED"]
 
 #: ``PULL_SHARD`` of a dynamic table, by its header's ``aux``: the number of keys stored
-#: (int64 (1,)), then the first ``nkeys`` keys (int64), then their rows (``(nkeys, dim)``).
+#: (int64 (1,)), then the first ``nkeys`` keys (int64), then their rows (``(nkeys, dim)``);
+#: :data:`~hpcps.core.tables.PULL_SHARD_SORTED` (4): a chunk of the keys in ascending order
+#: and their rows (:meth:`DynamicShard.whole`).
 PULL_SHARD_COUNT, PULL_SHARD_KEYS, PULL_SHARD_ROWS = 1, 2, 3
 
 
@@ -115,6 +119,8 @@ class DynamicShard:
         self.admitted = 0          # keys inserted by pushes
         self.rejected = 0          # key occurrences of pushes dropped before admission
         self.evicted = 0           # rows evicted (TTL or LFU)
+        #: the keys stored, ascending, while a PULL_SHARD_SORTED read is under way
+        self._sorted = None
 
     @classmethod
     def create(cls, spec, optimizer, index: int, n_servers: int, seed: int, nh: int,
@@ -310,18 +316,44 @@ class DynamicShard:
         """Distinct keys of an update (ascending)."""
         return np.unique(keys)
 
-    def whole(self, h, aux: int, nkeys: int) -> np.ndarray:
+    def whole(self, aux: int, nkeys: int, start: int = 0):
         """The reply to a ``PULL_SHARD``: the count, keys or rows (``aux``, see
         :data:`PULL_SHARD_COUNT`) of the first ``nkeys`` keys stored (arena order: keys
-        are only ever appended)."""
+        are only ever appended); or with ``aux`` :data:`~hpcps.core.tables.PULL_SHARD_SORTED`
+        ``(rows, keys)`` of the keys at positions ``[start, start + nkeys)`` of the stored
+        keys in ascending order.
+
+        For the sorted read the shard sorts a copy of its keys when ``start`` is 0 (8 bytes
+        per key stored, kept until the chunk that ends at the last key has been asked for)
+        and gathers each chunk's rows from the table (``nkeys`` rows). Local.
+
+        Raises
+        ------
+        ValueError
+            For an unknown ``aux``, or a chunk past the keys stored (naming the table).
+        """
         if aux == PULL_SHARD_COUNT:
             return np.array([len(self.table)], dtype=np.int64)
         if aux == PULL_SHARD_KEYS:
             return self.table.keys()[:nkeys]
         if aux == PULL_SHARD_ROWS:
             return np.ascontiguousarray(self.table.weights()[:nkeys])
+        if aux == PULL_SHARD_SORTED:
+            if start == 0 or self._sorted is None or self._sorted.size != len(self.table):
+                self._sorted = None             # the old copy goes before the new one is made
+                keys = self.table.keys()
+                keys.sort()
+                self._sorted = keys
+            keys = self._sorted
+            if start < 0 or nkeys < 1 or start + nkeys > keys.size:
+                raise ValueError(f"table {self.spec.name!r}: sorted keys [{start}, "
+                                 f"{start + nkeys}) asked, {keys.size} stored")
+            chunk = keys[start:start + nkeys]
+            if start + nkeys == keys.size:
+                self._sorted = None             # the reply keeps its chunk alive
+            return self.table.gather(chunk), chunk
         raise ValueError(f"table {self.spec.name!r}: PULL_SHARD of a dynamic table needs aux "
-                         f"1, 2 or 3, got {aux}")
+                         f"1, 2, 3 or {PULL_SHARD_SORTED}, got {aux}")
 
     # ---------------------------------------------------------------- reports
     @property

@@ -277,8 +277,7 @@ class ParameterServer(ServerMembership):
         elif op == tp.PULL_SHARD:
             shard = self._shard(h)
             if self.visible_clock >= int(h[tp.H_CLOCK]):
-                self.ep.reply(source, shard.whole(h, int(h[tp.H_AUX]), int(h[tp.H_NKEYS])),
-                              op, rng=self.index)
+                self._reply_whole(source, shard, h)
             else:
                 self.waiting_pulls.append((source, h, None))
         elif op == tp.CHECKPOINT:
@@ -433,6 +432,17 @@ class ParameterServer(ServerMembership):
         self.pending.clear()
         self.step_examples.clear()
 
+    def _reply_whole(self, source: int, shard, h) -> None:
+        """Answer a ``PULL_SHARD`` (header ``h``): the shard's reply
+        (:meth:`hpcps.server.shard.Shard.whole`), or for a chunk of sorted keys its rows
+        and then its keys (in the place of a pull's clock header)."""
+        got = shard.whole(int(h[tp.H_AUX]), int(h[tp.H_NKEYS]), int(h[tp.H_SEQ]))
+        if isinstance(got, tuple):
+            rows, keys = got
+            self.ep.reply(source, rows, tp.PULL_SHARD, keys, rng=self.index)
+        else:
+            self.ep.reply(source, got, tp.PULL_SHARD, rng=self.index)
+
     def _reply_rows(self, source: int, shard: Shard, rows, op: int) -> None:
         """Reply to a pull with the rows (gathered into a pooled buffer) and the shard header."""
         vals = shard.gather(rows, self.ep.pool)
@@ -529,8 +539,7 @@ class ParameterServer(ServerMembership):
             elif ready:
                 shard = self._shard(h)
                 if rows is None:
-                    self.ep.reply(source, shard.whole(h, int(h[tp.H_AUX]), int(h[tp.H_NKEYS])),
-                                  op, rng=self.index)
+                    self._reply_whole(source, shard, h)
                 else:
                     self._reply_rows(source, shard, rows, op)
             else:

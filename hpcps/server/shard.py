@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcps.core.consistency import H_SEQ, header_len
-from hpcps.core.tables import KeyPartition, TableSpec
+from hpcps.core.tables import PULL_SHARD_KEY_RANGE, KeyPartition, TableSpec
 from hpcps.kernels.keys import gather_local, push_rows_inplace
 from hpcps.kernels.optim import take_rows
 
@@ -123,9 +123,29 @@ class Shard:
         """Distinct rows of an update, ascending (:func:`touched_rows`)."""
         return touched_rows(rows, self.w.shape[0])
 
-    def whole(self, h, aux: int, nkeys: int) -> np.ndarray:
-        """The reply to a ``PULL_SHARD``: every row of the range."""
-        return self.w
+    def whole(self, aux: int, nkeys: int, start: int) -> np.ndarray:
+        """The reply to a ``PULL_SHARD``: every row of the range (``aux`` 0), or with ``aux``
+        :data:`~hpcps.core.tables.PULL_SHARD_KEY_RANGE` the rows of the keys
+        ``[start, start + nkeys)`` this shard holds, ascending by key (a view of ``w`` for a
+        dense table, else a new array of those rows). Local.
+
+        Raises
+        ------
+        ValueError
+            For another ``aux``, or keys outside the table's key space (naming the table).
+        """
+        if aux == 0:
+            return self.w
+        if aux != PULL_SHARD_KEY_RANGE:
+            raise ValueError(f"table {self.spec.name!r}: PULL_SHARD of a fixed table needs aux "
+                             f"0 or {PULL_SHARD_KEY_RANGE}, got {aux}")
+        if start < 0 or nkeys < 0 or start + nkeys > self.part.num_keys:
+            raise ValueError(f"table {self.spec.name!r}: keys [{start}, {start + nkeys}) asked, "
+                             f"the key space is [0, {self.part.num_keys})")
+        pos = self.part.positions(np.arange(start, start + nkeys, dtype=np.int64))
+        mine = pos[(pos >= self.lo) & (pos < self.hi)]
+        mine -= self.lo
+        return rows_of(self.w, mine)
 
     @property
     def n_rows(self) -> int:

@@ -113,18 +113,58 @@ def _cfg():
 
 
 def test_model_too_large_for_the_free_space_leaves_the_old_model(small_fs):
-    """Before: HDF5 met ENOSPC half-way and crashed (SIGSEGV) or raised a RuntimeError;
-    now the file is built in memory and refused before a byte is written."""
+    """Before (issue: HDF5 writing to the file itself): HDF5 met ENOSPC half-way and crashed
+    (SIGSEGV) or raised a RuntimeError. The file was then built in memory (the whole model,
+    twice) and refused before a byte was written. Now it is written as it is produced,
+    through a file object that keeps the first failed write from the HDF5 library: the
+    error names the file, the bytes written and needed; nothing is left behind."""
     from hpcps.runtime.output import OutputError, read_model, write_model
 
     d, _ = small_fs
     old = write_model(d / "model.h5", {"w": np.zeros((10, 1))}, _cfg(), 1, 0)
     big = {"w": np.random.default_rng(0).normal(size=(200_000, 1))}     # 1.6 MB > 1 MiB
     with pytest.raises(OutputError) as ei:
-        write_model(d / "model.h5", big, _cfg(), 2, 1)
+        write_model(d / "model.h5", big, _cfg(), 2, 1, chunk_bytes=64 << 10)
+    msg = str(ei.value)
     assert ei.value.errno == 28
-    assert f"cannot write {d / 'model.h5'}: not enough free space; it needs about 1.5" in str(ei.value)
+    assert (f"cannot write {d / 'model.h5'}: not enough free space ({os.strerror(28)} after "
+            in msg), msg
+    assert "MB written); it needs about 1.6" in msg and " MB uncompressed, " in msg, msg
     assert read_model(old)["attrs"]["step"] == 1 and _leftovers(d) == []
+    # the space is all free again (the temporary file is gone) and a model that fits is
+    # written in the same directory
+    assert "1.0" in msg.split("uncompressed, ")[1][:6], msg
+    small = {"w": np.random.default_rng(0).normal(size=(50_000, 1))}
+    write_model(d / "model.h5", small, _cfg(), 3, 2, chunk_bytes=64 << 10)
+    got = read_model(d / "model.h5")
+    assert got["attrs"]["step"] == 3 and np.array_equal(got["tables"]["w"], small["w"])
+
+
+def test_a_full_disk_stops_reading_the_model_source(small_fs):
+    """A source streamed from the servers is not read to its end once a write failed (the
+    chief does not pull a table it cannot write)."""
+    from hpcps.runtime.output import OutputError, write_model
+
+    d, _ = small_fs
+    rng = np.random.default_rng(1)
+
+    class Source:                       # as hpcps.worker.export's streams
+        dynamic, dim, dtype, n_rows = True, 2, np.dtype("float64"), 400_000
+        asked = 0
+
+        def blocks(self, max_rows):
+            for a in range(0, self.n_rows, max_rows):
+                self.asked += 1
+                b = min(self.n_rows, a + max_rows)
+                yield np.arange(a, b, dtype=np.int64), rng.normal(size=(b - a, 2))
+
+    src = Source()
+    with pytest.raises(OutputError) as ei:
+        write_model(d / "model.h5", {"w": src}, _cfg(), 1, 0, chunk_bytes=240_000)   # 10k rows
+    assert ei.value.errno == 28 and "it needs about 9.6" in str(ei.value), ei.value
+    print(f"\nblocks read before the failure: {src.asked} of 40")
+    assert src.asked < 40 // 2, src.asked            # 40 blocks in all; ~1 MiB fit
+    assert _leftovers(d) == [] and not (d / "model.h5").exists()
 
 
 def test_model_on_a_read_only_file_system(small_fs):

@@ -148,3 +148,26 @@ def test_prefetch_distances_give_the_same_weights_and_are_checked():
         H.set_prefetch(0)
     with pytest.raises(ValueError, match="prefetch distance"):
         H.set_prefetch(128)
+
+
+def test_sorted_chunks_of_the_keys_for_the_model_file():
+    """PULL_SHARD_SORTED: chunks of the keys in ascending order with their rows; the sorted
+    copy is dropped with the last chunk; a chunk past the keys stored is refused."""
+    from hpcps.core.tables import PULL_SHARD_SORTED
+
+    sh = shard()
+    rng = np.random.default_rng(4)
+    keys = rng.choice(1 << 62, 1000, replace=False).astype(np.int64)
+    push(sh, np.concatenate([keys, [-5, 3]]))
+    want = np.sort(np.concatenate([keys, [-5, 3]]))
+    got_k, got_r = [], []
+    for start in range(0, want.size, 128):
+        n = min(128, want.size - start)
+        rows, k = sh.whole(PULL_SHARD_SORTED, n, start)
+        got_k.append(k)
+        got_r.append(rows)
+        assert (sh._sorted is None) == (start + n == want.size)
+    assert np.array_equal(np.concatenate(got_k), want)
+    assert np.array_equal(np.concatenate(got_r), sh.gather(want))
+    with pytest.raises(ValueError, match=r"table 'w': sorted keys \[1000, 1010\) asked, 1002 stored"):
+        sh.whole(PULL_SHARD_SORTED, 10, 1000)
