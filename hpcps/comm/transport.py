@@ -24,6 +24,17 @@ when the policy allows the read, with each pull's rows and shard clock header in
 order (as P PULL replies, which the worker's receives, posted in that order, match: MPI keeps
 the messages of one tag in order).
 
+``PUSH_CLOCK_PULL`` is a BSP worker's whole step for one key range *and* its next step's
+pulls in one request (issue 20: one request per worker, server and step;
+:meth:`hpcps.worker.client.PSClient.pull_next`). Its header is the ``PUSH_CLOCK``'s
+(``clock`` = the step, ``n_examples``, ``aux`` = epoch, ``table`` = the number of pushes
+``P >= 0``, ``n_keys`` their total) with ``dim`` = the number of pulls ``Q >= 1``; then an
+int64 ``(P + Q, PART_LEN)`` array: the ``P`` pushes' descriptions, then the ``Q`` pulls' as
+in a ``PULL_MANY`` (tag ``TAG_KEYS``); then each push's keys and rows, then each pull's keys.
+The server handles it as the ``PUSH_CLOCK`` followed by a ``PULL_MANY`` at clock ``clock +
+1`` (``aux`` = 0): the pulls are answered, as P PULL replies in order, once the step's clock
+is applied — the rows the worker's next ``PULL_MANY`` would have got.
+
 Small requests and replies travel as one message (issue 20: each message is a trip through
 MPI and Python on both sides). A request whose header and parts given to
 :meth:`WorkerEndpoint.send` fit in ``INLINE_BYTES`` (and in ``max_message_bytes``) goes as
@@ -76,10 +87,12 @@ from hpcps.comm.core import (LaunchError, cores_dedicated, irecv_array, isend_ar
 PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
 PUSH_CLOCK = 12
 PULL_MANY = 13
+PUSH_CLOCK_PULL = 14
 # ops (server -> server: chain replication, hpcps.resilience.replica)
 REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE = 8, 9, 10, 11
 OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
-            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", PULL_MANY: "pull", REPLICATE: "replicate",
+            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", PULL_MANY: "pull",
+            PUSH_CLOCK_PULL: "push", REPLICATE: "replicate",
             REPL_CLOCK: "replicate", REPL_ACK: "replicate", REPL_DONE: "replicate"}
 # tags
 TAG_SNAP, TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 9, 11, 12, 13, 14, 15
