@@ -120,6 +120,10 @@ def mpi_part(args) -> int:
     base = load_job(args.job)
     variants = {"hpcps BSP": dict(consistency=ConsistencyConfig(model="bsp")),
                 "hpcps async": dict(consistency=ConsistencyConfig(model="async"))}
+    if "fuse_steps" in {f.name for f in dataclasses.fields(base.comm)}:
+        # issue 20's fused step against the two requests per step it replaced, same build
+        variants["BSP pulls apart"] = dict(consistency=ConsistencyConfig(model="bsp"),
+                                           comm=dataclasses.replace(base.comm, fuse_steps=False))
     if args.allreduce:
         variants["AllReduce"] = dict(cluster=dataclasses.replace(base.cluster, mode="allreduce"))
     results = {v: [] for v in variants}
@@ -135,6 +139,11 @@ def mpi_part(args) -> int:
                 results[name].append({"examples_per_second": s["examples_per_second"],
                                       "train_seconds": s["train_seconds"],
                                       "examples": s["examples"],
+                                      # every request a server handled (evaluation and
+                                      # final model included) per training step
+                                      "server_requests_per_step": [
+                                          d["requests"] / s["steps"] for d in s["servers"]]
+                                      if s.get("servers") and s["steps"] else None,
                                       "epochs": [{"epoch": e["epoch"], "seconds": e["seconds"],
                                                   "test_logloss": e["test_logloss"],
                                                   "test_auc": e["test_auc"]} for e in m["epochs"]]})
@@ -226,7 +235,11 @@ def summarize(runs, target, unreached_as_bound=False):
                               for t, r in zip(tts, runs)])
     else:
         tt = benchlib.median(reached) if not unreached else None
+    req = [r["server_requests_per_step"] for r in runs if r.get("server_requests_per_step")]
     return {"examples_per_second": eps, "time_to_target": tt, "unreached": unreached,
+            "server_requests_per_step": ([benchlib.median([q[i] for q in req])
+                                          for i in range(len(req[0]))] if req else None),
+            "examples_per_second_runs": [r["examples_per_second"] for r in runs],
             "final_logloss": benchlib.median([r["epochs"][-1]["test_logloss"] for r in runs]),
             "final_auc": benchlib.median([r["epochs"][-1]["test_auc"] for r in runs]),
             "logloss_by_epoch": [benchlib.median([r["epochs"][i]["test_logloss"] for r in runs])
@@ -351,8 +364,10 @@ def main(argv=None) -> int:
     for name, r in rows.items():
         tt = ("not reached" if r["time_to_target"] is None else
               (">= " if r.get("unreached") else "") + f"{r['time_to_target']:.2f}")
+        req = r.get("server_requests_per_step")
         print(f"{name:<16} {r['examples_per_second']:>10,.0f} {tt:>11} {r['final_logloss']:>13.4f} "
-              f"{r['final_auc']:>7.4f}  {' '.join(f'{v:.4f}' for v in r['logloss_by_epoch'])}")
+              f"{r['final_auc']:>7.4f}  {' '.join(f'{v:.4f}' for v in r['logloss_by_epoch'])}"
+              + (f"  server requests/step {', '.join(f'{q:.2f}' for q in req)}" if req else ""))
     if not ar:
         print("AllReduce: not available in this hpcps ([cluster] mode = \"allreduce\" is not "
               "implemented yet): no row")
@@ -391,6 +406,10 @@ def main(argv=None) -> int:
             rep.ratio(f"e2e {name} / AllReduce, examples/s",
                       rows[name]["examples_per_second"] / rows["AllReduce"]["examples_per_second"],
                       1.0 if name == "hpcps BSP" else None)
+    if "BSP pulls apart" in rows:
+        rep.ratio("e2e hpcps BSP / hpcps BSP with the pulls apart ([comm] fuse_steps = false), "
+                  "examples/s", rows["hpcps BSP"]["examples_per_second"]
+                  / rows["BSP pulls apart"]["examples_per_second"], None)
     old = rows.get(f"BSP {args.baseline_commit}") if args.baseline_commit else None
     if old:
         rep.ratio(f"e2e hpcps BSP / hpcps BSP at commit {args.baseline_commit} (same run), "

@@ -20,6 +20,11 @@ so that its next push can carry it (the server computes the update's staleness f
 No method is collective; each talks point-to-point to the servers that own the keys, or
 reads their windows.
 
+A step's pushes go with its clock (``push(..., defer=True)``: one ``PUSH_CLOCK`` per server),
+and under BSP with p2p pulls the next step's pulls can go with them too
+(:meth:`PSClient.pull_next`, :mod:`hpcps.worker.nextpull`: one ``PUSH_CLOCK_PULL`` per server
+and step, the replies taken by the next :meth:`PSClient.pull_many` of the same keys).
+
 Key ranges and routing: the client reads both from the job's
 :class:`~hpcps.comm.membership.Membership` — key -> key range (:meth:`Membership.route`, one
 range per server of the launch), range ``s`` -> ``ps`` rank ``membership.range_ranks[s]``.
