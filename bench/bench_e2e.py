@@ -187,6 +187,20 @@ def _cache_data():
 
 # ------------------------------------------------------------------------- driver
 
+def base_python(src: Path) -> tuple[str, dict]:
+    """The interpreter and environment that run commit tree ``src``: the base interpreter of
+    a virtual environment (its editable install of this checkout would fill in modules the
+    commit does not have) with ``PYTHONPATH`` = ``src``, then the environment's
+    site-packages (numpy, mpi4py, Cython, ...: the base interpreter has none of them; a
+    ``PYTHONPATH`` entry's ``.pth`` files, the editable install's finder among them, are not
+    run)."""
+    import site
+
+    py = getattr(sys, "_base_executable", None) or sys.executable
+    path = [str(src)] + [p for p in site.getsitepackages() if Path(p).is_dir()]
+    return py, {"PYTHONPATH": os.pathsep.join(path)}
+
+
 def build_commit(commit: str, d: Path) -> Path:
     """The source tree of ``commit`` of this repository in ``d``, its kernels built in place
     (with this interpreter); returns the directory to put on ``PYTHONPATH``, or None (with a
@@ -202,9 +216,9 @@ def build_commit(commit: str, d: Path) -> Path:
     arch = got.stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
     print(f"e2e: building the kernels of {commit} in {src}", flush=True)
-    p = subprocess.run([getattr(sys, "_base_executable", None) or sys.executable, "setup.py",
-                        "-q", "build_ext", "--inplace"], cwd=src,
-                       capture_output=True, text=True)
+    py, env = base_python(src)
+    p = subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace"], cwd=src,
+                       env={**os.environ, **env}, capture_output=True, text=True)
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
         raise SystemExit(f"bench_e2e.py: building commit {commit} failed")
@@ -284,15 +298,13 @@ def main(argv=None) -> int:
         base_dir = build_commit(args.baseline_commit, d) if args.baseline_commit else None
 
         def baseline_cmd(i):
-            # the commit's own bench_e2e.py MPI part and hpcps (PYTHONPATH), under the base
-            # interpreter of a virtual environment (an editable install of this checkout
-            # there would fill in modules the commit does not have)
-            py = getattr(sys, "_base_executable", None) or sys.executable
+            # the commit's own bench_e2e.py MPI part and hpcps (base_python)
+            py, penv = base_python(base_dir)
             cmd, env = launch.build_launch(args.workers + 1, [
                 py, str(base_dir / "bench" / "bench_e2e.py"), "--mpi-part", "--job", str(job),
                 "--mpi-out", str(d / "baseline.json"), "--reps", "1"],
                 mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
-            return cmd, {**env, "PYTHONPATH": str(base_dir)}
+            return cmd, {**env, **penv}
 
         def hpcps_cmd(i):
             return launch.build_launch(args.workers + 1, [
