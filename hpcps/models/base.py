@@ -8,6 +8,12 @@ loop (:mod:`hpcps.worker.steps`) calls it like this for every minibatch::
     loss_sum, grads = model.loss_grad(Xb, yb, keys, params)
     for t in grads: client.push(t, keys[t], grads[t])
 
+Under BSP the worker calls ``batch_keys`` of the *next* minibatch right after ``loss_grad``
+of this one (its pulls go with this step's clock: :class:`hpcps.worker.steps.SyncSteps`), so
+``batch_keys(Xb)`` is still followed by the ``loss_grad`` of that ``Xb`` with no other
+``batch_keys`` between: a model may keep what ``batch_keys`` computed for it (the logistic
+model keeps its column renumbering).
+
 Gradients are **sums** over the minibatch's examples (not means): the servers divide the
 aggregated update by the examples of the step, so that N workers under BSP are exactly one
 large minibatch. Tables are declared once by :meth:`Model.tables`; dense tables are pulled

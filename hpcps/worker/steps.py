@@ -171,19 +171,23 @@ class SyncSteps:
         Xb, yb = self.X[rows], self.y[rows]
         return Xb, yb, self.model.batch_keys(Xb)
 
-    def _announce(self, i: int) -> None:
-        """Slice step ``i + 1``'s minibatch and have its pulls sent with this step's clock
-        (:meth:`~hpcps.worker.client.PSClient.pull_next`), when there is such a step with
-        rows in this segment."""
+    def _slice_next(self, i: int):
+        """``(rows, Xb, yb, keys)`` of step ``i + 1``, when its pulls can go with step ``i``'s
+        clock (:meth:`~hpcps.worker.client.PSClient.pull_next`): there is such a step with
+        rows in this segment; else None."""
         if not self.fuse or i + 1 >= self.steps or not getattr(self.client, "fusable", False):
-            return
+            return None
         rows = self.order[(i + 1) * self.B:(i + 2) * self.B]
         if not rows.size:
-            return
+            return None
         Xb, yb = self.X[rows], self.y[rows]
-        keys = self.model.batch_keys(Xb)
-        if Xb.shape[0] and self.client.pull_next(keys):
-            self._next = (rows, Xb, yb, keys)
+        return (rows, Xb, yb, self.model.batch_keys(Xb)) if Xb.shape[0] else None
+
+    def _announce(self, nxt) -> None:
+        """Have step ``i + 1``'s pulls (``nxt``, :meth:`_slice_next`'s) sent with this step's
+        clock."""
+        if nxt is not None and self.client.pull_next(nxt[3]):
+            self._next = nxt
 
     def step(self, i: int, rows, final: bool = False) -> float:
         """Run step ``i`` on ``rows`` (maybe empty); return the summed loss of its examples
@@ -207,7 +211,10 @@ class SyncSteps:
             self.step_hook(self.index, self.client.clock_value)
         for t, k in keys.items():     # sent with the step's clock: one request per server
             self.client.push(t, k, _as_rows(grads[t], k.size), defer=True)
-        self._announce(i)             # and the next step's pulls with them (BSP, p2p)
+        # and the next step's pulls with them (BSP, p2p); its batch_keys after this
+        # loss_grad, as the model protocol has it (hpcps.models.base: a model may keep
+        # what batch_keys computed for the loss_grad of the same minibatch)
+        self._announce(self._slice_next(i))
         return loss
 
     def report(self) -> dict:
