@@ -163,8 +163,8 @@ class SyncSteps:
         self._next = None
 
     def _batch(self, rows):
-        """``(Xb, yb, keys)`` of ``rows``: those sliced by the step before (its pulls went
-        with its clock) when they are the same rows, else sliced now."""
+        """``(Xb, yb, keys)`` of ``rows``: those of the step before's :meth:`_announce` when
+        they are the same rows, else sliced now."""
         nxt, self._next = self._next, None
         if nxt is not None and (nxt[0] is rows or np.array_equal(nxt[0], rows)):
             return nxt[1:]
@@ -172,22 +172,37 @@ class SyncSteps:
         return Xb, yb, self.model.batch_keys(Xb)
 
     def _slice_next(self, i: int):
-        """``(rows, Xb, yb, keys)`` of step ``i + 1``, when its pulls can go with step ``i``'s
+        """Step ``i + 1``'s ``[rows, Xb, yb, keys]`` when its pulls can go with step ``i``'s
         clock (:meth:`~hpcps.worker.client.PSClient.pull_next`): there is such a step with
-        rows in this segment; else None."""
+        rows in this segment; else None. Called before this step waits for its rows, so
+        that the slicing (most of a step's own work on Adult) overlaps the servers' work on
+        the step before instead of delaying this step's push; with a model whose
+        ``keys_ahead`` allows it the keys are found and their pulls announced then too
+        (``keys`` set), else after this step's ``loss_grad`` (:meth:`_announce`)."""
         if not self.fuse or i + 1 >= self.steps or not getattr(self.client, "fusable", False):
             return None
         rows = self.order[(i + 1) * self.B:(i + 2) * self.B]
         if not rows.size:
             return None
-        Xb, yb = self.X[rows], self.y[rows]
-        return (rows, Xb, yb, self.model.batch_keys(Xb)) if Xb.shape[0] else None
+        Xb = self.X[rows]
+        if not Xb.shape[0]:
+            return None
+        sliced = [rows, Xb, self.y[rows], None]
+        if getattr(self.model, "keys_ahead", False):
+            self._announce(sliced)
+        return sliced
 
-    def _announce(self, nxt) -> None:
-        """Have step ``i + 1``'s pulls (``nxt``, :meth:`_slice_next`'s) sent with this step's
-        clock."""
-        if nxt is not None and self.client.pull_next(nxt[3]):
-            self._next = nxt
+    def _announce(self, sliced) -> None:
+        """The next step's keys (``sliced``: :meth:`_slice_next`'s) and their pulls held for
+        this step's clock, unless done already. ``batch_keys`` of a model that does not allow
+        ``keys_ahead`` is called after this step's ``loss_grad``, as the model protocol has it
+        (:mod:`hpcps.models.base`: a model may keep what ``batch_keys`` computed for the
+        ``loss_grad`` of the same minibatch)."""
+        if sliced is None or sliced[3] is not None:
+            return
+        sliced[3] = self.model.batch_keys(sliced[1])
+        self.client.pull_next(sliced[3])
+        self._next = tuple(sliced)
 
     def step(self, i: int, rows, final: bool = False) -> float:
         """Run step ``i`` on ``rows`` (maybe empty); return the summed loss of its examples
@@ -196,9 +211,11 @@ class SyncSteps:
         self.last_rejected = False
         self.last_n = int(rows.size)      # examples of the step (streamed: lines with a row)
         keys, grads, code, loss = {}, {}, OK, 0.0
+        sliced = None
         if rows.size:
             Xb, yb, keys = self._batch(rows)
             self.last_n = int(Xb.shape[0])
+            sliced = self._slice_next(i)
             params = self.client.pull_many(keys)     # one round trip for every table
             loss, grads = self.model.loss_grad(Xb, yb, keys, params)
             code = self.guard.code(loss, grads, self.dtypes)
@@ -211,10 +228,7 @@ class SyncSteps:
             self.step_hook(self.index, self.client.clock_value)
         for t, k in keys.items():     # sent with the step's clock: one request per server
             self.client.push(t, k, _as_rows(grads[t], k.size), defer=True)
-        # and the next step's pulls with them (BSP, p2p); its batch_keys after this
-        # loss_grad, as the model protocol has it (hpcps.models.base: a model may keep
-        # what batch_keys computed for the loss_grad of the same minibatch)
-        self._announce(self._slice_next(i))
+        self._announce(sliced)        # and the next step's pulls with them (BSP, p2p)
         return loss
 
     def report(self) -> dict:
