@@ -240,6 +240,7 @@ class ParameterServer(ServerMembership):
         serve_requests(lambda: self.ep.poll(), self.handle,   # ep is replaced by a growth
                        lambda: len(self.stopped) >= self.n_workers, lambda: self.idle_spin,
                        busy=self.busy)
+        self.ep.flush()                 # replies still in flight (ServerEndpoint.reply)
         self.check_done()
 
     def check_done(self) -> None:

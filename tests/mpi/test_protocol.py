@@ -429,6 +429,39 @@ def test_announced_pulls_not_taken_are_dropped():
 
 
 @pytest.mark.mpi(min_size=3)
+def test_server_does_not_wait_for_a_worker_outside_mpi():
+    """A PULL reply above the one-message limit is a rendezvous: it completes only once the
+    worker is inside MPI. Worker 0 sends its step with the next step's pulls (64 KiB of rows)
+    and then stays out of MPI for 1.5 s; the server answers it at the clock and, not
+    waiting for that reply to complete (it used to: MPI_Waitall), serves the other
+    workers' pulls meanwhile. Worker 0 still gets its rows, the same as a pull's."""
+    comm = MPI.COMM_WORLD
+    spec = TableSpec("w", 1 << 15, 1, "float64", sparse=False)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+    keys = np.arange(0, 1 << 15, 4, dtype=np.int64)            # 8192 rows: 64 KiB
+    away = 1.5
+
+    def work(client, roles):
+        client.push("w", keys, np.ones((keys.size, 1)), defer=True)
+        if roles.index == 0:
+            assert client.pull_next({"w": keys})
+        client.clock(1)
+        if roles.index == 0:
+            time.sleep(away)                       # not inside MPI: the reply cannot complete
+            got = client.pull_many({"w": keys})["w"]
+            np.testing.assert_array_equal(got, client.pull("w", keys))
+            return None
+        t0 = time.perf_counter()
+        for _ in range(20):
+            client.pull("w", keys[:8])
+        return time.perf_counter() - t0
+
+    roles, took = _ps(comm, 1, tables, work)
+    if roles.role == core.WORKER and roles.index > 0:
+        assert took < away / 2, f"20 pulls took {took:.2f} s: the server waited for worker 0"
+
+
+@pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("max_bytes", [1 << 30, 1024])
 def test_requests_and_replies_at_the_one_message_limit(max_bytes):
     """Pushes and pulls whose request (header and keys, or header, keys and values) or reply
