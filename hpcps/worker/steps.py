@@ -124,12 +124,13 @@ class SyncSteps:
     """Pull, compute, push every step (BSP and SSP).
 
     With ``fuse`` (BSP with p2p pulls, :meth:`hpcps.worker.client.PSClient.pull_next`) a step
-    also slices the next step's minibatch and sends its pulls with this step's clock: one
-    request per server and step, the next step's rows coming back once the clock is
-    applied. Not at the last step of a segment (an epoch's end, with its evaluation pulls,
-    or a re-plan), not after a rejected step, and only when the next step has rows; a step
-    whose rows or keys differ from those announced (a growth re-planned them) pulls as
-    usual. The rows, hence the model, are the same bit for bit.
+    also slices the next step's minibatch (while it waits for its own rows) and sends its
+    pulls with this step's clock: one request per server and step, the next step's rows
+    coming back once the clock is applied. Not at the last step of a segment (an epoch's
+    end, with its evaluation pulls, or a re-plan), and only when the next step has rows;
+    after a rejected step only with a model whose ``keys_ahead`` let it announce them
+    before the vote; a step whose rows or keys differ from those announced (a growth
+    re-planned them) pulls as usual. The rows, hence the model, are the same bit for bit.
 
     Parameters
     ----------
