@@ -104,8 +104,10 @@ HEADER_BYTES = 8 * HEADER_LEN
 INLINE_BYTES = 4096
 #: A PULL reply of more than ``INLINE_BYTES`` and at most this many bytes is sent from a copy
 #: without waiting (:meth:`ServerEndpoint.reply`): its rendezvous completes only once the
-#: worker is inside MPI, which a worker that has just sent its step is not yet.
-DEFER_MAX_BYTES = 1 << 20
+#: worker is inside MPI, which a worker that has just sent its step is not yet. Larger
+#: replies are waited for: the copy costs more than it saves (a 512 KiB dense pull took
+#: 191-249 us copied, 126-147 us waited for, bench_pushpull, load 1.0-1.2).
+DEFER_MAX_BYTES = 1 << 16
 
 
 def one_message(nbytes: int, max_bytes: int) -> bool:
@@ -410,7 +412,7 @@ class ServerEndpoint:
 
         The caller may change ``values`` and ``header`` once this returns. A PULL reply of
         one message (:func:`one_message`) is sent at once (eager); one of more bytes, up to
-        ``DEFER_MAX_BYTES``, is sent from copies and not waited for (its sends complete
+        ``DEFER_MAX_BYTES`` (64 KiB), is sent from copies and not waited for (its sends complete
         while :meth:`poll` runs; :meth:`flush` waits for them), so that the server does not
         wait for a worker that is not inside MPI yet (a rendezvous needs it); other replies,
         and every reply in continue mode (whose waits notice failed ranks), are waited for.

@@ -431,14 +431,14 @@ def test_announced_pulls_not_taken_are_dropped():
 @pytest.mark.mpi(min_size=3)
 def test_server_does_not_wait_for_a_worker_outside_mpi():
     """A PULL reply above the one-message limit is a rendezvous: it completes only once the
-    worker is inside MPI. Worker 0 sends its step with the next step's pulls (64 KiB of rows)
+    worker is inside MPI. Worker 0 sends its step with the next step's pulls (32 KiB of rows)
     and then stays out of MPI for 1.5 s; the server answers it at the clock and, not
     waiting for that reply to complete (it used to: MPI_Waitall), serves the other
     workers' pulls meanwhile. Worker 0 still gets its rows, the same as a pull's."""
     comm = MPI.COMM_WORLD
     spec = TableSpec("w", 1 << 15, 1, "float64", sparse=False)
     tables = [(spec, Optimizer("sgd", 1.0))]
-    keys = np.arange(0, 1 << 15, 4, dtype=np.int64)            # 8192 rows: 64 KiB
+    keys = np.arange(0, 1 << 15, 8, dtype=np.int64)            # 4096 rows: 32 KiB
     away = 1.5
 
     def work(client, roles):
