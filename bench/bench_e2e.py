@@ -120,6 +120,10 @@ def mpi_part(args) -> int:
     base = load_job(args.job)
     variants = {"hpcps BSP": dict(consistency=ConsistencyConfig(model="bsp")),
                 "hpcps async": dict(consistency=ConsistencyConfig(model="async"))}
+    if "fuse_steps" in {f.name for f in dataclasses.fields(base.comm)}:
+        # issue 20's fused step against the two requests per step it replaced, same build
+        variants["BSP pulls apart"] = dict(consistency=ConsistencyConfig(model="bsp"),
+                                           comm=dataclasses.replace(base.comm, fuse_steps=False))
     if args.allreduce:
         variants["AllReduce"] = dict(cluster=dataclasses.replace(base.cluster, mode="allreduce"))
     results = {v: [] for v in variants}
@@ -135,6 +139,11 @@ def mpi_part(args) -> int:
                 results[name].append({"examples_per_second": s["examples_per_second"],
                                       "train_seconds": s["train_seconds"],
                                       "examples": s["examples"],
+                                      # every request a server handled (evaluation and
+                                      # final model included) per training step
+                                      "server_requests_per_step": [
+                                          d["requests"] / s["steps"] for d in s["servers"]]
+                                      if s.get("servers") and s["steps"] else None,
                                       "epochs": [{"epoch": e["epoch"], "seconds": e["seconds"],
                                                   "test_logloss": e["test_logloss"],
                                                   "test_auc": e["test_auc"]} for e in m["epochs"]]})
@@ -178,6 +187,20 @@ def _cache_data():
 
 # ------------------------------------------------------------------------- driver
 
+def base_python(src: Path) -> tuple[str, dict]:
+    """The interpreter and environment that run commit tree ``src``: the base interpreter of
+    a virtual environment (its editable install of this checkout would fill in modules the
+    commit does not have) with ``PYTHONPATH`` = ``src``, then the environment's
+    site-packages (numpy, mpi4py, Cython, ...: the base interpreter has none of them; a
+    ``PYTHONPATH`` entry's ``.pth`` files, the editable install's finder among them, are not
+    run)."""
+    import site
+
+    py = getattr(sys, "_base_executable", None) or sys.executable
+    path = [str(src)] + [p for p in site.getsitepackages() if Path(p).is_dir()]
+    return py, {"PYTHONPATH": os.pathsep.join(path)}
+
+
 def build_commit(commit: str, d: Path) -> Path:
     """The source tree of ``commit`` of this repository in ``d``, its kernels built in place
     (with this interpreter); returns the directory to put on ``PYTHONPATH``, or None (with a
@@ -193,9 +216,9 @@ def build_commit(commit: str, d: Path) -> Path:
     arch = got.stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
     print(f"e2e: building the kernels of {commit} in {src}", flush=True)
-    p = subprocess.run([getattr(sys, "_base_executable", None) or sys.executable, "setup.py",
-                        "-q", "build_ext", "--inplace"], cwd=src,
-                       capture_output=True, text=True)
+    py, env = base_python(src)
+    p = subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace"], cwd=src,
+                       env={**os.environ, **env}, capture_output=True, text=True)
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
         raise SystemExit(f"bench_e2e.py: building commit {commit} failed")
@@ -226,7 +249,11 @@ def summarize(runs, target, unreached_as_bound=False):
                               for t, r in zip(tts, runs)])
     else:
         tt = benchlib.median(reached) if not unreached else None
+    req = [r["server_requests_per_step"] for r in runs if r.get("server_requests_per_step")]
     return {"examples_per_second": eps, "time_to_target": tt, "unreached": unreached,
+            "server_requests_per_step": ([benchlib.median([q[i] for q in req])
+                                          for i in range(len(req[0]))] if req else None),
+            "examples_per_second_runs": [r["examples_per_second"] for r in runs],
             "final_logloss": benchlib.median([r["epochs"][-1]["test_logloss"] for r in runs]),
             "final_auc": benchlib.median([r["epochs"][-1]["test_auc"] for r in runs]),
             "logloss_by_epoch": [benchlib.median([r["epochs"][i]["test_logloss"] for r in runs])
@@ -271,15 +298,13 @@ def main(argv=None) -> int:
         base_dir = build_commit(args.baseline_commit, d) if args.baseline_commit else None
 
         def baseline_cmd(i):
-            # the commit's own bench_e2e.py MPI part and hpcps (PYTHONPATH), under the base
-            # interpreter of a virtual environment (an editable install of this checkout
-            # there would fill in modules the commit does not have)
-            py = getattr(sys, "_base_executable", None) or sys.executable
+            # the commit's own bench_e2e.py MPI part and hpcps (base_python)
+            py, penv = base_python(base_dir)
             cmd, env = launch.build_launch(args.workers + 1, [
                 py, str(base_dir / "bench" / "bench_e2e.py"), "--mpi-part", "--job", str(job),
                 "--mpi-out", str(d / "baseline.json"), "--reps", "1"],
                 mpirun=mpirun, flavour=launch.mpi_flavour(mpirun))
-            return cmd, {**env, "PYTHONPATH": str(base_dir)}
+            return cmd, {**env, **penv}
 
         def hpcps_cmd(i):
             return launch.build_launch(args.workers + 1, [
@@ -351,8 +376,10 @@ def main(argv=None) -> int:
     for name, r in rows.items():
         tt = ("not reached" if r["time_to_target"] is None else
               (">= " if r.get("unreached") else "") + f"{r['time_to_target']:.2f}")
+        req = r.get("server_requests_per_step")
         print(f"{name:<16} {r['examples_per_second']:>10,.0f} {tt:>11} {r['final_logloss']:>13.4f} "
-              f"{r['final_auc']:>7.4f}  {' '.join(f'{v:.4f}' for v in r['logloss_by_epoch'])}")
+              f"{r['final_auc']:>7.4f}  {' '.join(f'{v:.4f}' for v in r['logloss_by_epoch'])}"
+              + (f"  server requests/step {', '.join(f'{q:.2f}' for q in req)}" if req else ""))
     if not ar:
         print("AllReduce: not available in this hpcps ([cluster] mode = \"allreduce\" is not "
               "implemented yet): no row")
@@ -391,6 +418,10 @@ def main(argv=None) -> int:
             rep.ratio(f"e2e {name} / AllReduce, examples/s",
                       rows[name]["examples_per_second"] / rows["AllReduce"]["examples_per_second"],
                       1.0 if name == "hpcps BSP" else None)
+    if "BSP pulls apart" in rows:
+        rep.ratio("e2e hpcps BSP / hpcps BSP with the pulls apart ([comm] fuse_steps = false), "
+                  "examples/s", rows["hpcps BSP"]["examples_per_second"]
+                  / rows["BSP pulls apart"]["examples_per_second"], None)
     old = rows.get(f"BSP {args.baseline_commit}") if args.baseline_commit else None
     if old:
         rep.ratio(f"e2e hpcps BSP / hpcps BSP at commit {args.baseline_commit} (same run), "

@@ -9,8 +9,10 @@ communication pattern with the real parts (:class:`hpcps.worker.client.PSClient`
 :class:`hpcps.server.server.ParameterServer`): every worker walks its block of the featurized
 training rows in batches of 256, and per step pulls the batch's distinct feature keys from the
 2^20-row float32 weight table, pushes one gradient row per key (values are stand-ins; no
-model compute is timed) and clocks — the push goes with the clock in one ``PUSH_CLOCK``
-request per server, as ``hpcps train`` sends it; servers apply SGD at every clock. Measured per layout:
+model compute is timed) and clocks — the push, the clock and the next step's pull go in one
+``PUSH_CLOCK_PULL`` request per server (``PSClient.pull_next``), as ``hpcps train`` sends
+them since issue 20 (the first pull goes alone, the last clock as a ``PUSH_CLOCK``);
+servers apply SGD at every clock. Measured per layout:
 steps/s, examples/s, and per step and server the requests and bytes in/out (the servers'
 own counters) — the inputs of ``docs/cost_model.md``.
 
@@ -19,10 +21,10 @@ step grows with the total work of all ranks; the curve shows the per-rank costs 
 each server carries, not how a cluster of many nodes scales. The cost model turns the
 measured per-message and per-byte costs into a prediction for many nodes.
 
-The model: one BSP step costs each server ``W x 2`` requests (pull; push with clock) plus
-``W x K / S`` keys each way (K distinct keys per worker batch, 12 B per key: 8 B key + 4 B
-value), so ``T_server = 2 W a + (W K / S) c``; a worker sends ``2 S`` requests of
-``K / S`` keys, ``T_worker = 2 S a + K c``; a BSP step takes about ``T_server + T_worker``
+The model: one BSP step costs each server ``W`` requests (push, clock and the next pull in
+one; ``REQUESTS``) plus ``W x K / S`` keys each way (K distinct keys per worker batch, 12 B
+per key: 8 B key + 4 B value), so ``T_server = W a + (W K / S) c``; a worker sends ``S``
+requests of ``K / S`` keys each way, ``T_worker = S a + K c``; a BSP step takes about ``T_server + T_worker``
 with dedicated cores (the worker's next pull waits for the server's last answer). ``a`` (seconds per request) and ``c`` (seconds per key) are fitted to
 the push/pull benchmark's sparse cases when ``--pushpull-json`` is given, else to this run.
 """
@@ -48,7 +50,9 @@ LAYOUTS = [(1, 1), (2, 1), (4, 1), (8, 1), (4, 2), (4, 4), (8, 2), (8, 4)]
 QUICK_LAYOUTS = [(1, 1), (2, 1), (2, 2)]
 BATCH = 256
 KEY_BYTES = 12        # 8 B key + 4 B float32 value, each direction of a pull/push
-REQUESTS = 2          # per worker, step and server: PULL (PULL_MANY), then PUSH_CLOCK
+#: per worker, step and server: one PUSH_CLOCK_PULL (the step's push and clock, the next
+#: step's pull); 2 before issue 20's fused step (PULL, then PUSH_CLOCK)
+REQUESTS = 1
 #: issue 20's goals for the extrapolation: examples/s at 1,024 workers / 128 servers, and
 #: its ratio to 64 workers / 8 servers (16x the machines)
 GOAL_EXAMPLES_PER_SECOND = 10e6
@@ -90,9 +94,11 @@ def mpi_part(args) -> int:
     else:
         c = b.client
         t0 = MPI.Wtime()
-        for ks in keysets:
-            c.pull("sparse", ks)
+        for i, ks in enumerate(keysets):
+            c.pull("sparse", ks)           # after the first step: the pull sent with the clock
             c.push("sparse", ks, grads[ks.size], defer=True)     # sent with the clock
+            if i + 1 < len(keysets):
+                c.pull_next({"sparse": keysets[i + 1]})
             c.clock(BATCH)
         el[0] = MPI.Wtime() - t0
         b.end_block()
@@ -153,21 +159,23 @@ def fit_costs(pushpull: dict | None, runs: list) -> dict:
 
 
 def predict(W, S, K, a_us, c_ns) -> dict:
-    """Step time (ms) with dedicated cores: a server's share (its 2 W requests and W K / S
-    keys, one after the other) plus a worker's own (2 S requests sent together, K keys);
-    BSP serialises them: a worker's next pull waits for the server's last answer."""
+    """Step time (ms) with dedicated cores: a server's share (its ``REQUESTS x W`` requests
+    and W K / S keys, one after the other) plus a worker's own (``REQUESTS x S`` requests
+    sent together, K keys); BSP serialises them: a worker's next pull waits for the server's
+    last answer."""
     from hpcps.comm.transport import HEADER_LEN, PART_LEN
     from hpcps.core.consistency import header_len
 
     t_srv = REQUESTS * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
     t_wrk = REQUESTS * S * a_us * 1e-6 + K * c_ns * 1e-9
     # per worker: the keys and values both ways, a request header per request (72 B), the
-    # PUSH_CLOCK's push description (40 B), and the shard clock header of the pull reply
+    # push's and the pull's descriptions (40 B each), and the shard clock header of the pull
+    # reply
     # (8 B x header_len(W): it grows with W, so a server's share grows as W**2)
     clock_headers = W * 8 * header_len(W)
     return {"server_ms": 1e3 * t_srv, "worker_ms": 1e3 * t_wrk, "step_ms": 1e3 * (t_srv + t_wrk),
             "bytes_per_server_step": (W * K / S * KEY_BYTES * 2 + REQUESTS * W * 8 * HEADER_LEN
-                                      + W * 8 * PART_LEN + clock_headers),
+                                      + 2 * W * 8 * PART_LEN + clock_headers),
             "clock_header_bytes_per_server_step": clock_headers}
 
 

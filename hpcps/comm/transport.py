@@ -24,6 +24,17 @@ when the policy allows the read, with each pull's rows and shard clock header in
 order (as P PULL replies, which the worker's receives, posted in that order, match: MPI keeps
 the messages of one tag in order).
 
+``PUSH_CLOCK_PULL`` is a BSP worker's whole step for one key range *and* its next step's
+pulls in one request (issue 20: one request per worker, server and step;
+:meth:`hpcps.worker.client.PSClient.pull_next`). Its header is the ``PUSH_CLOCK``'s
+(``clock`` = the step, ``n_examples``, ``aux`` = epoch, ``table`` = the number of pushes
+``P >= 0``, ``n_keys`` their total) with ``dim`` = the number of pulls ``Q >= 1``; then an
+int64 ``(P + Q, PART_LEN)`` array: the ``P`` pushes' descriptions, then the ``Q`` pulls' as
+in a ``PULL_MANY`` (tag ``TAG_KEYS``); then each push's keys and rows, then each pull's keys.
+The server handles it as the ``PUSH_CLOCK`` followed by a ``PULL_MANY`` at clock ``clock +
+1`` (``aux`` = 0): the pulls are answered, as P PULL replies in order, once the step's clock
+is applied — the rows the worker's next ``PULL_MANY`` would have got.
+
 Small requests and replies travel as one message (issue 20: each message is a trip through
 MPI and Python on both sides). A request whose header and parts given to
 :meth:`WorkerEndpoint.send` fit in ``INLINE_BYTES`` (and in ``max_message_bytes``) goes as
@@ -82,10 +93,12 @@ from hpcps.comm.core import (LaunchError, cores_dedicated, irecv_array, isend_ar
 PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
 PUSH_CLOCK = 12
 PULL_MANY = 13
+PUSH_CLOCK_PULL = 14
 # ops (server -> server: chain replication, hpcps.resilience.replica)
 REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE = 8, 9, 10, 11
 OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
-            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", PULL_MANY: "pull", REPLICATE: "replicate",
+            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", PULL_MANY: "pull",
+            PUSH_CLOCK_PULL: "push", REPLICATE: "replicate",
             REPL_CLOCK: "replicate", REPL_ACK: "replicate", REPL_DONE: "replicate"}
 # tags
 TAG_SNAP, TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 9, 11, 12, 13, 14, 15
@@ -95,6 +108,12 @@ HEADER_BYTES = 8 * HEADER_LEN
 #: shard clock header) is one message (see the module docstring); Open MPI's shared-memory
 #: eager limit is 4 KiB.
 INLINE_BYTES = 4096
+#: A PULL reply of more than ``INLINE_BYTES`` and at most this many bytes is sent from a copy
+#: without waiting (:meth:`ServerEndpoint.reply`): its rendezvous completes only once the
+#: worker is inside MPI, which a worker that has just sent its step is not yet. Larger
+#: replies are waited for: the copy costs more than it saves (a 512 KiB dense pull took
+#: 191-249 us copied, 126-147 us waited for, bench_pushpull, load 1.0-1.2).
+DEFER_MAX_BYTES = 1 << 16
 
 
 def one_message(nbytes: int, max_bytes: int) -> bool:
@@ -319,9 +338,14 @@ class ServerEndpoint:
         self._inline = None       # the parts sent with the request just polled (bytes view)
         self._scratch = np.empty(0, dtype=np.int64)      # reused by recv_keys(scratch=True)
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
+        #: replies sent without waiting: (requests, rows copy, header copy)
+        self._inflight: list = []
 
     def poll(self):
-        """Return ``(source_rank, header_copy)`` of the next request, or ``None`` if none waits."""
+        """Return ``(source_rank, header_copy)`` of the next request, or ``None`` if none waits
+        (after testing the replies still in flight)."""
+        if self._inflight:
+            self.progress()
         if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQ, status=self._status):
             return None
         src = self._status.Get_source()
@@ -390,7 +414,15 @@ class ServerEndpoint:
     def reply(self, dest: int, values: np.ndarray, op: int, header: np.ndarray | None = None,
               rng: int = 0) -> None:
         """Send reply rows for key range ``rng`` to ``dest`` (which has posted the receive with
-        ``expect``), then, if given, the shard clock ``header`` (``expect_header``)."""
+        ``expect``), then, if given, the shard clock ``header`` (``expect_header``).
+
+        The caller may change ``values`` and ``header`` once this returns. A PULL reply of
+        one message (:func:`one_message`) is sent at once (eager); one of more bytes, up to
+        ``DEFER_MAX_BYTES`` (64 KiB), is sent from copies and not waited for (its sends complete
+        while :meth:`poll` runs; :meth:`flush` waits for them), so that the server does not
+        wait for a worker that is not inside MPI yet (a rendezvous needs it); other replies,
+        and every reply in continue mode (whose waits notice failed ranks), are waited for.
+        MPI keeps the messages of one tag to one rank in the order they were sent."""
         t0 = time.perf_counter()
         reqs: list = []
         tag = reply_tag(rng)
@@ -406,10 +438,38 @@ class ServerEndpoint:
                 self.comm.Send([buf, buf.size, MPI.BYTE], dest=dest, tag=tag)
             self.stats.add(op, out=buf.nbytes, seconds=time.perf_counter() - t0)
             return
+        nbytes = values.nbytes + (0 if header is None else header.nbytes)
+        if (op == PULL and header is not None and values.nbytes <= DEFER_MAX_BYTES
+                and not _core.WATCH):
+            rows = self.pool.take(values.shape, values.dtype)
+            np.copyto(rows, values)
+            hdr = header.copy()
+            isend_array(self.comm, rows, dest, tag, self.max_bytes, reqs)
+            isend_array(self.comm, hdr, dest, tag + 1, self.max_bytes, reqs)
+            self._inflight.append((reqs, rows, hdr))
+            self.stats.add(op, out=nbytes, seconds=time.perf_counter() - t0)
+            return
         keep = isend_array(self.comm, values, dest, tag, self.max_bytes, reqs)
         keep_h = None if header is None else isend_array(self.comm, header.copy(), dest, tag + 1,
                                                          self.max_bytes, reqs)
         waitall(reqs, keep, keep_h)
         del keep, keep_h
-        nbytes = values.nbytes + (0 if header is None else header.nbytes)
         self.stats.add(op, out=nbytes, seconds=time.perf_counter() - t0)
+
+    def progress(self) -> None:
+        """Release the replies in flight (:meth:`reply`) whose sends have completed. Local."""
+        still = []
+        for reqs, rows, hdr in self._inflight:
+            if MPI.Request.Testall(reqs):
+                self.pool.give(rows)
+            else:
+                still.append((reqs, rows, hdr))
+        self._inflight = still
+
+    def flush(self) -> None:
+        """Wait for every reply in flight (before the server stops or replaces this endpoint).
+        Point-to-point: the workers receive them."""
+        inflight, self._inflight = self._inflight, []
+        for reqs, rows, hdr in inflight:
+            waitall(reqs, rows, hdr)
+            self.pool.give(rows)

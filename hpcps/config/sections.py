@@ -314,9 +314,14 @@ class CommConfig:
     ----------
     max_message_bytes : int
         Messages larger than this are split into chunks (>= 1024).
+    fuse_steps : bool
+        Under BSP with p2p pulls a worker sends each server one request per step: its
+        pushes, its clock and the next step's pulls (:meth:`hpcps.worker.client.PSClient.pull_next`;
+        the same model bit for bit). False: two (the pulls apart), as before issue 20.
     """
 
     max_message_bytes: int = key(1073741824, lo=1024)
+    fuse_steps: bool = key(True)
 
 
 @dataclass(frozen=True, kw_only=True)

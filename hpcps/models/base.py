@@ -8,6 +8,13 @@ loop (:mod:`hpcps.worker.steps`) calls it like this for every minibatch::
     loss_sum, grads = model.loss_grad(Xb, yb, keys, params)
     for t in grads: client.push(t, keys[t], grads[t])
 
+Under BSP the worker also calls ``batch_keys`` of the *next* minibatch during a step (its
+pulls go with this step's clock: :class:`hpcps.worker.steps.SyncSteps`): after this step's
+``loss_grad``, so that ``batch_keys(Xb)`` is still followed by the ``loss_grad`` of that
+``Xb`` with no other ``batch_keys`` between (a model may keep what ``batch_keys`` computed
+for it) — or, when the model says it may (:attr:`Model.keys_ahead`), before this step's
+rows arrive, where it costs the step nothing.
+
 Gradients are **sums** over the minibatch's examples (not means): the servers divide the
 aggregated update by the examples of the step, so that N workers under BSP are exactly one
 large minibatch. Tables are declared once by :meth:`Model.tables`; dense tables are pulled
@@ -45,12 +52,18 @@ class Model:
         How the loss is named in progress lines, e.g. ``"log-loss"``.
     primary_metric : str
         Key of :meth:`metrics` that summarises quality (``"auc"``, ``"rmse"``, ``"accuracy"``).
+    keys_ahead : bool
+        Whether :meth:`batch_keys` of the next minibatch may be called between
+        ``batch_keys(X)`` and ``loss_grad(X)`` of this one (True: the model keeps nothing
+        from one for the other, or keeps it per ``X``). Default False: a model that keeps
+        per-batch state without checking which batch it is for stays correct.
     """
 
     name = "model"
     loss_name = "loss"
     loss_label = "loss"
     primary_metric = "loss"
+    keys_ahead = False
 
     def __init__(self, cfg):
         self.cfg = cfg

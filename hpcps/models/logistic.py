@@ -25,6 +25,7 @@ class LogisticRegression(Model):
     loss_name = "logloss"
     loss_label = "log-loss"
     primary_metric = "auc"
+    keys_ahead = True       # the renumbering is kept per batch (the last two)
 
     def tables(self) -> list:
         return lr.logistic_tables(self.cfg)
@@ -37,13 +38,15 @@ class LogisticRegression(Model):
         if getattr(self, "_marks", None) is None or self._marks.size != X.shape[1]:
             self._marks = lr.new_marks(X.shape[1])
         keys, local = lr.batch_keys(X, self._marks)
-        self._last = (X, local)         # loss_grad/predict of this batch reuse the renumbering
+        # loss_grad/predict of this batch reuse the renumbering; the one before's is kept
+        # too (the worker asks for the next batch's keys before this one's loss_grad)
+        self._last = [(X, local)] + getattr(self, "_last", [])[:1]
         return {lr.WEIGHTS: keys, lr.BIAS: np.zeros(1, dtype=np.int64)}
 
     def _local(self, X, keys):
-        last = getattr(self, "_last", None)
-        if last is not None and last[0] is X:
-            return last[1]
+        for x, local in getattr(self, "_last", ()):
+            if x is X:
+                return local
         return np.searchsorted(keys[lr.WEIGHTS], X.indices).astype(np.int64, copy=False)
 
     def loss_grad(self, X, y, keys, params):

@@ -180,6 +180,7 @@ class MatrixFactorization(Model):
     loss_name = "mse"
     loss_label = "MSE"
     primary_metric = "rmse"
+    keys_ahead = True       # batch_keys keeps nothing
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -91,6 +91,7 @@ class MLP(Model):
     loss_name = "logloss"
     loss_label = "log-loss"
     primary_metric = "accuracy"
+    keys_ahead = True       # batch_keys keeps nothing
 
     def __init__(self, cfg, sizes=None):
         super().__init__(cfg)

@@ -303,6 +303,7 @@ class ServerGroup:
         serve_requests(lambda: self.ep.poll(), self.handle, self._finished,
                        lambda: min(ps.idle_spin for ps in self.primaries.values()),
                        recover=self.recover, recoverable=is_peer_failure)
+        self.ep.flush()
         for ps in self.primaries.values():
             ps.check_done()
 
@@ -331,6 +332,7 @@ class ServerGroup:
         def adopt():        # the job's membership has the new layout
             roles = self.elastic.membership.roles
             stats = self.ep.stats
+            self.ep.flush()
             self.ep = tp.ServerEndpoint(roles.ps, self.ep.max_bytes)
             self.ep.stats = stats
             crowded = self.elastic.oversubscribed()

@@ -83,6 +83,7 @@ class ServerMembership:
         new number of workers; with ``windows`` (a growth under RMA pulls) each shard's header
         and rows move into the new window. Traffic counts are kept. Local."""
         stats = self.ep.stats
+        self.ep.flush()                 # replies in flight on the old communicator
         self.ep = endpoint or tp.ServerEndpoint(roles.ps, self.ep.max_bytes)
         self.ep.stats = stats
         self.worker_of_rank = {r: i for i, r in enumerate(roles.worker_ranks)}

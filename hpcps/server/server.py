@@ -227,7 +227,6 @@ class ParameterServer(ServerMembership):
                 sh.hdr[H_VERSION] = sh.hdr[H_CLOCK] = self.clock
 
     # ------------------------------------------------------------------ loop
-    # ------------------------------------------------------------------ loop
     def serve(self) -> None:
         """Answer requests until every worker has sent STOP. Not collective.
 
@@ -241,6 +240,7 @@ class ParameterServer(ServerMembership):
         serve_requests(lambda: self.ep.poll(), self.handle,   # ep is replaced by a growth
                        lambda: len(self.stopped) >= self.n_workers, lambda: self.idle_spin,
                        busy=self.busy)
+        self.ep.flush()                 # replies still in flight (ServerEndpoint.reply)
         self.check_done()
 
     def check_done(self) -> None:
@@ -269,11 +269,9 @@ class ParameterServer(ServerMembership):
         elif op == tp.PUSH_CLOCK:
             # a step's pushes of every table and its CLOCK in one request (PSClient.clock)
             parts = self.ep.recv_keys(source, tp.PART_LEN * int(h[tp.H_TABLE]), op)
-            for meta in parts.reshape(-1, tp.PART_LEN):
-                self._on_push(source, tp.part_header(h, meta))
-            self._on_clock(source, tp.make_header(tp.CLOCK, 0, int(h[tp.H_CLOCK]), 0,
-                                                  int(h[tp.H_NEX]), aux=int(h[tp.H_AUX]),
-                                                  rng=int(h[tp.H_RANGE])))
+            self._on_push_clock(source, h, parts.reshape(-1, tp.PART_LEN))
+        elif op == tp.PUSH_CLOCK_PULL:
+            self._on_push_clock_pull(source, h)
         elif op == tp.PULL_SHARD:
             shard = self._shard(h)
             if self.visible_clock >= int(h[tp.H_CLOCK]):
@@ -298,11 +296,40 @@ class ParameterServer(ServerMembership):
             raise RuntimeError(f"server {self.index}: unknown op {op} from rank {source}")
 
 
-    def _on_pull_many(self, source: int, h: np.ndarray) -> None:
+    def _on_push_clock(self, source: int, h: np.ndarray, metas) -> None:
+        """The pushes (descriptions ``metas``, ``(P, PART_LEN)``) and the CLOCK of the
+        ``PUSH_CLOCK`` or ``PUSH_CLOCK_PULL`` ``h`` from ``source``."""
+        for meta in metas:
+            self._on_push(source, tp.part_header(h, meta))
+        self._on_clock(source, tp.make_header(tp.CLOCK, 0, int(h[tp.H_CLOCK]), 0,
+                                              int(h[tp.H_NEX]), aux=int(h[tp.H_AUX]),
+                                              rng=int(h[tp.H_RANGE])))
+
+    def _on_push_clock_pull(self, source: int, h: np.ndarray) -> None:
+        """A BSP worker's step ``c`` (pushes and CLOCK, as a ``PUSH_CLOCK``) and its step
+        ``c + 1``'s pulls (a ``PULL_MANY`` at clock ``c + 1``, held in :attr:`waiting_pulls`
+        until step ``c`` is applied): the rows its next ``PULL_MANY`` would have got.
+        RuntimeError under a policy other than BSP (workers fuse only under BSP)."""
+        if not self.policy.aggregate or self.policy.staleness != 0:
+            raise RuntimeError(f"server {self.index}: PUSH_CLOCK_PULL from rank {source} "
+                               f"under {self.policy.describe()} (only BSP fuses)")
+        n_push, n_pull = int(h[tp.H_TABLE]), int(h[tp.H_DIM])
+        metas = self.ep.recv_keys(source, tp.PART_LEN * (n_push + n_pull),
+                                  tp.PUSH_CLOCK_PULL).reshape(-1, tp.PART_LEN)
+        self._on_push_clock(source, h, metas[:n_push])
+        pulls = metas[n_push:]
+        self.ep.stats.add(tp.PULL, keys=int(pulls[:, 1].sum()))
+        self._on_pull_many(source, tp.make_header(tp.PULL_MANY, n_pull, int(h[tp.H_CLOCK]) + 1,
+                                                  int(pulls[:, 1].sum()), seq=int(h[tp.H_SEQ]),
+                                                  rng=int(h[tp.H_RANGE])), pulls)
+
+    def _on_pull_many(self, source: int, h: np.ndarray, metas=None) -> None:
         """A PULL_MANY (header ``h``) from ``source``: the pulls of several tables in one
         request, answered together (each table's rows and shard header, in the request's
-        order) once the policy allows the read."""
-        metas = self.ep.recv_keys(source, tp.PART_LEN * int(h[tp.H_TABLE]), tp.PULL_MANY)
+        order) once the policy allows the read. ``metas``: the pulls' descriptions when
+        received already (a ``PUSH_CLOCK_PULL``'s)."""
+        if metas is None:
+            metas = self.ep.recv_keys(source, tp.PART_LEN * int(h[tp.H_TABLE]), tp.PULL_MANY)
         parts = []
         for meta in metas.reshape(-1, tp.PART_LEN):
             hp = tp.part_header(h, meta)

@@ -20,6 +20,11 @@ so that its next push can carry it (the server computes the update's staleness f
 No method is collective; each talks point-to-point to the servers that own the keys, or
 reads their windows.
 
+A step's pushes go with its clock (``push(..., defer=True)``: one ``PUSH_CLOCK`` per server),
+and under BSP with p2p pulls the next step's pulls can go with them too
+(:meth:`PSClient.pull_next`, :mod:`hpcps.worker.nextpull`: one ``PUSH_CLOCK_PULL`` per server
+and step, the replies taken by the next :meth:`PSClient.pull_many` of the same keys).
+
 Key ranges and routing: the client reads both from the job's
 :class:`~hpcps.comm.membership.Membership` — key -> key range (:meth:`Membership.route`, one
 range per server of the launch), range ``s`` -> ``ps`` rank ``membership.range_ranks[s]``.
@@ -41,10 +46,11 @@ import numpy as np
 import time
 
 from hpcps.comm import transport as tp
+from hpcps.worker.nextpull import NextPull
 from hpcps.core.consistency import BSP, H_CLOCK, H_NWORKERS, H_SEQ, H_VERSION, H_WORKER0, header_len
 
 
-class PSClient:
+class PSClient(NextPull):
     """Worker-side access to the sharded tables.
 
     Parameters
@@ -91,6 +97,12 @@ class PSClient:
         #: pushes held for this step's PUSH_CLOCK (push(..., defer=True)): range -> [(header,
         #: keys, grads)]
         self.staged: dict = {}
+        #: the next step's pulls held for this step's clock (:meth:`pull_next`): (requests
+        #: as given, keys as int64, prepared pulls), or None
+        self.next_pull = None
+        #: pulls sent with the last clock and not taken yet: (clock they are for, requests
+        #: as given, keys as int64, prepared pulls), or None
+        self.prefetch = None
 
     # ------------------------------------------------------------ kept pushes (continue mode)
     def keep_pushes(self) -> None:
@@ -118,6 +130,7 @@ class PSClient:
         clock. Local."""
         self.clock_value = int(clock)
         self.staged = {}
+        self.next_pull = self.prefetch = None
         if self.kept is not None:
             for c in [c for c in self.kept if c >= clock]:
                 del self.kept[c]
@@ -196,7 +209,15 @@ class PSClient:
         per table; with p2p pulls, a server holding keys of several tables gets them in one
         ``PULL_MANY`` request (one trip through its loop). Arguments and errors as :meth:`pull` (``outs``: ``{table: out}``).
         Point-to-point; not collective.
+
+        When the last :meth:`clock` sent these very pulls already (:meth:`pull_next`: the
+        same tables and keys, for this clock, not ``fresh``, no ``outs``), their replies are
+        the rows: only their wait remains. Any other pull first waits for those replies and
+        drops them.
         """
+        todo = self._take_prefetch(requests, fresh, outs)
+        if todo is not None:
+            return self._pulled(todo)
         self.send_staged()
         # check and group every request first: a bad key raises before anything is sent
         todo = [self._pull_prepare(table, keys, outs.get(table) if outs else None)
@@ -208,6 +229,11 @@ class PSClient:
         elif posted:
             self._pull_post_p2p(posted, fresh)
             self.ep.complete(tp.PULL)
+        return self._pulled(todo)
+
+    def _pulled(self, todo) -> dict:
+        """The rows of completed pulls (``_pull_prepare``'s tuples) by table, in the order
+        asked; their shard headers recorded (:meth:`_saw`)."""
         result = {}
         for table, tid, sorted_keys, order, bounds, buf, out, hdrs in todo:
             if sorted_keys is not None:
@@ -252,12 +278,7 @@ class PSClient:
         one table's keys, a ``PULL_MANY`` for several (the server loop handles it in one
         trip and answers each table in the request's order) — receives posted first.
         Completed by the caller (``ep.complete``)."""
-        by_server = [[] for _ in range(self.n_servers)]
-        for _, tid, sorted_keys, _, bounds, buf, _, hdrs in todo:
-            for s in range(self.n_servers):
-                a, b = bounds[s], bounds[s + 1]
-                if a < b:
-                    by_server[s].append((tid, sorted_keys[a:b], buf[a:b], hdrs[s]))
+        by_server = self._pulls_by_server(todo)
         c = self.clock_value
         for s, parts in enumerate(by_server):
             if not parts:
@@ -430,8 +451,13 @@ class PSClient:
             entry = self.kept.setdefault(self.clock_value, [None, [], 0])
             entry[0], entry[2] = int(n_examples), int(epoch)
         staged, self.staged = self.staged, {}
+        nxt, self.next_pull = self.next_pull, None
+        pulls = self._pulls_by_server(nxt[2]) if nxt is not None else None
         for s in range(self.n_servers):
             parts = staged.get(s)
+            if pulls is not None and pulls[s]:
+                self._send_step(s, parts or [], pulls[s], n_examples, epoch)
+                continue
             if not parts:
                 self.ep.send(s, tp.make_header(tp.CLOCK, 0, self.clock_value, 0, n_examples,
                                                aux=epoch, rng=s))
@@ -444,6 +470,9 @@ class PSClient:
                 self.ep.send_parts(s, k, g)
             self.pushes_sent[s] += len(parts)
         self.clock_value += 1
+        if nxt is not None:
+            self.seq += 1
+            self.prefetch = (self.clock_value, nxt[0], nxt[1], nxt[2])
         if self.kept is not None:
             self._trim()
         return self.clock_value
@@ -453,6 +482,7 @@ class PSClient:
         (:mod:`hpcps.resilience.elastic`); every worker sends it, after its last request of the clock, so
         a server that has it from all workers holds no request of theirs. One message per
         server rank (after a server loss one rank may hold several key ranges). Point-to-point."""
+        self._settle()
         self.send_staged()
         first_range = {}
         for s, rank in enumerate(self.ep.server_ranks):
@@ -468,6 +498,7 @@ class PSClient:
         workers, the RMA windows. Traffic counts are kept. Local."""
         m = self.membership
         stats = self.ep.stats
+        self.next_pull = self.prefetch = None       # replies of the old layout, if any
         self.ep = tp.WorkerEndpoint(m.roles.ps, m.range_ranks, self.ep.max_bytes)
         self.ep.stats = stats
         self.header_len = header_len(m.n_workers)
@@ -481,6 +512,7 @@ class PSClient:
         Sends one ``PULL_SHARD`` to each server (answered once the server's clock has reached
         this worker's clock) and un-permutes the shards.
         """
+        self._settle()
         self.send_staged()
         tid, spec, part = self._table(table)
         if spec.dynamic:
@@ -505,6 +537,7 @@ class PSClient:
         ascending by key; for model output. Point-to-point, three round trips (count, keys,
         rows: :data:`hpcps.server.dynshard.PULL_SHARD_COUNT`), each answered once the
         server's clock has reached this worker's clock."""
+        self._settle()
         self.send_staged()
         tid, spec, _ = self._table(table)
         counts = [np.zeros(1, dtype=np.int64) for _ in range(self.n_servers)]
@@ -547,6 +580,7 @@ class PSClient:
         list of (nbytes, digest field hex) per server, in server order, as
         :func:`hpcps.checkpoint.write_shard` returned them on each server.
         """
+        self._settle()
         self.send_staged()
         replies = [np.empty(40, dtype=np.uint8) for _ in range(self.n_servers)]
         for s in range(self.n_servers):
@@ -562,6 +596,7 @@ class PSClient:
 
     def stop(self) -> None:
         """Tell every server this worker is done (after its last pull)."""
+        self._settle()
         self.send_staged()
         for s in range(self.n_servers):
             self.ep.send(s, tp.make_header(tp.STOP, rng=s))

@@ -123,6 +123,15 @@ class NonFiniteGuard:
 class SyncSteps:
     """Pull, compute, push every step (BSP and SSP).
 
+    With ``fuse`` (BSP with p2p pulls, :meth:`hpcps.worker.client.PSClient.pull_next`) a step
+    also slices the next step's minibatch (while it waits for its own rows) and sends its
+    pulls with this step's clock: one request per server and step, the next step's rows
+    coming back once the clock is applied. Not at the last step of a segment (an epoch's
+    end, with its evaluation pulls, or a re-plan), and only when the next step has rows;
+    after a rejected step only with a model whose ``keys_ahead`` let it announce them
+    before the vote; a step whose rows or keys differ from those announced (a growth
+    re-planned them) pulls as usual. The rows, hence the model, are the same bit for bit.
+
     Parameters
     ----------
     client : hpcps.worker.client.PSClient
@@ -132,9 +141,14 @@ class SyncSteps:
     step_hook : callable(worker_index, clock) or None
         Called after each step's gradient is computed, before it is pushed (tests use it
         to make one worker's computation slow).
+    fuse : bool
+        Send the next step's pulls with the clock where the client can
+        (:attr:`~hpcps.worker.client.PSClient.fusable`). The trainer turns it off for
+        streamed data (the reader thread serves rows in step order, and the exactly-once
+        row log reads a step's rows after its clock).
     """
 
-    def __init__(self, client, model, index: int, step_hook=None, guard=None):
+    def __init__(self, client, model, index: int, step_hook=None, guard=None, fuse=False):
         self.client = client
         self.model = model
         self.index = index
@@ -142,9 +156,54 @@ class SyncSteps:
         self.guard = guard or NonFiniteGuard(index)
         self.dtypes = {s.name: s.dtype for s in client.specs}
         self.last_rejected = False
+        self.fuse = bool(fuse)
+        self._next = None            # (rows, Xb, yb, keys) of the next step, pulls sent
 
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
+        self._next = None
+
+    def _batch(self, rows):
+        """``(Xb, yb, keys)`` of ``rows``: those of the step before's :meth:`_announce` when
+        they are the same rows, else sliced now."""
+        nxt, self._next = self._next, None
+        if nxt is not None and (nxt[0] is rows or np.array_equal(nxt[0], rows)):
+            return nxt[1:]
+        Xb, yb = self.X[rows], self.y[rows]
+        return Xb, yb, self.model.batch_keys(Xb)
+
+    def _slice_next(self, i: int):
+        """Step ``i + 1``'s ``[rows, Xb, yb, keys]`` when its pulls can go with step ``i``'s
+        clock (:meth:`~hpcps.worker.client.PSClient.pull_next`): there is such a step with
+        rows in this segment; else None. Called before this step waits for its rows, so
+        that the slicing (most of a step's own work on Adult) overlaps the servers' work on
+        the step before instead of delaying this step's push; with a model whose
+        ``keys_ahead`` allows it the keys are found and their pulls announced then too
+        (``keys`` set), else after this step's ``loss_grad`` (:meth:`_announce`)."""
+        if not self.fuse or i + 1 >= self.steps or not getattr(self.client, "fusable", False):
+            return None
+        rows = self.order[(i + 1) * self.B:(i + 2) * self.B]
+        if not rows.size:
+            return None
+        Xb = self.X[rows]
+        if not Xb.shape[0]:
+            return None
+        sliced = [rows, Xb, self.y[rows], None]
+        if getattr(self.model, "keys_ahead", False):
+            self._announce(sliced)
+        return sliced
+
+    def _announce(self, sliced) -> None:
+        """The next step's keys (``sliced``: :meth:`_slice_next`'s) and their pulls held for
+        this step's clock, unless done already. ``batch_keys`` of a model that does not allow
+        ``keys_ahead`` is called after this step's ``loss_grad``, as the model protocol has it
+        (:mod:`hpcps.models.base`: a model may keep what ``batch_keys`` computed for the
+        ``loss_grad`` of the same minibatch)."""
+        if sliced is None or sliced[3] is not None:
+            return
+        sliced[3] = self.model.batch_keys(sliced[1])
+        self.client.pull_next(sliced[3])
+        self._next = tuple(sliced)
 
     def step(self, i: int, rows, final: bool = False) -> float:
         """Run step ``i`` on ``rows`` (maybe empty); return the summed loss of its examples
@@ -153,10 +212,11 @@ class SyncSteps:
         self.last_rejected = False
         self.last_n = int(rows.size)      # examples of the step (streamed: lines with a row)
         keys, grads, code, loss = {}, {}, OK, 0.0
+        sliced = None
         if rows.size:
-            Xb, yb = self.X[rows], self.y[rows]
+            Xb, yb, keys = self._batch(rows)
             self.last_n = int(Xb.shape[0])
-            keys = self.model.batch_keys(Xb)
+            sliced = self._slice_next(i)
             params = self.client.pull_many(keys)     # one round trip for every table
             loss, grads = self.model.loss_grad(Xb, yb, keys, params)
             code = self.guard.code(loss, grads, self.dtypes)
@@ -169,6 +229,7 @@ class SyncSteps:
             self.step_hook(self.index, self.client.clock_value)
         for t, k in keys.items():     # sent with the step's clock: one request per server
             self.client.push(t, k, _as_rows(grads[t], k.size), defer=True)
+        self._announce(sliced)        # and the next step's pulls with them (BSP, p2p)
         return loss
 
     def report(self) -> dict:
@@ -357,9 +418,10 @@ class DownpourSteps:
         return {"filter_sent": sum(f.sent for f in fs), "filter_offered": sum(f.offered for f in fs)}
 
 
-def make_steps(policy, client, model, index: int, step_hook=None, guard=None):
+def make_steps(policy, client, model, index: int, step_hook=None, guard=None, fuse=False):
     """The step runner for ``policy`` (Downpour for aggregate-free policies); ``guard`` is
-    the :class:`NonFiniteGuard` (default: stop at the first non-finite step)."""
+    the :class:`NonFiniteGuard` (default: stop at the first non-finite step); ``fuse``: see
+    :class:`SyncSteps`."""
     if policy.aggregate:
-        return SyncSteps(client, model, index, step_hook, guard)
+        return SyncSteps(client, model, index, step_hook, guard, fuse)
     return DownpourSteps(client, model, index, policy, step_hook, guard)

@@ -178,7 +178,13 @@ class Trainer:
         vote = limit > 0 and self.policy.aggregate and self.policy.staleness == 0
         agree = (lambda code: allgather_rows(self.comm, [code])[:, 0]) if vote else None
         self.guard = NonFiniteGuard(index, limit, agree, say=self._say_guard if vote else self.say)
-        self.steps = make_steps(self.policy, client, model, index, step_hook, self.guard)
+        # BSP with p2p pulls: the next step's pulls ride with the clock (issue 20), where
+        # the client can (PSClient.fusable); not in continue mode (kept pushes, resends,
+        # catch-up steps), not for streamed data (its reader serves rows in step order)
+        self.streaming = streamed(cfg.data) if cfg.data.format in ("svmlight", "criteo") else False
+        fuse = cfg.comm.fuse_steps and ft_state is None and not self.streaming
+        self.steps = make_steps(self.policy, client, model, index, step_hook, self.guard,
+                                fuse=fuse)
         self.last_step_time = time.time()       # when this worker last finished a step
         self.gap_event = None            # failure record waiting for the next step's time
         self.catch_up_to = None          # clock the others had reached at the last recovery
@@ -192,9 +198,8 @@ class Trainer:
         self._t0 = self._last = 0.0       # progress lines: start of the run, last line
         self._clock0 = 0
         self._examples_per_step = 0.0
-        # streamed data (hpcps.data.lines): lines are the rows; the epoch's order shuffles
-        # within runs of [data] shuffle_buffer lines; the readers' counters
-        self.streaming = streamed(cfg.data) if cfg.data.format in ("svmlight", "criteo") else False
+        # streamed data (hpcps.data.lines, self.streaming): lines are the rows; the epoch's
+        # order shuffles within runs of [data] shuffle_buffer lines; the readers' counters
         self.shuffle_block = cfg.data.shuffle_buffer if self.streaming else 0
         self._readers: dict = {}
         self._row_log = None

@@ -298,6 +298,169 @@ def test_bsp_step_is_two_requests_per_server_whatever_the_tables():
         assert many["pull"] + many["push"] == 2 * steps * nw
 
 
+def _fused_run(comm, tables, steps, pulls, announce, hook=None, max_bytes=1 << 30):
+    """BSP steps of ``hpcps train``'s shape on ``tables``: step ``t`` pulls ``pulls(index, t)``
+    (pull_many), pushes a gradient on those keys (deferred) and clocks; with ``announce``,
+    ``announce(index, t)`` (None: nothing) is handed to ``pull_next`` before the clock.
+    ``hook(client, index, t)`` runs after the clock. Returns the roles and, on workers, (every
+    pull's rows, the final tables); on servers the messages per op."""
+    def work(client, roles):
+        rng = np.random.default_rng(100 + roles.index)
+        seen = []
+        for t in range(steps):
+            keys = pulls(roles.index, t)
+            if roles.index == 0 and t == 1:
+                time.sleep(0.3)           # the others' next pulls wait at the servers
+            got = client.pull_many(keys)
+            seen.append({k: v.copy() for k, v in got.items()})
+            for name, k in keys.items():
+                client.push(name, k, rng.standard_normal((k.size, tables[client.ids[name]][0].dim)),
+                            defer=True)
+            nxt = announce(roles.index, t) if announce else None
+            if nxt is not None:
+                assert client.pull_next(nxt)
+            client.clock(3)
+            if hook is not None:
+                hook(client, roles.index, t)
+        return seen, {s.name: client.pull_table(s.name) for s, _ in tables}
+
+    def counted(server):
+        return dict(server.ep.stats.messages), dict(server.ep.stats.keys)
+
+    return _ps(comm, comm.size // 2, tables, work, max_bytes=max_bytes, server_fn=counted)
+
+
+def _planned_keys(steps, n_keys=3001):
+    """Per worker and step, the keys of a step (a sparse table's and the bias), fixed ahead."""
+    plan = {}
+    for w in range(8):
+        rng = np.random.default_rng(w)
+        plan[w] = [{"w": rng.integers(0, n_keys, 300), "b": np.array([0])} for _ in range(steps)]
+    return plan
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("max_bytes", [1 << 30, 1024])
+def test_bsp_step_is_one_request_per_server_with_the_next_pull(max_bytes):
+    """Issue 20: with the next step's pulls sent with the clock (``pull_next``) a BSP step is
+    one request per worker at every server in steady state — a PUSH_CLOCK_PULL — where it
+    was two (PULL_MANY, PUSH_CLOCK): only each worker's first pull and last clock go alone.
+    A slow worker makes the others' announced pulls wait at the server. Every pull's rows
+    and the final tables (float64, AdaGrad) are bit-identical to the unfused steps, and the
+    servers count the same keys pulled and pushed; also with messages split at 1 KiB."""
+    comm = MPI.COMM_WORLD
+    steps = 5
+    sparse = TableSpec("w", 3001, 2, "float64", sparse=True)
+    dense = TableSpec("b", 1, 1, "float64", sparse=False)
+    tables = [(sparse, Optimizer("adagrad", 0.5)), (dense, Optimizer("adagrad", 0.5))]
+    plan = _planned_keys(steps)
+
+    def pulls(w, t):
+        return plan[w][t]
+
+    def announce(w, t):
+        return plan[w][t + 1] if t + 1 < steps else None
+
+    roles, apart = _fused_run(comm, tables, steps, pulls, None, max_bytes=max_bytes)
+    _, fused = _fused_run(comm, tables, steps, pulls, announce, max_bytes=max_bytes)
+    if roles.role == core.WORKER:
+        for a, b in zip(apart[0], fused[0]):
+            for t in a:
+                np.testing.assert_array_equal(a[t], b[t])
+        for t in apart[1]:
+            np.testing.assert_array_equal(apart[1][t], fused[1][t])
+        assert np.abs(fused[1]["b"]).sum() > 0
+    else:
+        nw = roles.n_workers
+        (m_apart, k_apart), (m_fused, k_fused) = apart, fused
+        assert m_apart["pull"] == m_apart["push"] == steps * nw       # two per step
+        assert m_fused["pull"] == nw                  # the first step's pull of each worker
+        assert m_fused["push"] == steps * nw          # PUSH_CLOCK_PULL, then the last PUSH_CLOCK
+        assert m_fused["pull"] + m_fused["push"] == (steps + 1) * nw
+        assert k_fused["pull"] == k_apart["pull"] > 0
+        assert k_fused["push"] == k_apart["push"] > 0
+
+
+@pytest.mark.mpi(min_size=3)
+def test_announced_pulls_not_taken_are_dropped():
+    """Pulls sent with a clock are used only by a pull_many of the same keys at the next clock:
+    a step that pulls other keys than it announced, a fresh read (evaluation) and a
+    pull_table between the clock and the next step, and an announcement of keys on one
+    server only, all give the rows of the unfused steps bit for bit (no reply matched to the
+    wrong receive), and every server ends with no pull waiting."""
+    comm = MPI.COMM_WORLD
+    steps = 6
+    sparse = TableSpec("w", 3001, 2, "float64", sparse=True)
+    dense = TableSpec("b", 1, 1, "float64", sparse=False)
+    tables = [(sparse, Optimizer("adagrad", 0.5)), (dense, Optimizer("adagrad", 0.5))]
+    plan = _planned_keys(steps)
+    extra = {}
+
+    def pulls(w, t):
+        return plan[w][t]
+
+    def announce(w, t):
+        if t + 1 >= steps:
+            return None
+        if t == 0:                     # not what step 1 pulls: dropped
+            return {"w": plan[w][t + 1]["w"][::-1].copy(), "b": np.array([0])}
+        if t == 3:                     # the bias only (server 0): not the tables step 4 pulls
+            return {"b": np.array([0])}
+        return plan[w][t + 1]
+
+    def hook(client, w, t):
+        if t == 1:                     # an evaluation-like read between the clock and the step
+            extra.setdefault(w, []).append(client.pull("w", np.arange(50), fresh=True).copy())
+        if t == 2:
+            extra.setdefault(w, []).append(client.pull_table("b").copy())
+
+    roles, apart = _fused_run(comm, tables, steps, pulls, None, hook=hook)
+    got_apart = dict(extra)
+    extra.clear()
+    _, fused = _fused_run(comm, tables, steps, pulls, announce, hook=hook)
+    if roles.role == core.WORKER:
+        for a, b in zip(apart[0], fused[0]):
+            for t in a:
+                np.testing.assert_array_equal(a[t], b[t])
+        for t in apart[1]:
+            np.testing.assert_array_equal(apart[1][t], fused[1][t])
+        for a, b in zip(got_apart[roles.index], extra[roles.index]):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_server_does_not_wait_for_a_worker_outside_mpi():
+    """A PULL reply above the one-message limit is a rendezvous: it completes only once the
+    worker is inside MPI. Worker 0 sends its step with the next step's pulls (32 KiB of rows)
+    and then stays out of MPI for 1.5 s; the server answers it at the clock and, not
+    waiting for that reply to complete (it used to: MPI_Waitall), serves the other
+    workers' pulls meanwhile. Worker 0 still gets its rows, the same as a pull's."""
+    comm = MPI.COMM_WORLD
+    spec = TableSpec("w", 1 << 15, 1, "float64", sparse=False)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+    keys = np.arange(0, 1 << 15, 8, dtype=np.int64)            # 4096 rows: 32 KiB
+    away = 1.5
+
+    def work(client, roles):
+        client.push("w", keys, np.ones((keys.size, 1)), defer=True)
+        if roles.index == 0:
+            assert client.pull_next({"w": keys})
+        client.clock(1)
+        if roles.index == 0:
+            time.sleep(away)                       # not inside MPI: the reply cannot complete
+            got = client.pull_many({"w": keys})["w"]
+            np.testing.assert_array_equal(got, client.pull("w", keys))
+            return None
+        t0 = time.perf_counter()
+        for _ in range(20):
+            client.pull("w", keys[:8])
+        return time.perf_counter() - t0
+
+    roles, took = _ps(comm, 1, tables, work)
+    if roles.role == core.WORKER and roles.index > 0:
+        assert took < away / 2, f"20 pulls took {took:.2f} s: the server waited for worker 0"
+
+
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("max_bytes", [1 << 30, 1024])
 def test_requests_and_replies_at_the_one_message_limit(max_bytes):

@@ -67,3 +67,25 @@ def test_torch_peer_unique_inverse_matches_torch_unique_across_reused_scratch():
         keys, inv = uniq(k)
         assert torch.equal(keys[inv], k)
         assert torch.equal(keys.sort().values, torch.unique(k))
+
+
+def test_baseline_commit_interpreter_finds_the_commit_and_the_environments_packages(tmp_path):
+    """``bench_e2e.py --baseline-commit`` builds and runs the commit under the base
+    interpreter of the virtual environment; it had only ``PYTHONPATH`` = the commit, so
+    where that interpreter has no numpy or Cython (a pyenv Python under a venv) the build
+    failed (``No module named 'Cython'``). Now the environment's site-packages follow the
+    commit on its path, and ``hpcps`` is still the commit's, not the editable install's."""
+    import os
+    import subprocess
+
+    import bench_e2e
+
+    (tmp_path / "hpcps").mkdir()
+    (tmp_path / "hpcps" / "__init__.py").write_text("MARK = 'the commit'\n")
+    py, env = bench_e2e.base_python(tmp_path)
+    code = "import hpcps, numpy, Cython; print(hpcps.MARK)"
+    (tmp_path / "run").mkdir()          # not this checkout's directory (sys.path[0] of -c)
+    p = subprocess.run([py, "-c", code], env={**os.environ, **env}, cwd=tmp_path / "run",
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "the commit"
