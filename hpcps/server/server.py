@@ -26,6 +26,7 @@ from hpcps.core.consistency import (H_CLOCK, H_NWORKERS, H_SEQ, H_VERSION, H_WOR
                                     StalenessHistogram, header_len)
 from hpcps.core.optim import NonFiniteError, all_finite, check_finite
 from hpcps.core.routing import partition_of
+from hpcps.server.cut import CheckpointCut
 from hpcps.server.membership import ServerMembership
 from hpcps.server.loop import (IDLE_SLEEP_MAX, IDLE_SLEEP_MIN, IDLE_SPIN, IDLE_SPIN_DEDICATED,
                                agreed_growth, serve_requests)
@@ -36,7 +37,7 @@ __all__ = ["ParameterServer", "Shard", "window_sizes", "serve_requests", "agreed
            "touched_rows", "rows_of", "IDLE_SLEEP_MIN", "IDLE_SLEEP_MAX", "IDLE_SPIN",
            "IDLE_SPIN_DEDICATED"]
 
-class ParameterServer(ServerMembership):
+class ParameterServer(CheckpointCut, ServerMembership):
     """One key range's server: its shards, clocks and pending pushes, and the loop of a
     server rank that holds only this range.
 
@@ -572,31 +573,6 @@ class ParameterServer(ServerMembership):
             else:
                 still.append((source, h, rows))
         self.waiting_pulls = still
-
-    def _cut_ready(self, h, expected) -> bool:
-        """A checkpoint may be written: every step before it applied and, under async, every
-        push each worker sent before the cut (``expected[w]`` messages) applied."""
-        if self.clock < int(h[tp.H_CLOCK]):
-            return False
-        return expected is None or all(a >= e for a, e in zip(self.pushes_applied, expected))
-
-    def _checkpoint(self, source, h) -> None:
-        """Write this server's shard for the checkpoint at step ``h[clock]``; reply with the
-        file's size and checksum (uint8 (40,): little-endian int64 size, then the digest
-        zero-padded to :data:`hpcps.checkpoint.DIGEST_FIELD` bytes)."""
-        step = int(h[tp.H_CLOCK])
-        if self.clock != step:
-            raise RuntimeError(f"server {self.index}: checkpoint for step {step} requested at "
-                               f"clock {self.clock}: not a consistent cut")
-        tables = [sh.checkpoint_entry(self.index) for sh in self.shards]
-        nbytes, digest = ckpt.write_shard(ckpt.step_dir(self.run_dir, step), self.index,
-                                          self.n_servers, self.clock, tables,
-                                          examples=self.examples_total)
-        self.checkpoint_steps.append(step)
-        reply = np.zeros(40, dtype=np.uint8)
-        reply[:8] = np.frombuffer(np.array([nbytes], dtype="<i8").tobytes(), dtype=np.uint8)
-        reply[8:] = np.frombuffer(bytes.fromhex(digest), dtype=np.uint8)
-        self.ep.reply(source, reply, tp.CHECKPOINT, rng=self.index)
 
     def _shard(self, h) -> Shard:
         tid = int(h[tp.H_TABLE])

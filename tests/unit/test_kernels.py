@@ -801,7 +801,7 @@ def test_logistic_model_renumbering_cache_matches_search():
     params = {"weights": rng.standard_normal((keys["weights"].size, 1)),
               "bias": np.array([[0.3]])}
     cached = m.loss_grad(X, y, keys, params)
-    assert m._last[0] is X
+    assert m._last[0][0] is X                    # the newest renumbering kept (keys_ahead keeps two)
     X2 = X.copy()                                # another object: searched, not cached
     searched = m.loss_grad(X2, y, keys, params)
     assert cached[0] == searched[0]
