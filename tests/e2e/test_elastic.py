@@ -19,6 +19,8 @@
 * the same with the added process held until the job has aborted (stuck before its own
   deadline starts): ``hpcps run`` kills every process of mpirun's session
   ``ABORT_EXIT_SECONDS`` after the abort and relaunches;
+* 2 workers spawned into a BSP job with a dynamic table (`storage = "hash"`): every example
+  once, weights bit-identical key by key to the same growth with the fixed table;
 * a job that fell back from RMA to p2p pulls (``rma_fallback``, the MPI judged as MPICH
   without asynchronous progress) adds a worker that pulls by p2p too: the run's decision
   reaches it through the join plan (the job file says ``rma``).
@@ -372,3 +374,26 @@ def test_worker_added_after_rma_fallback_pulls_by_p2p_like_the_job(tmp_path):
     s = metrics(tmp_path / "fb")["summary"]
     assert s["consistency"]["pull"] == "p2p"
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
+
+
+def test_spawn_two_workers_into_bsp_job_with_a_dynamic_table(tmp_path):
+    """Growth with ``[model] storage = "hash"`` (issue 18: elastic growth with dynamic tables):
+    every example once per epoch, and the grown run's weights equal, key by key and bit for bit,
+    those of the same growth with the fixed-array table (BSP float64, deterministic sums)."""
+    fixed = write(tmp_path, "fixed", elastic=ADD, epochs=1)
+    dyn = write(tmp_path, "dyn", elastic=ADD, epochs=1)
+    dyn.write_text(dyn.read_text().replace("[model]\n", '[model]\nstorage = "hash"\n').replace(
+        "max_rows", "hash_bits = 20\nmax_rows"))      # the fixed table's ids (default: unhashed)
+    for job in (fixed, dyn):
+        out = run(tmp_path, job, 4)
+        assert "2 worker(s) added at clock 40 (epoch 1): 5 workers" in out, out[-3000:]
+    s = metrics(tmp_path / "dyn")["summary"]
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN]
+    assert s["growth"][0]["workers"] == 5
+    a = read_model(tmp_path / "fixed" / "model.h5")["tables"]
+    b = read_model(tmp_path / "dyn" / "model.h5")["tables"]
+    keys = b["weights_keys"]
+    assert keys.size > 100 and np.all(np.diff(keys) > 0)
+    assert np.array_equal(a["weights"][keys], b["weights"])
+    assert np.count_nonzero(a["weights"]) == np.count_nonzero(b["weights"])   # no key missed
+    assert np.array_equal(a["bias"], b["bias"])
