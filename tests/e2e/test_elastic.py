@@ -266,7 +266,7 @@ def test_worker_killed_while_a_worker_is_added_job_ends_and_relaunches(tmp_path)
     the added process — which the abort does not reach (Open MPI 5, ULFM), and for which mpirun
     waited for ever — ends itself. hpcps run gets mpirun's status and relaunches; the relaunch
     resumes from the checkpoint at clock 20, grows at clock 30 and finishes."""
-    timeout = 8
+    timeout = 20          # the relaunch grows too: its spawn took over 8 s at load 14
     job, flag, p = _start_paused_growth(tmp_path, "gk", timeout)
     try:
         kill_rank(job, 2)                                    # worker 2 of the launch
@@ -329,7 +329,7 @@ def test_added_worker_stuck_while_the_job_aborts_is_killed_by_hpcps_run(tmp_path
     """As above, but the added process stays held (as one stuck starting up, before its own
     deadline is set) until the first launch has aborted: its mpirun would wait for it for
     ever; hpcps run kills mpirun's session after ABORT_EXIT_SECONDS and relaunches."""
-    timeout = 8
+    timeout = 20
     job, flag, p = _start_paused_growth(tmp_path, "stuck", timeout)
     try:
         (held,) = [int(f.suffix[1:]) for f in tmp_path.glob("join-go.*")]
