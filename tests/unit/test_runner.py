@@ -78,3 +78,31 @@ def test_launches_side_by_side_print_whole_lines_and_count_their_cpu(tmp_path, c
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "-head-" in ln]
     assert sorted(lines) == sorted(f"[{n}] {n}-head-tail-{i}" for n in ("aa", "bb") for i in range(20))
     assert all(c.cpu >= 0.4 for c in counts), [c.cpu for c in counts]     # the grandchild's 0.5 s
+
+
+def test_waiting_groups_run_beside_the_others(tmp_path, monkeypatch, capsys):
+    """With --jobs > 1 a group marked ``waiting`` (slurm, multihost) runs beside the other
+    groups: each of two launches, one per kind of group, waits for the other's marker file
+    and fails after 20 s without it, so the run passes only if they overlap."""
+    script = tmp_path / "meet.py"
+    script.write_text(textwrap.dedent("""
+        import pathlib, sys, time
+        mine, other = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+        mine.touch()
+        t = time.time()
+        while not other.exists():
+            if time.time() - t > 20:
+                sys.exit(1)
+            time.sleep(0.05)
+    """))
+    a, b = tmp_path / "a", tmp_path / "b"
+
+    def group(name, mine, other, **kw):
+        return run.Group(name, lambda args: [run.Launch(name, [sys.executable, str(script),
+                                                               str(mine), str(other)], {})], **kw)
+
+    monkeypatch.setattr(run, "GROUPS", [group("first", a, b), group("side", b, a, waiting=True)])
+    monkeypatch.setattr(sys, "argv", ["run.py", "--jobs", "2"])
+    assert run.main() == 0
+    out = capsys.readouterr().out
+    assert "(side beside the others)" in out and "0 passed, 0 failed" in out
