@@ -62,7 +62,8 @@ runs the rule once per distinct row, with exactly the arithmetic of
 gives for the same pushes). It runs in two passes, as the fixed table's
 ``apply_sparse`` after its key -> row step: (1) each key's arena row, by the probe
 above (absent keys inserted); (2) the gradient rows summed by row, then every distinct
-row stepped in ascending arena order (the records are read as a forward stream). When the
+row stepped in ascending arena order, its record prefetched 32 rows ahead (sparse rows of
+an ascending walk are not a stream the hardware prefetcher follows). When the
 table has at most ``64 n + 65536`` rows (n: keys in the push) the sums are scattered in
 input order into a zeroed (rows, dim) buffer plus a bitmap of the touched rows, both
 kept between pushes (``dim * T`` bytes per stored row, as a fixed table of the same rows
@@ -113,6 +114,7 @@ cdef enum:
     _RING = 128             # home slots computed ahead (a power of two > _AHEAD_INDEX)
     _GROUP = 4              # slots a probe step compares at once (branch-free)
     _AHEAD_SCATTER = 16     # keys ahead whose scatter target is prefetched
+    _AHEAD_STEP = 32        # rows ahead whose record is prefetched (scatter path)
 
 cdef Py_ssize_t _AHEAD_INDEX = 64       # keys ahead whose index slots are prefetched
 cdef Py_ssize_t _AHEAD_UPDATE = 8       # rows ahead whose record is prefetched (merge path)
@@ -496,17 +498,28 @@ cdef inline void _step_row(char* r, const floating* g, Py_ssize_t soff, Py_ssize
                   <floating>(1.0 - pow(hp.beta2, <double>t)))
 
 
+cdef inline void _prefetch_record(const char* r, Py_ssize_t rec) noexcept nogil:
+    """Prefetch every cache line of the record at ``r`` (``rec`` bytes)."""
+    cdef Py_ssize_t j = 0
+    hpcps_ht_prefetch(r)
+    j = 64 - (<Py_ssize_t>r & 63)
+    while j < rec:
+        hpcps_ht_prefetch(r + j)
+        j += 64
+
+
 cdef Py_ssize_t _scatter_update(char* arena, Py_ssize_t rec, Py_ssize_t soff,
                                 Py_ssize_t step_off, Py_ssize_t dim, const int64_t* rows,
                                 const floating* grads, Py_ssize_t n, floating* buf,
                                 uint64_t* bitmap, Py_ssize_t nwords, int64_t* urows,
                                 const _Hyper* hp) noexcept nogil:
     """Sum the gradient rows of equal rows into ``buf[row]`` (zero on entry, +0.0 plus the
-    rows in input order, as ``merge_duplicates``), mark them in ``bitmap``, then step
-    every marked row in ascending arena order (the records are visited as a forward
-    stream) and clear ``buf`` and ``bitmap`` for the next push. ``urows`` gets the rows
+    rows in input order, as ``merge_duplicates``), mark them in ``bitmap``, list the
+    marked rows in ascending arena order (clearing ``bitmap``), then step them in that
+    order, prefetching the record and sum ``_AHEAD_STEP`` rows ahead, and clear ``buf``
+    for the next push. ``urows`` gets the rows
     stepped; returns their number."""
-    cdef Py_ssize_t i, j, wi, m = 0
+    cdef Py_ssize_t i, j, wi, u, m = 0
     cdef int64_t r
     cdef uint64_t word
     cdef floating* o
@@ -525,23 +538,28 @@ cdef Py_ssize_t _scatter_update(char* arena, Py_ssize_t rec, Py_ssize_t soff,
             g = grads + i * dim
             for j in range(dim):
                 o[j] += g[j]
-    for wi in range(nwords):
+    for wi in range(nwords):                  # the touched rows, ascending
         word = bitmap[wi]
         if word == 0:
             continue
         bitmap[wi] = 0
         while word:
-            r = (<int64_t>wi << 6) + hpcps_ht_ctz64(word)
+            urows[m] = (<int64_t>wi << 6) + hpcps_ht_ctz64(word)
             word &= word - 1
-            o = buf + r * dim
-            _step_row(arena + r * rec, o, soff, step_off, dim, hp)
-            if dim == 1:
-                o[0] = 0
-            else:
-                for j in range(dim):
-                    o[j] = 0
-            urows[m] = r
             m += 1
+    for u in range(m):                        # records prefetched _AHEAD_STEP rows ahead
+        if u + _AHEAD_STEP < m:
+            r = urows[u + _AHEAD_STEP]
+            _prefetch_record(arena + r * rec, rec)
+            hpcps_ht_prefetch(buf + r * dim)
+        r = urows[u]
+        o = buf + r * dim
+        _step_row(arena + r * rec, o, soff, step_off, dim, hp)
+        if dim == 1:
+            o[0] = 0
+        else:
+            for j in range(dim):
+                o[j] = 0
     return m
 
 
