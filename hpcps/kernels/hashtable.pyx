@@ -20,7 +20,7 @@ never written, so they cost address space, not resident memory.
 
 *Index*: ``NB`` buckets of 64 bytes (one cache line each, the mapping is page aligned),
 each 5 slots: the full keys (uint64 x 5), ``row + 1`` (uint32 x 5; 0 = empty) and a word
-holding the slots filled (they fill in order) and an *overflow* bit. ``h = fmix64(key)``
+holding a mask of the filled slots (they fill in order) and an *overflow* bit. ``h = fmix64(key)``
 (MurmurHash3's 64-bit finaliser, a bijection with full avalanche); the home bucket is
 ``floor(h * NB / 2**64)`` (Lemire's multiply-shift range reduction, so ``NB`` need not be
 a power of two). Linear probing by bucket: a probe compares the 5 keys of a bucket
@@ -108,7 +108,7 @@ cdef extern from *:
     typedef struct {
         uint64_t key[5];      /* the keys of the filled slots (they fill in order) */
         uint32_t row1[5];     /* arena row + 1; 0: empty */
-        uint32_t used;        /* slots filled (0..5) | 8: an insertion passed this full bucket */
+        uint32_t used;        /* bit s: slot s filled (slots fill in order); bit 5 (32): an insertion passed this full bucket */
     } hpcps_ht_bucket;
 
     /* Bit s set when slot s of B holds key (filled or not): 4 keys by two SSE2 compares
@@ -137,10 +137,10 @@ cdef extern from *:
         for (;;) {
             const hpcps_ht_bucket* B = ix + b;
             uint32_t used = B->used;
-            unsigned hit = hpcps_ht_match(B, key) & ((1u << (used & 7)) - 1u);
+            unsigned hit = hpcps_ht_match(B, key) & used;   /* bits 0-4: the filled slots */
             if (hit)
                 return &B->row1[__builtin_ctz(hit)];
-            if (!(used & 8))
+            if (!(used & 32))
                 return (const uint32_t*)0;
             if (++b == NB)
                 b = 0;
@@ -171,7 +171,7 @@ cdef enum:
     _R_FTRL = 3
     _RING = 128             # home buckets computed ahead (a power of two > _AHEAD_INDEX)
     _BUCKET = 5             # slots per index bucket (5 keys + 5 rows + count = 64 bytes)
-    _OVERFLOW = 8           # _Bucket.used: an insertion passed this full bucket
+    _OVERFLOW = 32          # _Bucket.used: an insertion passed this full bucket
     _AHEAD_SCATTER = 48     # keys ahead whose scatter target is prefetched (16: 7-11 % slower)
     _AHEAD_STEP = 32        # rows ahead whose record is prefetched (scatter path)
 
@@ -456,11 +456,11 @@ cdef inline uint64_t _put(_Bucket* ix, uint64_t NB, uint64_t key, uint64_t b,
     cdef uint32_t s
     while True:
         B = ix + b
-        s = B.used & 7
+        s = <uint32_t>hpcps_ht_ctz(~B.used)
         if s < _BUCKET:
             B.key[s] = key
             B.row1[s] = row1
-            B.used += 1
+            B.used |= (<uint32_t>1) << s
             return (b << 3) | s
         B.used |= _OVERFLOW
         b += 1
@@ -811,7 +811,7 @@ cdef class HashTable:
         cdef _Bucket* old = self.index
         with nogil:
             for i in range(<Py_ssize_t>oldNB):
-                for j in range(<Py_ssize_t>(old[i].used & 7)):
+                for j in range(hpcps_ht_ctz(~(old[i].used & 31))):
                     _put(ip, NB, old[i].key[j], _home(old[i].key[j], NB), old[i].row1[j])
         self._index = idx
         self.index = ip
@@ -1174,7 +1174,7 @@ cdef class HashTable:
         if self.size:
             with nogil:
                 for i in range(<Py_ssize_t>self.NB):
-                    for j in range(<Py_ssize_t>(ip[i].used & 7)):
+                    for j in range(hpcps_ht_ctz(~(ip[i].used & 31))):
                         ov[ip[i].row1[j] - 1] = <int64_t>ip[i].key[j]
         return out
 

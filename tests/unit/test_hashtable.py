@@ -11,7 +11,6 @@ import pytest
 
 from hpcps.core.optim import Optimizer
 from hpcps.core.tables import TableSpec, _splitmix_mix
-from hpcps.kernels import optim as K
 from hpcps.kernels.hashtable import HashTable, record_layout, server_of, table_hash
 import hpcps.kernels.hashtable as H
 
