@@ -23,7 +23,8 @@ import numpy as np
 from hpcps.core.optim import Optimizer
 from hpcps.core.errors import DataError
 from hpcps.core.tables import TableSpec
-from hpcps.kernels.hashtable import HashTable, record_layout, server_of
+from hpcps.kernels.hashtable import (INDEX_GROWTH, INDEX_SLOT_BYTES, MAX_LOAD_DEFAULT, HashTable,
+                                     record_layout, server_of)
 
 __all__ = ["HashPartition", "new_shard", "bytes_per_key", "merge_sorted"]
 
@@ -147,12 +148,14 @@ def bytes_per_key(rule: str, dim: int, dtype) -> dict:
     dict
         ``minimum``: key + row + optimizer state (8 + dim*T + state bytes, the arithmetic
         minimum); ``record``: the arena record (row and state, padded); ``low``/``high``:
-        record + the index's 12 B per slot (key, row) at its highest (0.8) and lowest
-        (0.8/1.5) load.
+        record + the index's 12.8 B per slot (a 64-byte bucket of 5 keys and rows) at its
+        highest (``MAX_LOAD_DEFAULT``, 0.75) and lowest (0.75 / ``INDEX_GROWTH`` = 0.6) load.
     """
     rec, minimum = record_layout(rule, dim, dtype)
+    per_slot, top = INDEX_SLOT_BYTES, MAX_LOAD_DEFAULT
     return {"minimum": minimum, "record": rec.itemsize,
-            "low": rec.itemsize + 12 / 0.8, "high": rec.itemsize + 12 * 1.5 / 0.8}
+            "low": rec.itemsize + per_slot / top,
+            "high": rec.itemsize + per_slot * INDEX_GROWTH / top}
 
 
 def merge_sorted(counts, fetch, per: int, name: str = "table", stats: dict | None = None):

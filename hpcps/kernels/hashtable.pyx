@@ -18,18 +18,22 @@ touches one record (one cache line for ``dim`` 1)::
 The arena grows by 1.5x into a fresh anonymous mapping: the pages past the used rows are
 never written, so they cost address space, not resident memory.
 
-*Index*: ``C`` slots of 12 bytes, each the full key (uint64) and ``row + 1`` (uint32; 0 =
-empty), linear probing, never more than ``max_load`` (0.8) full. ``h = fmix64(key)``
-(MurmurHash3's 64-bit finaliser, a bijection with full avalanche); the home slot is
-``floor(h * C / 2**64)`` (Lemire's multiply-shift range reduction, so ``C`` need not be a
-power of two). A probe compares the full keys of 4 slots at a time without a branch per
-slot (the first slot holding the key or empty ends it; 3 slots past the end mirror the
-first 3, so a group never wraps) and never reads a record, so a key costs one index line
-(two when its run crosses one). Probe passes compute the home slots 64 keys ahead and
-prefetch them. The index grows by 1.5x (all keys re-inserted) when the load would pass
-``max_load``: its load stays in [0.53, 0.8] once it has grown.
+*Index*: ``NB`` buckets of 64 bytes (one cache line each, the mapping is page aligned),
+each 5 slots: the full keys (uint64 x 5), ``row + 1`` (uint32 x 5; 0 = empty) and a word
+holding a mask of the filled slots (they fill in order) and an *overflow* bit. ``h = fmix64(key)``
+(MurmurHash3's 64-bit finaliser, a bijection with full avalanche); the home bucket is
+``floor(h * NB / 2**64)`` (Lemire's multiply-shift range reduction, so ``NB`` need not be
+a power of two). Linear probing by bucket: a probe compares the 5 keys of a bucket
+without a branch per slot and goes on to the next bucket only if this one is full and
+marked overflowed (an insertion passed it; keys are never removed, so an unmarked or
+non-full bucket ends the run). A present key costs one index line (~5 % of keys at load
+0.6, 13 % at 0.8 need a second) and never a record; an absent key usually one. Probe
+passes compute the home buckets 64 keys ahead and prefetch them. The index grows 1.25x
+(all keys re-inserted) when the load (keys / slots) would pass ``max_load`` (0.75): its
+load stays in [0.6, 0.75] once it has grown (lower loads probe faster: at 10^6 keys a
+lookup pass took 1.50 ms at load 0.55, 1.79 at 0.7, 2.15 at 0.8).
 
-Bytes per stored key: ``record + 12 / load``, i.e. record + 15 to 22.5 bytes; the
+Bytes per stored key: ``record + 12.8 / load``, i.e. record + 17.1 to 21.3 bytes; the
 arithmetic minimum is ``8 + dim*T + state`` (key + row + slots, no padding). For
 ``dim`` 1::
 
@@ -62,7 +66,8 @@ runs the rule once per distinct row, with exactly the arithmetic of
 gives for the same pushes). It runs in two passes, as the fixed table's
 ``apply_sparse`` after its key -> row step: (1) each key's arena row, by the probe
 above (absent keys inserted); (2) the gradient rows summed by row, then every distinct
-row stepped in ascending arena order (the records are read as a forward stream). When the
+row stepped in ascending arena order, its record prefetched 32 rows ahead (sparse rows of
+an ascending walk are not a stream the hardware prefetcher follows). When the
 table has at most ``64 n + 65536`` rows (n: keys in the push) the sums are scattered in
 input order into a zeroed (rows, dim) buffer plus a bitmap of the touched rows, both
 kept between pushes (``dim * T`` bytes per stored row, as a fixed table of the same rows
@@ -94,13 +99,67 @@ cdef extern from *:
     }
     static inline int hpcps_ht_ctz(unsigned int x) { return __builtin_ctz(x); }
     static inline int hpcps_ht_ctz64(unsigned long long x) { return __builtin_ctzll(x); }
+
+    /* An index bucket: one cache line (the index is page aligned). */
+    #include <stdint.h>
+    #ifdef __SSE2__
+    #include <emmintrin.h>
+    #endif
+    typedef struct {
+        uint64_t key[5];      /* the keys of the filled slots (they fill in order) */
+        uint32_t row1[5];     /* arena row + 1; 0: empty */
+        uint32_t used;        /* bit s: slot s filled (slots fill in order); bit 5 (32): an insertion passed this full bucket */
+    } hpcps_ht_bucket;
+
+    /* Bit s set when slot s of B holds key (filled or not): 4 keys by two SSE2 compares
+       (a 64-bit lane is equal when both of its 32-bit halves are), the fifth alone. */
+    static inline unsigned hpcps_ht_match(const hpcps_ht_bucket* B, uint64_t key) {
+    #ifdef __SSE2__
+        __m128i k = _mm_set1_epi64x((long long)key);
+        __m128i a = _mm_cmpeq_epi32(_mm_load_si128((const __m128i*)B->key), k);
+        __m128i c = _mm_cmpeq_epi32(_mm_load_si128((const __m128i*)(B->key + 2)), k);
+        a = _mm_and_si128(a, _mm_shuffle_epi32(a, 0xB1));
+        c = _mm_and_si128(c, _mm_shuffle_epi32(c, 0xB1));
+        return (unsigned)_mm_movemask_pd(_mm_castsi128_pd(a))
+               | ((unsigned)_mm_movemask_pd(_mm_castsi128_pd(c)) << 2)
+               | ((unsigned)(B->key[4] == key) << 4);
+    #else
+        return (unsigned)(B->key[0] == key) | ((unsigned)(B->key[1] == key) << 1)
+               | ((unsigned)(B->key[2] == key) << 2) | ((unsigned)(B->key[3] == key) << 3)
+               | ((unsigned)(B->key[4] == key) << 4);
+    #endif
+    }
+
+    /* The row + 1 slot holding key, NULL if absent: linear probing by bucket from bucket
+       b; a bucket not marked overflowed ends the run (keys are never removed). */
+    static inline const uint32_t* hpcps_ht_find(const hpcps_ht_bucket* ix, uint64_t NB,
+                                                uint64_t key, uint64_t b) {
+        for (;;) {
+            const hpcps_ht_bucket* B = ix + b;
+            uint32_t used = B->used;
+            unsigned hit = hpcps_ht_match(B, key) & used;   /* bits 0-4: the filled slots */
+            if (hit)
+                return &B->row1[__builtin_ctz(hit)];
+            if (!(used & 32))
+                return (const uint32_t*)0;
+            if (++b == NB)
+                b = 0;
+        }
+    }
     """
     void hpcps_ht_prefetch(const void* p) noexcept nogil
     uint64_t hpcps_ht_range(uint64_t h, uint64_t c) noexcept nogil
     int hpcps_ht_ctz(unsigned int x) noexcept nogil
     int hpcps_ht_ctz64(uint64_t x) noexcept nogil
+    ctypedef struct hpcps_ht_bucket:
+        uint64_t key[5]
+        uint32_t row1[5]
+        uint32_t used
+    const uint32_t* hpcps_ht_find(const hpcps_ht_bucket* ix, uint64_t NB, uint64_t key,
+                                  uint64_t b) noexcept nogil
 
-__all__ = ["HashTable", "server_of", "table_hash", "record_layout", "RULES"]
+__all__ = ["HashTable", "server_of", "table_hash", "record_layout", "RULES", "MAX_LOAD_DEFAULT",
+           "INDEX_GROWTH", "INDEX_SLOT_BYTES"]
 
 #: Update rules of :meth:`HashTable.apply` (those of :mod:`hpcps.kernels.optim`).
 RULES = ("sgd", "adagrad", "adam", "ftrl")
@@ -110,11 +169,13 @@ cdef enum:
     _R_ADAGRAD = 1
     _R_ADAM = 2
     _R_FTRL = 3
-    _RING = 128             # home slots computed ahead (a power of two > _AHEAD_INDEX)
-    _GROUP = 4              # slots a probe step compares at once (branch-free)
-    _AHEAD_SCATTER = 16     # keys ahead whose scatter target is prefetched
+    _RING = 128             # home buckets computed ahead (a power of two > _AHEAD_INDEX)
+    _BUCKET = 5             # slots per index bucket (5 keys + 5 rows + count = 64 bytes)
+    _OVERFLOW = 32          # _Bucket.used: an insertion passed this full bucket
+    _AHEAD_SCATTER = 48     # keys ahead whose scatter target is prefetched (16: 7-11 % slower)
+    _AHEAD_STEP = 32        # rows ahead whose record is prefetched (scatter path)
 
-cdef Py_ssize_t _AHEAD_INDEX = 64       # keys ahead whose index slots are prefetched
+cdef Py_ssize_t _AHEAD_INDEX = 64       # keys ahead whose home bucket is prefetched
 cdef Py_ssize_t _AHEAD_UPDATE = 8       # rows ahead whose record is prefetched (merge path)
 
 
@@ -122,11 +183,15 @@ _RULE_CODES = {"sgd": _R_SGD, "adagrad": _R_ADAGRAD, "adam": _R_ADAM, "ftrl": _R
 
 cdef uint64_t _GOLDEN = 0x9E3779B97F4A7C15ULL
 cdef uint64_t _MAX_ROWS = 0x7FFFFFFEULL           # row + 1 and u + 1 must fit 31 bits
-_MAX_LOAD_DEFAULT = 0.8
+#: Default index load (stored keys / slots) at which the index grows.
+MAX_LOAD_DEFAULT = 0.75
+#: Index growth factor: the load stays in [0.75 / 1.25, 0.75] = [0.6, 0.75] once grown.
+INDEX_GROWTH = 1.25
+#: Index bytes per slot (a 64-byte bucket holds 5).
+INDEX_SLOT_BYTES = 12.8
 _HUGE_MIN = 4 << 20         # mappings from this size ask for transparent huge pages
-_GROWTH = 1.5               # index: load in [0.8 / 1.5, 0.8] = [0.53, 0.8] once grown
 _ARENA_GROWTH = 1.5
-_SLOT_BYTES = 12
+_BUCKET_BYTES = 64
 # apply: duplicates summed by a scatter into a (rows, dim) buffer plus a bitmap when the
 # table has at most _SCATTER_ROWS_PER_KEY * n + _SCATTER_SLACK rows and the buffer takes at
 # most _SCATTER_MAX_BYTES (as hpcps.kernels.optim.apply_sparse); otherwise merged by a sort
@@ -374,54 +439,38 @@ cdef inline void _ftrl_row(floating* w, floating* z, floating* n, const floating
             w[j] = 0
 
 
-cdef packed struct _Slot:
-    uint64_t key        # the key (any 64-bit pattern); 0 in an empty slot
-    uint32_t row1       # arena row + 1; 0: the slot is empty
+ctypedef hpcps_ht_bucket _Bucket     # (defined in C above: 64 bytes)
 
 
-cdef inline uint64_t _home(uint64_t key, uint64_t C) noexcept nogil:
-    """The home slot of ``key`` in an index of ``C`` slots."""
-    return hpcps_ht_range(_fmix64(key), C)
+cdef inline uint64_t _home(uint64_t key, uint64_t NB) noexcept nogil:
+    """The home bucket of ``key`` in an index of ``NB`` buckets."""
+    return hpcps_ht_range(_fmix64(key), NB)
 
 
-cdef inline uint64_t _probe(const _Slot* ix, uint64_t C, uint64_t key, uint64_t p) noexcept nogil:
-    """Linear probing from ``p``: the first slot that holds ``key`` or is empty (the index
-    is never full). Compares ``_GROUP`` slots per step without a branch per slot: slots
-    ``C .. C + _GROUP - 2`` mirror ``0 .. _GROUP - 2``, so a group starting near the end
-    reads on without a wrap test."""
-    cdef unsigned int hit
+cdef inline uint64_t _put(_Bucket* ix, uint64_t NB, uint64_t key, uint64_t b,
+                          uint32_t row1) noexcept nogil:
+    """Store ``key`` (absent) with ``row1`` in the first bucket from ``b`` with an empty
+    slot, marking each full bucket passed with ``_OVERFLOW`` (the index is never full);
+    returns its slot ``(bucket << 3) | slot``."""
+    cdef _Bucket* B
+    cdef uint32_t s
     while True:
-        hit = ((<unsigned int>(ix[p].key == key) | <unsigned int>(ix[p].row1 == 0))
-               | ((<unsigned int>(ix[p + 1].key == key) | <unsigned int>(ix[p + 1].row1 == 0)) << 1)
-               | ((<unsigned int>(ix[p + 2].key == key) | <unsigned int>(ix[p + 2].row1 == 0)) << 2)
-               | ((<unsigned int>(ix[p + 3].key == key) | <unsigned int>(ix[p + 3].row1 == 0)) << 3))
-        if hit:
-            p += <uint64_t>hpcps_ht_ctz(hit)
-            return p - C if p >= C else p
-        p += _GROUP
-        if p >= C:
-            p -= C
-
-
-cdef inline void _prefetch_group(const _Slot* g) noexcept nogil:
-    """Prefetch the ``_GROUP`` slots a probe step reads first (48 bytes: two cache lines
-    unless the group starts in a line's first 16 bytes)."""
-    hpcps_ht_prefetch(g)
-    hpcps_ht_prefetch(<const char*>(g + _GROUP) - 1)
-
-
-cdef inline void _put(_Slot* ix, uint64_t C, uint64_t p, uint64_t key, uint32_t row1) noexcept nogil:
-    """Fill the empty slot ``p`` (and its mirror)."""
-    ix[p].key = key
-    ix[p].row1 = row1
-    if p < _GROUP - 1:
-        ix[p + C].key = key
-        ix[p + C].row1 = row1
+        B = ix + b
+        s = <uint32_t>hpcps_ht_ctz(~B.used)
+        if s < _BUCKET:
+            B.key[s] = key
+            B.row1[s] = row1
+            B.used |= (<uint32_t>1) << s
+            return (b << 3) | s
+        B.used |= _OVERFLOW
+        b += 1
+        if b == NB:
+            b = 0
 
 
 ctypedef struct _Tab:
-    _Slot* index
-    uint64_t C
+    _Bucket* index
+    uint64_t NB
     char* arena
     Py_ssize_t rec
     Py_ssize_t size
@@ -434,30 +483,32 @@ cdef Py_ssize_t _rows_pass(_Tab* t, const int64_t* keys, Py_ssize_t n, Py_ssize_
                            Py_ssize_t before) noexcept nogil:
     """Insert-or-find: ``rows[i]`` = arena row of ``keys[i]`` for i in ``[start, n)``.
 
-    The home slots of the keys ``_AHEAD_INDEX`` ahead are computed into a ring and
-    prefetched, so a probe usually finds its slots' line in cache; a probe compares the
-    full keys held by the slots (:func:`_probe`) and never reads a record. A new row is
-    written from ``tmpl`` (``NULL``: left as is) and its key to ``newkeys[row - before]``
+    The home buckets of the keys ``_AHEAD_INDEX`` ahead are computed into a ring and
+    prefetched, so a probe usually finds its bucket's line in cache; a probe compares the
+    full keys held by the slots (``hpcps_ht_find``; a new key: :func:`_put`) and never reads
+    a record. A new row is written from ``tmpl`` (``NULL``: left as is) and its key to ``newkeys[row - before]``
     (``NULL``: not kept). Returns the i at which it stopped because the index or the arena
     is full (n when done)."""
     cdef Py_ssize_t i, rec = t.rec, ahead = _AHEAD_INDEX
-    cdef uint64_t k, p, q, C = t.C
-    cdef _Slot* ix = t.index
+    cdef uint64_t k, q, NB = t.NB
+    cdef _Bucket* ix = t.index
+    cdef const uint32_t* f
     cdef uint64_t ring[_RING]
     cdef int64_t r
     for i in range(start, min(start + ahead, n)):
-        q = _home(<uint64_t>keys[i], C)
+        q = _home(<uint64_t>keys[i], NB)
         ring[i & (_RING - 1)] = q
-        _prefetch_group(ix + q)
+        hpcps_ht_prefetch(ix + q)
     for i in range(start, n):
         if i + ahead < n:
-            q = _home(<uint64_t>keys[i + ahead], C)
+            q = _home(<uint64_t>keys[i + ahead], NB)
             ring[(i + ahead) & (_RING - 1)] = q
-            _prefetch_group(ix + q)
+            hpcps_ht_prefetch(ix + q)
         k = <uint64_t>keys[i]
-        p = _probe(ix, C, k, ring[i & (_RING - 1)])
-        r = <int64_t>ix[p].row1 - 1
-        if r < 0:
+        f = hpcps_ht_find(ix, NB, k, ring[i & (_RING - 1)])
+        if f != NULL:
+            r = <int64_t>f[0] - 1
+        else:
             if t.size >= t.grow_at or t.size >= t.rows_cap:
                 return i
             r = t.size
@@ -465,7 +516,7 @@ cdef Py_ssize_t _rows_pass(_Tab* t, const int64_t* keys, Py_ssize_t n, Py_ssize_
                 memcpy(t.arena + r * rec, tmpl, rec)
             if newkeys != NULL:
                 newkeys[r - before] = <int64_t>k
-            _put(ix, C, p, k, <uint32_t>(r + 1))
+            _put(ix, NB, k, ring[i & (_RING - 1)], <uint32_t>(r + 1))
             t.size += 1
         rows[i] = r
     return n
@@ -496,17 +547,28 @@ cdef inline void _step_row(char* r, const floating* g, Py_ssize_t soff, Py_ssize
                   <floating>(1.0 - pow(hp.beta2, <double>t)))
 
 
+cdef inline void _prefetch_record(const char* r, Py_ssize_t rec) noexcept nogil:
+    """Prefetch every cache line of the record at ``r`` (``rec`` bytes)."""
+    cdef Py_ssize_t j = 0
+    hpcps_ht_prefetch(r)
+    j = 64 - (<Py_ssize_t>r & 63)
+    while j < rec:
+        hpcps_ht_prefetch(r + j)
+        j += 64
+
+
 cdef Py_ssize_t _scatter_update(char* arena, Py_ssize_t rec, Py_ssize_t soff,
                                 Py_ssize_t step_off, Py_ssize_t dim, const int64_t* rows,
                                 const floating* grads, Py_ssize_t n, floating* buf,
                                 uint64_t* bitmap, Py_ssize_t nwords, int64_t* urows,
                                 const _Hyper* hp) noexcept nogil:
     """Sum the gradient rows of equal rows into ``buf[row]`` (zero on entry, +0.0 plus the
-    rows in input order, as ``merge_duplicates``), mark them in ``bitmap``, then step
-    every marked row in ascending arena order (the records are visited as a forward
-    stream) and clear ``buf`` and ``bitmap`` for the next push. ``urows`` gets the rows
+    rows in input order, as ``merge_duplicates``), mark them in ``bitmap``, list the
+    marked rows in ascending arena order (clearing ``bitmap``), then step them in that
+    order, prefetching the record and sum ``_AHEAD_STEP`` rows ahead, and clear ``buf``
+    for the next push. ``urows`` gets the rows
     stepped; returns their number."""
-    cdef Py_ssize_t i, j, wi, m = 0
+    cdef Py_ssize_t i, j, wi, u, m = 0
     cdef int64_t r
     cdef uint64_t word
     cdef floating* o
@@ -525,23 +587,28 @@ cdef Py_ssize_t _scatter_update(char* arena, Py_ssize_t rec, Py_ssize_t soff,
             g = grads + i * dim
             for j in range(dim):
                 o[j] += g[j]
-    for wi in range(nwords):
+    for wi in range(nwords):                  # the touched rows, ascending
         word = bitmap[wi]
         if word == 0:
             continue
         bitmap[wi] = 0
         while word:
-            r = (<int64_t>wi << 6) + hpcps_ht_ctz64(word)
+            urows[m] = (<int64_t>wi << 6) + hpcps_ht_ctz64(word)
             word &= word - 1
-            o = buf + r * dim
-            _step_row(arena + r * rec, o, soff, step_off, dim, hp)
-            if dim == 1:
-                o[0] = 0
-            else:
-                for j in range(dim):
-                    o[j] = 0
-            urows[m] = r
             m += 1
+    for u in range(m):                        # records prefetched _AHEAD_STEP rows ahead
+        if u + _AHEAD_STEP < m:
+            r = urows[u + _AHEAD_STEP]
+            _prefetch_record(arena + r * rec, rec)
+            hpcps_ht_prefetch(buf + r * dim)
+        r = urows[u]
+        o = buf + r * dim
+        _step_row(arena + r * rec, o, soff, step_off, dim, hp)
+        if dim == 1:
+            o[0] = 0
+        else:
+            for j in range(dim):
+                o[j] = 0
     return m
 
 
@@ -588,7 +655,7 @@ def _finite(x, name):
 
 
 def set_prefetch(index_ahead=None, update_ahead=None):
-    """Set how many keys ahead a probe pass prefetches the index slots (default 64, at
+    """Set how many keys ahead a probe pass prefetches the home bucket (default 64, at
     most 127) and how many rows ahead the merge path's update prefetches the record
     (default 8); returns the previous ``(index, update)``. The weights do not depend on
     them. For benchmarks.
@@ -634,8 +701,8 @@ cdef class HashTable:
         form is their weight, as ``hpcps.core.optim.Optimizer.init_slots`` does.
     capacity : int, default 0
         Keys to make room for up front (the table grows anyway).
-    max_load : float, default 0.8
-        Index load (stored keys / slots) at which the index grows 1.5x, in (0, 0.95].
+    max_load : float, default 0.75
+        Index load (stored keys / slots) at which the index grows 1.25x, in (0, 0.95].
 
     Raises
     ------
@@ -659,10 +726,10 @@ cdef class HashTable:
     cdef object init
     cdef _Hyper hp
     cdef Py_ssize_t soff, step_off
-    cdef object _index        # uint8 ((C + _GROUP - 1) * 12,): the slots, then the mirror
+    cdef object _index        # uint8 (NB * 64,): the buckets
     cdef object _arena        # uint8 (rows_cap * record_bytes,)
-    cdef _Slot* index
-    cdef uint64_t C
+    cdef _Bucket* index
+    cdef uint64_t NB          # buckets (slots: NB * _BUCKET)
     cdef Py_ssize_t grow_at
     cdef char* arena
     cdef Py_ssize_t rows_cap
@@ -673,7 +740,7 @@ cdef class HashTable:
 
     def __init__(self, dim, dtype="float64", rule="sgd", *, lr=0.01, l2=0.0, eps=1e-8,
                  beta1=0.9, beta2=0.999, beta=1.0, lambda1=0.0, lambda2=0.0,
-                 initial_accumulator=0.0, init=None, capacity=0, max_load=_MAX_LOAD_DEFAULT):
+                 initial_accumulator=0.0, init=None, capacity=0, max_load=MAX_LOAD_DEFAULT):
         rec, minimum = record_layout(rule, dim, dtype)
         self.record_dtype = rec
         self.record_bytes = rec.itemsize
@@ -721,7 +788,7 @@ cdef class HashTable:
         self.arena = NULL
         self._index = None
         self.index = NULL
-        self.C = 0
+        self.NB = 0
         self._scratch = None
         self._sbuf = None
         self._last_m = 0
@@ -734,21 +801,22 @@ cdef class HashTable:
     # ---------------------------------------------------------------- storage growth
 
     def _new_index(self, Py_ssize_t slots):
-        """Replace the index by one of ``slots`` slots holding every stored key."""
-        cdef Py_ssize_t i
-        cdef uint64_t p, C = slots, oldC = self.C
-        idx = _anonymous((slots + _GROUP - 1) * _SLOT_BYTES)     # zero pages: all empty
+        """Replace the index by one of at least ``slots`` slots (whole buckets) holding
+        every stored key."""
+        cdef Py_ssize_t i, j
+        cdef uint64_t NB = (slots + _BUCKET - 1) // _BUCKET, oldNB = self.NB
+        idx = _anonymous(NB * _BUCKET_BYTES)     # zero pages: all empty; page aligned
         cdef uint8_t[::1] iv = idx
-        cdef _Slot* ip = <_Slot*>&iv[0]
-        cdef _Slot* old = self.index
+        cdef _Bucket* ip = <_Bucket*>&iv[0]
+        cdef _Bucket* old = self.index
         with nogil:
-            for i in range(<Py_ssize_t>oldC):
-                if old[i].row1 != 0:
-                    p = _probe(ip, C, old[i].key, _home(old[i].key, C))
-                    _put(ip, C, p, old[i].key, old[i].row1)
+            for i in range(<Py_ssize_t>oldNB):
+                for j in range(hpcps_ht_ctz(~(old[i].used & 31))):
+                    _put(ip, NB, old[i].key[j], _home(old[i].key[j], NB), old[i].row1[j])
         self._index = idx
         self.index = ip
-        self.C = C
+        self.NB = NB
+        slots = NB * _BUCKET
         self.grow_at = min(<Py_ssize_t>(self.max_load * slots), slots - 1)
 
     def _grow_arena(self, Py_ssize_t rows):
@@ -771,7 +839,7 @@ cdef class HashTable:
     def _make_room(self):
         """Grow the index and/or the arena so that one more key fits."""
         if self.size >= self.grow_at:
-            self._new_index(max(int(self.C * _GROWTH),
+            self._new_index(max(int(self.NB * _BUCKET * INDEX_GROWTH),
                                 int((self.size + 2) / self.max_load) + 1))
         if self.size >= self.rows_cap:
             self._grow_arena(max(int(self.rows_cap * _ARENA_GROWTH), self.size + 1))
@@ -780,22 +848,23 @@ cdef class HashTable:
 
     cdef Py_ssize_t _lookup_loop(self, const int64_t* keys, Py_ssize_t n,
                                  int64_t* rows) noexcept nogil:
-        """rows[i] = row of keys[i] or -1 (home slots prefetched ahead); returns the
+        """rows[i] = row of keys[i] or -1 (home buckets prefetched ahead); returns the
         number absent."""
         cdef Py_ssize_t i, absent = 0, ahead = _AHEAD_INDEX
-        cdef uint64_t q, C = self.C
+        cdef uint64_t q, NB = self.NB
+        cdef const uint32_t* f
         cdef uint64_t ring[_RING]
         for i in range(min(ahead, n)):
-            q = _home(<uint64_t>keys[i], C)
+            q = _home(<uint64_t>keys[i], NB)
             ring[i & (_RING - 1)] = q
-            _prefetch_group(self.index + q)
+            hpcps_ht_prefetch(self.index + q)
         for i in range(n):
             if i + ahead < n:
-                q = _home(<uint64_t>keys[i + ahead], C)
+                q = _home(<uint64_t>keys[i + ahead], NB)
                 ring[(i + ahead) & (_RING - 1)] = q
-                _prefetch_group(self.index + q)
-            q = _probe(self.index, C, <uint64_t>keys[i], ring[i & (_RING - 1)])
-            rows[i] = <int64_t>self.index[q].row1 - 1
+                hpcps_ht_prefetch(self.index + q)
+            f = hpcps_ht_find(self.index, NB, <uint64_t>keys[i], ring[i & (_RING - 1)])
+            rows[i] = -1 if f == NULL else <int64_t>f[0] - 1
             if rows[i] < 0:
                 absent += 1
         return absent
@@ -808,13 +877,13 @@ cdef class HashTable:
     @property
     def index_slots(self):
         """Slots of the index (its load is ``len(self) / index_slots``)."""
-        return int(self.C)
+        return int(self.NB) * _BUCKET
 
     @property
     def nbytes(self):
-        """Bytes of the index (16 per slot) plus the used arena records (resident memory
-        of the data)."""
-        return int(self.C) * _SLOT_BYTES + self.size * self.record_bytes
+        """Bytes of the index (64 per bucket of 5 slots) plus the used arena records
+        (resident memory of the data)."""
+        return int(self.NB) * _BUCKET_BYTES + self.size * self.record_bytes
 
     def lookup(self, keys):
         """Arena row of each key, -1 for an absent key (nothing inserted).
@@ -1085,7 +1154,7 @@ cdef class HashTable:
 
     cdef void _fill(self, _Tab* t):
         t.index = self.index
-        t.C = self.C
+        t.NB = self.NB
         t.arena = self.arena
         t.rec = self.record_bytes
         t.size = self.size
@@ -1100,12 +1169,13 @@ cdef class HashTable:
         out = np.empty(self.size, dtype=np.int64)
         cdef int64_t[::1] ov = out
         cdef Py_ssize_t i
-        cdef _Slot* ip = self.index
+        cdef Py_ssize_t j
+        cdef _Bucket* ip = self.index
         if self.size:
             with nogil:
-                for i in range(<Py_ssize_t>self.C):
-                    if ip[i].row1 != 0:
-                        ov[ip[i].row1 - 1] = <int64_t>ip[i].key
+                for i in range(<Py_ssize_t>self.NB):
+                    for j in range(hpcps_ht_ctz(~(ip[i].used & 31))):
+                        ov[ip[i].row1[j] - 1] = <int64_t>ip[i].key[j]
         return out
 
     def weights(self):

@@ -11,8 +11,8 @@ import pytest
 
 from hpcps.core.optim import Optimizer
 from hpcps.core.tables import TableSpec, _splitmix_mix
-from hpcps.kernels import optim as K
 from hpcps.kernels.hashtable import HashTable, record_layout, server_of, table_hash
+import hpcps.kernels.hashtable as H
 
 I64 = np.iinfo(np.int64)
 EXTREMES = np.array([0, 1, -1, I64.max, I64.min, I64.max - 1, I64.min + 1], dtype=np.int64)
@@ -162,11 +162,11 @@ def test_rehash_keeps_every_row():
     for lo in range(0, keys.size, 7_919):
         t.insert(keys[lo:lo + 7_919])
         sizes.add(t.index_slots)
-        assert len(t) / t.index_slots <= 0.8
+        assert len(t) / t.index_slots <= H.MAX_LOAD_DEFAULT
     assert len(sizes) >= 5
     np.testing.assert_array_equal(t.lookup(keys), np.arange(keys.size))
     np.testing.assert_array_equal(t.keys(), keys)
-    assert len(t) / t.index_slots >= 0.8 / 1.5 - 0.01
+    assert len(t) / t.index_slots >= H.MAX_LOAD_DEFAULT / H.INDEX_GROWTH - 0.01
 
 
 def test_load_roundtrip_and_errors():
@@ -325,3 +325,29 @@ def test_keys_with_equal_tags_are_told_apart(order):
     assert len(t) == 2
     np.testing.assert_array_equal(t.gather([a, b])[:, 0], [ref[int(a)], ref[int(b)]])
     np.testing.assert_array_equal(t.lookup([a, b]), [0, 1])
+
+
+def test_crowded_buckets_overflow_and_wrap():
+    """Keys built to share a home bucket (inverse fmix64): 12 homed in the last bucket
+    overflow into the first buckets (wrapping), 7 homed in bucket 0 overflow further; all
+    are found at their rows, and absent keys homed in those full buckets are reported
+    absent (gather: initial value, nothing inserted), also after a rehash."""
+    top = (1 << 64) - 1
+    last = [np.uint64(_inverse_fmix64(top - i)).view(np.int64) for i in range(12)]
+    first = [np.uint64(_inverse_fmix64(i)).view(np.int64) for i in range(7)]
+    absent = [np.uint64(_inverse_fmix64(h)).view(np.int64)
+              for h in (top - 100, 100, 1 << 40, top - (1 << 40))]
+    keys = np.array(last + first, dtype=np.int64)
+    t = HashTable(1, "float64", "sgd", lr=1.0, capacity=100)
+    slots = t.index_slots
+    t.apply(keys, np.arange(1.0, keys.size + 1).reshape(-1, 1))
+    assert t.index_slots == slots and len(t) == keys.size        # no growth: crowded
+    np.testing.assert_array_equal(t.lookup(keys), np.arange(keys.size))
+    np.testing.assert_array_equal(t.lookup(absent), [-1] * 4)
+    np.testing.assert_array_equal(t.gather(absent)[:, 0], 0.0)
+    assert len(t) == keys.size
+    np.testing.assert_array_equal(t.gather(keys)[:, 0], -np.arange(1.0, keys.size + 1))
+    t.insert(np.arange(200, dtype=np.int64))                      # grows: all re-inserted
+    assert t.index_slots > slots
+    np.testing.assert_array_equal(t.lookup(keys), np.arange(keys.size))
+    np.testing.assert_array_equal(t.lookup(absent), [-1] * 4)
