@@ -154,6 +154,149 @@ cdef inline bint _to_double(const char* s, Py_ssize_t t0, Py_ssize_t t1, double*
     return ok
 
 
+cdef inline const char* _num(const char* p, const char* e, double* out) noexcept nogil:
+    """A decimal number ``[+-]digits[.digits]`` (no exponent) starting at ``p``, scanned up
+    to its first other byte, whose end is returned (NULL: not such a number, more than 19
+    significant digits, a mantissa above 2**53 or more than 22 decimals). The value is
+    :func:`_fast_double`'s (the same digits, the same exact operation), so ``strtod``'s."""
+    cdef bint neg = False
+    cdef uint64_t m = 0
+    cdef int nsig = 0, ex = 0
+    cdef unsigned int d
+    cdef const char* q
+    cdef bint any_digit
+    if p < e and (p[0] == c'-' or p[0] == c'+'):
+        neg = p[0] == c'-'
+        p += 1
+    q = p
+    while p < e:
+        d = <unsigned int>(<unsigned char>p[0]) - 48
+        if d > 9:
+            break
+        if m != 0 or d != 0:
+            if nsig == 19:
+                return NULL
+            m = m * 10 + d
+            nsig += 1
+        p += 1
+    any_digit = p != q
+    if p < e and p[0] == c'.':
+        p += 1
+        q = p
+        while p < e:
+            d = <unsigned int>(<unsigned char>p[0]) - 48
+            if d > 9:
+                break
+            ex -= 1
+            if m != 0 or d != 0:
+                if nsig == 19:
+                    return NULL
+                m = m * 10 + d
+                nsig += 1
+            p += 1
+        any_digit = any_digit or p != q
+    if not any_digit or m > (<uint64_t>1 << 53) or ex < -22:
+        return NULL
+    out[0] = <double>m / P10[-ex] if ex < 0 else <double>m
+    if neg:
+        out[0] = -out[0]
+    return p
+
+
+cdef inline bint _ends_token(const char* p, const char* e) noexcept nogil:
+    """Whether ``p`` ends a token for the fast path: the end of the buffer, a space, a tab,
+    LF, or CR LF (any other CR, ``\\v``, ``\\f``, ``#`` and the rest: the careful path)."""
+    return p >= e or p[0] == c' ' or p[0] == c'\t' or p[0] == c'\n' or \
+        (p[0] == c'\r' and p + 1 < e and p[1] == c'\n')
+
+
+cdef Py_ssize_t _fast_line(const char* s, Py_ssize_t pos, Py_ssize_t n, int index_base,
+                           int64_t n_features, bint sum_duplicates, double* labels,
+                           int64_t* indptr, int64_t* indices, double* data, int64_t* offsets,
+                           Py_ssize_t* rows_io, Py_ssize_t* nnz_io) noexcept nogil:
+    """One line starting at ``pos`` in one pass, for the usual lines only: ``label
+    [qid:N] index:value ...`` with decimal numbers (no exponent, see :func:`_num`), spaces
+    or tabs between tokens, LF or CR LF at the end, no comment, every check passed. Returns
+    the start of the next line (the row stored, ``rows_io``/``nnz_io`` advanced), or -1
+    with nothing committed: the careful path then reads the line (and finds its error)."""
+    cdef const char* e = s + n
+    cdef const char* p = s + pos
+    cdef const char* q
+    cdef Py_ssize_t rows = rows_io[0], nnz = nnz_io[0]
+    cdef double label, value
+    cdef uint64_t idx
+    cdef unsigned int d
+    cdef int64_t col, prev = -1
+    while p < e and (p[0] == c' ' or p[0] == c'\t'):
+        p += 1
+    if p >= e:
+        return n
+    if p[0] == c'\n':
+        return p - s + 1                                    # blank line: no row
+    p = _num(p, e, &label)
+    if p == NULL or not _ends_token(p, e):
+        return -1
+    # qid:N right after the label
+    while p < e and (p[0] == c' ' or p[0] == c'\t'):
+        p += 1
+    if p + 4 < e and p[0] == c'q' and p[1] == c'i' and p[2] == c'd' and p[3] == c':':
+        p += 4
+        if p[0] == c'-' or p[0] == c'+':
+            p += 1
+        q = p
+        while p < e and <unsigned int>(<unsigned char>p[0]) - 48 <= 9:
+            p += 1
+        if p == q or not _ends_token(p, e):
+            return -1
+    while True:
+        while p < e and (p[0] == c' ' or p[0] == c'\t'):
+            p += 1
+        if p >= e:
+            break
+        if p[0] == c'\n':
+            p += 1
+            break
+        if p[0] == c'\r':
+            if p + 1 < e and p[1] == c'\n':
+                p += 2
+                break
+            return -1
+        q = p
+        idx = 0
+        while p < e:
+            d = <unsigned int>(<unsigned char>p[0]) - 48
+            if d > 9:
+                break
+            idx = idx * 10 + d
+            p += 1
+        if p == q or p - q > 18 or p >= e or p[0] != c':':
+            return -1
+        p = _num(p + 1, e, &value)
+        if p == NULL or not _ends_token(p, e):
+            return -1
+        col = <int64_t>idx - index_base
+        if col < 0 or col >= n_features or col < prev:
+            return -1
+        if col == prev:
+            if not sum_duplicates:
+                return -1
+            data[nnz - 1] += value
+            if not isfinite(data[nnz - 1]):
+                return -1
+            continue
+        indices[nnz] = col
+        data[nnz] = value
+        nnz += 1
+        prev = col
+    labels[rows] = label
+    offsets[rows] = pos
+    rows += 1
+    indptr[rows] = nnz
+    rows_io[0] = rows
+    nnz_io[0] = nnz
+    return p - s
+
+
 cdef inline void _count2(const char* s, Py_ssize_t n, Py_ssize_t* nl, Py_ssize_t* colons) noexcept nogil:
     cdef Py_ssize_t i, a = 0, b = 0
     for i in range(n):
@@ -237,9 +380,20 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
     cdef int64_t col, prev, bad_col = 0, bad_prev = 0
     cdef bint first, qid_allowed
     indptr[0] = 0
+    cdef double* p_labels = <double*>cnp.PyArray_DATA(labels_a)
+    cdef int64_t* p_indptr = <int64_t*>cnp.PyArray_DATA(indptr_a)
+    cdef int64_t* p_indices = <int64_t*>cnp.PyArray_DATA(indices_a)
+    cdef double* p_data = <double*>cnp.PyArray_DATA(data_a)
+    cdef int64_t* p_offsets = <int64_t*>cnp.PyArray_DATA(offsets_a)
+    cdef Py_ssize_t nxt
     with nogil:
         while pos < n and err == E_OK:
             line_start = pos
+            nxt = _fast_line(s, pos, n, index_base, n_features, sum_duplicates, p_labels,
+                             p_indptr, p_indices, p_data, p_offsets, &rows, &nnz)
+            if nxt >= 0:
+                pos = nxt
+                continue
             hit = <const char*>memchr(s + pos, c'\n', n - pos)
             eol = (hit - s) if hit != NULL else n
             hit = <const char*>memchr(s + pos, c'\r', eol - pos)
