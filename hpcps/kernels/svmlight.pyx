@@ -21,7 +21,7 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.math cimport isfinite
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc, strtod
 from libc.string cimport memchr, memcpy
 
@@ -210,10 +210,18 @@ cdef inline bint _ends_token(const char* p, const char* e) noexcept nogil:
         (p[0] == c'\r' and p + 1 < e and p[1] == c'\n')
 
 
+cdef inline void _put(void* a, bint i32, Py_ssize_t k, int64_t v) noexcept nogil:
+    """``a[k] = v`` in an int32 (``i32``) or int64 array."""
+    if i32:
+        (<int32_t*>a)[k] = <int32_t>v
+    else:
+        (<int64_t*>a)[k] = v
+
+
 cdef Py_ssize_t _fast_line(const char* s, Py_ssize_t pos, Py_ssize_t n, int index_base,
                            int64_t n_features, bint sum_duplicates, double* labels,
-                           int64_t* indptr, int64_t* indices, double* data, int64_t* offsets,
-                           Py_ssize_t* rows_io, Py_ssize_t* nnz_io) noexcept nogil:
+                           void* indptr, bint i32_ptr, void* indices, bint i32, double* data,
+                           int64_t* offsets, Py_ssize_t* rows_io, Py_ssize_t* nnz_io) noexcept nogil:
     """One line starting at ``pos`` in one pass, for the usual lines only: ``label
     [qid:N] index:value ...`` with decimal numbers (no exponent, see :func:`_num`), spaces
     or tabs between tokens, LF or CR LF at the end, no comment, every check passed. Returns
@@ -284,14 +292,14 @@ cdef Py_ssize_t _fast_line(const char* s, Py_ssize_t pos, Py_ssize_t n, int inde
             if not isfinite(data[nnz - 1]):
                 return -1
             continue
-        indices[nnz] = col
+        _put(indices, i32, nnz, col)
         data[nnz] = value
         nnz += 1
         prev = col
     labels[rows] = label
     offsets[rows] = pos
     rows += 1
-    indptr[rows] = nnz
+    _put(indptr, i32_ptr, rows, nnz)
     rows_io[0] = rows
     nnz_io[0] = nnz
     return p - s
@@ -307,7 +315,8 @@ cdef inline void _count2(const char* s, Py_ssize_t n, Py_ssize_t* nl, Py_ssize_t
 
 
 
-def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=False):
+def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=False,
+                   index_dtype=np.int64):
     """Parse whole svmlight lines into CSR arrays.
 
     Parameters
@@ -321,13 +330,17 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
     sum_duplicates : bool, default False
         A feature index repeated right after itself in a row: add the values (True) or
         raise (False). An index smaller than its predecessor is always an error.
+    index_dtype : {numpy.int64, numpy.int32}, default numpy.int64
+        dtype of ``indices`` and ``indptr``; int32 needs ``n_features <= 2**31 - 1``
+        (``indptr`` stays int64 if ``buf`` could hold ``2**31`` or more values). int32 is
+        what scipy keeps for such a matrix: no cast after parsing.
 
     Returns
     -------
     labels : ndarray of float64, shape (n_rows,)
         The labels as written (any finite or non-finite number; the caller checks them).
-    indptr : ndarray of int64, shape (n_rows + 1,)
-    indices : ndarray of int64, shape (nnz,)
+    indptr : ndarray of int64 (or int32, see ``index_dtype``), shape (n_rows + 1,)
+    indices : ndarray of int64 (or int32), shape (nnz,)
         Zero-based, strictly increasing within each row.
     data : ndarray of float64, shape (nnz,)
         Finite values (explicit zeros are kept).
@@ -340,7 +353,8 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
         At the first bad line: ``offset`` is where that line starts in ``buf``. A ``\\r``
         followed by neither ``\\r`` nor ``\\n`` (nor the end of ``buf``) is one.
     ValueError
-        If ``index_base`` is not 0 or 1 or ``n_features < 1``.
+        If ``index_base`` is not 0 or 1, ``n_features < 1``, or ``index_dtype`` is not
+        int64 or int32 (int32 with ``n_features > 2**31 - 1``).
 
     Notes
     -----
@@ -351,6 +365,12 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
         raise ValueError(f"index_base must be 0 or 1, got {index_base}")
     if n_features < 1:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
+    index_dtype = np.dtype(index_dtype)
+    if index_dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
+        raise ValueError(f"index_dtype must be int64 or int32, got {index_dtype}")
+    cdef bint i32 = index_dtype == np.dtype(np.int32)
+    if i32 and n_features > 2**31 - 1:
+        raise ValueError(f"index_dtype int32 holds no index of n_features={n_features}")
     cdef const unsigned char[::1] view = buf
     cdef Py_ssize_t n = view.shape[0]
     cdef const char* s = b""
@@ -360,16 +380,19 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
     with nogil:
         _count2(s, n, &max_rows, &max_nnz)
     max_rows += 1
+    # indptr: int32 only if no count of values can pass 2**31 - 1 (indices: int32 whenever
+    # asked, the values are below n_features); both written through _put
+    cdef bint i32_ptr = i32 and max_nnz <= 2**31 - 1
     labels_a = np.empty(max_rows, dtype=np.float64)
-    indptr_a = np.empty(max_rows + 1, dtype=np.int64)
-    indices_a = np.empty(max_nnz, dtype=np.int64)
+    indptr_a = np.empty(max_rows + 1, dtype=np.int32 if i32_ptr else np.int64)
+    indices_a = np.empty(max_nnz, dtype=index_dtype)
     data_a = np.empty(max_nnz, dtype=np.float64)
     offsets_a = np.empty(max_rows, dtype=np.int64)
-    cdef double[::1] labels = labels_a
-    cdef int64_t[::1] indptr = indptr_a
-    cdef int64_t[::1] indices = indices_a
-    cdef double[::1] data = data_a
-    cdef int64_t[::1] offsets = offsets_a
+    cdef double* labels = <double*>cnp.PyArray_DATA(labels_a)
+    cdef void* p_indptr = cnp.PyArray_DATA(indptr_a)
+    cdef void* p_indices = cnp.PyArray_DATA(indices_a)
+    cdef double* data = <double*>cnp.PyArray_DATA(data_a)
+    cdef int64_t* offsets = <int64_t*>cnp.PyArray_DATA(offsets_a)
 
     cdef Py_ssize_t pos = 0, eol, end, t0, t1, colon, k
     cdef Py_ssize_t rows = 0, nnz = 0, line_start = 0, bad_t0 = 0, bad_t1 = 0
@@ -379,18 +402,13 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
     cdef uint64_t idx, digit
     cdef int64_t col, prev, bad_col = 0, bad_prev = 0
     cdef bint first, qid_allowed
-    indptr[0] = 0
-    cdef double* p_labels = <double*>cnp.PyArray_DATA(labels_a)
-    cdef int64_t* p_indptr = <int64_t*>cnp.PyArray_DATA(indptr_a)
-    cdef int64_t* p_indices = <int64_t*>cnp.PyArray_DATA(indices_a)
-    cdef double* p_data = <double*>cnp.PyArray_DATA(data_a)
-    cdef int64_t* p_offsets = <int64_t*>cnp.PyArray_DATA(offsets_a)
+    _put(p_indptr, i32_ptr, 0, 0)
     cdef Py_ssize_t nxt
     with nogil:
         while pos < n and err == E_OK:
             line_start = pos
-            nxt = _fast_line(s, pos, n, index_base, n_features, sum_duplicates, p_labels,
-                             p_indptr, p_indices, p_data, p_offsets, &rows, &nnz)
+            nxt = _fast_line(s, pos, n, index_base, n_features, sum_duplicates, labels,
+                             p_indptr, i32_ptr, p_indices, i32, data, offsets, &rows, &nnz)
             if nxt >= 0:
                 pos = nxt
                 continue
@@ -500,14 +518,14 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
                     err = E_DUPLICATE
                     bad_col = col
                     break
-                indices[nnz] = col
+                _put(p_indices, i32, nnz, col)
                 data[nnz] = value
                 nnz += 1
                 prev = col
                 t0 = t1
             if err == E_OK and not first:
                 rows += 1
-                indptr[rows] = nnz
+                _put(p_indptr, i32_ptr, rows, nnz)
             pos = eol + 1
     if err != E_OK:
         raise SvmlightSyntaxError(line_start, _reason(err, bytes(view[bad_t0:bad_t1]), bad_col,

@@ -575,3 +575,30 @@ def test_values_bit_identical_to_sklearn(tmp_path):
         np.testing.assert_array_equal(X.indices, X_ref.indices)
         np.testing.assert_array_equal(X.data.view(np.uint64), X_ref.data.view(np.uint64))
         np.testing.assert_array_equal(y, (y_ref > 0).astype(np.float64))
+
+
+def test_kernel_int32_indices_equal_int64_ones():
+    from hpcps.kernels.svmlight import parse_svmlight
+
+    buf = b"1 1:0.5 7:2 # c\n-1 qid:3 2:1 2:4\n\n0\n1 3:1e-3 2147483646:1\r\n"
+    a = parse_svmlight(buf, 0, 2**31 - 1, sum_duplicates=True)
+    b = parse_svmlight(buf, 0, 2**31 - 1, sum_duplicates=True, index_dtype=np.int32)
+    assert a[1].dtype == a[2].dtype == np.int64 and b[1].dtype == b[2].dtype == np.int32
+    for x, z in zip(a, b):
+        np.testing.assert_array_equal(x, z)
+    with pytest.raises(ValueError, match="int32 holds no index of n_features=2147483648"):
+        parse_svmlight(buf, 0, 2**31, index_dtype=np.int32)
+    with pytest.raises(ValueError, match="index_dtype must be int64 or int32"):
+        parse_svmlight(buf, 0, 10, index_dtype=np.int16)
+
+
+def test_part_keeps_the_parsed_int32_arrays(tmp_path):
+    """The kernel writes int32 indices for a table scipy indexes with int32: the matrix
+    holds the parsed arrays (no int64 -> int32 cast of every index)."""
+    path = tmp_path / "f.svm"
+    path.write_bytes(b"1 1:1 3:2\n0 2:1\n")
+    X, _ = read_svmlight_part(path, 0, 1, n_features=2**31 - 1, index_base=1)
+    assert X.indices.dtype == np.int32 and X.indptr.dtype == np.int32
+    X, _ = read_svmlight_part(path, 0, 1, n_features=2**31, index_base=1)
+    assert X.indices.dtype == np.int64
+    np.testing.assert_array_equal(X.indices, [0, 2, 1])
