@@ -602,3 +602,15 @@ def test_part_keeps_the_parsed_int32_arrays(tmp_path):
     X, _ = read_svmlight_part(path, 0, 1, n_features=2**31, index_base=1)
     assert X.indices.dtype == np.int64
     np.testing.assert_array_equal(X.indices, [0, 2, 1])
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 4079, 4080, 4081, 4096, 65537, 1 << 20])
+def test_sizing_pass_counts_every_lf_and_colon(n):
+    """The outputs are sized by these counts (16 bytes a step, byte counters flushed every
+    255 steps): an undercount would write past the arrays."""
+    from hpcps.kernels.svmlight import _count_lf_colon
+
+    rng = np.random.default_rng(n)
+    for p in ([0.3, 0.3, 0.2, 0.1, 0.1], [0.0, 1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0, 0.0]):
+        buf = rng.choice(np.frombuffer(b"\n:a1 ", np.uint8), size=n, p=p).tobytes()
+        assert _count_lf_colon(buf) == (buf.count(b"\n"), buf.count(b":"))
