@@ -7,11 +7,17 @@ Criteo rows, read first with ``read_criteo_part`` into memory (its load time pri
 not counted) and then through ``StreamedRows`` (reader thread, default prefetch and
 shuffle_buffer); prints rows/s of each and their ratio. On a machine with a free core the
 reader thread's parse overlaps the training; with none it adds its CPU time.
+
+``--reps N`` (N > 1) alternates the two epochs N times in the same process (the rows stay in
+memory) and prints medians of wall time, process CPU time (training and reader threads) and
+training-thread CPU time, and the three ratios: on a shared machine the wall ratio follows the
+load, the CPU ratios much less.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 import types
 
@@ -24,11 +30,11 @@ from hpcps.data.lines import Parser, StreamedRows
 from hpcps.models import logistic_math as lr
 
 
-def train(X, y, order, batch, n_features):
+def train(X, y, order, batch, n_features, cpu=None):
     w = np.zeros(n_features, dtype=np.float32)
     acc = np.full(n_features, 0.1, dtype=np.float32)
     marks = lr.new_marks(n_features)
-    t0 = time.perf_counter()
+    c0, t0 = (time.process_time(), time.thread_time()), time.perf_counter()
     for a in range(0, order.size, batch):
         rows = order[a:a + batch]
         Xb, yb = X[rows], y[rows]
@@ -36,7 +42,31 @@ def train(X, y, order, batch, n_features):
         loss, g, gb = lr.loss_and_gradient(Xb, yb, local, w[keys], 0.0)
         acc[keys] += g * g
         w[keys] -= 0.1 * g / np.sqrt(acc[keys])
+    if cpu is not None:
+        cpu.append((time.process_time() - c0[0], time.thread_time() - c0[1]))
     return time.perf_counter() - t0
+
+
+def alternate(X, y, order, a, cfg, ix) -> None:
+    """``a.reps`` in-memory and streamed epochs in turn: medians and ratios."""
+    n, nf = y.size, cfg.num_features
+    wall, cpu = {"mem": [], "str": []}, {"mem": [], "str": []}
+    for _ in range(a.reps):
+        wall["mem"].append(train(X, y, order, a.batch, nf, cpu["mem"]))
+        rows = StreamedRows(ix, Parser(cfg), 0, ix.n_lines, unit=65536, depth=4)
+        c = []
+        rows.start(order)
+        wall["str"].append(train(rows, rows.labels, order, a.batch, nf, c))
+        rows.close()
+        cpu["str"].append(c[0])
+    med = {k: (statistics.median(wall[k]), statistics.median(p for p, _ in cpu[k]),
+               statistics.median(t for _, t in cpu[k])) for k in wall}
+    for k, name in (("mem", "in memory"), ("str", "streamed")):
+        print(f"{name}: {n / med[k][0]:,.0f} rows/s ({med[k][0]:.2f} s), process CPU "
+              f"{med[k][1]:.2f} s, training thread CPU {med[k][2]:.2f} s")
+    r = [med["mem"][i] / med["str"][i] for i in range(3)]
+    print(f"{n:,} rows, medians of {a.reps}: ratio wall {r[0]:.2f}, process CPU {r[1]:.2f}, "
+          f"training thread CPU {r[2]:.2f}")
 
 
 def main() -> None:
@@ -44,6 +74,7 @@ def main() -> None:
     ap.add_argument("path")
     ap.add_argument("--hash-bits", type=int, default=22)
     ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=1, help="alternate the epochs this many times")
     a = ap.parse_args()
     nf = 1 << a.hash_bits
     t0 = time.perf_counter()
@@ -51,6 +82,11 @@ def main() -> None:
     load = time.perf_counter() - t0
     n = y.size
     order = epoch_order(n, 0, 0, 0, True, 65536)
+    if a.reps > 1:
+        cfg = types.SimpleNamespace(format="criteo", on_bad_line="error", hash_bits=a.hash_bits,
+                                    num_features=nf)
+        alternate(X, y, order, a, cfg, load_index(a.path))
+        return
     mem = train(X, y, order, a.batch, nf)
     del X, y
     cfg = types.SimpleNamespace(format="criteo", on_bad_line="error", hash_bits=a.hash_bits,

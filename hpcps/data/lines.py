@@ -30,13 +30,14 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from hpcps.data import DataError
-from hpcps.data.lineindex import INDEX_STEP, LineIndex, decode_errors, load_index, open_text
+from hpcps.data.lineindex import LineIndex, load_index
+from hpcps.data.linereader import LineReader, Parser, _concat, _take
 from hpcps.data.textstream import compression, data_files
+from hpcps.kernels.text import take_rows
 
 __all__ = ["LineIndex", "load_index", "Parser", "StreamedRows", "streams", "row_hashes"]
 
-_READ = 1 << 20
+_INT32_MAX = 2**31 - 1
 
 
 def streams(data_cfg) -> bool:
@@ -57,231 +58,6 @@ def streams(data_cfg) -> bool:
     if any(compression(f) is not None for f in files):
         return True
     return sum(os.path.getsize(f) for f in files) > data_cfg.stream_above_mb * 1e6
-
-
-# -- reading line ranges ---------------------------------------------------------------------
-
-class _FileCursor:
-    """An open file positioned at a line start: ``line`` is the line number of ``buf[0]``."""
-
-    def __init__(self, path: str, kind):
-        self.path, self.kind = path, kind
-        self.fh = open_text(path, kind)
-        self.line, self.byte, self.buf, self.eof = 0, 0, b"", False
-
-    def seek(self, line: int, byte: int) -> None:
-        """Go to line ``line``, which starts at decompressed byte ``byte``."""
-        if self.kind is None:
-            self.fh.seek(byte)
-        elif self.byte <= byte < self.byte + len(self.buf):
-            self.buf = self.buf[byte - self.byte:]
-            self.line, self.byte = line, byte
-            return
-        elif byte >= self.byte + len(self.buf):          # compressed: decode forward
-            self._skip_bytes(byte - self.byte - len(self.buf))
-        else:                                            # compressed, backwards: from the start
-            self.fh.close()
-            self.fh = open_text(self.path, self.kind)
-            self._skip_bytes(byte)
-        self.line, self.byte, self.buf, self.eof = line, byte, b"", False
-
-    def _skip_bytes(self, n: int) -> None:
-        while n > 0:
-            got = self.fh.read(min(n, 4 * _READ))
-            if not got:
-                break
-            n -= len(got)
-
-    def take(self, count: int) -> bytes:
-        """The next ``count`` lines (fewer at end of file); the cursor moves past them."""
-        parts, have = [], 0
-        buf = self.buf
-        while True:
-            c = buf.count(b"\n")
-            if have + c >= count:
-                nl = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 10)
-                cut = int(nl[count - have - 1]) + 1
-                parts.append(buf[:cut])
-                self.buf = buf[cut:]
-                break
-            parts.append(buf)
-            have += c
-            buf = b"" if self.eof else self.fh.read(_READ)
-            if not buf:
-                self.eof = True
-                self.buf = b""
-                break
-        out = b"".join(parts)
-        self.line += count
-        self.byte += len(out)
-        return out
-
-    def close(self) -> None:
-        self.fh.close()
-
-
-class Parser:
-    """Parse whole lines of one format into CSR rows, dropping or refusing bad lines.
-
-    Parameters
-    ----------
-    data_cfg : hpcps.config.DataConfig
-        ``format`` ``"criteo"`` (``hash_bits``) or ``"svmlight"`` (``index_base``,
-        ``n_features``, ``duplicate_indices``), and ``on_bad_line``.
-
-    Attributes
-    ----------
-    skipped : int
-        Bad lines dropped so far (``on_bad_line = "skip"``).
-    n_features : int
-    """
-
-    def __init__(self, data_cfg):
-        self.format = data_cfg.format
-        self.skip = data_cfg.on_bad_line == "skip"
-        self.skipped = 0
-        self.n_features = int(data_cfg.num_features)
-        if self.format == "criteo":
-            from hpcps.kernels.criteo import CriteoSyntaxError, parse_criteo
-
-            bits = int(data_cfg.hash_bits)
-            self._errors = CriteoSyntaxError
-            self._parse = lambda b: (lambda y, p, i, o: (y, p, i, None, o))(*parse_criteo(b, bits, 0))
-        else:
-            from hpcps.kernels.svmlight import SvmlightSyntaxError, parse_svmlight
-
-            base, nf = int(data_cfg.index_base), int(data_cfg.n_features)
-            dup = data_cfg.duplicate_indices == "sum"
-            self._errors = SvmlightSyntaxError
-            self._parse = lambda b: parse_svmlight(b, base, nf, sum_duplicates=dup)
-
-    def __call__(self, buf: bytes, path: str, first_line: int):
-        """Rows of ``buf`` (whole lines of ``path`` from its line ``first_line``, 0-based):
-        ``(y, indptr, indices, data or None, line)`` with ``line`` (int64) each row's line
-        within ``buf`` (0-based).
-
-        Raises
-        ------
-        DataError
-            ``FILE:LINE: reason`` for the first bad line (``on_bad_line = "error"``).
-        """
-        pieces, at, line0 = [], 0, 0
-        while True:
-            chunk = buf[at:] if at else buf
-            try:
-                y, indptr, indices, data, offs = self._parse(chunk)
-            except self._errors as e:
-                bad_line = line0 + chunk.count(b"\n", 0, e.offset)
-                if not self.skip:
-                    raise DataError(f"{path}:{first_line + bad_line + 1}: {e.reason}") from None
-                start = chunk.rfind(b"\n", 0, e.offset) + 1
-                end = chunk.find(b"\n", e.offset)
-                end = len(chunk) if end < 0 else end + 1
-                if start:
-                    pieces.append(self._rows(chunk[:start], line0))
-                self.skipped += 1
-                line0 = bad_line + 1
-                at += end
-                if at >= len(buf):
-                    break
-                continue
-            pieces.append(self._finish(y, indptr, indices, data, offs, chunk, line0, path, first_line))
-            break
-        if len(pieces) == 1:
-            return pieces[0]
-        return _concat(pieces)
-
-    def _rows(self, chunk, line0):
-        y, indptr, indices, data, offs = self._parse(chunk)
-        return self._finish(y, indptr, indices, data, offs, chunk, line0, None, 0)
-
-    def _finish(self, y, indptr, indices, data, offs, chunk, line0, path, first_line):
-        n_lines = chunk.count(b"\n") + (1 if chunk and chunk[-1:] != b"\n" else 0)
-        if y.size == n_lines:                   # a row on every line (the usual case)
-            line = np.arange(line0, line0 + n_lines, dtype=np.int64)
-        else:
-            nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
-            line = line0 + np.searchsorted(nl, np.asarray(offs, dtype=np.int64), side="left")
-        if self.format == "svmlight":
-            bad = ~np.isin(y, (-1.0, 0.0, 1.0))
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                if not self.skip:
-                    raise DataError(f"{path}:{first_line + int(line[i]) + 1}: label "
-                                    f"{float(y[i])!r} is not -1, 0 or +1")
-                keep = np.flatnonzero(~bad)
-                self.skipped += int(bad.sum())
-                y, indptr, indices, data = _take(y, indptr, indices, data, keep)
-                line = line[keep]
-            y = (y > 0).astype(np.float64)
-        return y, np.asarray(indptr, dtype=np.int64), indices, data, line.astype(np.int64)
-
-
-def _concat(pieces):
-    y = np.concatenate([p[0] for p in pieces])
-    sizes = [p[1][-1] for p in pieces]
-    shift = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    indptr = np.concatenate([[0]] + [p[1][1:] + s for p, s in zip(pieces, shift)]).astype(np.int64)
-    indices = np.concatenate([p[2] for p in pieces])
-    data = None if pieces[0][3] is None else np.concatenate([p[3] for p in pieces])
-    line = np.concatenate([p[4] for p in pieces])
-    return y, indptr, indices, data, line
-
-
-def _take(y, indptr, indices, data, rows):
-    """The CSR rows ``rows`` (int64, in that order)."""
-    lengths = indptr[1:] - indptr[:-1]
-    n = lengths[rows]
-    new_ptr = np.zeros(rows.size + 1, dtype=np.int64)
-    np.cumsum(n, out=new_ptr[1:])
-    src = np.repeat(indptr[:-1][rows] - new_ptr[:-1], n) + np.arange(new_ptr[-1], dtype=np.int64)
-    return y[rows], new_ptr, indices[src], None if data is None else data[src]
-
-
-class LineReader:
-    """Reads and parses ranges of global line numbers (one thread; keeps files open)."""
-
-    def __init__(self, index: LineIndex, parser: Parser):
-        self.index, self.parser = index, parser
-        self.cursors: dict = {}
-        self.bytes = 0
-
-    def read(self, a: int, b: int):
-        """Rows of global lines ``[a, b)``: ``(y, indptr, indices, data, line)`` with ``line``
-        the global line number of each row."""
-        out = []
-        ix = self.index
-        while a < b:
-            f, k = ix.locate(a)
-            n = min(b - a, int(ix.lines[f]) - k)
-            cur = self.cursors.get(f)
-            if cur is None:
-                cur = self.cursors[f] = _FileCursor(ix.files[f], compression(ix.files[f]))
-            if not (cur.line <= k < cur.line + 4 * INDEX_STEP):
-                j = k // INDEX_STEP
-                cur.seek(j * INDEX_STEP, int(ix.offsets[f][j]))
-            if k > cur.line:
-                cur.take(k - cur.line)                   # forward to line k
-            try:
-                buf = cur.take(n)
-            except decode_errors() as e:
-                raise DataError(f"{ix.files[f]}: {cur.kind} stream damaged or truncated near "
-                                f"line {cur.line + 1}: {e}") from None
-            self.bytes += len(buf)
-            y, indptr, indices, data, line = self.parser(buf, ix.files[f], k)
-            out.append((y, indptr, indices, data, line + a))
-            a += n
-        if len(out) == 1:
-            return out[0]
-        if not out:
-            return (np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), None,
-                    np.zeros(0, np.int64))
-        return _concat(out)
-
-    def close(self):
-        for c in self.cursors.values():
-            c.close()
-        self.cursors.clear()
 
 
 def row_hashes(y, indptr, indices, data=None) -> np.ndarray:
@@ -305,9 +81,15 @@ def row_hashes(y, indptr, indices, data=None) -> np.ndarray:
 
 class _Unit:
     """Parsed rows of one read unit: the lines ``covered`` (sorted, local numbers), the rows
-    of those that hold one (``good``, sorted) and where each is in the CSR arrays."""
+    of those that hold one (``good``, sorted) and where each is in the CSR arrays.
 
-    __slots__ = ("k", "covered", "good", "slot", "y", "indptr", "indices", "data")
+    The CSR rows are in the order's sequence: the unit holds the order's positions
+    ``[start, stop)``, and ``count[i]`` is the number of rows of positions ``start ..
+    start + i - 1`` (a blank or skipped line holds none), so the positions ``[a, b)`` are
+    the rows ``count[a - start]:count[b - start]``: a step's batch is a slice."""
+
+    __slots__ = ("k", "covered", "good", "slot", "y", "indptr", "indices", "data", "start",
+                 "stop", "count")
 
 
 class StreamedRows:
@@ -355,6 +137,7 @@ class StreamedRows:
         self._last = None
         self._gathered = None
         self._order = None
+        self._next = self._first_read = 0
         self._views: dict = {}
 
     # -- reader thread ------------------------------------------------------------------------
@@ -367,6 +150,7 @@ class StreamedRows:
         self._q = queue.Queue(maxsize=self.depth)
         self._loaded = []
         self._last = self._gathered = None
+        self._next = self._first_read = int(first)    # where the next step's batch should start
         self._thread = threading.Thread(target=self._run, args=(self._order, int(first), self._q,
                                                                 self._stop),
                                         name="hpcps-reader", daemon=True)
@@ -379,9 +163,10 @@ class StreamedRows:
             k = first // self.unit
             while k * self.unit < order.size:
                 a = max(k * self.unit, first)
-                want = np.sort(order[a:(k + 1) * self.unit])
+                seq = order[a:(k + 1) * self.unit]
+                want = np.sort(seq)
                 t0 = time.perf_counter()
-                u = self._read_unit(reader, k, want)
+                u = self._read_unit(reader, k, want, seq, a)
                 self.stats["read_seconds"] += time.perf_counter() - t0
                 self.stats["lines"] += int(want.size)
                 self.stats["bytes"] = base + reader.bytes
@@ -394,7 +179,7 @@ class StreamedRows:
         finally:
             reader.close()
 
-    def _read_unit(self, reader, k, want) -> _Unit:
+    def _read_unit(self, reader, k, want, seq, start) -> _Unit:
         # contiguous runs of the wanted lines (a gap of more than a unit starts a new read)
         cuts = np.flatnonzero(np.diff(want) > self.unit) + 1
         parts = []
@@ -416,7 +201,23 @@ class StreamedRows:
         else:
             y, indptr, indices, data, line = (np.zeros(0), np.zeros(1, np.int64),
                                               np.zeros(0, np.int64), None, np.zeros(0, np.int64))
-        u.good, u.slot = line, np.arange(line.size)      # read in line order
+        # the rows in the order's sequence (here, once per unit, so that a step's batch is a
+        # slice): row g[i] of the line-order arrays is position start + i's
+        g = np.searchsorted(line, seq)
+        ok = (g < line.size) & (line[np.minimum(g, max(line.size - 1, 0))] == seq) \
+            if line.size else np.zeros(seq.size, bool)
+        perm = g[ok]
+        small = self.shape[1] <= _INT32_MAX and indices.size <= _INT32_MAX
+        # int32 ids where they fit: what scipy makes of the batches' index arrays anyway
+        indptr, indices, data = take_rows(np.asarray(indptr, dtype=np.int64),
+                                          np.asarray(indices, dtype=np.int64), data, perm, small)
+        y = y[perm]
+        u.start, u.stop = start, start + seq.size
+        u.count = np.zeros(seq.size + 1, dtype=np.int64)
+        np.cumsum(ok, out=u.count[1:])
+        u.good = line                                   # sorted; u.slot: where each row is
+        u.slot = np.empty(perm.size, dtype=np.int64)
+        u.slot[perm] = np.arange(perm.size)
         # values of ones for Criteo; ids stay in field order, a repeated id (two fields in one
         # bucket) twice: the models sum over a row's entries, which is the same (a sort per
         # unit would cost as much as the parse)
@@ -491,7 +292,57 @@ class StreamedRows:
         self._gathered = (rows, out)
         return out
 
+    def _position(self, rows) -> int:
+        """Where ``rows`` is a slice of the order being read: its first position, or -1.
+        The steps ask for ``order[a:b]`` in turn: the slice after the last one is checked
+        first (one comparison of ``b - a`` numbers), then a view of the order itself."""
+        o = self._order
+        m = rows.size
+        if o is None or m == 0 or rows.ndim != 1:
+            return -1
+        p = self._next
+        if p + m <= o.size and rows[0] == o[p] and np.array_equal(rows, o[p:p + m]):
+            return p
+        if rows.base is not None and rows.dtype == o.dtype and rows.strides == o.strides \
+                and np.shares_memory(rows, o):
+            p = (rows.__array_interface__["data"][0] - o.__array_interface__["data"][0]) // o.itemsize
+            if 0 <= p and p + m <= o.size:
+                return p
+        return -1
+
+    def _slices(self, a: int, b: int):
+        """The CSR rows of the order's positions ``[a, b)`` from the units that hold them
+        (units before them are dropped): ``(y, indptr, indices, data)``, copies."""
+        k0, k1 = a // self.unit, (b - 1) // self.unit
+        while not self._loaded or self._loaded[-1].k < k1:
+            self._loaded.append(self._next_unit())
+        self._loaded = [u for u in self._loaded if u.k >= k0]
+        if not self._loaded or self._loaded[0].k > k0:
+            raise RuntimeError("StreamedRows: asked for lines outside the order being read")
+        parts = []
+        for u in self._loaded:
+            if u.k > k1:
+                break
+            lo, hi = max(a, u.start), min(b, u.stop)
+            if hi <= lo:
+                continue
+            r0, r1 = int(u.count[lo - u.start]), int(u.count[hi - u.start])
+            e0, e1 = int(u.indptr[r0]), int(u.indptr[r1])
+            parts.append((u.y[r0:r1].copy(), u.indptr[r0:r1 + 1] - u.indptr[r0],
+                          u.indices[e0:e1].copy(), None if u.data is None else u.data[e0:e1].copy()))
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), None
+        y, indptr, indices, data, _ = _concat([p + (np.zeros(0),) for p in parts])
+        return y, indptr, indices, data
+
     def _gather_new(self, rows):
+        rows = np.asarray(rows)
+        p = self._position(rows)
+        if p >= self._first_read:
+            self._next = p + rows.size
+            return self._slices(p, p + rows.size)
         hits = self._select(rows)
         if not hits:
             return np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), None

@@ -51,6 +51,9 @@ DUPLICATES = ("error", "sum")
 UTF8_BOM = b"\xef\xbb\xbf"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
+#: Largest index an int32 holds.
+INT32_MAX = 2**31 - 1
+
 #: Suffixes of compressed files, which cannot be split into byte ranges.
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 
@@ -190,8 +193,10 @@ def read_svmlight_part(
                                 "iconv -f UTF-16 -t UTF-8")
         with (memoryview(mm)[p:max(q, p)] if mm is not None else memoryview(b"")) as buf:
             try:
+                # int32 indices where scipy keeps them (no cast of the parsed arrays)
                 y, indptr, indices, data, line_at = parse_svmlight(
-                    buf, index_base, n_features, sum_duplicates=(duplicates == "sum"))
+                    buf, index_base, n_features, sum_duplicates=(duplicates == "sum"),
+                    index_dtype=np.int32 if n_features <= INT32_MAX else np.int64)
             except SvmlightSyntaxError as e:
                 raise DataError(f"{path}:{line_number(path, p + e.offset)}: {e.reason}") from None
     finally:

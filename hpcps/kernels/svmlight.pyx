@@ -21,11 +21,77 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.math cimport isfinite
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc, strtod
 from libc.string cimport memchr, memcpy
 
 cnp.import_array()
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #if defined(__SSE2__) && defined(__x86_64__)
+    #include <emmintrin.h>
+    #endif
+    /* Counts of LF (10) and ':' (58) in s[0, n): 16 bytes a step with SSE2 (byte counters
+       summed every 255 steps), else one byte a step. */
+    static void hpcps_svm_count2(const char *s, Py_ssize_t n, Py_ssize_t *nl, Py_ssize_t *co) {
+        Py_ssize_t a = 0, b = 0, i = 0;
+    #if defined(__SSE2__) && defined(__x86_64__)
+        const __m128i vn = _mm_set1_epi8(10), vc = _mm_set1_epi8(58), z = _mm_setzero_si128();
+        while (i + 16 <= n) {
+            __m128i ca = z, cb = z, x;
+            Py_ssize_t stop = i + 16 * 255 <= n ? i + 16 * 255 : n;
+            for (; i + 16 <= stop; i += 16) {
+                x = _mm_loadu_si128((const __m128i *)(s + i));
+                ca = _mm_sub_epi8(ca, _mm_cmpeq_epi8(x, vn));
+                cb = _mm_sub_epi8(cb, _mm_cmpeq_epi8(x, vc));
+            }
+            ca = _mm_sad_epu8(ca, z);
+            cb = _mm_sad_epu8(cb, z);
+            a += _mm_cvtsi128_si64(ca) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(ca, ca));
+            b += _mm_cvtsi128_si64(cb) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(cb, cb));
+        }
+    #endif
+        for (; i < n; i++) {
+            a += s[i] == 10;
+            b += s[i] == 58;
+        }
+        *nl = a;
+        *co = b;
+    }
+    /* The number of decimal digits (0 to 8) that start the 8 bytes at p, their value in
+       *out: one 8-byte load (SWAR: Lemire, "Fast number parsing", the fast_float library's
+       parse_eight_digits_unrolled). Little-endian machines; one byte a step elsewhere. */
+    static inline int hpcps_svm_digits8(const char *p, uint64_t *out) {
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ && (defined(__GNUC__) || defined(__clang__))
+        uint64_t v, bad;
+        int k;
+        memcpy(&v, p, 8);
+        /* a byte is a digit iff its high nibble is 3 and adding 6 keeps it 3; a carry
+           (from a non-digit byte only) can spoil only bytes after the first non-digit */
+        bad = ((v & 0xF0F0F0F0F0F0F0F0ULL) ^ 0x3030303030303030ULL)
+            | (((v + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) ^ 0x3030303030303030ULL);
+        k = bad ? (__builtin_ctzll(bad) >> 3) : 8;
+        if (k == 0) { *out = 0; return 0; }
+        v = (v - 0x3030303030303030ULL) << (8 * (8 - k));   /* k digits, zeros before */
+        v = v * 10 + (v >> 8);
+        v = (((v & 0x000000FF000000FFULL) * 0x000F424000000064ULL)
+             + (((v >> 16) & 0x000000FF000000FFULL) * 0x0000271000000001ULL)) >> 32;
+        *out = (uint32_t)v;
+        return k;
+    #else
+        uint64_t v = 0;
+        int k = 0;
+        while (k < 8 && p[k] >= '0' && p[k] <= '9') { v = v * 10 + (uint64_t)(p[k] - '0'); k++; }
+        *out = v;
+        return k;
+    #endif
+    }
+    """
+    void hpcps_svm_count2(const char* s, Py_ssize_t n, Py_ssize_t* nl, Py_ssize_t* co) noexcept nogil
+    int hpcps_svm_digits8(const char* p, uint64_t* out) noexcept nogil
 
 __all__ = ["SvmlightSyntaxError", "parse_svmlight"]
 
@@ -154,17 +220,172 @@ cdef inline bint _to_double(const char* s, Py_ssize_t t0, Py_ssize_t t1, double*
     return ok
 
 
-cdef inline void _count2(const char* s, Py_ssize_t n, Py_ssize_t* nl, Py_ssize_t* colons) noexcept nogil:
-    cdef Py_ssize_t i, a = 0, b = 0
-    for i in range(n):
-        a += s[i] == c'\n'
-        b += s[i] == c':'
-    nl[0] = a
-    colons[0] = b
+cdef inline const char* _num(const char* p, const char* e, double* out) noexcept nogil:
+    """A decimal number ``[+-]digits[.digits]`` (no exponent) starting at ``p``, scanned up
+    to its first other byte, whose end is returned (NULL: not such a number, more than 19
+    significant digits, a mantissa above 2**53 or more than 22 decimals). The value is
+    :func:`_fast_double`'s (the same digits, the same exact operation), so ``strtod``'s."""
+    cdef bint neg = False
+    cdef uint64_t m = 0
+    cdef int nsig = 0, ex = 0
+    cdef unsigned int d
+    cdef const char* q
+    cdef bint any_digit
+    if p < e and (p[0] == c'-' or p[0] == c'+'):
+        neg = p[0] == c'-'
+        p += 1
+    q = p
+    while p < e:
+        d = <unsigned int>(<unsigned char>p[0]) - 48
+        if d > 9:
+            break
+        if m != 0 or d != 0:
+            if nsig == 19:
+                return NULL
+            m = m * 10 + d
+            nsig += 1
+        p += 1
+    any_digit = p != q
+    if p < e and p[0] == c'.':
+        p += 1
+        q = p
+        while p < e:
+            d = <unsigned int>(<unsigned char>p[0]) - 48
+            if d > 9:
+                break
+            ex -= 1
+            if m != 0 or d != 0:
+                if nsig == 19:
+                    return NULL
+                m = m * 10 + d
+                nsig += 1
+            p += 1
+        any_digit = any_digit or p != q
+    if not any_digit or m > (<uint64_t>1 << 53) or ex < -22:
+        return NULL
+    out[0] = <double>m / P10[-ex] if ex < 0 else <double>m
+    if neg:
+        out[0] = -out[0]
+    return p
+
+
+cdef inline bint _ends_token(const char* p, const char* e) noexcept nogil:
+    """Whether ``p`` ends a token for the fast path: the end of the buffer, a space, a tab,
+    LF, or CR LF (any other CR, ``\\v``, ``\\f``, ``#`` and the rest: the careful path)."""
+    return p >= e or p[0] == c' ' or p[0] == c'\t' or p[0] == c'\n' or \
+        (p[0] == c'\r' and p + 1 < e and p[1] == c'\n')
+
+
+cdef inline void _put(void* a, bint i32, Py_ssize_t k, int64_t v) noexcept nogil:
+    """``a[k] = v`` in an int32 (``i32``) or int64 array."""
+    if i32:
+        (<int32_t*>a)[k] = <int32_t>v
+    else:
+        (<int64_t*>a)[k] = v
+
+
+cdef Py_ssize_t _fast_line(const char* s, Py_ssize_t pos, Py_ssize_t n, int index_base,
+                           int64_t n_features, bint sum_duplicates, double* labels,
+                           void* indptr, bint i32_ptr, void* indices, bint i32, double* data,
+                           int64_t* offsets, Py_ssize_t* rows_io, Py_ssize_t* nnz_io) noexcept nogil:
+    """One line starting at ``pos`` in one pass, for the usual lines only: ``label
+    [qid:N] index:value ...`` with decimal numbers (no exponent, see :func:`_num`), spaces
+    or tabs between tokens, LF or CR LF at the end, no comment, every check passed. Returns
+    the start of the next line (the row stored, ``rows_io``/``nnz_io`` advanced), or -1
+    with nothing committed: the careful path then reads the line (and finds its error)."""
+    cdef const char* e = s + n
+    cdef const char* p = s + pos
+    cdef const char* q
+    cdef Py_ssize_t rows = rows_io[0], nnz = nnz_io[0]
+    cdef double label, value
+    cdef uint64_t idx
+    cdef unsigned int d
+    cdef int64_t col, prev = -1
+    cdef int k8
+    while p < e and (p[0] == c' ' or p[0] == c'\t'):
+        p += 1
+    if p >= e:
+        return n
+    if p[0] == c'\n':
+        return p - s + 1                                    # blank line: no row
+    p = _num(p, e, &label)
+    if p == NULL or not _ends_token(p, e):
+        return -1
+    # qid:N right after the label
+    while p < e and (p[0] == c' ' or p[0] == c'\t'):
+        p += 1
+    if p + 4 < e and p[0] == c'q' and p[1] == c'i' and p[2] == c'd' and p[3] == c':':
+        p += 4
+        if p[0] == c'-' or p[0] == c'+':
+            p += 1
+        q = p
+        while p < e and <unsigned int>(<unsigned char>p[0]) - 48 <= 9:
+            p += 1
+        if p == q or not _ends_token(p, e):
+            return -1
+    while True:
+        while p < e and (p[0] == c' ' or p[0] == c'\t'):
+            p += 1
+        if p >= e:
+            break
+        if p[0] == c'\n':
+            p += 1
+            break
+        if p[0] == c'\r':
+            if p + 1 < e and p[1] == c'\n':
+                p += 2
+                break
+            return -1
+        q = p
+        idx = 0
+        k8 = 8
+        if p + 8 <= e:                                  # up to 8 digits at once
+            k8 = hpcps_svm_digits8(p, &idx)
+            p += k8
+        if k8 == 8:                                     # more digits (or near the end)
+            while p < e:
+                d = <unsigned int>(<unsigned char>p[0]) - 48
+                if d > 9:
+                    break
+                idx = idx * 10 + d
+                p += 1
+        if p == q or p - q > 18 or p >= e or p[0] != c':':
+            return -1
+        p += 1
+        d = <unsigned int>(<unsigned char>p[0]) - 48 if p < e else 10
+        if d <= 9 and p + 1 < e and (p[1] == c' ' or p[1] == c'\n'):
+            value = <double>d                           # one digit (binary features)
+            p += 1
+        else:
+            p = _num(p, e, &value)
+            if p == NULL or not _ends_token(p, e):
+                return -1
+        col = <int64_t>idx - index_base
+        if col < 0 or col >= n_features or col < prev:
+            return -1
+        if col == prev:
+            if not sum_duplicates:
+                return -1
+            data[nnz - 1] += value
+            if not isfinite(data[nnz - 1]):
+                return -1
+            continue
+        _put(indices, i32, nnz, col)
+        data[nnz] = value
+        nnz += 1
+        prev = col
+    labels[rows] = label
+    offsets[rows] = pos
+    rows += 1
+    _put(indptr, i32_ptr, rows, nnz)
+    rows_io[0] = rows
+    nnz_io[0] = nnz
+    return p - s
 
 
 
-def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=False):
+def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=False,
+                   index_dtype=np.int64):
     """Parse whole svmlight lines into CSR arrays.
 
     Parameters
@@ -178,13 +399,17 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
     sum_duplicates : bool, default False
         A feature index repeated right after itself in a row: add the values (True) or
         raise (False). An index smaller than its predecessor is always an error.
+    index_dtype : {numpy.int64, numpy.int32}, default numpy.int64
+        dtype of ``indices`` and ``indptr``; int32 needs ``n_features <= 2**31 - 1``
+        (``indptr`` stays int64 if ``buf`` could hold ``2**31`` or more values). int32 is
+        what scipy keeps for such a matrix: no cast after parsing.
 
     Returns
     -------
     labels : ndarray of float64, shape (n_rows,)
         The labels as written (any finite or non-finite number; the caller checks them).
-    indptr : ndarray of int64, shape (n_rows + 1,)
-    indices : ndarray of int64, shape (nnz,)
+    indptr : ndarray of int64 (or int32, see ``index_dtype``), shape (n_rows + 1,)
+    indices : ndarray of int64 (or int32), shape (nnz,)
         Zero-based, strictly increasing within each row.
     data : ndarray of float64, shape (nnz,)
         Finite values (explicit zeros are kept).
@@ -197,7 +422,8 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
         At the first bad line: ``offset`` is where that line starts in ``buf``. A ``\\r``
         followed by neither ``\\r`` nor ``\\n`` (nor the end of ``buf``) is one.
     ValueError
-        If ``index_base`` is not 0 or 1 or ``n_features < 1``.
+        If ``index_base`` is not 0 or 1, ``n_features < 1``, or ``index_dtype`` is not
+        int64 or int32 (int32 with ``n_features > 2**31 - 1``).
 
     Notes
     -----
@@ -208,6 +434,12 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
         raise ValueError(f"index_base must be 0 or 1, got {index_base}")
     if n_features < 1:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
+    index_dtype = np.dtype(index_dtype)
+    if index_dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
+        raise ValueError(f"index_dtype must be int64 or int32, got {index_dtype}")
+    cdef bint i32 = index_dtype == np.dtype(np.int32)
+    if i32 and n_features > 2**31 - 1:
+        raise ValueError(f"index_dtype int32 holds no index of n_features={n_features}")
     cdef const unsigned char[::1] view = buf
     cdef Py_ssize_t n = view.shape[0]
     cdef const char* s = b""
@@ -215,18 +447,21 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
         s = <const char*>&view[0]
     cdef Py_ssize_t max_rows, max_nnz
     with nogil:
-        _count2(s, n, &max_rows, &max_nnz)
+        hpcps_svm_count2(s, n, &max_rows, &max_nnz)
     max_rows += 1
+    # indptr: int32 only if no count of values can pass 2**31 - 1 (indices: int32 whenever
+    # asked, the values are below n_features); both written through _put
+    cdef bint i32_ptr = i32 and max_nnz <= 2**31 - 1
     labels_a = np.empty(max_rows, dtype=np.float64)
-    indptr_a = np.empty(max_rows + 1, dtype=np.int64)
-    indices_a = np.empty(max_nnz, dtype=np.int64)
+    indptr_a = np.empty(max_rows + 1, dtype=np.int32 if i32_ptr else np.int64)
+    indices_a = np.empty(max_nnz, dtype=index_dtype)
     data_a = np.empty(max_nnz, dtype=np.float64)
     offsets_a = np.empty(max_rows, dtype=np.int64)
-    cdef double[::1] labels = labels_a
-    cdef int64_t[::1] indptr = indptr_a
-    cdef int64_t[::1] indices = indices_a
-    cdef double[::1] data = data_a
-    cdef int64_t[::1] offsets = offsets_a
+    cdef double* labels = <double*>cnp.PyArray_DATA(labels_a)
+    cdef void* p_indptr = cnp.PyArray_DATA(indptr_a)
+    cdef void* p_indices = cnp.PyArray_DATA(indices_a)
+    cdef double* data = <double*>cnp.PyArray_DATA(data_a)
+    cdef int64_t* offsets = <int64_t*>cnp.PyArray_DATA(offsets_a)
 
     cdef Py_ssize_t pos = 0, eol, end, t0, t1, colon, k
     cdef Py_ssize_t rows = 0, nnz = 0, line_start = 0, bad_t0 = 0, bad_t1 = 0
@@ -236,10 +471,16 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
     cdef uint64_t idx, digit
     cdef int64_t col, prev, bad_col = 0, bad_prev = 0
     cdef bint first, qid_allowed
-    indptr[0] = 0
+    _put(p_indptr, i32_ptr, 0, 0)
+    cdef Py_ssize_t nxt
     with nogil:
         while pos < n and err == E_OK:
             line_start = pos
+            nxt = _fast_line(s, pos, n, index_base, n_features, sum_duplicates, labels,
+                             p_indptr, i32_ptr, p_indices, i32, data, offsets, &rows, &nnz)
+            if nxt >= 0:
+                pos = nxt
+                continue
             hit = <const char*>memchr(s + pos, c'\n', n - pos)
             eol = (hit - s) if hit != NULL else n
             hit = <const char*>memchr(s + pos, c'\r', eol - pos)
@@ -346,14 +587,14 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
                     err = E_DUPLICATE
                     bad_col = col
                     break
-                indices[nnz] = col
+                _put(p_indices, i32, nnz, col)
                 data[nnz] = value
                 nnz += 1
                 prev = col
                 t0 = t1
             if err == E_OK and not first:
                 rows += 1
-                indptr[rows] = nnz
+                _put(p_indptr, i32_ptr, rows, nnz)
             pos = eol + 1
     if err != E_OK:
         raise SvmlightSyntaxError(line_start, _reason(err, bytes(view[bad_t0:bad_t1]), bad_col,
@@ -400,3 +641,11 @@ def _reason(int err, bytes token, int64_t col, int64_t prev, int index_base, int
         return (f"duplicate feature index {col + index_base} in a row (set [data] "
                 f"duplicate_indices = \"sum\" to add their values)")
     return f"parse error {err}"
+
+
+def _count_lf_colon(const unsigned char[::1] buf):
+    """``(buf.count(b"\\n"), buf.count(b":"))`` by the sizing pass (for tests)."""
+    cdef Py_ssize_t a = 0, b = 0
+    if buf.shape[0]:
+        hpcps_svm_count2(<const char*>&buf[0], buf.shape[0], &a, &b)
+    return a, b

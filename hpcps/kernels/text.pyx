@@ -1,9 +1,15 @@
 # cython: language_level=3
-"""Byte counting for the text readers (no I/O, no MPI)."""
+"""Byte counting and CSR row gathers for the text readers (no I/O, no MPI)."""
 
-from libc.string cimport memchr
+import numpy as np
 
-__all__ = ["count_newlines"]
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memchr, memcpy
+
+cnp.import_array()
+
+__all__ = ["count_newlines", "newline_end", "take_rows"]
 
 
 def count_newlines(const unsigned char[::1] buf):
@@ -34,3 +40,112 @@ def count_newlines(const unsigned char[::1] buf):
             count += 1
             p += 1
     return count
+
+
+def newline_end(const unsigned char[::1] buf, Py_ssize_t k):
+    """Where the ``k``-th ``\\n`` of ``buf`` ends, or how many there are.
+
+    Parameters
+    ----------
+    buf : bytes-like, contiguous
+    k : int
+        ``>= 0`` (0: ``(0, 0)``).
+
+    Returns
+    -------
+    (int, int)
+        ``(k, offset just after the k-th \\n)`` if ``buf`` holds ``k`` of them, else
+        ``(count of \\n, -1)``; found with ``memchr`` without the GIL.
+    """
+    cdef Py_ssize_t n = buf.shape[0], count = 0
+    cdef const char* s
+    cdef const char* p
+    cdef const char* e
+    if k < 1:
+        return 0, 0
+    if n == 0:
+        return 0, -1
+    s = p = <const char*>&buf[0]
+    e = p + n
+    with nogil:
+        while p < e:
+            p = <const char*>memchr(p, 10, e - p)
+            if p == NULL:
+                break
+            count += 1
+            p += 1
+            if count == k:
+                break
+    if count == k:
+        return count, p - s
+    return count, -1
+
+
+def take_rows(const int64_t[::1] indptr, const int64_t[::1] indices, data,
+              const int64_t[::1] rows, bint int32=False):
+    """The CSR rows ``rows`` (in that order) of ``(indptr, indices, data)``, one copy of
+    each row's run without the GIL.
+
+    Parameters
+    ----------
+    indptr : int64 (n + 1,)
+    indices : int64 (nnz,)
+    data : float64 (nnz,) or None
+    rows : int64 (m,)
+        Each in ``[0, n)``.
+    int32 : bool, default False
+        Write ``indptr`` and ``indices`` as int32 (the caller knows they fit).
+
+    Returns
+    -------
+    (indptr, indices, data)
+        ``(m + 1,)`` and ``(sum of the rows' lengths,)`` arrays; ``data`` None if it was.
+
+    Raises
+    ------
+    IndexError
+        A row outside ``[0, n)``.
+    """
+    cdef Py_ssize_t n = indptr.shape[0] - 1, m = rows.shape[0], i, j, r, a, b, out = 0
+    cdef int64_t total = 0
+    for i in range(m):
+        r = rows[i]
+        if r < 0 or r >= n:
+            raise IndexError(f"row {r} outside [0, {n})")
+        total += indptr[r + 1] - indptr[r]
+    ptr_a = np.empty(m + 1, dtype=np.int32 if int32 else np.int64)
+    ind_a = np.empty(total, dtype=np.int32 if int32 else np.int64)
+    cdef const double[::1] dv
+    cdef double[::1] dout
+    cdef bint has_data = data is not None
+    dat_a = None
+    if has_data:
+        dv = data
+        dat_a = np.empty(total, dtype=np.float64)
+        dout = dat_a
+    cdef int32_t* p32 = <int32_t*>cnp.PyArray_DATA(ptr_a)
+    cdef int64_t* p64 = <int64_t*>cnp.PyArray_DATA(ptr_a)
+    cdef int32_t* i32 = <int32_t*>cnp.PyArray_DATA(ind_a)
+    cdef int64_t* i64 = <int64_t*>cnp.PyArray_DATA(ind_a)
+    with nogil:
+        for i in range(m):
+            if int32:
+                p32[i] = <int32_t>out
+            else:
+                p64[i] = out
+            r = rows[i]
+            a = indptr[r]
+            b = indptr[r + 1]
+            if int32:
+                for j in range(a, b):
+                    i32[out + j - a] = <int32_t>indices[j]
+            else:
+                memcpy(i64 + out, &indices[a], (b - a) * sizeof(int64_t))
+            if has_data and b > a:
+                memcpy(&dout[out], &dv[a], (b - a) * sizeof(double))
+            out += b - a
+        if int32:
+            p32[m] = <int32_t>out
+        else:
+            p64[m] = out
+    return ptr_a, ind_a, dat_a

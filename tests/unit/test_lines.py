@@ -211,3 +211,86 @@ def test_partitions_keep_compressed_files_whole(data):
                     assert j == 0, (n_parts, bounds)
     # 3 parts: cuts at 500 (plain a.tsv, kept) and 1000 (inside b.tsv.gz 700..1100 -> 1100)
     assert [ix.part_bounds(1500, p, 3) for p in range(3)] == [(0, 500), (500, 1100), (1100, 1500)]
+
+
+def _csr(X, y):
+    return (y.tolist(), X.indptr.astype(np.int64).tolist(), X.indices.astype(np.int64).tolist(),
+            X.data.tolist())
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "svmlight"])
+def test_step_slices_and_other_requests_give_the_same_rows(tmp_path, fmt):
+    """A step's rows ``order[a:b]`` are served as a slice of the unit (its rows are put in
+    the order's sequence once); any other request (a copy in another order, a subset) goes
+    through the per-row search: both give the same rows, blank and skipped lines dropped."""
+    if fmt == "criteo":
+        p = tmp_path / "c.tsv"
+        p.write_bytes(criteo_lines(range(500)))
+        c = cfg()
+    else:
+        rng = np.random.default_rng(3)
+        lines = []
+        for i in range(500):
+            k = rng.integers(4)
+            lines.append(b"" if k == 0 else b"# c" if k == 1 else
+                         f"{i % 2} {i % 5 + 1}:{i} {i % 5 + 7}:0.5".encode())
+        p = tmp_path / "s.svm"
+        p.write_bytes(b"\n".join(lines) + b"\n")
+        c = cfg(format="svmlight", index_base=1, n_features=20, duplicate_indices="error",
+                num_features=20)
+    ix = load_index(p)
+    order = epoch_order(ix.n_lines, 0, 0, 1, True, 64)
+    for first in (0, 45):
+        a_rows = StreamedRows(ix, Parser(c), 0, ix.n_lines, unit=64, depth=2)
+        b_rows = StreamedRows(ix, Parser(c), 0, ix.n_lines, unit=64, depth=2)
+        a_rows.start(order, first)
+        b_rows.start(order, first)
+        for a in range(first, order.size, 50):                   # batches across units
+            r = order[a:a + 50]
+            got = _csr(a_rows[r], a_rows.labels[r])
+            s = np.array(r[::-1])                                # another order: searched
+            Xb, yb = b_rows[s], b_rows.labels[s]
+            back = np.arange(yb.size)[::-1]
+            want = _csr(Xb[back], yb[back])
+            assert got == want
+        a_rows.close()
+        b_rows.close()
+
+
+def test_rows_of_a_unit_already_passed_are_refused(data):
+    ix = load_index(data)
+    order = np.arange(ix.n_lines)
+    rows = StreamedRows(ix, Parser(cfg()), 0, ix.n_lines, unit=100, depth=2)
+    rows.start(order)
+    rows[order[0:50]]
+    rows[order[300:350]]                                        # units 0..2 passed
+    with pytest.raises(RuntimeError, match="outside the order being read"):
+        rows[order[50:100]]
+    rows.close()
+
+
+def test_text_kernels_newline_end_and_take_rows():
+    import scipy.sparse as sp
+
+    from hpcps.kernels.text import newline_end, take_rows
+
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        b = rng.choice(np.frombuffer(b"\na", np.uint8), size=rng.integers(0, 40)).tobytes()
+        k = int(rng.integers(0, 8))
+        ends = [i + 1 for i, ch in enumerate(b) if ch == 10]
+        want = (0, 0) if k == 0 else (k, ends[k - 1]) if len(ends) >= k else (len(ends), -1)
+        assert newline_end(b, k) == want
+    for t in range(100):
+        X = sp.random(int(rng.integers(1, 30)), 50, density=0.2, format="csr", random_state=t)
+        rows = rng.integers(0, X.shape[0], size=rng.integers(0, 40)).astype(np.int64)
+        ref = X[rows]
+        for small in (False, True):
+            for d in (X.data, None):
+                p, i, dd = take_rows(X.indptr.astype(np.int64), X.indices.astype(np.int64), d,
+                                     rows, small)
+                assert p.dtype == i.dtype == (np.int32 if small else np.int64)
+                assert p.tolist() == ref.indptr.tolist() and i.tolist() == ref.indices.tolist()
+                assert (dd is None) if d is None else dd.tolist() == ref.data.tolist()
+    with pytest.raises(IndexError, match=r"row 1 outside \[0, 1\)"):
+        take_rows(np.array([0, 1]), np.array([3]), None, np.array([1]))

@@ -510,3 +510,107 @@ def test_utf16_text_is_refused_naming_the_encoding(tmp_path, bom, name):
     path.write_bytes(bom + "1 1:1\n".encode("utf-16-le" if bom == b"\xff\xfe" else "utf-16-be"))
     with pytest.raises(DataError, match=rf"u16\.svm:1: .*{name}"):
         read_svmlight_part(path, 0, 1, n_features=4, index_base=1)
+
+
+# ------------------------------------------- values bit-identical to scikit-learn's parser
+
+def _tricky_value(rng):
+    """A finite value in one of the decimal forms svmlight files hold."""
+    k = rng.integers(16)
+    x = float(rng.standard_normal() * 10.0 ** rng.integers(-8, 9))
+    if k == 0:
+        return repr(x)                                   # shortest round trip, 17 digits
+    if k == 1:
+        return f"{x:.17g}"
+    if k == 2:
+        return f"{x:.{rng.integers(0, 12)}e}".replace("e", "eE"[rng.integers(2)])
+    if k == 3:
+        return f"{x:.{rng.integers(0, 25)}f}"
+    if k == 4:
+        return ("+" if x >= 0 else "") + f"{x:.6g}"      # '+' sign
+    if k == 5:
+        return f"{abs(x) % 1:.{rng.integers(1, 20)}f}"[1:]   # leading '.', no integer part
+    if k == 6:
+        return "-." + "".join(map(str, rng.integers(0, 10, rng.integers(1, 24))))
+    if k == 7:
+        return str(int(rng.integers(-(2**62), 2**62)))   # beyond 2**53: rounded
+    if k == 8:
+        return "0." + "0" * int(rng.integers(15, 40)) + str(int(rng.integers(1, 10**6)))
+    if k == 9:
+        return f"{rng.integers(0, 10**6)}e{rng.integers(-320, 300)}"   # subnormal to huge
+    if k == 10:
+        return "".join(map(str, rng.integers(0, 10, rng.integers(17, 30)))) + "." + \
+            "".join(map(str, rng.integers(0, 10, rng.integers(0, 8))))   # long mantissa
+    if k == 11:
+        return str(rng.choice(["0", "-0", "1", "1.", "+.5", "-0.0", "00012", "9007199254740993",
+                               "9007199254740992", "4.9e-324", "1.7976931348623157e308"]))
+    return str(rng.choice(["1", "-1", "0.5", "2.25"]))
+
+
+def test_values_bit_identical_to_sklearn(tmp_path):
+    """Labels and values of a file of tricky decimal forms (17 significant digits,
+    exponents, '+', a leading '.', long mantissas, subnormals, -0) with qid fields,
+    comments, tabs and CRLF line ends: bitwise what scikit-learn's parser reads."""
+    rng = np.random.default_rng(19)
+    lines = []
+    for i in range(3000):
+        label = str(rng.choice(["1", "-1", "+1", "0", "1.0", "-1.000"]))
+        toks = [label]
+        if i % 7 == 0:
+            toks.append(f"qid:{rng.integers(0, 100)}")
+        cols = np.sort(rng.choice(500, size=rng.integers(0, 12), replace=False)) + 1
+        toks += [f"{c}:{_tricky_value(rng)}" for c in cols]
+        sep = " " if i % 5 else "\t"
+        line = sep.join(toks)
+        if i % 11 == 0:
+            line += "  # a comment 3:4"
+        lines.append(line + ("\r\n" if i % 13 == 0 else "\n"))
+    lines.insert(10, "# a comment line\n")
+    path = tmp_path / "tricky.svm"
+    path.write_text("".join(lines))
+    X_ref, y_ref = load_svmlight_file(str(path), n_features=501, zero_based=False)
+    for n_parts in (1, 3):
+        X, y, _ = read_all_parts(path, n_parts, 501, 1)
+        np.testing.assert_array_equal(X.indptr, X_ref.indptr)
+        np.testing.assert_array_equal(X.indices, X_ref.indices)
+        np.testing.assert_array_equal(X.data.view(np.uint64), X_ref.data.view(np.uint64))
+        np.testing.assert_array_equal(y, (y_ref > 0).astype(np.float64))
+
+
+def test_kernel_int32_indices_equal_int64_ones():
+    from hpcps.kernels.svmlight import parse_svmlight
+
+    buf = b"1 1:0.5 7:2 # c\n-1 qid:3 2:1 2:4\n\n0\n1 3:1e-3 2147483646:1\r\n"
+    a = parse_svmlight(buf, 0, 2**31 - 1, sum_duplicates=True)
+    b = parse_svmlight(buf, 0, 2**31 - 1, sum_duplicates=True, index_dtype=np.int32)
+    assert a[1].dtype == a[2].dtype == np.int64 and b[1].dtype == b[2].dtype == np.int32
+    for x, z in zip(a, b):
+        np.testing.assert_array_equal(x, z)
+    with pytest.raises(ValueError, match="int32 holds no index of n_features=2147483648"):
+        parse_svmlight(buf, 0, 2**31, index_dtype=np.int32)
+    with pytest.raises(ValueError, match="index_dtype must be int64 or int32"):
+        parse_svmlight(buf, 0, 10, index_dtype=np.int16)
+
+
+def test_part_keeps_the_parsed_int32_arrays(tmp_path):
+    """The kernel writes int32 indices for a table scipy indexes with int32: the matrix
+    holds the parsed arrays (no int64 -> int32 cast of every index)."""
+    path = tmp_path / "f.svm"
+    path.write_bytes(b"1 1:1 3:2\n0 2:1\n")
+    X, _ = read_svmlight_part(path, 0, 1, n_features=2**31 - 1, index_base=1)
+    assert X.indices.dtype == np.int32 and X.indptr.dtype == np.int32
+    X, _ = read_svmlight_part(path, 0, 1, n_features=2**31, index_base=1)
+    assert X.indices.dtype == np.int64
+    np.testing.assert_array_equal(X.indices, [0, 2, 1])
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 4079, 4080, 4081, 4096, 65537, 1 << 20])
+def test_sizing_pass_counts_every_lf_and_colon(n):
+    """The outputs are sized by these counts (16 bytes a step, byte counters flushed every
+    255 steps): an undercount would write past the arrays."""
+    from hpcps.kernels.svmlight import _count_lf_colon
+
+    rng = np.random.default_rng(n)
+    for p in ([0.3, 0.3, 0.2, 0.1, 0.1], [0.0, 1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0, 0.0]):
+        buf = rng.choice(np.frombuffer(b"\n:a1 ", np.uint8), size=n, p=p).tobytes()
+        assert _count_lf_colon(buf) == (buf.count(b"\n"), buf.count(b":"))
