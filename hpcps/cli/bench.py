@@ -48,6 +48,10 @@ def suite(quick: bool, tmp: Path) -> list[dict]:
         {"name": "rma", "ranks": 2, "script": "bench_rma.py", "args": q + j("rma")},
         {"name": "rma_fanin", "ranks": 3 if quick else 5, "script": "bench_rma.py",
          "args": q + ["--fanin", "--reps", "4"] + j("rma_fanin")},
+        # dynamic tables' update kernel vs the fixed array (issue 18), readers vs cat/zcat | wc
+        # (issue 19)
+        {"name": "hashtable", "ranks": 0, "script": "bench_hashtable.py", "args": q + j("hashtable")},
+        {"name": "reader", "ranks": 0, "script": "bench_reader.py", "args": q + j("reader")},
         {"name": "checkpoint", "ranks": 0, "script": "bench_checkpoint.py",
          "args": q + ([] if quick else ["--run"]) + j("checkpoint")},
         {"name": "e2e", "ranks": 0, "script": "bench_e2e.py",

@@ -75,7 +75,9 @@ def data_keys(ck: Checker, table: dict, fmt: str | None, dynamic: bool = False) 
         if k == "n_features" and dynamic:
             continue                         # a dynamic table takes any id below 2**63 - 1
         if k not in table:
-            ck.fail(f"data.{k}", f"required key missing (required for format '{fmt}')")
+            ck.fail(f"data.{k}", f"required key missing (required for format '{fmt}')"
+                    + ('; or [model] storage = "hash" for raw ids without a declared id space'
+                       if k == "n_features" else ""))
     from hpcps.config.sections import SECTIONS
 
     return tuple(k for k in SECTIONS["data"] if k != "format" and (

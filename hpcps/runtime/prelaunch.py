@@ -82,6 +82,10 @@ def memory_message(cfg, need: int, parts: list, here: int, have: int | None) -> 
              f"more servers ([cluster] servers = {cfg.cluster.servers} now)", "fewer keys"]
     if cfg.model.dtype != "float32":
         cures.append('[model] dtype = "float32"')
+    if cfg.model.type == "logistic" and cfg.data.format in ("svmlight", "adult_csv", "criteo"):
+        # a fixed table is sized by its key space; a dynamic one by the keys that occur
+        cures.insert(-1, '[model] storage = "hash" (a dynamic table: memory for the ids that '
+                         'occur, not the whole id space; docs/dynamic_tables.md)')
     return (f"{display_path(cfg.path)}: {size_key(cfg)}: the tables do not fit the servers' "
             f"memory: per server {detail}; {where}. Use {', '.join(cures[:-1])} or "
             f"{cures[-1]}.")

@@ -54,8 +54,9 @@ def test_model_level_default_applies_to_sparse_tables_only(d):
 
 
 def test_fixed_weights_still_need_n_features(d):
-    with pytest.raises(ConfigError, match="data.n_features: required key missing"):
+    with pytest.raises(ConfigError, match="data.n_features: required key missing") as e:
         parse(d, "")
+    assert 'or [model] storage = "hash" for raw ids' in str(e.value)   # the other cure named
 
 
 @pytest.mark.parametrize("extra, key, words", [
