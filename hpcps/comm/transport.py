@@ -85,6 +85,10 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcps.comm.buffers import POOL_MAX_FREE_BYTES, POOL_MIN_BYTES, BufferPool
+try:                        # the compiled request path (built by setup.py where mpicc is)
+    from hpcps.comm import fastpath as _fast
+except ImportError:         # pragma: no cover - a build without an MPI compiler wrapper
+    _fast = None
 from hpcps.comm import core as _core
 from hpcps.comm.core import (LaunchError, cores_dedicated, irecv_array, isend_array, native_contiguous,
                              recv_array, waitall)
@@ -335,7 +339,12 @@ class ServerEndpoint:
         self._status = MPI.Status()
         self._header = np.empty(HEADER_LEN, dtype=np.int64)
         self._request = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        self._request_header = self._request[:HEADER_BYTES].view(np.int64)
         self._inline = None       # the parts sent with the request just polled (bytes view)
+        self._reply_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        #: the compiled request path (:mod:`hpcps.comm.fastpath`) when it is built; it is
+        #: used outside continue mode only (whose waits must notice failed ranks)
+        self.compiled = _fast is not None
         self._scratch = np.empty(0, dtype=np.int64)      # reused by recv_keys(scratch=True)
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
         #: replies sent without waiting: (requests, rows copy, header copy)
@@ -346,6 +355,19 @@ class ServerEndpoint:
         (after testing the replies still in flight)."""
         if self._inflight:
             self.progress()
+        if self.compiled and not _core.WATCH:
+            # Iprobe, and the receive of a request of one message, in one compiled call
+            got = _fast.probe_recv(self.comm, TAG_REQ, self._request,
+                                   min(INLINE_BYTES, self.max_bytes))
+            if got is None:
+                return None
+            src, nbytes = got
+            if not HEADER_BYTES <= nbytes <= min(INLINE_BYTES, self.max_bytes):
+                raise RuntimeError(self._bad_size(nbytes, src))
+            h = self._request_header.copy()
+            self._inline = self._request[HEADER_BYTES:nbytes] if nbytes > HEADER_BYTES else None
+            self.stats.add(int(h[H_OP]), messages=1, inn=HEADER_BYTES, keys=int(h[H_NKEYS]))
+            return src, h
         if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQ, status=self._status):
             return None
         src = self._status.Get_source()
@@ -359,12 +381,43 @@ class ServerEndpoint:
             h = self._request[:HEADER_BYTES].view(np.int64).copy()
             self._inline = self._request[HEADER_BYTES:nbytes]
         else:
-            raise RuntimeError(f"request of {nbytes} bytes from rank {src}: neither a header "
-                               f"({HEADER_BYTES} B) nor a header with parts (at most "
-                               f"{min(INLINE_BYTES, self.max_bytes)} B): do all ranks use the "
-                               "same max_message_bytes?")
+            raise RuntimeError(self._bad_size(nbytes, src))
         self.stats.add(int(h[H_OP]), messages=1, inn=h.nbytes, keys=int(h[H_NKEYS]))
         return src, h
+
+    def _bad_size(self, nbytes: int, src: int) -> str:
+        return (f"request of {nbytes} bytes from rank {src}: neither a header "
+                f"({HEADER_BYTES} B) nor a header with parts (at most "
+                f"{min(INLINE_BYTES, self.max_bytes)} B): do all ranks use the "
+                "same max_message_bytes?")
+
+    def pull_inline(self, dest: int, n: int, num_keys: int, multiplier: int, lo: int, hi: int,
+                    w: np.ndarray, header: np.ndarray, rng: int) -> bool:
+        """Answer the PULL just polled from ``dest``, ready to be read, in one compiled call
+        (:func:`hpcps.comm.fastpath.pull_inline`) when its ``n`` keys came with it and its
+        reply (rows of ``w``, then the shard clock ``header``) is one message
+        (:func:`one_message`), outside continue mode: keys to rows ``w[p(key) - lo]`` (the
+        permutation ``num_keys``, ``multiplier`` of the range ``[lo, hi)``), the rows and
+        header packed and sent to ``dest`` for key range ``rng``. Returns whether it did;
+        False leaves the request to :meth:`recv_keys` and :meth:`reply`. Counted as they
+        would have counted it.
+
+        Raises
+        ------
+        ValueError
+            For a key outside the key space or ``[lo, hi)`` (naming it; nothing sent).
+        """
+        inl = self._inline
+        if (not self.compiled or inl is None or inl.size != 8 * n or _core.WATCH
+                or w.ndim != 2 or not w.flags.c_contiguous
+                or not one_message(n * w.shape[1] * w.itemsize + header.nbytes, self.max_bytes)):
+            return False
+        t0 = time.perf_counter()
+        self._inline = None
+        nbytes = _fast.pull_inline(self.comm, dest, reply_tag(rng), self._request, HEADER_BYTES,
+                                   n, num_keys, multiplier, lo, hi, w, header, self._reply_buf)
+        self.stats.add(PULL, inn=8 * n, out=nbytes, seconds=time.perf_counter() - t0)
+        return True
 
     def recv_keys(self, source: int, n: int, op: int, scratch: bool = False,
                   pooled: bool = False) -> np.ndarray:

@@ -253,6 +253,9 @@ class ParameterServer(ServerMembership):
         op = int(h[tp.H_OP])
         if op == tp.PULL:
             shard = self._shard(h)
+            if (type(shard) is Shard and self._pull_ready(h)
+                    and shard.pull_inline(self.ep, source, int(h[tp.H_NKEYS]), self.index)):
+                return                       # answered in one compiled call
             keys = self.ep.recv_keys(source, int(h[tp.H_NKEYS]), op, scratch=True)   # not kept
             if self._pull_ready(h):
                 vals = shard.pull_reply(keys, self.index, self.ep.pool)
