@@ -464,6 +464,22 @@ class ServerEndpoint:
         self.stats.add(op, inn=vals.nbytes)
         return vals
 
+    def recv_push(self, source: int, n: int, dim: int, dtype, op: int = PUSH):
+        """Receive the keys (int64 ``(n,)``) and value rows (``(n, dim)`` of ``dtype``) of the
+        PUSH just polled from ``source``, as :meth:`recv_keys` and :meth:`recv_values` with
+        ``pooled`` do (give both back once used): when both came with the request, one copy
+        of its bytes that the two arrays view (counted once)."""
+        inl = self._inline
+        dtype = np.dtype(dtype)
+        kb = 8 * n
+        if inl is not None and inl.size == kb + n * dim * dtype.itemsize and dtype.isnative:
+            self._inline = None
+            blob = inl.copy()
+            self.stats.add(op, inn=blob.size)
+            return blob[:kb].view(np.int64), blob[kb:].view(dtype).reshape(n, dim)
+        keys = self.recv_keys(source, n, op, pooled=True)
+        return keys, self.recv_values(source, (n, dim), dtype, op, pooled=True)
+
     def reply(self, dest: int, values: np.ndarray, op: int, header: np.ndarray | None = None,
               rng: int = 0) -> None:
         """Send reply rows for key range ``rng`` to ``dest`` (which has posted the receive with
