@@ -8,16 +8,23 @@ hands over (outside continue mode; everything else keeps the Python path).
   one message — keys to local rows, the rows gathered into the reply buffer with the shard's
   clock header after them, and the blocking ``MPI_Send`` — in one call.
 
+and the worker's side of small requests (:class:`hpcps.comm.transport.WorkerEndpoint`):
+
+* :func:`send_packed`: a request of one message packed and sent (``MPI_Send``) in one call;
+* :func:`irecv_bytes`: the receive of a packed reply posted (an ``MPI.Request``);
+* :func:`unpack`: the packed reply copied into the rows and the header.
+
 MPI errors raise :class:`mpi4py.MPI.Exception` with the error code, as mpi4py's own calls do
 (:func:`hpcps.comm.ft.is_peer_failure` reads its class).
 """
 
-from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE,
+                             PyBuffer_Release, PyObject_GetBuffer)
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 from mpi4py cimport MPI
-from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Get_count, MPI_Iprobe, MPI_Recv,
-                            MPI_Send, MPI_Status, MPI_STATUS_IGNORE, MPI_SUCCESS)
+from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Get_count, MPI_Iprobe, MPI_Irecv,
+                            MPI_Recv, MPI_Send, MPI_Status, MPI_STATUS_IGNORE, MPI_SUCCESS)
 
 from hpcps.kernels.keys cimport gather_local_ptr
 
@@ -131,3 +138,86 @@ def pull_inline(MPI.Comm comm, int dest, int tag, request, Py_ssize_t offset, Py
     if ierr != MPI_SUCCESS:
         raise MPIException(ierr)
     return total
+
+
+def send_packed(MPI.Comm comm, int dest, int tag, header, keys, values, sendbuf):
+    """Send ``header``, then ``keys`` and ``values`` (each C-contiguous, native byte order;
+    ``None`` for an absent part), back to back as one message of bytes to ``dest`` on
+    ``tag`` with a blocking ``MPI_Send``, built in ``sendbuf``. For a worker's request of
+    one eager message (:func:`hpcps.comm.transport.one_message`): the send returns once the
+    message is on its way. Returns the bytes sent. Point-to-point."""
+    cdef Py_buffer hb, kb, vb, sb
+    cdef Py_ssize_t pos, total
+    cdef int ierr = MPI_SUCCESS
+    kb.len = vb.len = 0
+    kb.buf = vb.buf = NULL
+    PyObject_GetBuffer(header, &hb, PyBUF_C_CONTIGUOUS)
+    PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        if keys is not None:
+            PyObject_GetBuffer(keys, &kb, PyBUF_C_CONTIGUOUS)
+        try:
+            if values is not None:
+                PyObject_GetBuffer(values, &vb, PyBUF_C_CONTIGUOUS)
+            try:
+                total = hb.len + kb.len + vb.len
+                if total > sb.len:
+                    raise ValueError(f"send_packed: a {total}-byte message in a {sb.len}-byte "
+                                     "buffer")
+                memcpy(sb.buf, hb.buf, hb.len)
+                pos = hb.len
+                if kb.len:
+                    memcpy(<char*>sb.buf + pos, kb.buf, kb.len)
+                    pos += kb.len
+                if vb.len:
+                    memcpy(<char*>sb.buf + pos, vb.buf, vb.len)
+                with nogil:
+                    ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi)
+            finally:
+                if values is not None:
+                    PyBuffer_Release(&vb)
+        finally:
+            if keys is not None:
+                PyBuffer_Release(&kb)
+    finally:
+        PyBuffer_Release(&sb)
+        PyBuffer_Release(&hb)
+    if ierr != MPI_SUCCESS:
+        raise MPIException(ierr)
+    return total
+
+
+def irecv_bytes(MPI.Comm comm, int source, int tag, buf):
+    """Post the receive of one message of bytes from ``source`` on ``tag`` into ``buf``
+    (contiguous, writeable; the caller keeps it alive until the request completes): the
+    :class:`mpi4py.MPI.Request`. Point-to-point."""
+    cdef Py_buffer b
+    cdef int ierr
+    cdef MPI.Request req = MPI.Request.__new__(MPI.Request)
+    PyObject_GetBuffer(buf, &b, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        ierr = MPI_Irecv(b.buf, <int>b.len, MPI_BYTE, source, tag, comm.ob_mpi, &req.ob_mpi)
+    finally:
+        PyBuffer_Release(&b)
+    if ierr != MPI_SUCCESS:
+        raise MPIException(ierr)
+    return req
+
+
+def unpack(stage, rows, header):
+    """Copy a packed PULL reply ``stage`` (bytes: the rows, then the shard clock header)
+    into ``rows`` and ``header`` (C-contiguous, writeable). Local."""
+    cdef Py_buffer sb, rb, hb
+    PyObject_GetBuffer(stage, &sb, PyBUF_ANY_CONTIGUOUS)
+    PyObject_GetBuffer(rows, &rb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+    PyObject_GetBuffer(header, &hb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        if sb.len != rb.len + hb.len:
+            raise ValueError(f"unpack: a {sb.len}-byte reply for {rb.len} bytes of rows and "
+                             f"a {hb.len}-byte header")
+        memcpy(rb.buf, sb.buf, rb.len)
+        memcpy(hb.buf, <char*>sb.buf + rb.len, hb.len)
+    finally:
+        PyBuffer_Release(&hb)
+        PyBuffer_Release(&rb)
+        PyBuffer_Release(&sb)

@@ -228,6 +228,10 @@ class WorkerEndpoint:
         self._reqs: list = []
         self._keep: list = []
         self._unpack: list = []        # (stage, rows, header) of packed replies (expect_rows)
+        #: the compiled path (:mod:`hpcps.comm.fastpath`) for requests and replies of one
+        #: message, when it is built; used outside continue mode only
+        self.compiled = _fast is not None
+        self._send_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
         if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
             wait_spin = None if cores_dedicated() else WAIT_SPIN
         #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
@@ -239,6 +243,9 @@ class WorkerEndpoint:
         ``server``: one message when they fit in ``INLINE_BYTES``."""
         op = int(header[H_OP])
         if keys is not None or values is not None:
+            if (self.compiled and not _core.WATCH
+                    and self._send_compiled(server, op, header, keys, values)):
+                return
             parts = [native_contiguous(a) for a in (keys, values) if a is not None]
             nbytes = header.nbytes + sum(a.nbytes for a in parts)
             if one_message(nbytes, self.max_bytes):
@@ -256,6 +263,24 @@ class WorkerEndpoint:
                                       self.max_bytes, self._reqs))
         self.stats.add(op, messages=1, out=header.nbytes, keys=int(header[H_NKEYS]))
         self.send_parts(server, keys, values, op)
+
+    def _send_compiled(self, server: int, op: int, header, keys, values) -> bool:
+        """:meth:`send` of a request of one message in one compiled call
+        (:func:`hpcps.comm.fastpath.send_packed`, a blocking eager ``MPI_Send``); False
+        (nothing sent) when it is larger or a part is not C-contiguous native data."""
+        nbytes = header.nbytes + (0 if keys is None else keys.nbytes) + \
+            (0 if values is None else values.nbytes)
+        if (not one_message(nbytes, self.max_bytes)
+                or (keys is not None and not keys.dtype.isnative)
+                or (values is not None and not values.dtype.isnative)):
+            return False
+        try:
+            _fast.send_packed(self.comm, self.server_ranks[server], TAG_REQ, header, keys,
+                              values, self._send_buf)
+        except BufferError:            # not C-contiguous: the general path
+            return False
+        self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+        return True
 
     def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
         """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to
@@ -293,8 +318,12 @@ class WorkerEndpoint:
             self.expect_header(server, header, op)
             return
         stage = np.empty(rows.nbytes + header.nbytes, dtype=np.uint8)
-        irecv_array(self.comm, stage, self.server_ranks[server], reply_tag(server),
-                    self.max_bytes, self._reqs)
+        if self.compiled and not _core.WATCH:
+            self._reqs.append(_fast.irecv_bytes(self.comm, self.server_ranks[server],
+                                                reply_tag(server), stage))
+        else:
+            irecv_array(self.comm, stage, self.server_ranks[server], reply_tag(server),
+                        self.max_bytes, self._reqs)
         self._keep.append(stage)
         self._unpack.append((stage, rows, header))
         self.stats.add(op, inn=stage.nbytes)
@@ -313,6 +342,9 @@ class WorkerEndpoint:
             self._keep.clear()
             unpack, self._unpack = self._unpack, []
         for stage, rows, header in unpack:
+            if self.compiled and rows.flags.c_contiguous:
+                _fast.unpack(stage, rows, header)
+                continue
             n = rows.nbytes
             rows.reshape(-1).view(np.uint8)[:] = stage[:n]
             header.view(np.uint8)[:] = stage[n:]
