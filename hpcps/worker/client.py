@@ -348,7 +348,9 @@ class PSClient(NextPull):
         self.reads += 1
         n = int(hdr[H_NWORKERS])
         if n:
-            self.lead_max = max(self.lead_max, self.clock_value - int(hdr[H_WORKER0:H_WORKER0 + n].min()))
+            # a list's min: ndarray.min's Python wrapper cost more than the rest of _saw
+            self.lead_max = max(self.lead_max,
+                                self.clock_value - min(hdr[H_WORKER0:H_WORKER0 + n].tolist()))
 
     def worker_clocks(self) -> np.ndarray:
         """Every worker's clock as of the most recent shard header read (int64; empty before
