@@ -140,48 +140,50 @@ def pull_inline(MPI.Comm comm, int dest, int tag, request, Py_ssize_t offset, Py
     return total
 
 
-def send_packed(MPI.Comm comm, int dest, int tag, header, keys, values, sendbuf):
-    """Send ``header``, then ``keys`` and ``values`` (each C-contiguous, native byte order;
-    ``None`` for an absent part), back to back as one message of bytes to ``dest`` on
-    ``tag`` with a blocking ``MPI_Send``, built in ``sendbuf``. For a worker's request of
+def send_packed(MPI.Comm comm, int dest, int tag, header, parts, sendbuf):
+    """Send ``header``, then each array of ``parts`` (a sequence; each C-contiguous, native
+    byte order; ``None`` entries skipped), back to back as one message of bytes to ``dest``
+    on ``tag`` with a blocking ``MPI_Send``, built in ``sendbuf``. For a worker's request of
     one eager message (:func:`hpcps.comm.transport.one_message`): the send returns once the
-    message is on its way. Returns the bytes sent. Point-to-point."""
-    cdef Py_buffer hb, kb, vb, sb
+    message is on its way. Returns the bytes sent. Point-to-point.
+
+    Raises
+    ------
+    BufferError
+        For a part that is not C-contiguous (nothing sent).
+    ValueError
+        When the message does not fit in ``sendbuf`` (nothing sent).
+    """
+    cdef Py_buffer hb, pb, sb
     cdef Py_ssize_t pos, total
     cdef int ierr = MPI_SUCCESS
-    kb.len = vb.len = 0
-    kb.buf = vb.buf = NULL
-    PyObject_GetBuffer(header, &hb, PyBUF_C_CONTIGUOUS)
     PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
     try:
-        if keys is not None:
-            PyObject_GetBuffer(keys, &kb, PyBUF_C_CONTIGUOUS)
+        PyObject_GetBuffer(header, &hb, PyBUF_C_CONTIGUOUS)
         try:
-            if values is not None:
-                PyObject_GetBuffer(values, &vb, PyBUF_C_CONTIGUOUS)
-            try:
-                total = hb.len + kb.len + vb.len
-                if total > sb.len:
-                    raise ValueError(f"send_packed: a {total}-byte message in a {sb.len}-byte "
-                                     "buffer")
-                memcpy(sb.buf, hb.buf, hb.len)
-                pos = hb.len
-                if kb.len:
-                    memcpy(<char*>sb.buf + pos, kb.buf, kb.len)
-                    pos += kb.len
-                if vb.len:
-                    memcpy(<char*>sb.buf + pos, vb.buf, vb.len)
-                with nogil:
-                    ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi)
-            finally:
-                if values is not None:
-                    PyBuffer_Release(&vb)
+            if hb.len > sb.len:
+                raise ValueError(f"send_packed: a {hb.len}-byte header in a {sb.len}-byte "
+                                 "buffer")
+            memcpy(sb.buf, hb.buf, hb.len)
+            pos = hb.len
         finally:
-            if keys is not None:
-                PyBuffer_Release(&kb)
+            PyBuffer_Release(&hb)
+        for a in parts:
+            if a is None:
+                continue
+            PyObject_GetBuffer(a, &pb, PyBUF_C_CONTIGUOUS)
+            try:
+                if pos + pb.len > sb.len:
+                    raise ValueError(f"send_packed: more than {sb.len} bytes")
+                memcpy(<char*>sb.buf + pos, pb.buf, pb.len)
+                pos += pb.len
+            finally:
+                PyBuffer_Release(&pb)
+        total = pos
+        with nogil:
+            ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi)
     finally:
         PyBuffer_Release(&sb)
-        PyBuffer_Release(&hb)
     if ierr != MPI_SUCCESS:
         raise MPIException(ierr)
     return total

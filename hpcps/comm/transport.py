@@ -238,49 +238,62 @@ class WorkerEndpoint:
         #: seconds, then sleeps between polls (:func:`hpcps.comm.core.waitall`)
         self.wait_spin = wait_spin
 
-    def send(self, server: int, header: np.ndarray, keys=None, values=None) -> None:
-        """Start sending one request (header, then keys, then values) to server index
-        ``server``: one message when they fit in ``INLINE_BYTES``."""
+    def send(self, server: int, header: np.ndarray, keys=None, values=None,
+             more=()) -> None:
+        """Start sending one request (header, then keys, then values, then the parts of
+        ``more``: ``(keys, values, op)`` triples, each as :meth:`send_parts` would send and
+        count them) to server index ``server``: one message when they all fit in
+        ``INLINE_BYTES`` (the server's receives of the parts take them from it in this
+        order), else the header with ``keys`` and ``values`` when those fit, and the rest as
+        messages of their own."""
         op = int(header[H_OP])
         if keys is not None or values is not None:
-            if (self.compiled and not _core.WATCH
-                    and self._send_compiled(server, op, header, keys, values)):
-                return
-            parts = [native_contiguous(a) for a in (keys, values) if a is not None]
-            nbytes = header.nbytes + sum(a.nbytes for a in parts)
+            arrays = (keys, values) if not more else \
+                (keys, values) + tuple(a for k, v, _ in more for a in (k, v))
+            nbytes = header.nbytes + sum(a.nbytes for a in arrays if a is not None)
             if one_message(nbytes, self.max_bytes):
-                buf = np.empty(nbytes, dtype=np.uint8)
-                buf[:header.nbytes] = header.view(np.uint8)
-                pos = header.nbytes
-                for a in parts:
-                    buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
-                    pos += a.nbytes
-                self._keep.append(isend_array(self.comm, buf, self.server_ranks[server], TAG_REQ,
-                                              self.max_bytes, self._reqs))
-                self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+                self._send_one(server, op, header, arrays, nbytes)
+                for k, v, op_part in more:          # counted as send_parts counts them
+                    n = (0 if k is None else k.nbytes) + (0 if v is None else v.nbytes)
+                    self.stats.add(op, out=-n)
+                    self.stats.add(op_part, out=n)
+                return
+            if more:                 # the header with its first parts if they fit, then the rest
+                self.send(server, header, keys, values)
+                for k, v, op_part in more:
+                    self.send_parts(server, k, v, op_part)
                 return
         self._keep.append(isend_array(self.comm, header, self.server_ranks[server], TAG_REQ,
                                       self.max_bytes, self._reqs))
         self.stats.add(op, messages=1, out=header.nbytes, keys=int(header[H_NKEYS]))
         self.send_parts(server, keys, values, op)
+        for k, v, op_part in more:
+            self.send_parts(server, k, v, op_part)
 
-    def _send_compiled(self, server: int, op: int, header, keys, values) -> bool:
-        """:meth:`send` of a request of one message in one compiled call
-        (:func:`hpcps.comm.fastpath.send_packed`, a blocking eager ``MPI_Send``); False
-        (nothing sent) when it is larger or a part is not C-contiguous native data."""
-        nbytes = header.nbytes + (0 if keys is None else keys.nbytes) + \
-            (0 if values is None else values.nbytes)
-        if (not one_message(nbytes, self.max_bytes)
-                or (keys is not None and not keys.dtype.isnative)
-                or (values is not None and not values.dtype.isnative)):
-            return False
-        try:
-            _fast.send_packed(self.comm, self.server_ranks[server], TAG_REQ, header, keys,
-                              values, self._send_buf)
-        except BufferError:            # not C-contiguous: the general path
-            return False
+    def _send_one(self, server: int, op: int, header, arrays, nbytes: int) -> None:
+        """Send a request of one message (``nbytes``: ``header`` and the ``arrays``, None
+        skipped): packed and sent by one blocking eager ``MPI_Send`` in a compiled call
+        (:func:`hpcps.comm.fastpath.send_packed`), or packed here and sent without waiting
+        (continue mode, no compiled path, or a part not C-contiguous native data)."""
+        dest = self.server_ranks[server]
+        if self.compiled and not _core.WATCH and all(a is None or a.dtype.isnative
+                                                     for a in arrays):
+            try:
+                _fast.send_packed(self.comm, dest, TAG_REQ, header, arrays, self._send_buf)
+                self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+                return
+            except BufferError:        # not C-contiguous: packed below
+                pass
+        buf = np.empty(nbytes, dtype=np.uint8)
+        buf[:header.nbytes] = header.view(np.uint8)
+        pos = header.nbytes
+        for a in arrays:
+            if a is not None:
+                a = native_contiguous(a)
+                buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
+                pos += a.nbytes
+        self._keep.append(isend_array(self.comm, buf, dest, TAG_REQ, self.max_bytes, self._reqs))
         self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
-        return True
 
     def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
         """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to
@@ -528,6 +541,14 @@ class ServerEndpoint:
         reqs: list = []
         tag = reply_tag(rng)
         if header is not None and one_message(values.nbytes + header.nbytes, self.max_bytes):
+            if self.compiled and not _core.WATCH and values.dtype.isnative:
+                try:          # packed and sent (eager MPI_Send) in one compiled call
+                    nb = _fast.send_packed(self.comm, dest, tag, values, (header,),
+                                           self._reply_buf)
+                    self.stats.add(op, out=nb, seconds=time.perf_counter() - t0)
+                    return
+                except BufferError:                # rows not C-contiguous: packed below
+                    pass
             values = native_contiguous(values)
             nv = values.nbytes
             buf = np.empty(nv + header.nbytes, dtype=np.uint8)
