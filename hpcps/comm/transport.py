@@ -39,9 +39,12 @@ Small requests and replies travel as one message (issue 20: each message is a tr
 MPI and Python on both sides). A request whose header and parts given to
 :meth:`WorkerEndpoint.send` fit in ``INLINE_BYTES`` (and in ``max_message_bytes``) goes as
 one ``TAG_REQ`` message of bytes: the header, then those parts (keys, then values) back to
-back; the server's receives of the request's first parts (:meth:`ServerEndpoint.recv_keys`,
-:meth:`ServerEndpoint.recv_values`) take them from that message, and any further parts (a
-``PUSH_CLOCK``'s pushes) come as messages of their own. A ``PULL`` reply whose rows and shard
+back (with ``more``: every part of a ``PULL_MANY``, ``PUSH_CLOCK`` or ``PUSH_CLOCK_PULL``,
+in the order the server receives them, when all fit); the server's receives of the
+request's parts (:meth:`ServerEndpoint.recv_keys`, :meth:`ServerEndpoint.recv_values`) take
+them from that message in order, and any further parts come as messages of their own.
+Outside continue mode these messages are received, packed and sent by compiled calls
+(:mod:`hpcps.comm.fastpath`; the Python path when it is not built). A ``PULL`` reply whose rows and shard
 clock header fit in ``INLINE_BYTES`` (and ``max_message_bytes``) is one message of bytes
 (rows, then header) on the reply tag; both sides know from the number of keys, the header
 length and ``max_message_bytes`` which form a reply takes (:func:`one_message`).
