@@ -1,7 +1,37 @@
-"""Build the Cython kernels; all metadata lives in setup.cfg."""
+"""Build the Cython kernels and the compiled request path; all metadata lives in setup.cfg."""
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+
+DIRECTIVES = {"boundscheck": False, "wraparound": False, "cdivision": True,
+              "initializedcheck": False}
+
+
+def mpi_flags():
+    """Compile and link flags of the MPI that mpi4py runs on, from its compiler wrapper
+    (``$MPICC``, else ``mpicc`` on PATH): Open MPI's ``-showme:compile``/``-showme:link``,
+    else MPICH's ``-compile_info``/``-link_info``. None when there is no wrapper."""
+    mpicc = os.environ.get("MPICC") or shutil.which("mpicc")
+    if not mpicc:
+        return None
+    for comp, link in (("-showme:compile", "-showme:link"), ("-compile_info", "-link_info")):
+        try:
+            c = subprocess.run([mpicc, comp], capture_output=True, text=True, check=True).stdout
+            ln = subprocess.run([mpicc, link], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        c, ln = shlex.split(c), shlex.split(ln)
+        if comp == "-compile_info":          # MPICH prints the whole command: drop the compiler
+            c, ln = c[1:], ln[1:]
+        return c, ln
+    return None
+
 
 extensions = [
     Extension(
@@ -13,15 +43,25 @@ extensions = [
     )
 ]
 
+flags = mpi_flags()
+if flags is None:
+    # hpcps.comm.transport then keeps its Python request path (mpi4py calls)
+    print("setup.py: no MPI compiler wrapper (mpicc or $MPICC) found: hpcps.comm.fastpath "
+          "not built", file=sys.stderr)
+else:
+    import mpi4py
+    extensions.append(Extension(
+        "hpcps.comm.fastpath",
+        ["hpcps/comm/fastpath.pyx"],
+        include_dirs=[numpy.get_include(), mpi4py.get_include()],
+        extra_compile_args=["-O3"] + flags[0],
+        extra_link_args=flags[1],
+    ))
+
 setup(
     ext_modules=cythonize(
         extensions,
         language_level=3,
-        compiler_directives={
-            "boundscheck": False,
-            "wraparound": False,
-            "cdivision": True,
-            "initializedcheck": False,
-        },
+        compiler_directives=DIRECTIVES,
     )
 )

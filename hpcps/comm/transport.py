@@ -39,9 +39,12 @@ Small requests and replies travel as one message (issue 20: each message is a tr
 MPI and Python on both sides). A request whose header and parts given to
 :meth:`WorkerEndpoint.send` fit in ``INLINE_BYTES`` (and in ``max_message_bytes``) goes as
 one ``TAG_REQ`` message of bytes: the header, then those parts (keys, then values) back to
-back; the server's receives of the request's first parts (:meth:`ServerEndpoint.recv_keys`,
-:meth:`ServerEndpoint.recv_values`) take them from that message, and any further parts (a
-``PUSH_CLOCK``'s pushes) come as messages of their own. A ``PULL`` reply whose rows and shard
+back (with ``more``: every part of a ``PULL_MANY``, ``PUSH_CLOCK`` or ``PUSH_CLOCK_PULL``,
+in the order the server receives them, when all fit); the server's receives of the
+request's parts (:meth:`ServerEndpoint.recv_keys`, :meth:`ServerEndpoint.recv_values`) take
+them from that message in order, and any further parts come as messages of their own.
+Outside continue mode these messages are received, packed and sent by compiled calls
+(:mod:`hpcps.comm.fastpath`; the Python path when it is not built). A ``PULL`` reply whose rows and shard
 clock header fit in ``INLINE_BYTES`` (and ``max_message_bytes``) is one message of bytes
 (rows, then header) on the reply tag; both sides know from the number of keys, the header
 length and ``max_message_bytes`` which form a reply takes (:func:`one_message`).
@@ -85,6 +88,10 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcps.comm.buffers import POOL_MAX_FREE_BYTES, POOL_MIN_BYTES, BufferPool
+try:                        # the compiled request path (built by setup.py where mpicc is)
+    from hpcps.comm import fastpath as _fast
+except ImportError:         # pragma: no cover - a build without an MPI compiler wrapper
+    _fast = None
 from hpcps.comm import core as _core
 from hpcps.comm.core import (LaunchError, cores_dedicated, irecv_array, isend_array, native_contiguous,
                              recv_array, waitall)
@@ -224,34 +231,72 @@ class WorkerEndpoint:
         self._reqs: list = []
         self._keep: list = []
         self._unpack: list = []        # (stage, rows, header) of packed replies (expect_rows)
+        #: the compiled path (:mod:`hpcps.comm.fastpath`) for requests and replies of one
+        #: message, when it is built; used outside continue mode only
+        self.compiled = _fast is not None
+        self._send_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
         if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
             wait_spin = None if cores_dedicated() else WAIT_SPIN
         #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
         #: seconds, then sleeps between polls (:func:`hpcps.comm.core.waitall`)
         self.wait_spin = wait_spin
 
-    def send(self, server: int, header: np.ndarray, keys=None, values=None) -> None:
-        """Start sending one request (header, then keys, then values) to server index
-        ``server``: one message when they fit in ``INLINE_BYTES``."""
+    def send(self, server: int, header: np.ndarray, keys=None, values=None,
+             more=()) -> None:
+        """Start sending one request (header, then keys, then values, then the parts of
+        ``more``: ``(keys, values, op)`` triples, each as :meth:`send_parts` would send and
+        count them) to server index ``server``: one message when they all fit in
+        ``INLINE_BYTES`` (the server's receives of the parts take them from it in this
+        order), else the header with ``keys`` and ``values`` when those fit, and the rest as
+        messages of their own."""
         op = int(header[H_OP])
         if keys is not None or values is not None:
-            parts = [native_contiguous(a) for a in (keys, values) if a is not None]
-            nbytes = header.nbytes + sum(a.nbytes for a in parts)
+            arrays = (keys, values) if not more else \
+                (keys, values) + tuple(a for k, v, _ in more for a in (k, v))
+            nbytes = header.nbytes + sum(a.nbytes for a in arrays if a is not None)
             if one_message(nbytes, self.max_bytes):
-                buf = np.empty(nbytes, dtype=np.uint8)
-                buf[:header.nbytes] = header.view(np.uint8)
-                pos = header.nbytes
-                for a in parts:
-                    buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
-                    pos += a.nbytes
-                self._keep.append(isend_array(self.comm, buf, self.server_ranks[server], TAG_REQ,
-                                              self.max_bytes, self._reqs))
-                self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+                self._send_one(server, op, header, arrays, nbytes)
+                for k, v, op_part in more:          # counted as send_parts counts them
+                    n = (0 if k is None else k.nbytes) + (0 if v is None else v.nbytes)
+                    self.stats.add(op, out=-n)
+                    self.stats.add(op_part, out=n)
+                return
+            if more:                 # the header with its first parts if they fit, then the rest
+                self.send(server, header, keys, values)
+                for k, v, op_part in more:
+                    self.send_parts(server, k, v, op_part)
                 return
         self._keep.append(isend_array(self.comm, header, self.server_ranks[server], TAG_REQ,
                                       self.max_bytes, self._reqs))
         self.stats.add(op, messages=1, out=header.nbytes, keys=int(header[H_NKEYS]))
         self.send_parts(server, keys, values, op)
+        for k, v, op_part in more:
+            self.send_parts(server, k, v, op_part)
+
+    def _send_one(self, server: int, op: int, header, arrays, nbytes: int) -> None:
+        """Send a request of one message (``nbytes``: ``header`` and the ``arrays``, None
+        skipped): packed and sent by one blocking eager ``MPI_Send`` in a compiled call
+        (:func:`hpcps.comm.fastpath.send_packed`), or packed here and sent without waiting
+        (continue mode, no compiled path, or a part not C-contiguous native data)."""
+        dest = self.server_ranks[server]
+        if self.compiled and not _core.WATCH and all(a is None or a.dtype.isnative
+                                                     for a in arrays):
+            try:
+                _fast.send_packed(self.comm, dest, TAG_REQ, header, arrays, self._send_buf)
+                self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+                return
+            except BufferError:        # not C-contiguous: packed below
+                pass
+        buf = np.empty(nbytes, dtype=np.uint8)
+        buf[:header.nbytes] = header.view(np.uint8)
+        pos = header.nbytes
+        for a in arrays:
+            if a is not None:
+                a = native_contiguous(a)
+                buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
+                pos += a.nbytes
+        self._keep.append(isend_array(self.comm, buf, dest, TAG_REQ, self.max_bytes, self._reqs))
+        self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
 
     def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
         """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to
@@ -289,8 +334,12 @@ class WorkerEndpoint:
             self.expect_header(server, header, op)
             return
         stage = np.empty(rows.nbytes + header.nbytes, dtype=np.uint8)
-        irecv_array(self.comm, stage, self.server_ranks[server], reply_tag(server),
-                    self.max_bytes, self._reqs)
+        if self.compiled and not _core.WATCH:
+            self._reqs.append(_fast.irecv_bytes(self.comm, self.server_ranks[server],
+                                                reply_tag(server), stage))
+        else:
+            irecv_array(self.comm, stage, self.server_ranks[server], reply_tag(server),
+                        self.max_bytes, self._reqs)
         self._keep.append(stage)
         self._unpack.append((stage, rows, header))
         self.stats.add(op, inn=stage.nbytes)
@@ -309,6 +358,9 @@ class WorkerEndpoint:
             self._keep.clear()
             unpack, self._unpack = self._unpack, []
         for stage, rows, header in unpack:
+            if self.compiled and rows.flags.c_contiguous:
+                _fast.unpack(stage, rows, header)
+                continue
             n = rows.nbytes
             rows.reshape(-1).view(np.uint8)[:] = stage[:n]
             header.view(np.uint8)[:] = stage[n:]
@@ -335,7 +387,12 @@ class ServerEndpoint:
         self._status = MPI.Status()
         self._header = np.empty(HEADER_LEN, dtype=np.int64)
         self._request = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        self._request_header = self._request[:HEADER_BYTES].view(np.int64)
         self._inline = None       # the parts sent with the request just polled (bytes view)
+        self._reply_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        #: the compiled request path (:mod:`hpcps.comm.fastpath`) when it is built; it is
+        #: used outside continue mode only (whose waits must notice failed ranks)
+        self.compiled = _fast is not None
         self._scratch = np.empty(0, dtype=np.int64)      # reused by recv_keys(scratch=True)
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
         #: replies sent without waiting: (requests, rows copy, header copy)
@@ -346,6 +403,19 @@ class ServerEndpoint:
         (after testing the replies still in flight)."""
         if self._inflight:
             self.progress()
+        if self.compiled and not _core.WATCH:
+            # Iprobe, and the receive of a request of one message, in one compiled call
+            got = _fast.probe_recv(self.comm, TAG_REQ, self._request,
+                                   min(INLINE_BYTES, self.max_bytes))
+            if got is None:
+                return None
+            src, nbytes = got
+            if not HEADER_BYTES <= nbytes <= min(INLINE_BYTES, self.max_bytes):
+                raise RuntimeError(self._bad_size(nbytes, src))
+            h = self._request_header.copy()
+            self._inline = self._request[HEADER_BYTES:nbytes] if nbytes > HEADER_BYTES else None
+            self.stats.add(int(h[H_OP]), messages=1, inn=HEADER_BYTES, keys=int(h[H_NKEYS]))
+            return src, h
         if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQ, status=self._status):
             return None
         src = self._status.Get_source()
@@ -359,12 +429,43 @@ class ServerEndpoint:
             h = self._request[:HEADER_BYTES].view(np.int64).copy()
             self._inline = self._request[HEADER_BYTES:nbytes]
         else:
-            raise RuntimeError(f"request of {nbytes} bytes from rank {src}: neither a header "
-                               f"({HEADER_BYTES} B) nor a header with parts (at most "
-                               f"{min(INLINE_BYTES, self.max_bytes)} B): do all ranks use the "
-                               "same max_message_bytes?")
+            raise RuntimeError(self._bad_size(nbytes, src))
         self.stats.add(int(h[H_OP]), messages=1, inn=h.nbytes, keys=int(h[H_NKEYS]))
         return src, h
+
+    def _bad_size(self, nbytes: int, src: int) -> str:
+        return (f"request of {nbytes} bytes from rank {src}: neither a header "
+                f"({HEADER_BYTES} B) nor a header with parts (at most "
+                f"{min(INLINE_BYTES, self.max_bytes)} B): do all ranks use the "
+                "same max_message_bytes?")
+
+    def pull_inline(self, dest: int, n: int, num_keys: int, multiplier: int, lo: int, hi: int,
+                    w: np.ndarray, header: np.ndarray, rng: int) -> bool:
+        """Answer the PULL just polled from ``dest``, ready to be read, in one compiled call
+        (:func:`hpcps.comm.fastpath.pull_inline`) when its ``n`` keys came with it and its
+        reply (rows of ``w``, then the shard clock ``header``) is one message
+        (:func:`one_message`), outside continue mode: keys to rows ``w[p(key) - lo]`` (the
+        permutation ``num_keys``, ``multiplier`` of the range ``[lo, hi)``), the rows and
+        header packed and sent to ``dest`` for key range ``rng``. Returns whether it did;
+        False leaves the request to :meth:`recv_keys` and :meth:`reply`. Counted as they
+        would have counted it.
+
+        Raises
+        ------
+        ValueError
+            For a key outside the key space or ``[lo, hi)`` (naming it; nothing sent).
+        """
+        inl = self._inline
+        if (not self.compiled or inl is None or inl.size != 8 * n or _core.WATCH
+                or w.ndim != 2 or not w.flags.c_contiguous
+                or not one_message(n * w.shape[1] * w.itemsize + header.nbytes, self.max_bytes)):
+            return False
+        t0 = time.perf_counter()
+        self._inline = None
+        nbytes = _fast.pull_inline(self.comm, dest, reply_tag(rng), self._request, HEADER_BYTES,
+                                   n, num_keys, multiplier, lo, hi, w, header, self._reply_buf)
+        self.stats.add(PULL, inn=8 * n, out=nbytes, seconds=time.perf_counter() - t0)
+        return True
 
     def recv_keys(self, source: int, n: int, op: int, scratch: bool = False,
                   pooled: bool = False) -> np.ndarray:
@@ -411,6 +512,22 @@ class ServerEndpoint:
         self.stats.add(op, inn=vals.nbytes)
         return vals
 
+    def recv_push(self, source: int, n: int, dim: int, dtype, op: int = PUSH):
+        """Receive the keys (int64 ``(n,)``) and value rows (``(n, dim)`` of ``dtype``) of the
+        PUSH just polled from ``source``, as :meth:`recv_keys` and :meth:`recv_values` with
+        ``pooled`` do (give both back once used): when both came with the request, one copy
+        of its bytes that the two arrays view (counted once)."""
+        inl = self._inline
+        dtype = np.dtype(dtype)
+        kb = 8 * n
+        if inl is not None and inl.size == kb + n * dim * dtype.itemsize and dtype.isnative:
+            self._inline = None
+            blob = inl.copy()
+            self.stats.add(op, inn=blob.size)
+            return blob[:kb].view(np.int64), blob[kb:].view(dtype).reshape(n, dim)
+        keys = self.recv_keys(source, n, op, pooled=True)
+        return keys, self.recv_values(source, (n, dim), dtype, op, pooled=True)
+
     def reply(self, dest: int, values: np.ndarray, op: int, header: np.ndarray | None = None,
               rng: int = 0) -> None:
         """Send reply rows for key range ``rng`` to ``dest`` (which has posted the receive with
@@ -427,6 +544,14 @@ class ServerEndpoint:
         reqs: list = []
         tag = reply_tag(rng)
         if header is not None and one_message(values.nbytes + header.nbytes, self.max_bytes):
+            if self.compiled and not _core.WATCH and values.dtype.isnative:
+                try:          # packed and sent (eager MPI_Send) in one compiled call
+                    nb = _fast.send_packed(self.comm, dest, tag, values, (header,),
+                                           self._reply_buf)
+                    self.stats.add(op, out=nb, seconds=time.perf_counter() - t0)
+                    return
+                except BufferError:                # rows not C-contiguous: packed below
+                    pass
             values = native_contiguous(values)
             nv = values.nbytes
             buf = np.empty(nv + header.nbytes, dtype=np.uint8)

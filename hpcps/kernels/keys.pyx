@@ -20,6 +20,7 @@ import numpy as np
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 
 cdef extern from *:
     """
@@ -67,6 +68,22 @@ cdef extern from *:
     uint64_t hpcps_mulmod_u64(uint64_t a, uint64_t b, uint64_t n) nogil
     uint64_t hpcps_mod_fixed(uint64_t x, uint64_t n, uint64_t m) nogil
     uint64_t hpcps_div_fixed(uint64_t x, uint64_t n, uint64_t m) nogil
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define hpcps_keys_prefetch(p) __builtin_prefetch((const void *)(p))
+    #else
+    #define hpcps_keys_prefetch(p) ((void)0)
+    #endif
+    /* every cache line of [p, p + n), n > 0 bytes (as in optim.pyx) */
+    #define hpcps_keys_prefetch_span(p, n) do { \
+        const char *hpcps_p_ = (const char *)(p), *hpcps_e_ = hpcps_p_ + (n) - 1; \
+        for (; hpcps_p_ < hpcps_e_; hpcps_p_ += 64) hpcps_keys_prefetch(hpcps_p_); \
+        hpcps_keys_prefetch(hpcps_e_); \
+    } while (0)
+    """
+    void hpcps_keys_prefetch_span(const void* p, Py_ssize_t n) noexcept nogil
 
 __all__ = ["permute_keys", "permute_keys_into", "choose_multiplier", "inverse_multiplier",
            "route_keys", "local_rows_into", "unique_inverse"]
@@ -636,28 +653,51 @@ def push_rows_inplace(keys, int64_t num_keys, int64_t multiplier, int64_t lo, in
     TypeError
         For values of another dtype.
     """
-    cdef int64_t[::1] kv = keys
+    # raw buffers, not typed memoryviews: their set-up cost more than the work of a small
+    # push (issue 20)
+    cdef Py_buffer kb, vb
     cdef uint64_t un = <uint64_t>num_keys, ua = <uint64_t>multiplier if num_keys > 1 else 1
-    cdef Py_ssize_t bad
-    cdef int outside = 0
-    cdef bint ok
-    cdef const uint32_t[::1] f32
-    cdef const uint64_t[::1] f64
-    with nogil:
-        bad = _local_rows(kv, un, ua, <uint64_t>lo, <uint64_t>hi, kv, &outside)
+    cdef uint64_t mn
+    cdef Py_ssize_t bad = -1, i, m
+    cdef int outside = 0, kind
+    cdef bint ok = True
+    cdef int64_t* kp
+    cdef uint64_t r
+    if keys.dtype != np.int64:
+        raise TypeError(f"keys must be int64, got {keys.dtype}")
+    if values.dtype == np.float32:
+        kind = 4
+    elif values.dtype == np.float64:
+        kind = 8
+    else:
+        raise TypeError(f"values must be float32 or float64, got {values.dtype}")
+    PyObject_GetBuffer(keys, &kb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        PyObject_GetBuffer(values, &vb, PyBUF_C_CONTIGUOUS)
+        try:
+            kp = <int64_t*>kb.buf
+            m = kb.len // 8
+            with nogil:
+                if m:
+                    mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // un
+                    for i in range(m):
+                        r = _local_row(<uint64_t>kp[i], un, ua, mn, <uint64_t>lo, <uint64_t>hi,
+                                       &outside)
+                        if r == NOT_HERE:
+                            bad = i
+                            break
+                        kp[i] = <int64_t>r
+                if bad < 0 and vb.len:
+                    if kind == 4:
+                        ok = _finite32(<const uint32_t*>vb.buf, vb.len // 4)
+                    else:
+                        ok = _finite64(<const uint64_t*>vb.buf, vb.len // 8)
+        finally:
+            PyBuffer_Release(&vb)
+    finally:
+        PyBuffer_Release(&kb)
     if bad >= 0:
         _raise_row(keys, bad, outside, num_keys, lo, hi)
-    flat = values.reshape(-1)
-    if flat.dtype == np.float32:
-        f32 = flat.view(np.uint32)
-        with nogil:
-            ok = _finite32(&f32[0], f32.shape[0]) if f32.shape[0] else True
-    elif flat.dtype == np.float64:
-        f64 = flat.view(np.uint64)
-        with nogil:
-            ok = _finite64(&f64[0], f64.shape[0]) if f64.shape[0] else True
-    else:
-        raise TypeError(f"values must be float32 or float64, got {flat.dtype}")
     return ok
 
 
@@ -670,13 +710,45 @@ def _raise_row(keys, Py_ssize_t bad, int outside, num_keys, lo, hi):
                      f"[{lo}, {hi}) of the permuted space)")
 
 
-cdef Py_ssize_t _gather_local(const int64_t[::1] keys, uint64_t n, uint64_t a, uint64_t lo,
-                              uint64_t hi, const char* w, Py_ssize_t rowb, char* out,
-                              int* outside) noexcept nogil:
-    """out row i = w row p(keys[i]) - lo (rows of ``rowb`` bytes); returns the first i with a
-    key outside [0, n) (outside = 1) or outside [lo, hi) (outside = 0), else -1."""
-    cdef Py_ssize_t i, m = keys.shape[0]
-    cdef uint64_t r, mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // n
+cdef Py_ssize_t gather_local_ptr(const int64_t* keys, Py_ssize_t m, uint64_t n, uint64_t a,
+                                 uint64_t lo, uint64_t hi, const char* w, Py_ssize_t rowb,
+                                 char* out, int* outside, Py_ssize_t ahead) noexcept nogil:
+    """out row i = w row p(keys[i]) - lo for the ``m`` keys at ``keys`` (rows of ``rowb``
+    bytes); returns the first i with a key outside [0, n) (outside = 1) or outside [lo, hi)
+    (outside = 0), else -1 (declared in keys.pxd for C callers: :mod:`hpcps.comm.fastpath`). With ``ahead`` > 0 the local row of
+    the key ``ahead`` entries on is computed first and its row prefetched (random rows of a
+    table larger than the caches: latency bound), each key's row computed once and kept in
+    a ring until its turn (``ahead`` at most 63)."""
+    cdef Py_ssize_t i, j
+    cdef uint64_t r, q, mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // n
+    cdef uint64_t ring[64]            # ring[i & 63]: the row of key i (computed ahead)
+    if ahead > 63:
+        ahead = 63
+    if ahead > m:
+        ahead = m
+    if ahead > 0:
+        for j in range(ahead):       # rows of the first keys, prefetched
+            r = _local_row(<uint64_t>keys[j], n, a, mn, lo, hi, outside)
+            if r == NOT_HERE:
+                return j
+            ring[j] = r
+            hpcps_keys_prefetch_span(w + r * rowb, rowb)
+        for i in range(m):
+            r = ring[i & 63]
+            j = i + ahead
+            if j < m:
+                q = _local_row(<uint64_t>keys[j], n, a, mn, lo, hi, outside)
+                if q == NOT_HERE:
+                    return j
+                ring[j & 63] = q
+                hpcps_keys_prefetch_span(w + q * rowb, rowb)
+            if rowb == 4:
+                (<uint32_t*>out)[i] = (<const uint32_t*>w)[r]
+            elif rowb == 8:
+                (<uint64_t*>out)[i] = (<const uint64_t*>w)[r]
+            else:
+                memcpy(out + i * rowb, w + r * rowb, rowb)
+        return -1
     for i in range(m):
         r = _local_row(<uint64_t>keys[i], n, a, mn, lo, hi, outside)
         if r == NOT_HERE:
@@ -690,7 +762,8 @@ cdef Py_ssize_t _gather_local(const int64_t[::1] keys, uint64_t n, uint64_t a, u
     return -1
 
 
-def gather_local(keys, int64_t num_keys, int64_t multiplier, int64_t lo, int64_t hi, w, out):
+def gather_local(keys, int64_t num_keys, int64_t multiplier, int64_t lo, int64_t hi, w, out,
+                 Py_ssize_t ahead=0):
     """A pull at its server, in one pass: ``out[i] = w[p(keys[i]) - lo]`` (the rows of the
     keys, no array of local rows in between).
 
@@ -702,6 +775,10 @@ def gather_local(keys, int64_t num_keys, int64_t multiplier, int64_t lo, int64_t
     w : ndarray, shape (hi - lo, dim), C-contiguous
         The shard's rows.
     out : ndarray, shape (n, dim), dtype of ``w``, C-contiguous, writeable
+    ahead : int
+        0, or prefetch the row of the key this many entries on (at most 63; for large pulls
+        of a table larger than the caches: no array of local rows in between, unlike
+        :func:`local_rows_into` followed by a prefetching gather).
 
     Returns
     -------
@@ -729,8 +806,8 @@ def gather_local(keys, int64_t num_keys, int64_t multiplier, int64_t lo, int64_t
     if wb.shape[0] == 0:              # an empty shard: every key is someone else's
         return local_rows_into(keys, num_keys, multiplier, lo, hi, np.empty_like(keys))
     with nogil:
-        bad = _gather_local(kv, un, ua, <uint64_t>lo, <uint64_t>hi, <const char*>&wb[0], rowb,
-                            <char*>&ob[0], &outside)
+        bad = gather_local_ptr(&kv[0], kv.shape[0], un, ua, <uint64_t>lo, <uint64_t>hi,
+                               <const char*>&wb[0], rowb, <char*>&ob[0], &outside, ahead)
     if bad >= 0:
         _raise_row(keys, bad, outside, num_keys, lo, hi)
     return out

@@ -254,6 +254,9 @@ class ParameterServer(CheckpointCut, ServerMembership):
         op = int(h[tp.H_OP])
         if op == tp.PULL:
             shard = self._shard(h)
+            if (type(shard) is Shard and self._pull_ready(h)
+                    and shard.pull_inline(self.ep, source, int(h[tp.H_NKEYS]), self.index)):
+                return                       # answered in one compiled call
             keys = self.ep.recv_keys(source, int(h[tp.H_NKEYS]), op, scratch=True)   # not kept
             if self._pull_ready(h):
                 vals = shard.pull_reply(keys, self.index, self.ep.pool)
@@ -356,9 +359,7 @@ class ParameterServer(CheckpointCut, ServerMembership):
         n = int(h[tp.H_NKEYS])
         # keys and values land in pooled buffers (kept until the push is applied, then
         # given back): a new array of many MiB would page-fault on every push
-        keys = self.ep.recv_keys(source, n, tp.PUSH, pooled=True)
-        grads = self.ep.recv_values(source, (n, shard.spec.dim), shard.spec.dtype, tp.PUSH,
-                                    pooled=True)
+        keys, grads = self.ep.recv_push(source, n, shard.spec.dim, shard.spec.dtype)
         rows = keys                 # turned into local rows in place by push_rows (hash: the keys)
         c = int(h[tp.H_CLOCK])
         if not shard.push_rows(keys, grads, self.index):   # the message only when needed

@@ -294,9 +294,8 @@ class PSClient(NextPull):
                             dtype=np.int64)
             self.ep.send(s, tp.make_header(tp.PULL_MANY, len(parts), c,
                                            sum(k.size for _, k, _, _ in parts), seq=self.seq,
-                                           aux=int(fresh), rng=s), desc)
-            for _, k, _, _ in parts:
-                self.ep.send_parts(s, k, None, tp.PULL)
+                                           aux=int(fresh), rng=s), desc,
+                         more=[(k, None, tp.PULL) for _, k, _, _ in parts])
         self.seq += 1
 
     def _pull_rma(self, tid, spec, part, sorted_keys, bounds, buf, hdrs, fresh) -> None:
@@ -348,7 +347,9 @@ class PSClient(NextPull):
         self.reads += 1
         n = int(hdr[H_NWORKERS])
         if n:
-            self.lead_max = max(self.lead_max, self.clock_value - int(hdr[H_WORKER0:H_WORKER0 + n].min()))
+            # a list's min: ndarray.min's Python wrapper cost more than the rest of _saw
+            self.lead_max = max(self.lead_max,
+                                self.clock_value - min(hdr[H_WORKER0:H_WORKER0 + n].tolist()))
 
     def worker_clocks(self) -> np.ndarray:
         """Every worker's clock as of the most recent shard header read (int64; empty before
@@ -465,9 +466,8 @@ class PSClient(NextPull):
             desc = np.array([tp.part_of(h) for h, _, _ in parts], dtype=np.int64)
             self.ep.send(s, tp.make_header(tp.PUSH_CLOCK, len(parts), self.clock_value,
                                            sum(int(h[tp.H_NKEYS]) for h, _, _ in parts),
-                                           n_examples, self.seq, aux=epoch, rng=s), desc)
-            for _, k, g in parts:
-                self.ep.send_parts(s, k, g)
+                                           n_examples, self.seq, aux=epoch, rng=s), desc,
+                         more=[(k, g, tp.PUSH) for _, k, g in parts])
             self.pushes_sent[s] += len(parts)
         self.clock_value += 1
         if nxt is not None:

@@ -120,10 +120,7 @@ class NextPull:
         self.ep.send(s, tp.make_header(tp.PUSH_CLOCK_PULL, len(parts), self.clock_value,
                                        sum(int(h[tp.H_NKEYS]) for h, _, _ in parts),
                                        n_examples, self.seq, dim=len(pulls), aux=epoch, rng=s),
-                     desc)
-        for _, k, g in parts:
-            self.ep.send_parts(s, k, g)
-        for _, k, _, _ in pulls:
-            self.ep.send_parts(s, k, None, tp.PULL)
+                     desc, more=[(k, g, tp.PUSH) for _, k, g in parts]
+                     + [(k, None, tp.PULL) for _, k, _, _ in pulls])
         self.ep.stats.add(tp.PULL, keys=sum(int(k.size) for _, k, _, _ in pulls))
         self.pushes_sent[s] += len(parts)

@@ -831,6 +831,10 @@ def test_push_rows_and_gather_local_match_the_two_step_path(dtype, num_keys, n_s
                                  np.empty((keys.size, 3), dtype))
         rows = part.local_rows(keys, s)
         np.testing.assert_array_equal(got, w[rows])
+        for ahead in (1, 32, 63, 500):        # the prefetching pass of large pulls
+            got = kkeys.gather_local(keys, num_keys, part.multiplier, lo, hi, w,
+                                     np.empty((keys.size, 3), dtype), ahead)
+            np.testing.assert_array_equal(got, w[rows])
         k = keys.copy()
         assert kkeys.push_rows_inplace(k, num_keys, part.multiplier, lo, hi,
                                        np.ones((keys.size, 2), dtype)) is True
@@ -876,3 +880,11 @@ def test_request_kernels_name_the_bad_key():
         kkeys.gather_local(other, 1000, part.multiplier, 5, 5, np.zeros((0, 1)), np.empty((1, 1)))
     with pytest.raises(ValueError, match="do not fit"):
         kkeys.gather_local(other, 1000, part.multiplier, lo, hi, w, np.empty((1, 1), np.float32))
+    mine = part.shard_keys(1)
+    for ahead in (0, 32):                     # the bad key found ahead of the gather too
+        for at in (0, 5, 99):
+            keys = mine[np.arange(100) % mine.size].copy()
+            keys[at] = other[0]
+            with pytest.raises(ValueError, match=rf"key {other[0]} does not belong"):
+                kkeys.gather_local(keys, 1000, part.multiplier, lo, hi, w,
+                                   np.empty((100, 1)), ahead)

@@ -1,0 +1,97 @@
+# mpi-ranks: 1
+"""The compiled request path (:mod:`hpcps.comm.fastpath`, issue 20) against the Python path
+it replaces, on one rank (worker and server endpoints on a duplicate of ``COMM_SELF``): the
+same rows, shard header and traffic counts for a small PULL answered in one call, a packed
+request of several parts taken apart in order by the server, and a bad key named with the
+server and nothing sent.
+
+Run: ``mpirun -n 1 python -m pytest --with-mpi tests/mpi/test_fastpath.py``.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcps.comm import transport as tp
+from hpcps.core.tables import KeyPartition, TableSpec
+from hpcps.server.shard import Shard
+
+pytestmark = pytest.mark.skipif(tp._fast is None, reason="hpcps.comm.fastpath not built")
+
+
+@pytest.fixture
+def comm():
+    c = MPI.COMM_SELF.Dup()
+    yield c
+    c.Free()
+
+
+def _shard(num_keys=1000, n_servers=3, s=1):
+    part = KeyPartition(num_keys, n_servers, permute=True)
+    lo, hi = part.shard_range(s)
+    w = np.arange((hi - lo) * 2, dtype=np.float32).reshape(-1, 2)
+    hdr = np.arange(12, dtype=np.int64) + 100
+    spec = TableSpec("t", num_keys, 2, "float32", sparse=True)
+    return Shard(spec, part, None, lo, hi, w, None, hdr), part
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_small_pull_one_call_matches_the_python_path(comm, compiled):
+    shard, part = _shard()
+    keys = part.shard_keys(1)[[3, 0, 7, 3]].copy()
+    want = shard.w[part.local_rows(keys.copy(), 1)]
+    wep = tp.WorkerEndpoint(comm, [0, 0], 1 << 30, wait_spin=None)   # range 1 on this rank
+    sep = tp.ServerEndpoint(comm, 1 << 30)
+    wep.compiled = sep.compiled = compiled
+    rows, hdr = np.zeros((4, 2), np.float32), np.zeros(12, np.int64)
+    wep.expect_rows(1, rows, hdr)
+    wep.send(1, tp.make_header(tp.PULL, 0, 0, 4, rng=1), keys)
+    src, h = sep.poll()
+    assert src == 0 and int(h[tp.H_NKEYS]) == 4
+    done = shard.pull_inline(sep, src, 4, 1)
+    assert done is compiled
+    if not done:
+        k = sep.recv_keys(src, 4, tp.PULL, scratch=True)
+        sep.reply(src, shard.pull_reply(k, 1), tp.PULL, shard.hdr, rng=1)
+    wep.complete(tp.PULL)
+    np.testing.assert_array_equal(rows, want)
+    np.testing.assert_array_equal(hdr, shard.hdr)
+    assert sep.stats.messages == {"pull": 1}
+    assert sep.stats.bytes_in == {"pull": 72 + 32}
+    assert sep.stats.bytes_out == {"pull": 32 + 96}
+    assert sep.stats.keys == {"pull": 4}
+    assert wep.stats.bytes_out == {"pull": 72 + 32}
+
+
+def test_packed_parts_are_taken_apart_in_order(comm):
+    """A PUSH_CLOCK_PULL-like request of one message: description, a push's keys and rows,
+    then a pull's keys; counted per op as separate parts would be."""
+    wep = tp.WorkerEndpoint(comm, [0], 1 << 30, wait_spin=None)
+    sep = tp.ServerEndpoint(comm, 1 << 30)
+    desc = np.arange(10, dtype=np.int64)
+    k1, g1 = np.array([5, 6], np.int64), np.array([[1.5], [2.5]], np.float32)
+    k2 = np.array([7, 8, 9], np.int64)
+    wep.send(0, tp.make_header(tp.PUSH_CLOCK_PULL, 1, 0, 2, dim=1), desc,
+             more=[(k1, g1, tp.PUSH), (k2, None, tp.PULL)])
+    wep.complete(tp.PUSH)
+    src, h = sep.poll()
+    np.testing.assert_array_equal(sep.recv_keys(src, 10, tp.PUSH_CLOCK_PULL), desc)
+    keys, grads = sep.recv_push(src, 2, 1, np.float32)
+    np.testing.assert_array_equal(keys, k1)
+    np.testing.assert_array_equal(grads, g1)
+    np.testing.assert_array_equal(sep.recv_keys(src, 3, tp.PULL), k2)
+    assert wep.stats.messages == {"push": 1, "pull": 0}     # as send_parts counts
+    assert wep.stats.bytes_out == {"push": 72 + 80 + 16 + 8, "pull": 24}
+    assert sep.poll() is None
+
+
+def test_bad_key_is_named_and_nothing_sent(comm):
+    shard, part = _shard()
+    other = part.shard_keys(0)[:1].copy()
+    wep = tp.WorkerEndpoint(comm, [0], 1 << 30, wait_spin=None)
+    sep = tp.ServerEndpoint(comm, 1 << 30)
+    wep.send(0, tp.make_header(tp.PULL, 0, 0, 1, rng=1), other)
+    src, _ = sep.poll()
+    with pytest.raises(ValueError, match=rf"key {other[0]} does not belong to server 1"):
+        shard.pull_inline(sep, src, 1, 1)
+    assert not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
