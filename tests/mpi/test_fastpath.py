@@ -1,6 +1,7 @@
-# mpi-ranks: 1
+# mpi-ranks: 1 2
 """The compiled request path (:mod:`hpcps.comm.fastpath`, issue 20) against the Python path
-it replaces, on one rank (worker and server endpoints on a duplicate of ``COMM_SELF``): the
+it replaces, on each rank alone (worker and server endpoints on a duplicate of ``COMM_SELF``; at
+1 and 2 ranks, the runner's two sizes): the
 same rows, shard header and traffic counts for a small PULL answered in one call, a packed
 request of several parts taken apart in order by the server, and a bad key named with the
 server and nothing sent.
