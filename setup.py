@@ -44,12 +44,16 @@ extensions = [
 ]
 
 flags = mpi_flags()
-if flags is None:
+try:
+    import mpi4py                  # its .pxd files (a build requirement, pyproject.toml)
+except ImportError:
+    mpi4py = None
+if flags is None or mpi4py is None:
     # hpcps.comm.transport then keeps its Python request path (mpi4py calls)
-    print("setup.py: no MPI compiler wrapper (mpicc or $MPICC) found: hpcps.comm.fastpath "
-          "not built", file=sys.stderr)
+    print("setup.py: " + ("no MPI compiler wrapper (mpicc or $MPICC) found" if flags is None
+                          else "mpi4py not importable") + ": hpcps.comm.fastpath not built",
+          file=sys.stderr)
 else:
-    import mpi4py
     extensions.append(Extension(
         "hpcps.comm.fastpath",
         ["hpcps/comm/fastpath.pyx"],

@@ -328,11 +328,12 @@ def cmd_info(args) -> int:
         print(f"mpirun: {mpirun} ({kind} {major or '?'})")
     except FileNotFoundError as e:
         print(e)
-    from hpcps.comm.info import mpi_versions
+    from hpcps.comm.info import mpi_versions, request_path
 
     mpi4py_version, library = mpi_versions()
     print(f"mpi4py {mpi4py_version}")
     print(library)
+    print(f"request path: {request_path()}")
     print(f"cores: {os.cpu_count()}")
     return 0
 

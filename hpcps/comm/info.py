@@ -15,3 +15,18 @@ def mpi_versions() -> tuple[str, str]:
     from mpi4py import MPI
 
     return mpi4py.__version__, MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
+
+
+def request_path() -> str:
+    """Which request path this build has: ``"compiled"`` (:mod:`hpcps.comm.fastpath`, built
+    when setup.py found an MPI compiler wrapper) or why it is the Python one. Does not
+    initialise MPI. Local."""
+    import mpi4py
+
+    mpi4py.rc.initialize = False
+    try:
+        from hpcps.comm import fastpath  # noqa: F401
+    except ImportError as e:
+        return (f"Python (hpcps.comm.fastpath not built: {e}; install so that mpicc is on PATH "
+                "when the package is built, see the README)")
+    return "compiled (hpcps.comm.fastpath)"
