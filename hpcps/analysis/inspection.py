@@ -70,8 +70,13 @@ def inspect(path) -> dict:
         try:
             with h5py.File(src.path, "r") as f:
                 for name, d in f.items():
-                    if isinstance(d, h5py.Dataset):
-                        tables[name] = dict(array_stats(d), slots={})
+                    if not isinstance(d, h5py.Dataset) or (
+                            name.endswith("_keys") and name[:-5] in f):
+                        continue                 # a dynamic table's keys: shown with its rows
+                    tables[name] = dict(array_stats(d), slots={})
+                    if f"{name}_keys" in f:      # a dynamic table (issue 18): keys beside rows
+                        tables[name].update(storage="hash",
+                                            keys_stored=int(f[f"{name}_keys"].shape[0]))
         except (OSError, KeyError, ValueError) as e:
             raise AnalysisError(f"{src.path}: unreadable model file ({_one_line(e)})") from None
         integrity = "readable: every table read in full (model files carry no checksums)"
@@ -164,7 +169,10 @@ def format_inspect(report: dict) -> str:
             f"job          {m.get('job_name')}",
             f"step         {m.get('step')}  (steps done by each worker)",
             f"epochs done  {m.get('epoch')}",
-            *([f"features     {m.get('num_features')} (index_base {m.get('index_base')})"]
+            *([f"features     any id below 2**63 - 1 (dynamic tables; index_base "
+               f"{m.get('index_base')})" if any(st.get("storage") == "hash"
+                                                for st in report["tables"].values())
+               else f"features     {m.get('num_features')} (index_base {m.get('index_base')})"]
               if m.get("num_features") else []),
         ]
     for k, v in report["extra"].items():
@@ -179,6 +187,9 @@ def format_inspect(report: dict) -> str:
             if st.get("storage") == "hash":
                 layout = (f"; dynamic (hash): {st['keys_stored']:,} keys stored, per server "
                           f"{st['server_rows']}")
+        elif st.get("storage") == "hash":
+            layout = (f"; dynamic (hash): {st['keys_stored']:,} keys stored (their ids in "
+                      f"{name}_keys)")
         lines.append(f"  {name}: shape {st['shape']} {st['dtype']}{layout}")
         lines.append(f"    non-zeros {st['nonzeros']:,} of {st['size']:,}  L2 {_g(st['l2'])}  "
                      f"min {_g(st['min'])}  max {_g(st['max'])}  mean {_g(st['mean'])}"

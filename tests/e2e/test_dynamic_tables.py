@@ -57,6 +57,12 @@ def test_raw_40bit_id_trains_with_a_dynamic_table_in_a_small_server(tmp_path):
     print(f"\nserver: table {srv['memory_bytes']:,} B, peak RSS "
           f"{srv['rss_peak_bytes'] / 2**20:.1f} MiB (the Python process), {secs:.1f} s")
     assert 0 < srv["rss_peak_bytes"] < 1 << 30
+    # hpcps inspect of model.h5 shows the table as dynamic, its keys with it (a new user's
+    # trial: weights_keys was listed as a table of its own, features as 2**63 - 1)
+    proc, _ = hpcps(["inspect", tmp_path / "run" / "model.h5"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "weights: shape (6, 1) float32; dynamic (hash): 6 keys stored" in proc.stdout, proc.stdout
+    assert "weights_keys:" not in proc.stdout and "any id below 2**63 - 1" in proc.stdout
     # hpcps eval scores the run's newest checkpoint as training scored its last epoch
     proc, _ = hpcps(["eval", tmp_path / "run", "--data", tmp_path / "train.svm"], cwd=tmp_path,
                     timeout=120)
