@@ -28,10 +28,26 @@ from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Get_count, MPI_Iprobe,
 
 from hpcps.kernels.keys cimport gather_local_ptr
 
+cdef extern from *:
+    """
+    #if defined(OPEN_MPI)
+    #define HPCPS_MPI_VENDOR "Open MPI"
+    #elif defined(MPICH_VERSION)
+    #define HPCPS_MPI_VENDOR "MPICH"
+    #else
+    #define HPCPS_MPI_VENDOR "unknown"
+    #endif
+    """
+    const char *HPCPS_MPI_VENDOR
+
 import numpy as np
 from mpi4py.MPI import Exception as MPIException
 
 from hpcps.kernels.keys import _raise_row
+
+#: The MPI whose ``mpi.h`` this module was compiled against ("Open MPI", "MPICH" or
+#: "unknown"); :mod:`hpcps.comm.transport` uses the module only under the same MPI.
+BUILT_FOR = HPCPS_MPI_VENDOR.decode()
 
 def probe_recv(MPI.Comm comm, int tag, buf, Py_ssize_t limit):
     """The next message of ``tag`` from any source on ``comm``: ``None`` if none waits, else

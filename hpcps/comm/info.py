@@ -24,9 +24,9 @@ def request_path() -> str:
     import mpi4py
 
     mpi4py.rc.initialize = False
-    try:
-        from hpcps.comm import fastpath  # noqa: F401
-    except ImportError as e:
-        return (f"Python (hpcps.comm.fastpath not built: {e}; install so that mpicc is on PATH "
-                "when the package is built, see the README)")
-    return "compiled (hpcps.comm.fastpath)"
+    from hpcps.comm.transport import _FAST_REASON, _fast
+
+    if _fast is None:
+        return (f"Python (hpcps.comm.fastpath {_FAST_REASON}; install so that the MPI's mpicc "
+                "is on PATH when the package is built, see the README)")
+    return f"compiled (hpcps.comm.fastpath, for {_fast.BUILT_FOR})"

@@ -96,3 +96,15 @@ def test_bad_key_is_named_and_nothing_sent(comm):
     with pytest.raises(ValueError, match=rf"key {other[0]} does not belong to server 1"):
         shard.pull_inline(sep, src, 1, 1)
     assert not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+
+
+def test_used_only_under_the_mpi_it_was_built_for():
+    """transport.load_fastpath gives the module under the MPI of its mpi.h (here Open MPI's
+    build under Open MPI) and names the MPI otherwise; the same Open MPI build imported under
+    MPICH raised ValueError at import and stopped every rank (full run 2026-12-03,
+    tests/e2e/test_rma_progress.py checks that case)."""
+    from hpcps.comm.info import request_path
+
+    mod, reason = tp.load_fastpath()
+    assert mod is not None and reason == "" and mod.BUILT_FOR == MPI.get_vendor()[0]
+    assert request_path() == f"compiled (hpcps.comm.fastpath, for {mod.BUILT_FOR})"
