@@ -12,6 +12,24 @@ cnp.import_array()
 __all__ = ["count_newlines", "newline_end", "take_rows"]
 
 
+cdef Py_ssize_t _newlines(const char* p, const char* e, Py_ssize_t k,
+                          const char** after) noexcept nogil:
+    """Count the ``\\n`` bytes in ``[p, e)`` with ``memchr``, stopping at the ``k``-th
+    (``k < 0``: all); ``after[0]``: just after the last one counted."""
+    cdef Py_ssize_t count = 0
+    after[0] = p
+    while p < e:
+        p = <const char*>memchr(p, 10, e - p)
+        if p == NULL:
+            break
+        count += 1
+        p += 1
+        after[0] = p
+        if count == k:
+            break
+    return count
+
+
 def count_newlines(const unsigned char[::1] buf):
     """Number of ``\\n`` bytes in ``buf``.
 
@@ -25,20 +43,14 @@ def count_newlines(const unsigned char[::1] buf):
     int
         As ``bytes(buf).count(b"\\n")``, found with ``memchr`` without the GIL.
     """
-    cdef Py_ssize_t n = buf.shape[0], count = 0
+    cdef Py_ssize_t n = buf.shape[0], count
     cdef const char* p
-    cdef const char* e
+    cdef const char* after
     if n == 0:
         return 0
     p = <const char*>&buf[0]
-    e = p + n
     with nogil:
-        while p < e:
-            p = <const char*>memchr(p, 10, e - p)
-            if p == NULL:
-                break
-            count += 1
-            p += 1
+        count = _newlines(p, p + n, -1, &after)
     return count
 
 
@@ -57,27 +69,18 @@ def newline_end(const unsigned char[::1] buf, Py_ssize_t k):
         ``(k, offset just after the k-th \\n)`` if ``buf`` holds ``k`` of them, else
         ``(count of \\n, -1)``; found with ``memchr`` without the GIL.
     """
-    cdef Py_ssize_t n = buf.shape[0], count = 0
+    cdef Py_ssize_t n = buf.shape[0], count
     cdef const char* s
-    cdef const char* p
-    cdef const char* e
+    cdef const char* after
     if k < 1:
         return 0, 0
     if n == 0:
         return 0, -1
-    s = p = <const char*>&buf[0]
-    e = p + n
+    s = <const char*>&buf[0]
     with nogil:
-        while p < e:
-            p = <const char*>memchr(p, 10, e - p)
-            if p == NULL:
-                break
-            count += 1
-            p += 1
-            if count == k:
-                break
+        count = _newlines(s, s + n, k, &after)
     if count == k:
-        return count, p - s
+        return count, after - s
     return count, -1
 
 
