@@ -272,10 +272,10 @@ class WorkerEndpoint:
                 (keys, values) + tuple(a for k, v, _ in more for a in (k, v))
             nbytes = header.nbytes + sum(a.nbytes for a in arrays if a is not None)
             if one_message(nbytes, self.max_bytes):
-                self._send_one(server, op, header, arrays, nbytes)
-                for k, v, op_part in more:          # counted as send_parts counts them
-                    n = (0 if k is None else k.nbytes) + (0 if v is None else v.nbytes)
-                    self.stats.add(op, out=-n)
+                sizes = [(0 if k is None else k.nbytes) + (0 if v is None else v.nbytes)
+                         for k, v, _ in more]
+                self._send_one(server, op, header, arrays, nbytes, nbytes - sum(sizes))
+                for (_, _, op_part), n in zip(more, sizes):   # counted as send_parts counts them
                     self.stats.add(op_part, out=n)
                 return
             if more:                 # the header with its first parts if they fit, then the rest
@@ -290,17 +290,18 @@ class WorkerEndpoint:
         for k, v, op_part in more:
             self.send_parts(server, k, v, op_part)
 
-    def _send_one(self, server: int, op: int, header, arrays, nbytes: int) -> None:
+    def _send_one(self, server: int, op: int, header, arrays, nbytes: int, out: int) -> None:
         """Send a request of one message (``nbytes``: ``header`` and the ``arrays``, None
         skipped): packed and sent by one blocking eager ``MPI_Send`` in a compiled call
         (:func:`hpcps.comm.fastpath.send_packed`), or packed here and sent without waiting
-        (continue mode, no compiled path, or a part not C-contiguous native data)."""
+        (continue mode, no compiled path, or a part not C-contiguous native data). ``out``:
+        the bytes counted for ``op`` (the caller counts the rest under the parts' ops)."""
         dest = self.server_ranks[server]
         if self.compiled and not _core.WATCH and all(a is None or a.dtype.isnative
                                                      for a in arrays):
             try:
                 _fast.send_packed(self.comm, dest, TAG_REQ, header, arrays, self._send_buf)
-                self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+                self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
                 return
             except BufferError:        # not C-contiguous: packed below
                 pass
@@ -313,7 +314,7 @@ class WorkerEndpoint:
                 buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
                 pos += a.nbytes
         self._keep.append(isend_array(self.comm, buf, dest, TAG_REQ, self.max_bytes, self._reqs))
-        self.stats.add(op, messages=1, out=nbytes, keys=int(header[H_NKEYS]))
+        self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
 
     def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
         """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to

@@ -426,6 +426,18 @@ def route_keys(keys, num_keys, multiplier, range_size, n_servers):
 cdef uint64_t NOT_HERE = <uint64_t>0xFFFFFFFFFFFFFFFF     # no local row (see outside)
 
 
+cdef inline void _copy_row(char* out, Py_ssize_t i, const char* w, uint64_t r,
+                           Py_ssize_t rowb) noexcept nogil:
+    """``out``'s row ``i`` = ``w``'s row ``r`` (``rowb`` bytes each); dim-1 float32 and
+    float64 rows (the sparse tables) as one load and store, no call."""
+    if rowb == 4:
+        (<uint32_t*>out)[i] = (<const uint32_t*>w)[r]
+    elif rowb == 8:
+        (<uint64_t*>out)[i] = (<const uint64_t*>w)[r]
+    else:
+        memcpy(out + i * rowb, w + r * rowb, rowb)
+
+
 cdef inline uint64_t _local_row(uint64_t k, uint64_t n, uint64_t a, uint64_t mn, uint64_t lo,
                                 uint64_t hi, int* outside) noexcept nogil:
     """The local row ``p(k) - lo`` of key ``k`` on the server holding [lo, hi) of the permuted
@@ -742,23 +754,13 @@ cdef Py_ssize_t gather_local_ptr(const int64_t* keys, Py_ssize_t m, uint64_t n, 
                     return j
                 ring[j & 63] = q
                 hpcps_keys_prefetch_span(w + q * rowb, rowb)
-            if rowb == 4:
-                (<uint32_t*>out)[i] = (<const uint32_t*>w)[r]
-            elif rowb == 8:
-                (<uint64_t*>out)[i] = (<const uint64_t*>w)[r]
-            else:
-                memcpy(out + i * rowb, w + r * rowb, rowb)
+            _copy_row(out, i, w, r, rowb)
         return -1
     for i in range(m):
         r = _local_row(<uint64_t>keys[i], n, a, mn, lo, hi, outside)
         if r == NOT_HERE:
             return i
-        if rowb == 4:                 # dim-1 float32 rows (the sparse tables): no call
-            (<uint32_t*>out)[i] = (<const uint32_t*>w)[r]
-        elif rowb == 8:
-            (<uint64_t*>out)[i] = (<const uint64_t*>w)[r]
-        else:
-            memcpy(out + i * rowb, w + r * rowb, rowb)
+        _copy_row(out, i, w, r, rowb)
     return -1
 
 
