@@ -322,9 +322,10 @@ class ParameterServer(CheckpointCut, ServerMembership):
                                   tp.PUSH_CLOCK_PULL).reshape(-1, tp.PART_LEN)
         self._on_push_clock(source, h, metas[:n_push])
         pulls = metas[n_push:]
-        self.ep.stats.add(tp.PULL, keys=int(pulls[:, 1].sum()))
+        n_keys = int(pulls[:, 1].sum())
+        self.ep.stats.add(tp.PULL, keys=n_keys)
         self._on_pull_many(source, tp.make_header(tp.PULL_MANY, n_pull, int(h[tp.H_CLOCK]) + 1,
-                                                  int(pulls[:, 1].sum()), seq=int(h[tp.H_SEQ]),
+                                                  n_keys, seq=int(h[tp.H_SEQ]),
                                                   rng=int(h[tp.H_RANGE])), pulls)
 
     def _on_pull_many(self, source: int, h: np.ndarray, metas=None) -> None:
