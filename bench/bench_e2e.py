@@ -217,6 +217,12 @@ def build_commit(commit: str, d: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
     print(f"e2e: building the kernels of {commit} in {src}", flush=True)
     py, env = base_python(src)
+    missing = subprocess.run([py, "-c", "import Cython, setuptools, numpy"],
+                             env={**os.environ, **env}, capture_output=True, text=True)
+    if missing.returncode != 0:
+        raise SystemExit(f"bench_e2e.py: building commit {commit} needs Cython, setuptools and "
+                         f"numpy in this environment ({missing.stderr.strip().splitlines()[-1]});"
+                         " pip install -e '.[test]' installs them")
     p = subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace"], cwd=src,
                        env={**os.environ, **env}, capture_output=True, text=True)
     if p.returncode != 0:

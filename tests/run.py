@@ -87,7 +87,7 @@ class Counts:
     failed: int = 0
     skipped: int = 0
     skips: list = field(default_factory=list)          # (test id, reason)
-    fails: list = field(default_factory=list)          # (test id, first line of the message)
+    fails: list = field(default_factory=list)          # (test id, the message: see fail_message)
     cpu: float = 0.0                                   # CPU seconds of the launch(es)
 
     def add(self, other: "Counts") -> None:
@@ -97,6 +97,20 @@ class Counts:
         self.skips += other.skips
         self.fails += other.fails
         self.cpu += other.cpu
+
+
+FAIL_TAIL_LINES = 25
+
+
+def fail_message(message, text) -> str:
+    """What the summary prints of a failed test: the first line of the failure's message and
+    the last ``FAIL_TAIL_LINES`` lines of the message (an assertion's text often carries the
+    tail of a run's output, whose end says what went wrong), else of the traceback; lines cut
+    at 200 characters. Only the first line, as before, did not tell a clean-clone CI failure
+    apart from another."""
+    lines = (message or "").strip().splitlines() or (text or "").strip().splitlines() or [""]
+    head, tail = lines[0], lines[1:][-FAIL_TAIL_LINES:]
+    return "\n".join([head[:200]] + ["      " + line[:200] for line in tail])
 
 
 def junit_counts(paths) -> Counts:
@@ -119,7 +133,7 @@ def junit_counts(paths) -> Counts:
             if tags & {"failure", "error"}:
                 o = "failed"
                 bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-                messages.setdefault(key, ((bad.get("message") or "").strip().splitlines() or [""])[0])
+                messages.setdefault(key, fail_message(bad.get("message"), bad.text))
             elif "skipped" in tags:
                 o = "skipped"
                 reasons[key] = case.find("skipped").get("message", "")
@@ -357,7 +371,7 @@ def main() -> int:
     if total.fails:
         print(f"\nfailed ({total.failed}):")
         for label, test, message in total.fails:
-            print(f"  [{label}] {test}: {message[:200]}")
+            print(f"  [{label}] {test}: {message}")
     print("\nwall time per group: " + ", ".join(
         f"{name} {s:.0f} s ({n} launch{'es' if n > 1 else ''}"
         + (f" in {lanes} lanes" if lanes > 1 else "") + f", cpu {cpu:.0f} s)"

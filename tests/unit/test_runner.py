@@ -22,6 +22,19 @@ def test_a_test_failing_on_one_rank_counts_once_as_failed(tmp_path):
     assert c.skips == [("tests.mpi.t::c", "needs 5 ranks")]
 
 
+def test_a_failure_shows_the_tail_of_its_message_not_only_the_first_line(tmp_path):
+    """CI failed on a message whose first line was the middle of a run's output tail ("offset 0
+    - aborting the schedule"): which assertion failed, and why, was in the lines after it."""
+    lines = "&#10;".join(["AssertionError: start"] + [f"line {i}" for i in range(100)])
+    x = _xml(tmp_path / "x.xml", [("a", f'<failure message="{lines}">traceback</failure>')])
+    ((name, message),) = run.junit_counts([x]).fails
+    shown = message.splitlines()
+    assert shown[0] == "AssertionError: start" and shown[-1].strip() == "line 99"
+    assert len(shown) == 1 + run.FAIL_TAIL_LINES and "line 74" not in message
+    y = _xml(tmp_path / "y.xml", [("b", '<error>E   Fixture failed&#10;E   at setup</error>')])
+    assert run.junit_counts([y]).fails[0][1].splitlines()[-1].strip() == "E   at setup"
+
+
 def test_errors_count_as_failed_and_an_unreadable_file_counts_nothing(tmp_path):
     x = _xml(tmp_path / "x.xml", [("a", '<error message="fixture"/>'), ("b", "")])
     bad = tmp_path / "bad.xml"
