@@ -266,7 +266,7 @@ def test_worker_killed_while_a_worker_is_added_job_ends_and_relaunches(tmp_path)
     the added process — which the abort does not reach (Open MPI 5, ULFM), and for which mpirun
     waited for ever — ends itself. hpcps run gets mpirun's status and relaunches; the relaunch
     resumes from the checkpoint at clock 20, grows at clock 30 and finishes."""
-    timeout = 20          # the relaunch grows too: its spawn took over 8 s at load 14
+    timeout = JOIN_TIMEOUT
     job, flag, p = _start_paused_growth(tmp_path, "gk", timeout)
     try:
         kill_rank(job, 2)                                    # worker 2 of the launch
@@ -292,6 +292,14 @@ def test_worker_killed_while_a_worker_is_added_job_ends_and_relaunches(tmp_path)
     # the relaunch grew at clock 30 as planned and read every example of the epochs once
     assert [(g["clock"], g["workers"]) for g in s["growth"]] == [(30, 4)]
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN - 3 * 20 * 32, N_TRAIN]
+
+
+# join_timeout of the two kill-during-growth tests: the relaunch grows too, and must finish its
+# spawn within it. Its spawn took over 8 s at load 14 here; in a clean-clone CI run (2 cores,
+# e2e in 2 lanes, the multi-host tests beside) the "stuck" test failed with 20 s: the output
+# tail it printed began at the first launch's abort, so the run ended about 3,000 characters
+# (a restart and some steps) later -- the relaunch's growth timing out is the likely cause
+JOIN_TIMEOUT = 45
 
 
 def _alive(pid: int) -> bool:
@@ -329,7 +337,7 @@ def test_added_worker_stuck_while_the_job_aborts_is_killed_by_hpcps_run(tmp_path
     """As above, but the added process stays held (as one stuck starting up, before its own
     deadline is set) until the first launch has aborted: its mpirun would wait for it for
     ever; hpcps run kills mpirun's session after ABORT_EXIT_SECONDS and relaunches."""
-    timeout = 20
+    timeout = JOIN_TIMEOUT
     job, flag, p = _start_paused_growth(tmp_path, "stuck", timeout)
     try:
         (held,) = [int(f.suffix[1:]) for f in tmp_path.glob("join-go.*")]
