@@ -22,6 +22,9 @@ pytest's JUnit XML (``--junitxml``; one file per rank under mpirun, a test faili
 counts as failed), not from its text. A launch that exits non-zero with no failed test counts
 as one failure, except exit status 5 with nothing run (nothing collected, e.g. ``-k``).
 
+Every launch shares one cache directory (``HPCPS_CACHE_DIR``, a temporary directory of the run
+unless set by the caller: :func:`suite_cache_dir`), so featurized data is made once per run.
+
 Launcher settings that only a test machine needs (run-as-root, oversubscription) are set here,
 for these launches only. Ends with the skip reasons, the wall time of each group and one
 closing line ``N passed, N failed[, N skipped]``; exits non-zero if anything failed or timed out.
@@ -59,8 +62,27 @@ TIMEOUT = int(os.environ.get("HPCPS_TEST_TIMEOUT", "900"))
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--color=no"]
 
 
+_CACHE = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def suite_cache_dir() -> str:
+    """One cache directory for the whole run (``HPCPS_CACHE_DIR`` of every launch, removed at
+    exit): the featurized Adult splits (:mod:`hpcps.data.featcache`) and scikit-learn baselines
+    are made once per run and shared by every launch and rank, and the run never writes into
+    the user's ``~/.cache/hpcps``. A ``HPCPS_CACHE_DIR`` set by the caller is used instead
+    (e.g. a directory kept between CI runs; ``off`` disables the cache)."""
+    with _CACHE_LOCK:
+        if "dir" not in _CACHE:
+            _CACHE["dir"] = tempfile.mkdtemp(prefix="hpcps-cache-")
+            atexit.register(shutil.rmtree, _CACHE["dir"], ignore_errors=True)
+        return _CACHE["dir"]
+
+
 def mpi_env() -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")       # progress as it comes, also under mpirun
+    if "HPCPS_CACHE_DIR" not in env:
+        env["HPCPS_CACHE_DIR"] = suite_cache_dir()
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

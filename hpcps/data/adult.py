@@ -39,10 +39,9 @@ from typing import Mapping
 import numpy as np
 import xxhash
 import scipy.sparse as sp
-from sklearn.exceptions import NotFittedError
-from sklearn.feature_extraction import FeatureHasher
 
 from hpcps.data import DataError
+from hpcps.data import featcache
 from hpcps.data.partition_rows import block_bounds, check_part
 
 __all__ = [
@@ -94,6 +93,9 @@ _SPLITS = ("train", "test")
 _MAX_HASH_BITS = 30
 #: Ids of ``hash_bits = 0`` (unhashed tokens) are below this: the int64 id space of a dynamic table.
 RAW_IDS = (1 << 63) - 1
+#: Version of the featurized-split cache entries (:mod:`hpcps.data.featcache`): bump it whenever
+#: the reader, the split or the featurizer changes what :func:`load_adult_partition` returns.
+CACHE_VERSION = 1
 
 
 def _open_text(path: str | os.PathLike) -> io.TextIOBase:
@@ -295,9 +297,7 @@ class AdultFeaturizer:
         self.hash_bits = hash_bits
         self.numeric_bins = numeric_bins
         self.crosses = bool(crosses)
-        self._hasher = None if hash_bits == 0 else FeatureHasher(
-            n_features=2**hash_bits, input_type="string", alternate_sign=False, dtype=np.float64
-        )
+        self._hasher = None              # the FeatureHasher, made on first use (imports sklearn)
 
     @property
     def n_features(self) -> int:
@@ -343,6 +343,8 @@ class AdultFeaturizer:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "bin_edges_"):
+            from sklearn.exceptions import NotFittedError
+
             raise NotFittedError("AdultFeaturizer is not fitted; call fit(columns, train_rows) first")
 
     def _column_codes(self, columns, rows) -> list[tuple[list[str], np.ndarray]]:
@@ -442,9 +444,14 @@ class AdultFeaturizer:
         """Bucket index of each token (int64, shape ``(len(tokens),)``)."""
         if not tokens:
             return np.empty(0, dtype=np.int64)
-        if self._hasher is None:
+        if self.hash_bits == 0:
             return np.array([xxhash.xxh64_intdigest(t.encode()) % RAW_IDS for t in tokens],
                             dtype=np.int64)
+        if self._hasher is None:
+            from sklearn.feature_extraction import FeatureHasher
+
+            self._hasher = FeatureHasher(n_features=2**self.hash_bits, input_type="string",
+                                         alternate_sign=False, dtype=np.float64)
         H = self._hasher.transform([[t] for t in tokens]).tocsr()
         # one token per row, alternate_sign=False: exactly one stored 1.0 per row
         return H.indices[H.indptr[:-1]].astype(np.int64)
@@ -485,6 +492,13 @@ def load_adult_partition(
     bin edges); then block ``part`` of ``np.array_split(split_rows, n_parts)`` (sorted
     row order, every row in exactly one block, blocks may be empty) is featurized.
 
+    The whole featurized split is cached on disk (:mod:`hpcps.data.featcache`, kind
+    ``adult``): the first call featurizes all of the split's rows and keeps them; later calls,
+    in any process, read them back (without parsing the CSV or importing scikit-learn) and
+    slice their block. The key is the file's bytes (XXH3-128), every parameter above but
+    ``part``/``n_parts``, :data:`CACHE_VERSION` and the numpy and scikit-learn versions; the
+    result is the same with or without the cache, bit for bit.
+
     Parameters
     ----------
     path : str or path-like
@@ -517,11 +531,71 @@ def load_adult_partition(
     """
     if split not in _SPLITS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    check_part(part, n_parts)
+    part, n_parts = check_part(part, n_parts)
     max_rows = operator.index(max_rows)
     if max_rows < 0:
         raise ValueError(f"max_rows must be >= 0, got {max_rows}")
     featurizer = AdultFeaturizer(hash_bits=hash_bits, numeric_bins=numeric_bins, crosses=crosses)
+    test_fraction = float(test_fraction)
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    split_seed = operator.index(split_seed)
+    entry, key = _cache_entry(path, split, featurizer, test_fraction, split_seed, max_rows)
+    if entry is None:                                   # no cache: featurize this block only
+        return _featurize(path, split, featurizer, test_fraction, split_seed, max_rows,
+                          part, n_parts)
+    n_cols, n_tokens = featurizer.n_features, featurizer.n_tokens
+    got = featcache.load_csr(entry, key, n_cols, n_tokens)
+    if got is None:
+        with featcache.entry_lock(entry) as held:
+            if held:                                    # another process may have written it
+                got = featcache.load_csr(entry, key, n_cols, n_tokens)
+            if got is None:
+                X, y = _featurize(path, split, featurizer, test_fraction, split_seed, max_rows,
+                                  0, 1)
+                featcache.save_csr(entry, key, X, y)
+                got = X.indptr, X.indices, X.data, y
+    indptr, indices, data, y = got
+    start, stop = block_bounds(y.shape[0], part, n_parts)
+    lo, hi = int(indptr[start]), int(indptr[stop])
+    X = sp.csr_matrix((data[lo:hi].copy(), indices[lo:hi].copy(), indptr[start:stop + 1] - lo),
+                      shape=(stop - start, n_cols))
+    X.has_canonical_format = True       # sorted, unique indices: checked by load_csr / transform
+    return X, y[start:stop].copy()
+
+
+def _cache_entry(path, split, featurizer, test_fraction, split_seed, max_rows):
+    """``(entry path, key)`` of the cached split, or ``(None, None)``: no cache (disabled, no
+    usable directory) or an unreadable file (then the reader reports it)."""
+    if featcache.cache_root() is None:
+        return None, None
+    try:
+        digest = featcache.file_digest(path)
+    except OSError:
+        return None, None
+    key = featcache.entry_key(
+        kind="adult_csv", version=CACHE_VERSION, file=digest, split=split,
+        hash_bits=featurizer.hash_bits, numeric_bins=featurizer.numeric_bins,
+        crosses=featurizer.crosses, test_fraction=repr(test_fraction), split_seed=split_seed,
+        max_rows=max_rows, numpy=np.__version__, sklearn=_sklearn_version(),
+    )
+    entry = featcache.entry_path("adult", key)
+    return (None, None) if entry is None else (entry, key)
+
+
+def _sklearn_version() -> str:
+    """scikit-learn's version from its metadata, without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("scikit-learn")
+    except PackageNotFoundError:
+        return "none"
+
+
+def _featurize(path, split, featurizer, test_fraction, split_seed, max_rows, part, n_parts):
+    """Read the CSV, fit the featurizer on the train split, featurize block ``part`` of
+    ``n_parts`` of ``split``."""
     columns = load_adult_columns(path)
     n_rows = columns["y"].shape[0]
     if max_rows:

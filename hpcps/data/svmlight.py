@@ -35,7 +35,6 @@ import os
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.datasets import dump_svmlight_file
 
 from hpcps.kernels.svmlight import SvmlightSyntaxError, parse_svmlight
 from hpcps.data import DataError
@@ -232,4 +231,6 @@ def write_svmlight(X, y, path: str | os.PathLike, index_base: int) -> None:
         If ``index_base`` is not 0 or 1, or shapes do not match (from scikit-learn).
     """
     index_base = _check_index_base(index_base)
+    from sklearn.datasets import dump_svmlight_file   # only here: importing sklearn costs ~1 s
+
     dump_svmlight_file(X, y, os.fspath(path), zero_based=(index_base == 0))

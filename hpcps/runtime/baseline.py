@@ -6,7 +6,8 @@ machine, for 1-4 s of training (issue 22.6), and its result depends only on the 
 and the penalty: the data files' bytes, the ``[data]`` settings that turn them into features,
 ``[model] l2`` and the scikit-learn version. Those make the cache key (XXH3-128 of them); the
 result is kept as JSON in the cache directory — ``$HPCPS_CACHE_DIR``, else
-``$XDG_CACHE_HOME/hpcps``, else ``~/.cache/hpcps`` — under ``baseline/<key>.json``. A re-run,
+``$XDG_CACHE_HOME/hpcps``, else ``~/.cache/hpcps`` (``HPCPS_CACHE_DIR=off``: no cache) — under
+``baseline/<key>.json``. A re-run,
 a copied job that changes anything else (workers, optimizer, consistency, output dir) and
 ``hpcps check`` reuse it; a changed data file or setting fits again.
 """
@@ -15,28 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
 import xxhash
 
-
-def cache_dir(environ=None) -> Path:
-    """Where cached baselines live (see the module docstring). Local."""
-    env = os.environ if environ is None else environ
-    if env.get("HPCPS_CACHE_DIR"):
-        return Path(env["HPCPS_CACHE_DIR"])
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hpcps"
+from hpcps.data.featcache import cache_root, file_digest
 
 
-def _file_digest(path) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+def cache_dir(environ=None) -> Path | None:
+    """Where cached baselines live (see the module docstring), ``None`` when the cache is off
+    (``HPCPS_CACHE_DIR`` set to ``off`` or empty: :func:`hpcps.data.featcache.cache_root`).
+    Local."""
+    return cache_root(environ)
 
 
 def fingerprint(cfg) -> str:
@@ -53,7 +45,7 @@ def fingerprint(cfg) -> str:
 
     data = {k: str(v) for k, v in dataclasses.asdict(cfg.data).items()
             if k not in ("path", "test_path")}         # the files count by their bytes
-    files = [_file_digest(p) for p in (cfg.data.path, cfg.data.test_path) if p is not None]
+    files = [file_digest(p) for p in (cfg.data.path, cfg.data.test_path) if p is not None]
     key = json.dumps({"data": data, "files": files, "l2": cfg.model.l2,
                       "sklearn": sklearn.__version__}, sort_keys=True)
     return xxhash.xxh3_128(key.encode()).hexdigest()
@@ -70,8 +62,9 @@ def cached_baseline(cfg, fit, environ=None) -> dict:
         original fit's time) and ``seconds`` (the time to read it back).
     """
     t0 = time.perf_counter()
+    root = cache_dir(environ)
     try:
-        path = cache_dir(environ) / "baseline" / f"{fingerprint(cfg)}.json"
+        path = None if root is None else root / "baseline" / f"{fingerprint(cfg)}.json"
     except OSError:
         path = None                          # unreadable data file: the fit will say why
     if path is not None:

@@ -119,3 +119,15 @@ def test_waiting_groups_run_beside_the_others(tmp_path, monkeypatch, capsys):
     assert run.main() == 0
     out = capsys.readouterr().out
     assert "(side beside the others)" in out and "0 passed, 0 failed" in out
+
+
+def test_every_launch_shares_one_cache_dir_not_the_users(monkeypatch, tmp_path):
+    """The suite's launches (and the hpcps/mpirun processes they start) get one HPCPS_CACHE_DIR
+    for the run: featurized data is made once per run, and ~/.cache/hpcps is never written."""
+    monkeypatch.delenv("HPCPS_CACHE_DIR", raising=False)
+    a, b = run.mpi_env()["HPCPS_CACHE_DIR"], run.mpi_env()["HPCPS_CACHE_DIR"]
+    assert a == b and run.Path(a).is_dir() and run.Path(a).name.startswith("hpcps-cache-")
+    monkeypatch.setenv("HPCPS_CACHE_DIR", str(tmp_path))           # the caller's choice wins
+    assert run.mpi_env()["HPCPS_CACHE_DIR"] == str(tmp_path)
+    monkeypatch.setenv("HPCPS_CACHE_DIR", "off")
+    assert run.mpi_env()["HPCPS_CACHE_DIR"] == "off"
