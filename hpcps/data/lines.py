@@ -31,7 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hpcps.data.lineindex import LineIndex, load_index
-from hpcps.data.linereader import LineReader, Parser, _concat, _take
+from hpcps.data.linereader import LineReader, Parser, _concat, _own, _take
 from hpcps.data.textstream import compression, data_files
 from hpcps.kernels.text import take_rows
 
@@ -183,9 +183,10 @@ class StreamedRows:
         # contiguous runs of the wanted lines (a gap of more than a unit starts a new read)
         cuts = np.flatnonzero(np.diff(want) > self.unit) + 1
         parts = []
-        for run in np.split(want, cuts):
-            if run.size == 0:
-                continue
+        runs = [r for r in np.split(want, cuts) if r.size]
+        for run in runs:
+            if parts:                   # the reader reuses its buffers: the last run's rows copied
+                parts[-1] = _own(parts[-1])
             y, indptr, indices, data, line = reader.read(self.lo + int(run[0]), self.lo + int(run[-1]) + 1)
             line = line - self.lo
             pos = np.searchsorted(run, line)
@@ -209,8 +210,9 @@ class StreamedRows:
         perm = g[ok]
         small = self.shape[1] <= _INT32_MAX and indices.size <= _INT32_MAX
         # int32 ids where they fit: what scipy makes of the batches' index arrays anyway
-        indptr, indices, data = take_rows(np.asarray(indptr, dtype=np.int64),
-                                          np.asarray(indices, dtype=np.int64), data, perm, small)
+        # (the one copy of the rows out of the reader's reused buffers, into the unit's own)
+        indptr, indices, data = take_rows(np.ascontiguousarray(indptr), np.ascontiguousarray(indices),
+                                          data, perm, small)
         y = y[perm]
         u.start, u.stop = start, start + seq.size
         u.count = np.zeros(seq.size + 1, dtype=np.int64)
