@@ -71,8 +71,11 @@ def row_hashes(y, indptr, indices, data=None) -> np.ndarray:
         h ^= h >> np.uint64(29)
         h *= np.uint64(0xBF58476D1CE4E5B9)
         n = np.diff(indptr)
-        seg = np.add.reduceat(h, indptr[:-1]) if h.size else np.zeros(y.size, np.uint64)
-        seg = np.where(n > 0, seg, np.uint64(0))
+        # the sums over the non-empty rows only (an empty last row starts at h.size, which
+        # reduceat refuses; the next non-empty row's start ends each run)
+        seg = np.zeros(y.size, np.uint64)
+        if h.size:
+            seg[n > 0] = np.add.reduceat(h, indptr[:-1][n > 0])
         return (seg + (np.asarray(y, dtype=np.float64) > 0).astype(np.uint64) * np.uint64(7919)) \
             & np.uint64((1 << 63) - 1)
 
