@@ -167,7 +167,7 @@ class StreamedRows:
             while k * self.unit < order.size:
                 a = max(k * self.unit, first)
                 seq = order[a:(k + 1) * self.unit]
-                want = np.sort(seq)
+                want = _sorted_lines(seq)
                 t0 = time.perf_counter()
                 u = self._read_unit(reader, k, want, seq, a)
                 self.stats["read_seconds"] += time.perf_counter() - t0
@@ -207,10 +207,15 @@ class StreamedRows:
                                               np.zeros(0, np.int64), None, np.zeros(0, np.int64))
         # the rows in the order's sequence (here, once per unit, so that a step's batch is a
         # slice): row g[i] of the line-order arrays is position start + i's
-        g = np.searchsorted(line, seq)
-        ok = (g < line.size) & (line[np.minimum(g, max(line.size - 1, 0))] == seq) \
-            if line.size else np.zeros(seq.size, bool)
-        perm = g[ok]
+        if line.size == want.size == seq.size and want.size and want[-1] - want[0] + 1 == want.size:
+            # a row on every line of a run (line == want): the position of each line in it
+            ok = np.ones(seq.size, bool)
+            perm = seq - want[0]
+        else:
+            g = np.searchsorted(line, seq)
+            ok = (g < line.size) & (line[np.minimum(g, max(line.size - 1, 0))] == seq) \
+                if line.size else np.zeros(seq.size, bool)
+            perm = g[ok]
         small = self.shape[1] <= _INT32_MAX and indices.size <= _INT32_MAX
         # int32 ids where they fit: what scipy makes of the batches' index arrays anyway
         # (the one copy of the rows out of the reader's reused buffers, into the unit's own)
@@ -411,6 +416,20 @@ class _Labels:
         if isinstance(rows, slice):
             return self._rows[rows].labels
         return self._rows._gather(rows)[0]
+
+
+def _sorted_lines(seq: np.ndarray) -> np.ndarray:
+    """``np.sort(seq)`` of a unit's lines (distinct), without the sort when they are a run
+    ``lo..hi`` in any order (a block-shuffled or unshuffled unit, the usual case)."""
+    if seq.size == 0:
+        return seq
+    lo, hi = int(seq.min()), int(seq.max())
+    if hi - lo + 1 == seq.size:
+        seen = np.zeros(seq.size, dtype=bool)
+        seen[seq - lo] = True
+        if seen.all():
+            return np.arange(lo, hi + 1, dtype=np.int64)
+    return np.sort(seq)
 
 
 def _put(q, item, stop) -> bool:
