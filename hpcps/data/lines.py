@@ -192,9 +192,12 @@ class StreamedRows:
                 parts[-1] = _own(parts[-1])
             y, indptr, indices, data, line = reader.read(self.lo + int(run[0]), self.lo + int(run[-1]) + 1)
             line = line - self.lo
-            pos = np.searchsorted(run, line)
-            keep = np.flatnonzero((pos < run.size) & (run[np.minimum(pos, run.size - 1)] == line))
-            if keep.size != y.size:
+            if run[-1] - run[0] + 1 == run.size:            # every line read is wanted
+                keep = None
+            else:
+                pos = np.searchsorted(run, line)
+                keep = np.flatnonzero((pos < run.size) & (run[np.minimum(pos, run.size - 1)] == line))
+            if keep is not None and keep.size != y.size:
                 y, indptr, indices, data = _take(y, indptr, indices, data, keep)
                 line = line[keep]
             parts.append((y, indptr, indices, data, line))

@@ -27,7 +27,7 @@ cdef extern from *:
 
 # rows ahead whose bytes take_rows asks the cache for
 cdef enum:
-    AHEAD = 8
+    AHEAD = 16
 
 __all__ = ["count_newlines", "newline_end", "take_rows", "pooled"]
 
