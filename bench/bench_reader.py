@@ -206,7 +206,8 @@ def main() -> int:
         cmed = {k: benchlib.median(v) for k, v in cpu.items()}
         load = (load0[0], os.getloadavg()[0])
         print(f"load average (1 min) at the start and the end: {load[0]:.2f}, {load[1]:.2f}")
-        rep.details.update({"load_average": load, "rows": rows, "bytes": size, "unit": u, "batch": b, "index_seconds": index_s,
+        import hpcps
+        rep.details.update({"hpcps": os.path.dirname(hpcps.__file__), "load_average": load, "rows": rows, "bytes": size, "unit": u, "batch": b, "index_seconds": index_s,
                             "seconds": med, "cpu_seconds": cmed,
                             "MB_per_s": mbs,
                             "rows_per_s": {k: rows / v for k, v in med.items()}})
