@@ -79,12 +79,13 @@ def iter_part(pieces: list[Piece], hash_bits: int = 0, seed: int = 0,
         ``FILE:LINE: reason`` for a malformed row; a damaged compressed stream.
     """
     for pc in pieces:
-        for ch in iter_chunks(pc.path, chunk_bytes, start=pc.start, stop=pc.stop):
+        # the chunks are views of one reused buffer: parsed (into new arrays) before the next
+        for ch in iter_chunks(pc.path, chunk_bytes, start=pc.start, stop=pc.stop, reuse=True):
             try:
                 y, indptr, indices, _ = parse_criteo(ch.data, hash_bits, seed)
             except CriteoSyntaxError as e:
                 if pc.start == 0:
-                    line = ch.line + ch.data.count(b"\n", 0, e.offset)
+                    line = ch.line + ch.data[:e.offset].tobytes().count(b"\n")
                 else:
                     line = line_number(pc.path, ch.offset + e.offset)
                 raise DataError(f"{pc.path}:{line}: {e.reason}") from None

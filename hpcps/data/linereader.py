@@ -19,31 +19,41 @@ from hpcps.kernels.text import count_newlines, newline_end
 __all__ = ["LineReader", "Parser"]
 
 _READ = 1 << 20
+_INT32_MAX = 2**31 - 1
 
 
 class _FileCursor:
-    """An open file positioned at a line start: ``line`` is the line number of ``buf[0]``."""
+    """An open file positioned at a line start: ``line`` is the line number (0-based) and
+    ``byte`` the decompressed offset of the next byte :meth:`take` returns.
+
+    The bytes read wait in one buffer that is reused from one :meth:`take` to the next (grown
+    to the largest read), so reading a data set touches fresh memory once, not once per read.
+    """
 
     def __init__(self, path: str, kind):
         self.path, self.kind = path, kind
         self.fh = open_text(path, kind)
-        self.line, self.byte, self.buf, self.eof = 0, 0, b"", False
+        self.line, self.byte, self.eof = 0, 0, False
+        self.store = np.empty(4 * _READ, dtype=np.uint8)
+        self.lo = self.hi = 0                           # store[lo:hi]: read, not yet taken
 
     def seek(self, line: int, byte: int) -> None:
         """Go to line ``line``, which starts at decompressed byte ``byte``."""
+        have = self.hi - self.lo
         if self.kind is None:
             self.fh.seek(byte)
-        elif self.byte <= byte < self.byte + len(self.buf):
-            self.buf = self.buf[byte - self.byte:]
+        elif self.byte <= byte < self.byte + have:
+            self.lo += byte - self.byte
             self.line, self.byte = line, byte
             return
-        elif byte >= self.byte + len(self.buf):          # compressed: decode forward
-            self._skip_bytes(byte - self.byte - len(self.buf))
+        elif byte >= self.byte + have:                   # compressed: decode forward
+            self._skip_bytes(byte - self.byte - have)
         else:                                            # compressed, backwards: from the start
             self.fh.close()
             self.fh = open_text(self.path, self.kind)
             self._skip_bytes(byte)
-        self.line, self.byte, self.buf, self.eof = line, byte, b"", False
+        self.line, self.byte, self.eof = line, byte, False
+        self.lo = self.hi = 0
 
     def _skip_bytes(self, n: int) -> None:
         while n > 0:
@@ -52,27 +62,41 @@ class _FileCursor:
                 break
             n -= len(got)
 
-    def take(self, count: int) -> bytes:
-        """The next ``count`` lines (fewer at end of file); the cursor moves past them."""
-        parts, have = [], 0
-        buf = self.buf
+    def _fill(self) -> int:
+        """Read up to ``_READ`` more bytes after ``store[hi]``; returns how many (0: end)."""
+        if self.store.size < self.hi + _READ:
+            grown = np.empty(max(2 * self.store.size, self.hi + _READ), dtype=np.uint8)
+            grown[:self.hi] = self.store[:self.hi]
+            self.store = grown
+        with memoryview(self.store) as mv:
+            got = self.fh.readinto(mv[self.hi:self.hi + _READ])
+        self.hi += got or 0
+        return got or 0
+
+    def take(self, count: int) -> np.ndarray:
+        """The next ``count`` lines (fewer at end of file), as a uint8 view of the cursor's
+        buffer: valid until the next :meth:`take` or :meth:`seek` (copy what is kept). The
+        cursor moves past them."""
+        have = self.hi - self.lo
+        if self.lo:                                      # the unread rest to the front
+            self.store[:have] = self.store[self.lo:self.hi]
+            self.lo, self.hi = 0, have
+        found, scan = 0, 0
         while True:
-            c, cut = newline_end(buf, count - have)      # memchr, without the GIL
+            c, cut = newline_end(self.store[scan:self.hi], count - found)   # memchr, no GIL
             if cut >= 0:
-                parts.append(buf[:cut])
-                self.buf = buf[cut:]
+                cut += scan
                 break
-            parts.append(buf)
-            have += c
-            buf = b"" if self.eof else self.fh.read(_READ)
-            if not buf:
+            found += c
+            scan = self.hi
+            if self.eof or not self._fill():
                 self.eof = True
-                self.buf = b""
+                cut = self.hi
                 break
-        out = b"".join(parts)
+        self.lo = cut
         self.line += count
-        self.byte += len(out)
-        return out
+        self.byte += cut
+        return self.store[:cut]
 
     def close(self) -> None:
         self.fh.close()
@@ -104,25 +128,43 @@ class Parser:
 
             bits = int(data_cfg.hash_bits)
             self._errors = CriteoSyntaxError
-            self._parse = lambda b: (lambda y, p, i, o: (y, p, i, None, o))(*parse_criteo(b, bits, 0))
+            self._parse = lambda b, out=None: (lambda y, p, i, o: (y, p, i, None, o))(
+                *parse_criteo(b, bits, 0, out=out))
         else:
             from hpcps.kernels.svmlight import SvmlightSyntaxError, parse_svmlight
 
             base, nf = int(data_cfg.index_base), int(data_cfg.n_features)
             dup = data_cfg.duplicate_indices == "sum"
             self._errors = SvmlightSyntaxError
-            self._parse = lambda b: parse_svmlight(b, base, nf, sum_duplicates=dup)
+            # int32 indices when they fit (half the bytes; the reader's row gather reads them
+            # as they are)
+            ind = np.int32 if nf <= _INT32_MAX else np.int64
+            self._parse = lambda b, out=None: parse_svmlight(b, base, nf, sum_duplicates=dup,
+                                                             index_dtype=ind, out=out)
 
-    def __call__(self, buf: bytes, path: str, first_line: int):
+    def __call__(self, buf, path: str, first_line: int, out: dict | None = None):
         """Rows of ``buf`` (whole lines of ``path`` from its line ``first_line``, 0-based):
         ``(y, indptr, indices, data or None, line)`` with ``line`` (int64) each row's line
         within ``buf`` (0-based).
+
+        ``buf`` is bytes-like (bytes, or a uint8 array). ``out``: the caller's reused
+        output buffers (:func:`hpcps.kernels.text.pooled`); the arrays returned may then
+        be views of them, valid until the next call with the same ``out``. ``indices`` are
+        int32 for svmlight data of up to ``2**31 - 1`` features, else int64.
 
         Raises
         ------
         DataError
             ``FILE:LINE: reason`` for the first bad line (``on_bad_line = "error"``).
         """
+        try:
+            y, indptr, indices, data, offs = self._parse(buf, out)
+        except self._errors:
+            # a bad line: found (and, skipping, cut out) on a copy, with fresh arrays
+            return self._bad(bytes(buf), path, first_line)
+        return self._finish(y, indptr, indices, data, offs, buf, 0, path, first_line)
+
+    def _bad(self, buf: bytes, path: str, first_line: int):
         pieces, at, line0 = [], 0, 0
         while True:
             chunk = buf[at:] if at else buf
@@ -154,7 +196,7 @@ class Parser:
         return self._finish(y, indptr, indices, data, offs, chunk, line0, None, 0)
 
     def _finish(self, y, indptr, indices, data, offs, chunk, line0, path, first_line):
-        n_lines = count_newlines(chunk) + (1 if chunk and chunk[-1:] != b"\n" else 0)
+        n_lines = count_newlines(chunk) + (1 if len(chunk) and chunk[-1] != 10 else 0)
         if y.size == n_lines:                   # a row on every line (the usual case)
             line = np.arange(line0, line0 + n_lines, dtype=np.int64)
         else:
@@ -186,6 +228,11 @@ def _concat(pieces):
     return y, indptr, indices, data, line
 
 
+def _own(piece):
+    """``piece`` (y, indptr, indices, data, line) with arrays of its own (copies)."""
+    return tuple(None if a is None else np.array(a) for a in piece)
+
+
 def _take(y, indptr, indices, data, rows):
     """The CSR rows ``rows`` (int64, in that order)."""
     lengths = indptr[1:] - indptr[:-1]
@@ -203,10 +250,14 @@ class LineReader:
         self.index, self.parser = index, parser
         self.cursors: dict = {}
         self.bytes = 0
+        self.out: dict = {}                  # the parser's output buffers, reused
 
     def read(self, a: int, b: int):
         """Rows of global lines ``[a, b)``: ``(y, indptr, indices, data, line)`` with ``line``
-        the global line number of each row."""
+        the global line number of each row.
+
+        The arrays may be views of this reader's reused buffers: valid until the next
+        :meth:`read` (copy what is kept)."""
         out = []
         ix = self.index
         while a < b:
@@ -226,9 +277,11 @@ class LineReader:
                 raise DataError(f"{ix.files[f]}: {cur.kind} stream damaged or truncated near "
                                 f"line {cur.line + 1}: {e}") from None
             self.bytes += len(buf)
-            y, indptr, indices, data, line = self.parser(buf, ix.files[f], k)
-            out.append((y, indptr, indices, data, line + a))
+            piece = self.parser(buf, ix.files[f], k, self.out)
+            piece = piece[:4] + (piece[4] + a,)
             a += n
+            # another file follows: this one's rows out of the buffers the next parse reuses
+            out.append(_own(piece) if a < b else piece)
         if len(out) == 1:
             return out[0]
         if not out:

@@ -31,7 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hpcps.data.lineindex import LineIndex, load_index
-from hpcps.data.linereader import LineReader, Parser, _concat, _take
+from hpcps.data.linereader import LineReader, Parser, _concat, _own, _take
 from hpcps.data.textstream import compression, data_files
 from hpcps.kernels.text import take_rows
 
@@ -71,8 +71,11 @@ def row_hashes(y, indptr, indices, data=None) -> np.ndarray:
         h ^= h >> np.uint64(29)
         h *= np.uint64(0xBF58476D1CE4E5B9)
         n = np.diff(indptr)
-        seg = np.add.reduceat(h, indptr[:-1]) if h.size else np.zeros(y.size, np.uint64)
-        seg = np.where(n > 0, seg, np.uint64(0))
+        # the sums over the non-empty rows only (an empty last row starts at h.size, which
+        # reduceat refuses; the next non-empty row's start ends each run)
+        seg = np.zeros(y.size, np.uint64)
+        if h.size:
+            seg[n > 0] = np.add.reduceat(h, indptr[:-1][n > 0])
         return (seg + (np.asarray(y, dtype=np.float64) > 0).astype(np.uint64) * np.uint64(7919)) \
             & np.uint64((1 << 63) - 1)
 
@@ -164,7 +167,7 @@ class StreamedRows:
             while k * self.unit < order.size:
                 a = max(k * self.unit, first)
                 seq = order[a:(k + 1) * self.unit]
-                want = np.sort(seq)
+                want = _sorted_lines(seq)
                 t0 = time.perf_counter()
                 u = self._read_unit(reader, k, want, seq, a)
                 self.stats["read_seconds"] += time.perf_counter() - t0
@@ -183,14 +186,18 @@ class StreamedRows:
         # contiguous runs of the wanted lines (a gap of more than a unit starts a new read)
         cuts = np.flatnonzero(np.diff(want) > self.unit) + 1
         parts = []
-        for run in np.split(want, cuts):
-            if run.size == 0:
-                continue
+        runs = [r for r in np.split(want, cuts) if r.size]
+        for run in runs:
+            if parts:                   # the reader reuses its buffers: the last run's rows copied
+                parts[-1] = _own(parts[-1])
             y, indptr, indices, data, line = reader.read(self.lo + int(run[0]), self.lo + int(run[-1]) + 1)
             line = line - self.lo
-            pos = np.searchsorted(run, line)
-            keep = np.flatnonzero((pos < run.size) & (run[np.minimum(pos, run.size - 1)] == line))
-            if keep.size != y.size:
+            if run[-1] - run[0] + 1 == run.size:            # every line read is wanted
+                keep = None
+            else:
+                pos = np.searchsorted(run, line)
+                keep = np.flatnonzero((pos < run.size) & (run[np.minimum(pos, run.size - 1)] == line))
+            if keep is not None and keep.size != y.size:
                 y, indptr, indices, data = _take(y, indptr, indices, data, keep)
                 line = line[keep]
             parts.append((y, indptr, indices, data, line))
@@ -203,14 +210,20 @@ class StreamedRows:
                                               np.zeros(0, np.int64), None, np.zeros(0, np.int64))
         # the rows in the order's sequence (here, once per unit, so that a step's batch is a
         # slice): row g[i] of the line-order arrays is position start + i's
-        g = np.searchsorted(line, seq)
-        ok = (g < line.size) & (line[np.minimum(g, max(line.size - 1, 0))] == seq) \
-            if line.size else np.zeros(seq.size, bool)
-        perm = g[ok]
+        if line.size == want.size == seq.size and want.size and want[-1] - want[0] + 1 == want.size:
+            # a row on every line of a run (line == want): the position of each line in it
+            ok = np.ones(seq.size, bool)
+            perm = seq - want[0]
+        else:
+            g = np.searchsorted(line, seq)
+            ok = (g < line.size) & (line[np.minimum(g, max(line.size - 1, 0))] == seq) \
+                if line.size else np.zeros(seq.size, bool)
+            perm = g[ok]
         small = self.shape[1] <= _INT32_MAX and indices.size <= _INT32_MAX
         # int32 ids where they fit: what scipy makes of the batches' index arrays anyway
-        indptr, indices, data = take_rows(np.asarray(indptr, dtype=np.int64),
-                                          np.asarray(indices, dtype=np.int64), data, perm, small)
+        # (the one copy of the rows out of the reader's reused buffers, into the unit's own)
+        indptr, indices, data = take_rows(np.ascontiguousarray(indptr), np.ascontiguousarray(indices),
+                                          data, perm, small)
         y = y[perm]
         u.start, u.stop = start, start + seq.size
         u.count = np.zeros(seq.size + 1, dtype=np.int64)
@@ -406,6 +419,20 @@ class _Labels:
         if isinstance(rows, slice):
             return self._rows[rows].labels
         return self._rows._gather(rows)[0]
+
+
+def _sorted_lines(seq: np.ndarray) -> np.ndarray:
+    """``np.sort(seq)`` of a unit's lines (distinct), without the sort when they are a run
+    ``lo..hi`` in any order (a block-shuffled or unshuffled unit, the usual case)."""
+    if seq.size == 0:
+        return seq
+    lo, hi = int(seq.min()), int(seq.max())
+    if hi - lo + 1 == seq.size:
+        seen = np.zeros(seq.size, dtype=bool)
+        seen[seq - lo] = True
+        if seen.all():
+            return np.arange(lo, hi + 1, dtype=np.int64)
+    return np.sort(seq)
 
 
 def _put(q, item, stop) -> bool:

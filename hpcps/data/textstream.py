@@ -148,7 +148,7 @@ def _copy(buf: bytearray, lo: int, hi: int) -> bytes:
 
 
 def iter_chunks(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES, start: int = 0,
-                start_line: int = 1, stop: int | None = None) -> Iterator[Chunk]:
+                start_line: int = 1, stop: int | None = None, reuse: bool = False) -> Iterator[Chunk]:
     """Whole lines of ``path`` from byte ``start`` of its decompressed stream, in chunks.
 
     Parameters
@@ -164,6 +164,10 @@ def iter_chunks(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES, start: 
         The line number of the line at ``start`` (for messages).
     stop : int or None
         Read only the lines that start before this offset (a byte range of a plain file).
+    reuse : bool, default False
+        Each chunk's ``data`` is a uint8 array viewing the reader's buffer, which the next
+        chunk overwrites (valid until the next chunk is asked for; copy what is kept): no
+        copy of the bytes and no fresh memory per chunk. Else ``bytes`` of its own.
 
     Yields
     ------
@@ -192,6 +196,10 @@ def iter_chunks(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES, start: 
                             break
                         left -= len(got)
             # lines are read into one reused buffer; a chunk's bytes are copied out of it once
+            # (reuse: handed out as a view of it)
+            if reuse:
+                yield from _iter_reused(f, chunk_bytes, stop, offset, line)
+                return
             buf = bytearray(chunk_bytes)
             have = 0                                   # bytes of buf holding the next lines
             while True:
@@ -227,6 +235,56 @@ def iter_chunks(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES, start: 
     except _decode_errors() as e:
         raise DataError(f"{p}: {kind} stream damaged or truncated after byte {offset} of its "
                         f"decompressed data (line {line}): {e}") from None
+
+
+def _iter_reused(f, chunk_bytes: int, stop, offset: int, line: int) -> Iterator[Chunk]:
+    """:func:`iter_chunks`'s chunks, from ``f`` at ``offset``, as views of one uint8 buffer."""
+    import numpy as np
+
+    store = np.empty(chunk_bytes, dtype=np.uint8)
+    have = 0                                      # store[:have]: the next lines, read
+    while True:
+        want = chunk_bytes - have if have < chunk_bytes else chunk_bytes
+        if stop is not None:
+            want = min(want, max(stop - offset - have, 0))
+        if store.size < have + want:              # a line longer than a chunk: a larger buffer
+            grown = np.empty(have + want, dtype=np.uint8)
+            grown[:have] = store[:have]
+            store = grown
+        with memoryview(store) as mv:
+            end = have + _read_into(f, mv, have, want)
+        if end == have:
+            if have:
+                yield Chunk(store[:have], offset, line)
+            return
+        if stop is not None and offset + end >= stop:
+            out = store[:end]
+            if out[-1] != 10:                     # the line that starts before stop, whole
+                out = np.concatenate([out, np.frombuffer(f.readline(), dtype=np.uint8)])
+            yield Chunk(out, offset, line)
+            return
+        cut = _last_line_end(store, end)
+        if cut == 0:
+            have = end
+            continue
+        yield Chunk(store[:cut], offset, line)
+        offset += cut
+        line += count_newlines(store[:cut])
+        have = end - cut
+        store[:have] = store[cut:end]             # the partial last line to the front
+
+
+def _last_line_end(store, end: int) -> int:
+    """Just after the last ``\\n`` of ``store[:end]`` (0: none): searched backwards in
+    windows of 64 KiB, then wider ones."""
+    hi, size = end, 1 << 16
+    while hi > 0:
+        lo = max(0, hi - size)
+        k = store[lo:hi].tobytes().rfind(b"\n")
+        if k >= 0:
+            return lo + k + 1
+        hi, size = lo, 4 * size
+    return 0
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from libc.math cimport floor, log
 from libc.stdint cimport int16_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr
 
+from hpcps.kernels.text import pooled
+
 cnp.import_array()
 
 __all__ = ["N_INT", "N_CAT", "N_FIELDS", "MISSING", "CriteoSyntaxError", "parse_criteo",
@@ -127,17 +129,21 @@ def _mask(int hash_bits):
     return (1 << 63) - 1 if hash_bits == 0 else (1 << hash_bits) - 1
 
 
-def parse_criteo(bytes buf, int hash_bits=0, uint64_t seed=0):
+def parse_criteo(buf, int hash_bits=0, uint64_t seed=0, dict out=None):
     """Parse whole Criteo TSV lines into labels and CSR feature ids.
 
     Parameters
     ----------
-    buf : bytes
+    buf : bytes-like (bytes, bytearray, memoryview, uint8 array), contiguous
         Whole lines (the last one may lack its ``\\n``). Empty lines make no row.
     hash_bits : int, default 0
         0: 63-bit ids (for a hash-stored table); ``b`` in 1..63: ids in ``[0, 2**b)``.
     seed : int, default 0
         Mixed into every id (uint64).
+    out : dict or None
+        Reused output buffers (:func:`hpcps.kernels.text.pooled`), kept by the caller across
+        calls: the arrays returned (``indptr`` aside) are then views of them, valid until
+        the next call with the same ``out``.
 
     Returns
     -------
@@ -158,14 +164,17 @@ def parse_criteo(bytes buf, int hash_bits=0, uint64_t seed=0):
         If ``hash_bits`` is outside ``[0, 63]``.
     """
     cdef uint64_t mask = _mask(hash_bits)
-    cdef Py_ssize_t n = len(buf)
-    cdef const char* s = buf
+    cdef const unsigned char[::1] view = buf
+    cdef Py_ssize_t n = view.shape[0]
+    cdef const char* s = b""
+    if n > 0:
+        s = <const char*>&view[0]
     cdef Py_ssize_t max_rows
     with nogil:
         max_rows = _count_nl(s, n) + 1
-    labels_a = np.empty(max_rows, dtype=np.float64)
-    indices_a = np.empty(max_rows * NF, dtype=np.int64)
-    offsets_a = np.empty(max_rows, dtype=np.int64)
+    labels_a = pooled(out, "labels", max_rows, np.float64)
+    indices_a = pooled(out, "indices", max_rows * NF, np.int64)
+    offsets_a = pooled(out, "offsets", max_rows, np.int64)
     cdef double[::1] labels = labels_a
     cdef int64_t[::1] indices = indices_a
     cdef int64_t[::1] offsets = offsets_a
@@ -281,9 +290,9 @@ def parse_criteo(bytes buf, int hash_bits=0, uint64_t seed=0):
             offsets[row] = line_start
             row += 1
     if err != E_OK:
-        raise CriteoSyntaxError(err_line, _reason(buf, err, err_field, err_line))
+        raise CriteoSyntaxError(err_line, _reason(bytes(view), err, err_field, err_line))
     indptr_a = np.arange(row + 1, dtype=np.int64) * NF
-    if row + 1 >= max_rows:                 # the usual case: no blank line, so no copy
+    if out is not None or row + 1 >= max_rows:                 # the usual case: no blank line, so no copy
         return labels_a[:row], indptr_a, indices_a[:row * NF], offsets_a[:row]
     return labels_a[:row].copy(), indptr_a, indices_a[:row * NF].copy(), offsets_a[:row].copy()
 

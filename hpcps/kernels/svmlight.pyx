@@ -25,6 +25,8 @@ from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc, strtod
 from libc.string cimport memchr, memcpy
 
+from hpcps.kernels.text import pooled
+
 cnp.import_array()
 
 cdef extern from *:
@@ -385,7 +387,7 @@ cdef Py_ssize_t _fast_line(const char* s, Py_ssize_t pos, Py_ssize_t n, int inde
 
 
 def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=False,
-                   index_dtype=np.int64):
+                   index_dtype=np.int64, dict out=None):
     """Parse whole svmlight lines into CSR arrays.
 
     Parameters
@@ -403,6 +405,11 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
         dtype of ``indices`` and ``indptr``; int32 needs ``n_features <= 2**31 - 1``
         (``indptr`` stays int64 if ``buf`` could hold ``2**31`` or more values). int32 is
         what scipy keeps for such a matrix: no cast after parsing.
+    out : dict or None
+        Reused output buffers (:func:`hpcps.kernels.text.pooled`): a dict the caller keeps
+        across calls (empty at first). The arrays returned are then views of its buffers,
+        valid until the next call with the same ``out``: a streaming reader parses chunk
+        after chunk into the same memory (its pages touched once), and copies what it keeps.
 
     Returns
     -------
@@ -452,11 +459,11 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
     # indptr: int32 only if no count of values can pass 2**31 - 1 (indices: int32 whenever
     # asked, the values are below n_features); both written through _put
     cdef bint i32_ptr = i32 and max_nnz <= 2**31 - 1
-    labels_a = np.empty(max_rows, dtype=np.float64)
-    indptr_a = np.empty(max_rows + 1, dtype=np.int32 if i32_ptr else np.int64)
-    indices_a = np.empty(max_nnz, dtype=index_dtype)
-    data_a = np.empty(max_nnz, dtype=np.float64)
-    offsets_a = np.empty(max_rows, dtype=np.int64)
+    labels_a = pooled(out, "labels", max_rows, np.float64)
+    indptr_a = pooled(out, "indptr", max_rows + 1, np.int32 if i32_ptr else np.int64)
+    indices_a = pooled(out, "indices", max_nnz, index_dtype)
+    data_a = pooled(out, "data", max_nnz, np.float64)
+    offsets_a = pooled(out, "offsets", max_rows, np.int64)
     cdef double* labels = <double*>cnp.PyArray_DATA(labels_a)
     cdef void* p_indptr = cnp.PyArray_DATA(indptr_a)
     cdef void* p_indices = cnp.PyArray_DATA(indices_a)
@@ -599,8 +606,8 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
     if err != E_OK:
         raise SvmlightSyntaxError(line_start, _reason(err, bytes(view[bad_t0:bad_t1]), bad_col,
                                                       bad_prev, index_base, n_features))
-    if 4 * (max_nnz - nnz) <= max_nnz and 4 * (max_rows - rows) <= max_rows:
-        # little unused (no comment, blank or qid line to speak of): views, not copies
+    if out is not None or (4 * (max_nnz - nnz) <= max_nnz and 4 * (max_rows - rows) <= max_rows):
+        # pooled buffers, or little unused (no comment, blank or qid line to speak of): views, not copies
         return (labels_a[:rows], indptr_a[:rows + 1], indices_a[:nnz], data_a[:nnz],
                 offsets_a[:rows])
     return (labels_a[:rows].copy(), indptr_a[:rows + 1].copy(), indices_a[:nnz].copy(),

@@ -176,3 +176,25 @@ def test_generator_is_seeded_and_records_the_ground_truth(tmp_path):
     assert (Xa != Xb).nnz == 0
     c = generate_criteo_like(tmp_path / "c", rows=300, files=1, seed=5)
     assert c["files"][0]["click_rate"] != a["files"][0]["click_rate"]
+
+
+def test_iter_chunks_reused_buffer_gives_the_same_chunks(tmp_path):
+    """``reuse=True`` (views of one buffer, what the Criteo reader parses) yields the chunks
+    ``reuse=False`` does — bytes, offsets, line numbers — for plain and gzip files, lines
+    longer than a chunk, no last newline, a start offset and a byte range."""
+    rng = np.random.default_rng(4)
+    lines = [b"x" * int(n) for n in rng.integers(0, 300, size=400)]
+    text = b"\n".join(lines)                                   # no last newline
+    (tmp_path / "p.txt").write_bytes(text)
+    (tmp_path / "g.txt.gz").write_bytes(gzip.compress(text))
+    starts = [0] + [i + 1 for i, c in enumerate(text) if c == 10][::57]
+    for name in ("p.txt", "g.txt.gz"):
+        for chunk in (1, 7, 64, 1000, 1 << 16):
+            for start, stop in ((0, None), (starts[3], None), (starts[1], starts[5] + 3)):
+                if stop is not None and name.endswith(".gz"):
+                    continue
+                kw = dict(chunk_bytes=chunk, start=start, stop=stop)
+                want = [(c.data, c.offset, c.line) for c in iter_chunks(tmp_path / name, **kw)]
+                got = [(bytes(c.data), c.offset, c.line)
+                       for c in iter_chunks(tmp_path / name, reuse=True, **kw)]
+                assert got == want, (name, chunk, start, stop)

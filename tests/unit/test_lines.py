@@ -285,12 +285,80 @@ def test_text_kernels_newline_end_and_take_rows():
         X = sp.random(int(rng.integers(1, 30)), 50, density=0.2, format="csr", random_state=t)
         rows = rng.integers(0, X.shape[0], size=rng.integers(0, 40)).astype(np.int64)
         ref = X[rows]
-        for small in (False, True):
+        for small, src in ((False, np.int64), (True, np.int64), (False, np.int32), (True, np.int32)):
             for d in (X.data, None):
-                p, i, dd = take_rows(X.indptr.astype(np.int64), X.indices.astype(np.int64), d,
-                                     rows, small)
+                p, i, dd = take_rows(X.indptr.astype(src), X.indices.astype(src), d, rows, small)
                 assert p.dtype == i.dtype == (np.int32 if small else np.int64)
                 assert p.tolist() == ref.indptr.tolist() and i.tolist() == ref.indices.tolist()
                 assert (dd is None) if d is None else dd.tolist() == ref.data.tolist()
     with pytest.raises(IndexError, match=r"row 1 outside \[0, 1\)"):
         take_rows(np.array([0, 1]), np.array([3]), None, np.array([1]))
+    with pytest.raises(TypeError, match="indices must be a contiguous 1-d int32 or int64 array"):
+        take_rows(np.array([0, 1]), np.array([3.0]), None, np.array([0]))
+
+
+def test_svmlight_streamed_over_plain_and_gzip_files_equals_the_whole_file_reader(tmp_path):
+    """The reader parses unit after unit into the same reused buffers (the read buffer, the
+    parser's outputs): the rows of every unit, of reads that span two files and of a shuffled
+    order are those of :func:`read_svmlight_part`, and the buffers are not reallocated."""
+    from hpcps.data.linereader import LineReader
+    from hpcps.data.svmlight import read_svmlight_part
+
+    rng = np.random.default_rng(11)
+    d = tmp_path / "d"
+    d.mkdir()
+    texts = []
+    for f in range(3):
+        lines = []
+        for i in range(300 + 50 * f):
+            k = int(rng.integers(12))
+            cols = np.sort(rng.choice(40, size=int(rng.integers(0, 9)), replace=False)) + 1
+            vals = [f"{v:.6g}" for v in rng.normal(size=cols.size)]
+            lines.append(b"" if k == 0 else b"# c" if k == 1 else
+                         (f"{(-1) ** i:+d} " + " ".join(f"{c}:{v}" for c, v in zip(cols, vals))).encode())
+        texts.append(b"\n".join(lines) + b"\n")
+    (d / "a.svm").write_bytes(texts[0])
+    (d / "b.svm.gz").write_bytes(gzip.compress(texts[1]))
+    (d / "c.svm").write_bytes(texts[2])
+    (tmp_path / "b.svm").write_bytes(texts[1])
+    ref = []
+    for p in (d / "a.svm", tmp_path / "b.svm", d / "c.svm"):
+        X, y = read_svmlight_part(p, 0, 1, n_features=40, index_base=1)
+        ref.append(row_hashes(y, X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data))
+    ref = np.concatenate(ref)
+    c = cfg(format="svmlight", index_base=1, n_features=40, duplicate_indices="error", num_features=40)
+    ix = load_index(d)
+    reader = LineReader(ix, Parser(c))
+    for a in range(0, ix.n_lines, 70):          # 70 lines a read; some span two files
+        reader.read(a, min(a + 70, ix.n_lines))
+        if a == 0:
+            bufs = {k: v for k, v in reader.out.items()}
+            store = reader.cursors[0].store
+    assert all(reader.out[k] is v for k, v in bufs.items()) and reader.cursors[0].store is store
+    reader.close()
+    for unit in (64, 1000):
+        rows = StreamedRows(ix, Parser(c), 0, ix.n_lines, unit=unit, depth=2)
+        order = epoch_order(ix.n_lines, 0, 0, 2, True, unit)
+        rows.start(order)
+        got = []
+        for a in range(0, order.size, 33):
+            X, y = rows[order[a:a + 33]], rows.labels[order[a:a + 33]]
+            got.append(hashes(X, y))
+        rows.close()
+        got = np.concatenate(got)
+        assert sorted(got.tolist()) == sorted(ref.tolist())
+
+
+def test_row_hashes_with_empty_rows_last_and_between():
+    """An empty last row made ``np.add.reduceat`` raise IndexError (its start is the end of
+    the arrays): every row hashes as it does alone."""
+    y = np.array([1.0, 0.0, 1.0, 0.0])
+    indptr = np.array([0, 2, 2, 3, 3], dtype=np.int64)
+    indices = np.array([1, 4, 2], dtype=np.int64)
+    data = np.array([0.5, -1.0, 2.0])
+    h = row_hashes(y, indptr, indices, data)
+    for i in range(4):
+        a, b = indptr[i], indptr[i + 1]
+        alone = row_hashes(y[i:i + 1], np.array([0, b - a]), indices[a:b], data[a:b])
+        assert h[i] == alone[0]
+    assert h[3] == 0 and h[1] == 0

@@ -614,3 +614,32 @@ def test_sizing_pass_counts_every_lf_and_colon(n):
     for p in ([0.3, 0.3, 0.2, 0.1, 0.1], [0.0, 1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0, 0.0]):
         buf = rng.choice(np.frombuffer(b"\n:a1 ", np.uint8), size=n, p=p).tobytes()
         assert _count_lf_colon(buf) == (buf.count(b"\n"), buf.count(b":"))
+
+
+def test_parse_into_reused_buffers_equals_fresh_arrays():
+    """``out=``: chunk after chunk parsed into the same buffers (grown when a chunk needs more)
+    gives the arrays of a fresh parse, for svmlight and Criteo, from bytes or a uint8 view."""
+    from hpcps.kernels.criteo import N_CAT, N_INT, parse_criteo
+    from hpcps.kernels.svmlight import parse_svmlight
+
+    rng = np.random.default_rng(2)
+    out_s, out_c = {}, {}
+    for t in range(40):
+        n = int(rng.integers(0, 60 if t % 10 else 600))
+        lines = []
+        for i in range(n):
+            cols = np.unique(rng.integers(0, 30, size=int(rng.integers(0, 6))))
+            lines.append(f"{i % 2} " + " ".join(f"{c}:{rng.normal():.5g}" for c in cols))
+        buf = ("\n".join(lines) + "\n").encode() if lines else b""
+        view = np.frombuffer(buf, dtype=np.uint8)
+        for dtype in (np.int32, np.int64):
+            want = parse_svmlight(buf, 0, 30, index_dtype=dtype)
+            got = parse_svmlight(view, 0, 30, index_dtype=dtype, out=out_s)
+            for w, g in zip(want, got):
+                assert w.dtype == g.dtype and np.array_equal(w, g)
+        crit = b"".join(("\t".join([str(i % 2), *[str(i % 9 - 1)] * N_INT, f"{i:08x}", *[""] * (N_CAT - 1)])
+                         + "\n").encode() for i in range(n))
+        want = parse_criteo(crit, 20, 1)
+        got = parse_criteo(np.frombuffer(crit, dtype=np.uint8), 20, 1, out=out_c)
+        for w, g in zip(want, got):
+            assert np.array_equal(w, g)
