@@ -146,6 +146,15 @@ def one_message(nbytes: int, max_bytes: int) -> bool:
     endpoints' ``max_message_bytes`` (both sides apply the same rule)."""
     return nbytes <= INLINE_BYTES and nbytes <= max_bytes
 H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX, H_RANGE = range(9)
+#: The buffer format of int64 keys (numpy's, native byte order), for the compiled path's
+#: checks (:meth:`WorkerEndpoint.request`); :func:`buffer_format` gives a table dtype's.
+KEY_FMT = memoryview(np.empty(0, dtype=np.int64)).format.encode()
+
+
+def buffer_format(dtype) -> bytes:
+    """The buffer-protocol format of native, C-contiguous numpy arrays of ``dtype``
+    (``b"f"`` for float32), as :meth:`WorkerEndpoint.request` compares it."""
+    return memoryview(np.empty(0, dtype=np.dtype(dtype).newbyteorder("="))).format.encode()
 
 
 def make_header(op: int, table: int = 0, clock: int = 0, n_keys: int = 0,
@@ -252,11 +261,17 @@ class WorkerEndpoint:
         #: message, when it is built; used outside continue mode only
         self.compiled = _fast is not None
         self._send_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        self._recv_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
         if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
             wait_spin = None if cores_dedicated() else WAIT_SPIN
         #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
         #: seconds, then sleeps between polls (:func:`hpcps.comm.core.waitall`)
         self.wait_spin = wait_spin
+        self._limit = min(INLINE_BYTES, self.max_bytes)      # one message (one_message)
+
+    @property
+    def _spin(self) -> float:
+        return -1.0 if self.wait_spin is None else float(self.wait_spin)
 
     def send(self, server: int, header: np.ndarray, keys=None, values=None,
              more=()) -> None:
@@ -315,6 +330,42 @@ class WorkerEndpoint:
                 pos += a.nbytes
         self._keep.append(isend_array(self.comm, buf, dest, TAG_REQ, self.max_bytes, self._reqs))
         self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
+
+    def request(self, server: int, op: int, table: int, clock: int, n_examples: int, seq: int,
+                dim: int, aux: int, keys: np.ndarray, num_keys: int, fmt: bytes, width: int,
+                values: np.ndarray | None = None, rows: np.ndarray | None = None,
+                header: np.ndarray | None = None) -> bool:
+        """A ``PUSH`` (``values``) or a ``PULL`` (``rows``, ``header``) of one message to key
+        range ``server``, done in one compiled call (:func:`hpcps.comm.fastpath.request`,
+        the GIL released around MPI): the header ``[op, table, clock, keys.size,
+        n_examples, seq, dim, aux, server]``, the int64 ``keys`` and the ``values`` packed
+        and sent; for a PULL the one-message reply received (waited for as :meth:`complete`
+        waits) into ``rows`` and the shard clock ``header``. Nothing else may be pending
+        (:attr:`pending`). Counted as :meth:`send`, :meth:`expect_rows` and
+        :meth:`complete` count the same request.
+
+        Returns whether it did. False — nothing sent — without the compiled path, in
+        continue mode, with requests pending, when the request or the reply is more than one
+        message (:func:`one_message`), for a key outside ``[0, num_keys)`` (``num_keys`` <
+        0: any key), for ``keys`` not C-contiguous int64, ``values`` not C-contiguous data
+        of format ``fmt`` (the table dtype's buffer format) with ``keys.size * width`` items
+        (``width``: the table's dim), or ``rows`` not a writeable C-contiguous ``(keys.size,
+        width)`` array of format ``fmt``: the caller then takes the general path (which converts, or raises naming
+        the problem)."""
+        if not self.compiled or self._reqs or _core.WATCH:
+            return False
+        t0 = time.perf_counter()
+        nb = _fast.request(self.comm, self.server_ranks[server], TAG_REQ, op, table, clock,
+                           n_examples, seq, dim, aux, server, keys, KEY_FMT, num_keys, values,
+                           rows, fmt, width, self._limit, self._send_buf, self._recv_buf, header,
+                           reply_tag(server), self._spin, _core.POLL_SLEEP_MIN,
+                           _core.POLL_SLEEP_MAX)
+        if nb < 0:
+            return False
+        self.stats.add(op, messages=1, out=nb,
+                       inn=0 if rows is None else rows.nbytes + header.nbytes,
+                       keys=keys.size, seconds=time.perf_counter() - t0)
+        return True
 
     def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
         """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to

@@ -103,6 +103,16 @@ class PSClient(NextPull):
         #: pulls sent with the last clock and not taken yet: (clock they are for, requests
         #: as given, keys as int64, prepared pulls), or None
         self.prefetch = None
+        #: per table (by name and by id), what a pull or push of one request to the one key
+        #: range takes in one compiled call (:meth:`_pull_one`): (table id, dim, dtype,
+        #: buffer format, key bound or -1); empty when the job has several ranges
+        self._one = {}
+        if n_servers == 1:
+            for tid, spec in enumerate(self.specs):
+                bound = self.routing.parts[tid].num_keys
+                info = (tid, spec.dim, np.dtype(spec.dtype), tp.buffer_format(spec.dtype),
+                        -1 if bound is None else int(bound))
+                self._one[tid] = self._one[spec.name] = info
 
     # ------------------------------------------------------------ kept pushes (continue mode)
     def keep_pushes(self) -> None:
@@ -199,7 +209,38 @@ class PSClient(NextPull):
             For a key outside the table's key space, or an ``out`` of the wrong shape, dtype
             or layout.
         """
+        if self.prefetch is None and not self.windows and type(keys) is np.ndarray:
+            rows = self._pull_one(table, keys, fresh, out)
+            if rows is not None:
+                return rows
         return self.pull_many({table: keys}, fresh, {table: out} if out is not None else None)[table]
+
+    def _pull_one(self, table, keys: np.ndarray, fresh: bool, out):
+        """A pull from the job's one key range in one compiled call (issue 20: the small
+        request's Python work; :meth:`hpcps.comm.transport.WorkerEndpoint.request`): the
+        rows (``out``, or a new array), or None when that path does not take it (several
+        ranges, no key, not one message each way, a key to convert or refuse, an ``out``
+        to check: :meth:`pull_many` then does it, and raises what it raises). The same
+        request, reply, header bookkeeping (:meth:`_saw`) and counts as :meth:`pull_many`'s."""
+        info = self._one.get(table)
+        if info is None or not keys.size:
+            return None
+        tid, dim, dtype, fmt, bound = info
+        if self.staged:
+            self.send_staged()
+        if self.ep.pending:
+            self.ep.complete(tp.PULL)        # the last clock's sends, as pull_many waits for them
+        if out is None:
+            out = np.empty((keys.size, dim), dtype=dtype)
+        elif not isinstance(out, np.ndarray):
+            return None
+        hdr = np.empty(self.header_len, dtype=np.int64)
+        if not self.ep.request(0, tp.PULL, tid, self.clock_value, 0, self.seq, 0, int(fresh),
+                               keys, bound, fmt, dim, rows=out, header=hdr):
+            return None
+        self.seq += 1
+        self._saw(tid, 0, hdr)
+        return out
 
     def pull_many(self, requests: dict, fresh: bool = False, outs: dict | None = None) -> dict:
         """Rows of several tables in one exchange: ``{table: keys}`` -> ``{table: rows}``.
@@ -386,6 +427,20 @@ class PSClient(NextPull):
         ValueError
             On a shape mismatch or a key outside the key space.
         """
+        if (not defer and self.kept is None and type(keys) is np.ndarray
+                and type(grads) is np.ndarray and keys.size):
+            info = self._one.get(table)
+            if info is not None:          # one key range: one compiled call (see _pull_one)
+                tid = info[0]
+                if self.ep.pending:
+                    self.ep.complete(tp.PUSH)
+                v = self.read_version[tid][0] if versions is None else versions[0]
+                if self.ep.request(0, tp.PUSH, tid, self.clock_value, n_examples, self.seq,
+                                   info[1], int(v), keys, info[4], info[3], info[1],
+                                   values=grads):
+                    self.pushes_sent[0] += 1
+                    self.seq += 1
+                    return
         tid, spec, _ = self._table(table)
         given_keys, given_grads = keys, grads
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
