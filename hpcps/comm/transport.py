@@ -269,10 +269,6 @@ class WorkerEndpoint:
         self.wait_spin = wait_spin
         self._limit = min(INLINE_BYTES, self.max_bytes)      # one message (one_message)
 
-    @property
-    def _spin(self) -> float:
-        return -1.0 if self.wait_spin is None else float(self.wait_spin)
-
     def send(self, server: int, header: np.ndarray, keys=None, values=None,
              more=()) -> None:
         """Start sending one request (header, then keys, then values, then the parts of
@@ -350,16 +346,17 @@ class WorkerEndpoint:
         0: any key), for ``keys`` not C-contiguous int64, ``values`` not C-contiguous data
         of format ``fmt`` (the table dtype's buffer format) with ``keys.size * width`` items
         (``width``: the table's dim), or ``rows`` not a writeable C-contiguous ``(keys.size,
-        width)`` array of format ``fmt``: the caller then takes the general path (which converts, or raises naming
-        the problem)."""
+        width)`` array of format ``fmt``: the caller then takes the general path (which
+        converts, or raises naming the problem)."""
         if not self.compiled or self._reqs or _core.WATCH:
             return False
         t0 = time.perf_counter()
         nb = _fast.request(self.comm, self.server_ranks[server], TAG_REQ, op, table, clock,
                            n_examples, seq, dim, aux, server, keys, KEY_FMT, num_keys, values,
                            rows, fmt, width, self._limit, self._send_buf, self._recv_buf, header,
-                           reply_tag(server), self._spin, _core.POLL_SLEEP_MIN,
-                           _core.POLL_SLEEP_MAX)
+                           TAG_REPLY + 2 * server,       # reply_tag(server)
+                           -1.0 if self.wait_spin is None else self.wait_spin,
+                           _core.POLL_SLEEP_MIN, _core.POLL_SLEEP_MAX)
         if nb < 0:
             return False
         self.stats.add(op, messages=1, out=nb,

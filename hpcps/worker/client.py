@@ -377,20 +377,23 @@ class PSClient(NextPull):
 
     def _saw(self, tid: int, server: int, hdr: np.ndarray) -> None:
         """Record the shard header a read returned (version for pushes; ages for reports)."""
-        self.read_version[tid][server] = hdr[H_VERSION]
+        h = hdr.tolist()       # Python ints: numpy's scalar indexing cost more than the rest
+        self.read_version[tid][server] = h[H_VERSION]
         self.last_header = hdr
-        self.header_clock = self.clock_value
-        if self.acked_seen is not None and hdr[H_CLOCK] > self.acked_seen[server]:
-            self.acked_seen[server] = hdr[H_CLOCK]
-        age = self.clock_value - int(hdr[H_CLOCK])
-        self.read_age_max = max(self.read_age_max, age)
+        c = self.header_clock = self.clock_value
+        clk = h[H_CLOCK]
+        if self.acked_seen is not None and clk > self.acked_seen[server]:
+            self.acked_seen[server] = clk
+        age = c - clk
+        if age > self.read_age_max:
+            self.read_age_max = age
         self.read_age_sum += age
         self.reads += 1
-        n = int(hdr[H_NWORKERS])
+        n = h[H_NWORKERS]
         if n:
-            # a list's min: ndarray.min's Python wrapper cost more than the rest of _saw
-            self.lead_max = max(self.lead_max,
-                                self.clock_value - min(hdr[H_WORKER0:H_WORKER0 + n].tolist()))
+            lead = c - min(h[H_WORKER0:H_WORKER0 + n])
+            if lead > self.lead_max:
+                self.lead_max = lead
 
     def worker_clocks(self) -> np.ndarray:
         """Every worker's clock as of the most recent shard header read (int64; empty before
