@@ -27,7 +27,7 @@ from mpi4py cimport MPI
 from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Get_count, MPI_Iprobe, MPI_Irecv,
                             MPI_Recv, MPI_Request, MPI_REQUEST_NULL, MPI_Send, MPI_Status,
                             MPI_STATUS_IGNORE, MPI_SUCCESS, MPI_Test, MPI_Wait)
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, nanosleep, time_t, timespec
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime, nanosleep, time_t, timespec
 
 from hpcps.kernels.keys cimport gather_local_ptr
 
@@ -244,9 +244,9 @@ def unpack(stage, rows, header):
         PyBuffer_Release(&sb)
 
 
-cdef inline double _now() noexcept nogil:
+cdef inline double _clock(int which) noexcept nogil:
     cdef timespec t
-    clock_gettime(CLOCK_MONOTONIC, &t)
+    clock_gettime(which, &t)
     return t.tv_sec + 1e-9 * t.tv_nsec
 
 
@@ -258,12 +258,12 @@ cdef int _wait(MPI_Request *req, double spin, double sleep_min, double sleep_max
     cdef timespec ts
     if spin < 0:
         return MPI_Wait(req, MPI_STATUS_IGNORE)
-    t0 = _now()
+    t0 = _clock(CLOCK_MONOTONIC)
     while True:
         ierr = MPI_Test(req, &flag, MPI_STATUS_IGNORE)
         if ierr != MPI_SUCCESS or flag:
             return ierr
-        if _now() - t0 >= spin:
+        if _clock(CLOCK_MONOTONIC) - t0 >= spin:
             ts.tv_sec = <time_t>sleep
             ts.tv_nsec = <long>((sleep - ts.tv_sec) * 1e9)
             nanosleep(&ts, NULL)
@@ -408,3 +408,109 @@ def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t
             PyBuffer_Release(&qb)
         if got_s:
             PyBuffer_Release(&sb)
+
+
+def poll_pull(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_type,
+              int64_t visible, int64_t lag, int reply_tag, sendbuf, busy=None):
+    """:func:`probe_recv`, and a ready ``PULL`` it received answered at once, as the server
+    loop would (issue 20: the server's Python work per small pull): when the request is a
+    ``PULL`` (op 1) whose ``n`` keys came with it (``9 * 8 + 8 * n`` bytes) for a table
+    ``shards[table]`` of exactly ``shard_type`` (a :class:`hpcps.server.shard.Shard`: its
+    ``part.num_keys``, ``part.multiplier``, ``lo``, ``hi``, rows ``w`` (2-D, C-contiguous)
+    and clock header ``hdr``), ready (``visible >= clock``, or without the fresh flag
+    ``visible >= clock - lag``), every key in the shard's range and the reply (rows, then
+    ``hdr``) at most ``limit`` bytes, the reply is built in ``sendbuf`` and sent (blocking,
+    eager) on ``reply_tag`` as :func:`pull_inline` sends it.
+
+    Returns
+    -------
+    None (no request), ``(source, nbytes)`` (a request left to the caller, as
+    :func:`probe_recv`), or ``(source, nbytes, reply_bytes, seconds)`` for a PULL answered
+    here (``seconds``: from the request's receipt to the reply's send).
+    With ``busy`` (a list ``[requests, seconds, cpu seconds]``), an answered PULL adds 1
+    and the wall-clock and CPU seconds of this thread from the request's receipt to the
+    reply's send (as the server loop counts its handler).
+
+    Raises
+    ------
+    mpi4py.MPI.Exception
+        If an MPI call fails.
+    """
+    cdef Py_buffer b, wb, hb, sb
+    cdef int flag = 0, ierr, count = 0, src = -1, outside = 0
+    cdef MPI_Status st
+    cdef const int64_t* hd
+    cdef int64_t n, table, clk
+    cdef Py_ssize_t rowb, nv, total = 0, bad = 0
+    cdef double t0 = 0.0, c0 = 0.0, t1 = 0.0
+    cdef bint timed = busy is not None
+    PyObject_GetBuffer(buf, &b, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        if b.len < limit or b.len < 72:
+            raise ValueError(f"poll_pull: buffer of {b.len} bytes, limit {limit}")
+        with nogil:
+            ierr = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm.ob_mpi, &flag, &st)
+            if ierr == MPI_SUCCESS and flag:
+                src = st.MPI_SOURCE
+                ierr = MPI_Get_count(&st, MPI_BYTE, &count)
+                if ierr == MPI_SUCCESS and count <= limit:
+                    ierr = MPI_Recv(b.buf, count, MPI_BYTE, src, tag, comm.ob_mpi,
+                                    MPI_STATUS_IGNORE)
+        if ierr != MPI_SUCCESS:
+            raise MPIException(ierr)
+        if not flag:
+            return None
+        if count < 72 or count > limit:
+            return src, count
+        t0 = _clock(CLOCK_MONOTONIC)
+        if timed:
+            c0 = _clock(CLOCK_THREAD_CPUTIME_ID)
+        hd = <const int64_t*>b.buf
+        n, table, clk = hd[3], hd[1], hd[2]
+        if (hd[0] != 1 or n < 1 or count != 72 + 8 * n or table < 0 or table >= len(shards)
+                or not (visible >= clk if hd[7] else visible >= clk - lag)):
+            return src, count
+        shard = shards[table]
+        if type(shard) is not shard_type:
+            return src, count
+        w, header, part = shard.w, shard.hdr, shard.part
+        if w.ndim != 2:
+            return src, count
+        rowb = _row_bytes(w)
+        PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+        try:
+            try:
+                PyObject_GetBuffer(w, &wb, PyBUF_C_CONTIGUOUS)
+            except BufferError:
+                return src, count
+            try:
+                PyObject_GetBuffer(header, &hb, PyBUF_ANY_CONTIGUOUS)
+                try:
+                    nv = n * rowb
+                    total = nv + hb.len
+                    if total > limit or total > sb.len:
+                        return src, count
+                    bad = _gather(<const int64_t*>(<char*>b.buf + 72), n, part.num_keys,
+                                  part.multiplier, shard.lo, shard.hi, <const char*>wb.buf,
+                                  wb.len, rowb, <char*>sb.buf, 0, &outside)
+                    if bad >= 0:              # the caller's path names the key
+                        return src, count
+                    memcpy(<char*>sb.buf + nv, hb.buf, hb.len)
+                    with nogil:
+                        ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, src, reply_tag, comm.ob_mpi)
+                finally:
+                    PyBuffer_Release(&hb)
+            finally:
+                PyBuffer_Release(&wb)
+        finally:
+            PyBuffer_Release(&sb)
+        if ierr != MPI_SUCCESS:
+            raise MPIException(ierr)
+        t1 = _clock(CLOCK_MONOTONIC) - t0
+        if timed:
+            busy[0] += 1
+            busy[1] += t1
+            busy[2] += _clock(CLOCK_THREAD_CPUTIME_ID) - c0
+        return src, count, total, t1
+    finally:
+        PyBuffer_Release(&b)

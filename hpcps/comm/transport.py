@@ -464,17 +464,37 @@ class ServerEndpoint:
         #: replies sent without waiting: (requests, rows copy, header copy)
         self._inflight: list = []
 
-    def poll(self):
+    def poll(self, pulls=None):
         """Return ``(source_rank, header_copy)`` of the next request, or ``None`` if none waits
-        (after testing the replies still in flight)."""
+        (after testing the replies still in flight).
+
+        With ``pulls`` — ``(shards, shard type, visible clock, lag, range, busy)`` from the
+        server loop — a ready small PULL is answered here, in the compiled call that
+        received it (:func:`hpcps.comm.fastpath.poll_pull`: when the server's own
+        :meth:`pull_inline` would have answered it; a pull made at clock ``c`` is ready when
+        ``visible >= c``, or without the fresh flag ``visible >= c - lag``), and
+        ``(source_rank, None)`` returned: nothing left to handle. Counted as
+        :meth:`pull_inline` counts it; ``busy`` as ``serve_requests`` counts a handled
+        request (None: not counted)."""
         if self._inflight:
             self.progress()
         if self.compiled and not _core.WATCH:
             # Iprobe, and the receive of a request of one message, in one compiled call
-            got = _fast.probe_recv(self.comm, TAG_REQ, self._request,
-                                   min(INLINE_BYTES, self.max_bytes))
+            if pulls is None:
+                got = _fast.probe_recv(self.comm, TAG_REQ, self._request,
+                                       min(INLINE_BYTES, self.max_bytes))
+            else:
+                shards, shard_type, visible, lag, rng, busy = pulls
+                got = _fast.poll_pull(self.comm, TAG_REQ, self._request,
+                                      min(INLINE_BYTES, self.max_bytes), shards, shard_type,
+                                      visible, lag, TAG_REPLY + 2 * rng, self._reply_buf, busy)
             if got is None:
                 return None
+            if len(got) == 4:                       # a PULL answered
+                src, nbytes, out, secs = got
+                self.stats.add(PULL, messages=1, inn=nbytes, out=out,
+                               keys=(nbytes - HEADER_BYTES) >> 3, seconds=secs)
+                return src, None
             src, nbytes = got
             if not HEADER_BYTES <= nbytes <= min(INLINE_BYTES, self.max_bytes):
                 raise RuntimeError(self._bad_size(nbytes, src))

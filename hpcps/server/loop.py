@@ -19,6 +19,8 @@ IDLE_SPIN_DEDICATED = 1.0
 def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=None,
                    busy=None) -> None:
     """The polling loop of a server rank: ``handle(*poll())`` until ``finished()``. Local.
+    A poll that returns ``(source, None)`` answered its request itself (and counted it in
+    ``busy``).
 
     ``busy``, a list ``[requests, seconds, cpu seconds]`` (benchmarks), is increased by the
     requests handled and the wall-clock and CPU seconds of this thread spent in ``handle``
@@ -49,7 +51,9 @@ def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=
                 sleep = min(sleep * 2, IDLE_SLEEP_MAX)
                 continue
             sleep = IDLE_SLEEP_MIN
-            if busy is None:
+            if msg[1] is None:                # answered by poll (ServerEndpoint.poll's pulls)
+                last = time.perf_counter()
+            elif busy is None:
                 handle(*msg)
                 last = time.perf_counter()
             else:

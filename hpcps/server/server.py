@@ -37,6 +37,19 @@ __all__ = ["ParameterServer", "Shard", "window_sizes", "serve_requests", "agreed
            "touched_rows", "rows_of", "IDLE_SLEEP_MIN", "IDLE_SLEEP_MAX", "IDLE_SPIN",
            "IDLE_SPIN_DEDICATED"]
 
+def pull_lag(policy):
+    """``lag`` such that a pull made at clock ``c`` is ready under ``policy`` exactly when the
+    visible clock is ``>= c - lag`` (BSP: 0, SSP: its bound, async: any clock), or None
+    when its ``read_floor`` is not of that form (the loop then asks :meth:`_pull_ready`).
+    Local."""
+    f0, f1 = policy.read_floor(0), policy.read_floor(1000)
+    if f0 == f1 == -1:                  # any visible clock (>= 0) will do
+        return 1 << 62
+    if f1 - f0 == 1000 and f0 <= 0:
+        return -f0
+    return None
+
+
 class ParameterServer(CheckpointCut, ServerMembership):
     """One key range's server: its shards, clocks and pending pushes, and the loop of a
     server rank that holds only this range.
@@ -155,6 +168,7 @@ class ParameterServer(CheckpointCut, ServerMembership):
         #: None, or [requests handled, seconds and CPU seconds in handle] (serve_requests'
         #: ``busy``; benchmarks set it)
         self.busy = None
+        self._lag = pull_lag(policy)
 
     # ------------------------------------------------------------------ ways to start
     @classmethod
@@ -238,11 +252,21 @@ class ParameterServer(CheckpointCut, ServerMembership):
         most one rank per core on this node, else ``IDLE_SPIN`` (50 us), so that an
         oversubscribed server leaves the cores to the workers.
         """
-        serve_requests(lambda: self.ep.poll(), self.handle,   # ep is replaced by a growth
+        serve_requests(self._poll, self.handle,   # self.ep: replaced by a growth
                        lambda: len(self.stopped) >= self.n_workers, lambda: self.idle_spin,
                        busy=self.busy)
         self.ep.flush()                 # replies still in flight (ServerEndpoint.reply)
         self.check_done()
+
+    def _poll(self):
+        """The loop's poll: :meth:`ServerEndpoint.poll`, which answers a ready small PULL
+        of a fixed table itself when the policy's readiness is a clock lag
+        (:func:`pull_lag`; as :meth:`handle` would, through :meth:`Shard.pull_inline`)."""
+        lag = self._lag
+        if lag is None:
+            return self.ep.poll()
+        return self.ep.poll((self.shards, Shard, self.visible_clock, lag, self.index,
+                             self.busy))
 
     def check_done(self) -> None:
         """Raise if a pull is still deferred when every worker has stopped. Local."""
