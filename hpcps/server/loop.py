@@ -51,7 +51,7 @@ def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=
                 sleep = min(sleep * 2, IDLE_SLEEP_MAX)
                 continue
             sleep = IDLE_SLEEP_MIN
-            if msg[1] is None:                # answered by poll (ServerEndpoint.poll's pulls)
+            if len(msg) == 2 and msg[1] is None:    # answered by poll (ServerEndpoint.poll)
                 last = time.perf_counter()
             elif busy is None:
                 handle(*msg)
@@ -71,6 +71,19 @@ def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=
             if recoverable is None or not recoverable(e):
                 raise
             recover()
+
+
+def pull_lag(policy):
+    """``lag`` such that a pull made at clock ``c`` is ready under ``policy`` exactly when the
+    visible clock is ``>= c - lag`` (BSP: 0, SSP: its bound, async: any clock), or None
+    when its ``read_floor`` is not of that form (the loop then asks ``ParameterServer._pull_ready``).
+    Local."""
+    f0, f1 = policy.read_floor(0), policy.read_floor(1000)
+    if f0 == f1 == -1:                  # any visible clock (>= 0) will do
+        return 1 << 62
+    if f1 - f0 == 1000 and f0 <= 0:
+        return -f0
+    return None
 
 
 def agreed_growth(asks: set, who: str) -> tuple[int, int, int]:

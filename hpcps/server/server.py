@@ -29,26 +29,13 @@ from hpcps.core.routing import partition_of
 from hpcps.server.cut import CheckpointCut
 from hpcps.server.membership import ServerMembership
 from hpcps.server.loop import (IDLE_SLEEP_MAX, IDLE_SLEEP_MIN, IDLE_SPIN, IDLE_SPIN_DEDICATED,
-                               agreed_growth, serve_requests)
+                               agreed_growth, pull_lag, serve_requests)
 from hpcps.server.dynshard import DynamicShard, peak_rss
 from hpcps.server.shard import Shard, header_and_rows, rows_of, touched_rows, window_sizes
 
 __all__ = ["ParameterServer", "Shard", "window_sizes", "serve_requests", "agreed_growth",
            "touched_rows", "rows_of", "IDLE_SLEEP_MIN", "IDLE_SLEEP_MAX", "IDLE_SPIN",
            "IDLE_SPIN_DEDICATED"]
-
-def pull_lag(policy):
-    """``lag`` such that a pull made at clock ``c`` is ready under ``policy`` exactly when the
-    visible clock is ``>= c - lag`` (BSP: 0, SSP: its bound, async: any clock), or None
-    when its ``read_floor`` is not of that form (the loop then asks :meth:`_pull_ready`).
-    Local."""
-    f0, f1 = policy.read_floor(0), policy.read_floor(1000)
-    if f0 == f1 == -1:                  # any visible clock (>= 0) will do
-        return 1 << 62
-    if f1 - f0 == 1000 and f0 <= 0:
-        return -f0
-    return None
-
 
 class ParameterServer(CheckpointCut, ServerMembership):
     """One key range's server: its shards, clocks and pending pushes, and the loop of a

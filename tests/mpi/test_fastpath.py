@@ -116,7 +116,7 @@ def test_ready_pull_answered_by_the_poll_that_received_it(comm):
     the busy list counted — while a pull not ready yet (clock above visible + lag, or fresh
     above visible), a key of another range and another op come back to the caller as
     before, nothing sent."""
-    from hpcps.server.server import pull_lag
+    from hpcps.server.loop import pull_lag
     from hpcps.core.consistency import BSP, SSP, Async
 
     assert (pull_lag(BSP()), pull_lag(SSP(2)), pull_lag(Async())) == (0, 2, 1 << 62)
