@@ -278,6 +278,7 @@ class ServerEndpoint:
         #: the compiled request path (:mod:`hpcps.comm.fastpath`) when it is built; it is
         #: used outside continue mode only (whose waits must notice failed ranks)
         self.compiled = _fast is not None
+        self._limit = min(INLINE_BYTES, self.max_bytes)     # a request of one message
         self._scratch = np.empty(0, dtype=np.int64)      # reused by recv_keys(scratch=True)
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
         #: replies sent without waiting: (requests, rows copy, header copy)
@@ -300,13 +301,12 @@ class ServerEndpoint:
         if self.compiled and not _core.WATCH:
             # Iprobe, and the receive of a request of one message, in one compiled call
             if pulls is None:
-                got = _fast.probe_recv(self.comm, TAG_REQ, self._request,
-                                       min(INLINE_BYTES, self.max_bytes))
+                got = _fast.probe_recv(self.comm, TAG_REQ, self._request, self._limit)
             else:
                 shards, shard_type, visible, lag, rng, busy = pulls
-                got = _fast.poll_pull(self.comm, TAG_REQ, self._request,
-                                      min(INLINE_BYTES, self.max_bytes), shards, shard_type,
-                                      visible, lag, TAG_REPLY + 2 * rng, self._reply_buf, busy)
+                got = _fast.poll_pull(self.comm, TAG_REQ, self._request, self._limit, shards,
+                                      shard_type, visible, lag, TAG_REPLY + 2 * rng,
+                                      self._reply_buf, busy)
             if got is None:
                 return None
             if len(got) == 4:                       # a PULL answered
