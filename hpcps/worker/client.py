@@ -373,7 +373,7 @@ class PSClient(NextPull, KeptPushes):
                 if self.ep.pending:
                     self.ep.complete(tp.PUSH)
                 v = self.read_version[tid][0] if versions is None else versions[0]
-                if self.ep.request(0, tp.PUSH, tid, self.clock_value, n_examples, self.seq,
+                if self.ep.request(0, tp.PUSH, tid, self.clock_value, int(n_examples), self.seq,
                                    info[1], int(v), keys, info[4], info[3], info[1],
                                    values=grads):
                     self.pushes_sent[0] += 1
