@@ -368,16 +368,16 @@ class ParameterServer(CheckpointCut, ServerMembership):
         """A PUSH (header ``h``) from ``source``: receive its keys and rows; queue them for
         their clock (BSP/SSP) or apply them (async)."""
         shard = self._shard(h)
-        n = int(h[tp.H_NKEYS])
+        _, tid, c, n, _, _, _, version, _ = h.tolist()    # one conversion: ints
         # keys and values land in pooled buffers (kept until the push is applied, then
         # given back): a new array of many MiB would page-fault on every push
         keys, grads = self.ep.recv_push(source, n, shard.spec.dim, shard.spec.dtype)
         rows = keys                 # turned into local rows in place by push_rows (hash: the keys)
-        c = int(h[tp.H_CLOCK])
         if not shard.push_rows(keys, grads, self.index):   # the message only when needed
             check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
                          f"{self.worker_of_rank[source]} at clock {c}", grads)
-        self.pushes_applied[self.worker_of_rank[source]] += 1
+        w = self.worker_of_rank[source]
+        self.pushes_applied[w] += 1
         if not self.policy.aggregate and self.ft is not None:
             self.held.setdefault(self.worker_of_rank[source], []).append((shard, rows, grads, h))
             return
@@ -390,8 +390,8 @@ class ParameterServer(CheckpointCut, ServerMembership):
         if c < self.clock:
             raise RuntimeError(f"server {self.index}: push for clock {c} from worker "
                                f"{self.worker_of_rank[source]} after clock {self.clock} was applied")
-        self.pending.setdefault(c, {}).setdefault(int(h[tp.H_TABLE]), []).append(
-            (self.order_key[self.worker_of_rank[source]], rows, grads, int(h[tp.H_AUX])))
+        self.pending.setdefault(c, {}).setdefault(tid, []).append(
+            (self.order_key[w], rows, grads, version))
 
     def _on_clock(self, source: int, h: np.ndarray) -> None:
         """A CLOCK (header ``h``) from ``source``: the worker finished step ``h[clock]``."""
