@@ -18,13 +18,16 @@ MPI errors raise :class:`mpi4py.MPI.Exception` with the error code, as mpi4py's 
 (:func:`hpcps.comm.ft.is_peer_failure` reads its class).
 """
 
-from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE,
+from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
+                             PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_GetBuffer)
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 from mpi4py cimport MPI
 from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Get_count, MPI_Iprobe, MPI_Irecv,
-                            MPI_Recv, MPI_Send, MPI_Status, MPI_STATUS_IGNORE, MPI_SUCCESS)
+                            MPI_Recv, MPI_Request, MPI_REQUEST_NULL, MPI_Send, MPI_Status,
+                            MPI_STATUS_IGNORE, MPI_SUCCESS, MPI_Test, MPI_Wait)
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime, nanosleep, time_t, timespec
 
 from hpcps.kernels.keys cimport gather_local_ptr
 
@@ -239,3 +242,275 @@ def unpack(stage, rows, header):
         PyBuffer_Release(&hb)
         PyBuffer_Release(&rb)
         PyBuffer_Release(&sb)
+
+
+cdef inline double _clock(int which) noexcept nogil:
+    cdef timespec t
+    clock_gettime(which, &t)
+    return t.tv_sec + 1e-9 * t.tv_nsec
+
+
+cdef int _wait(MPI_Request *req, double spin, double sleep_min, double sleep_max) noexcept nogil:
+    """``MPI_Wait`` (``spin`` < 0), or ``MPI_Test`` for ``spin`` seconds, then between tests
+    sleeps doubling from ``sleep_min`` to ``sleep_max`` (as :func:`hpcps.comm.core.waitall`)."""
+    cdef int flag = 0, ierr
+    cdef double t0, sleep = sleep_min
+    cdef timespec ts
+    if spin < 0:
+        return MPI_Wait(req, MPI_STATUS_IGNORE)
+    t0 = _clock(CLOCK_MONOTONIC)
+    while True:
+        ierr = MPI_Test(req, &flag, MPI_STATUS_IGNORE)
+        if ierr != MPI_SUCCESS or flag:
+            return ierr
+        if _clock(CLOCK_MONOTONIC) - t0 >= spin:
+            ts.tv_sec = <time_t>sleep
+            ts.tv_nsec = <long>((sleep - ts.tv_sec) * 1e9)
+            nanosleep(&ts, NULL)
+            sleep = sleep * 2 if sleep * 2 < sleep_max else sleep_max
+
+
+cdef inline bint _is_fmt(const char* got, const char* want) noexcept:
+    """Whether buffer format ``got`` (NULL: unsigned bytes) is ``want`` (a one-character
+    native format such as numpy gives, e.g. ``l`` for int64, ``f`` for float32)."""
+    if got == NULL:
+        return want[0] == b'B' and want[1] == 0
+    if got[0] == b'@':
+        got += 1
+    return got[0] == want[0] and got[0] != 0 and got[1] == 0
+
+
+def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t clock,
+            int64_t n_examples, int64_t seq, int64_t dim, int64_t aux, int64_t rng,
+            keys, const char* key_fmt, int64_t num_keys, values, rows, const char* fmt,
+            int64_t width, Py_ssize_t limit, sendbuf, recvbuf=None, header=None, int reply_tag=0,
+            double spin=-1.0, double sleep_min=2e-6, double sleep_max=2e-4):
+    """A worker's PUSH or PULL of one message to one server, in one call with the GIL
+    released around MPI (issue 20: the small request's Python work on the worker).
+
+    The request — the 9-value header ``[op, table, clock, n, n_examples, seq, dim, aux,
+    rng]`` (``n`` = the number of ``keys``), the keys, then ``values`` if given — is packed
+    into ``sendbuf`` and sent with a blocking (eager) ``MPI_Send`` to ``dest`` on ``tag``.
+    With ``rows`` (a PULL): the receive of the one-message reply (the rows, then the shard
+    clock ``header``, int64) is posted into ``recvbuf`` first, waited for after the send
+    (``MPI_Wait``, or with ``spin`` >= 0 tested for ``spin`` seconds and then between sleeps
+    doubling from ``sleep_min`` to ``sleep_max``) and copied into ``rows`` and ``header``.
+
+    The caller gives the arrays as they are; what this call does not take is left to the
+    Python path (nothing sent, a code returned):
+
+    Returns
+    -------
+    int
+        The bytes sent (> 0); -1 when a key is outside ``[0, num_keys)`` (``num_keys`` < 0:
+        not checked); -2 when the request (header, keys, values) or the reply (rows and
+        header) is larger than ``limit`` bytes or its buffer; -3 when ``keys`` is not a
+        C-contiguous array of format ``key_fmt`` (int64), ``values`` not C-contiguous
+        ``fmt`` data of ``n * width`` items (``width``: the table's dim), or ``rows`` not a
+        writeable C-contiguous ``(n, width)`` array of format ``fmt``.
+
+    Raises
+    ------
+    mpi4py.MPI.Exception
+        If an MPI call fails.
+    """
+    cdef Py_buffer kb, vb, rb, sb, qb, hb
+    cdef bint has_v = values is not None, has_r = rows is not None
+    cdef bint got_k = False, got_v = False, got_r = False, got_s = False, got_q = False
+    cdef bint got_h = False
+    cdef Py_ssize_t n, i, pos, total = 0, nv = 0, reply = 0
+    cdef const int64_t* k
+    cdef uint64_t un = <uint64_t>num_keys
+    cdef int64_t* hd
+    cdef int ierr = MPI_SUCCESS, code = 0
+    cdef MPI_Request req = MPI_REQUEST_NULL
+    try:
+        try:
+            PyObject_GetBuffer(keys, &kb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        except (BufferError, TypeError, ValueError):      # not a contiguous buffer
+            return -3
+        got_k = True
+        if kb.itemsize != 8 or not _is_fmt(kb.format, key_fmt):
+            return -3
+        n = kb.len // 8
+        k = <const int64_t*>kb.buf
+        if num_keys >= 0:
+            for i in range(n):
+                if <uint64_t>k[i] >= un:
+                    return -1
+        if has_v:
+            try:
+                PyObject_GetBuffer(values, &vb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+            except (BufferError, TypeError, ValueError):
+                return -3
+            got_v = True
+            if not _is_fmt(vb.format, fmt) or vb.len != n * width * vb.itemsize:
+                return -3
+            nv = vb.len
+        if has_r:
+            try:
+                PyObject_GetBuffer(rows, &rb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)
+            except (BufferError, TypeError, ValueError):
+                return -3
+            got_r = True
+            if (not _is_fmt(rb.format, fmt) or rb.ndim != 2 or rb.shape[0] != n
+                    or rb.shape[1] != width):
+                return -3
+            PyObject_GetBuffer(header, &hb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+            got_h = True
+            PyObject_GetBuffer(recvbuf, &qb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+            got_q = True
+            reply = rb.len + hb.len
+            if reply > limit or reply > qb.len:
+                return -2
+        PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+        got_s = True
+        total = 72 + 8 * n + nv
+        if total > limit or total > sb.len:
+            return -2
+        hd = <int64_t*>sb.buf
+        hd[0] = op
+        hd[1] = table
+        hd[2] = clock
+        hd[3] = n
+        hd[4] = n_examples
+        hd[5] = seq
+        hd[6] = dim
+        hd[7] = aux
+        hd[8] = rng
+        memcpy(<char*>sb.buf + 72, kb.buf, 8 * n)
+        if has_v:
+            memcpy(<char*>sb.buf + 72 + 8 * n, vb.buf, nv)
+        with nogil:
+            if has_r:
+                ierr = MPI_Irecv(qb.buf, <int>reply, MPI_BYTE, dest, reply_tag, comm.ob_mpi,
+                                 &req)
+            if ierr == MPI_SUCCESS:
+                ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi)
+                if ierr == MPI_SUCCESS and has_r:
+                    ierr = _wait(&req, spin, sleep_min, sleep_max)
+        if ierr != MPI_SUCCESS:
+            raise MPIException(ierr)
+        if has_r:
+            memcpy(rb.buf, qb.buf, rb.len)
+            memcpy(hb.buf, <char*>qb.buf + rb.len, hb.len)
+        return total
+    finally:
+        if got_k:
+            PyBuffer_Release(&kb)
+        if got_v:
+            PyBuffer_Release(&vb)
+        if got_r:
+            PyBuffer_Release(&rb)
+        if got_h:
+            PyBuffer_Release(&hb)
+        if got_q:
+            PyBuffer_Release(&qb)
+        if got_s:
+            PyBuffer_Release(&sb)
+
+
+def poll_pull(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_type,
+              int64_t visible, int64_t lag, int reply_tag, sendbuf, busy=None):
+    """:func:`probe_recv`, and a ready ``PULL`` it received answered at once, as the server
+    loop would (issue 20: the server's Python work per small pull): when the request is a
+    ``PULL`` (op 1) whose ``n`` keys came with it (``9 * 8 + 8 * n`` bytes) for a table
+    ``shards[table]`` of exactly ``shard_type`` (a :class:`hpcps.server.shard.Shard`: its
+    ``part.num_keys``, ``part.multiplier``, ``lo``, ``hi``, rows ``w`` (2-D, C-contiguous)
+    and clock header ``hdr``), ready (``visible >= clock``, or without the fresh flag
+    ``visible >= clock - lag``), every key in the shard's range and the reply (rows, then
+    ``hdr``) at most ``limit`` bytes, the reply is built in ``sendbuf`` and sent (blocking,
+    eager) on ``reply_tag`` as :func:`pull_inline` sends it.
+
+    Returns
+    -------
+    None (no request), ``(source, nbytes)`` (a request left to the caller, as
+    :func:`probe_recv`), or ``(source, nbytes, reply_bytes, seconds)`` for a PULL answered
+    here (``seconds``: from the request's receipt to the reply's send).
+    With ``busy`` (a list ``[requests, seconds, cpu seconds]``), an answered PULL adds 1
+    and the wall-clock and CPU seconds of this thread from the request's receipt to the
+    reply's send (as the server loop counts its handler).
+
+    Raises
+    ------
+    mpi4py.MPI.Exception
+        If an MPI call fails.
+    """
+    cdef Py_buffer b, wb, hb, sb
+    cdef int flag = 0, ierr, count = 0, src = -1, outside = 0
+    cdef MPI_Status st
+    cdef const int64_t* hd
+    cdef int64_t n, table, clk
+    cdef Py_ssize_t rowb, nv, total = 0, bad = 0
+    cdef double t0 = 0.0, c0 = 0.0, t1 = 0.0
+    cdef bint timed = busy is not None
+    PyObject_GetBuffer(buf, &b, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        if b.len < limit or b.len < 72:
+            raise ValueError(f"poll_pull: buffer of {b.len} bytes, limit {limit}")
+        with nogil:
+            ierr = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm.ob_mpi, &flag, &st)
+            if ierr == MPI_SUCCESS and flag:
+                src = st.MPI_SOURCE
+                ierr = MPI_Get_count(&st, MPI_BYTE, &count)
+                if ierr == MPI_SUCCESS and count <= limit:
+                    ierr = MPI_Recv(b.buf, count, MPI_BYTE, src, tag, comm.ob_mpi,
+                                    MPI_STATUS_IGNORE)
+        if ierr != MPI_SUCCESS:
+            raise MPIException(ierr)
+        if not flag:
+            return None
+        if count < 72 or count > limit:
+            return src, count
+        t0 = _clock(CLOCK_MONOTONIC)
+        if timed:
+            c0 = _clock(CLOCK_THREAD_CPUTIME_ID)
+        hd = <const int64_t*>b.buf
+        n, table, clk = hd[3], hd[1], hd[2]
+        if (hd[0] != 1 or n < 1 or count != 72 + 8 * n or table < 0 or table >= len(shards)
+                or not (visible >= clk if hd[7] else visible >= clk - lag)):
+            return src, count
+        shard = shards[table]
+        if type(shard) is not shard_type:
+            return src, count
+        w, header, part = shard.w, shard.hdr, shard.part
+        if w.ndim != 2:
+            return src, count
+        rowb = _row_bytes(w)
+        PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+        try:
+            try:
+                PyObject_GetBuffer(w, &wb, PyBUF_C_CONTIGUOUS)
+            except BufferError:
+                return src, count
+            try:
+                PyObject_GetBuffer(header, &hb, PyBUF_ANY_CONTIGUOUS)
+                try:
+                    nv = n * rowb
+                    total = nv + hb.len
+                    if total > limit or total > sb.len:
+                        return src, count
+                    bad = _gather(<const int64_t*>(<char*>b.buf + 72), n, part.num_keys,
+                                  part.multiplier, shard.lo, shard.hi, <const char*>wb.buf,
+                                  wb.len, rowb, <char*>sb.buf, 0, &outside)
+                    if bad >= 0:              # the caller's path names the key
+                        return src, count
+                    memcpy(<char*>sb.buf + nv, hb.buf, hb.len)
+                    with nogil:
+                        ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, src, reply_tag, comm.ob_mpi)
+                finally:
+                    PyBuffer_Release(&hb)
+            finally:
+                PyBuffer_Release(&wb)
+        finally:
+            PyBuffer_Release(&sb)
+        if ierr != MPI_SUCCESS:
+            raise MPIException(ierr)
+        t1 = _clock(CLOCK_MONOTONIC) - t0
+        if timed:
+            busy[0] += 1
+            busy[1] += t1
+            busy[2] += _clock(CLOCK_THREAD_CPUTIME_ID) - c0
+        return src, count, total, t1
+    finally:
+        PyBuffer_Release(&b)

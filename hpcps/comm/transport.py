@@ -1,88 +1,12 @@
-"""The parameter-server wire protocol over MPI point-to-point buffer calls.
-
-Every request from a worker to a server is
-
-1. a header: 9 int64 ``[op, table, clock, n_keys, n_examples, seq, dim, aux, range]``
-   (tag ``TAG_REQ``),
-2. for ``PULL`` and ``PUSH``: the keys, int64 ``(n_keys,)`` (tag ``TAG_KEYS``),
-3. for ``PUSH``: the gradient rows, table dtype ``(n_keys, dim)`` (tag ``TAG_VALS``).
-
-``PUSH_CLOCK`` is a worker's whole step for one key range in one request: the pushes of
-every table it touched and its ``CLOCK`` (one trip through the server loop instead of one per
-table plus one; :meth:`hpcps.worker.client.PSClient.clock`). Its header is the CLOCK's
-(``n_examples``, ``aux`` = epoch) with ``table`` = the number of pushes ``P``; then an int64
-``(P, PART_LEN)`` array, per push ``[table, n_keys, n_examples, dim, version]`` (tag
-``TAG_KEYS``), then each push's keys and rows as in 2. and 3.; the server handles it as those
-PUSHes followed by the CLOCK.
-
-``PULL_MANY`` is a worker's pulls of several tables from one key range in one request (one
-trip through the server loop instead of one per table; :meth:`hpcps.worker.client.PSClient.pull_many`).
-Its header is a PULL's (``clock``, ``aux`` = fresh) with ``table`` = the number of pulls ``P``
-and ``n_keys`` their total; then an int64 ``(P, PART_LEN)`` array, per pull ``[table, n_keys,
-0, dim, 0]`` (tag ``TAG_KEYS``), then each pull's keys (tag ``TAG_KEYS``). The server answers
-when the policy allows the read, with each pull's rows and shard clock header in the pulls'
-order (as P PULL replies, which the worker's receives, posted in that order, match: MPI keeps
-the messages of one tag in order).
-
-``PUSH_CLOCK_PULL`` is a BSP worker's whole step for one key range *and* its next step's
-pulls in one request (issue 20: one request per worker, server and step;
-:meth:`hpcps.worker.client.PSClient.pull_next`). Its header is the ``PUSH_CLOCK``'s
-(``clock`` = the step, ``n_examples``, ``aux`` = epoch, ``table`` = the number of pushes
-``P >= 0``, ``n_keys`` their total) with ``dim`` = the number of pulls ``Q >= 1``; then an
-int64 ``(P + Q, PART_LEN)`` array: the ``P`` pushes' descriptions, then the ``Q`` pulls' as
-in a ``PULL_MANY`` (tag ``TAG_KEYS``); then each push's keys and rows, then each pull's keys.
-The server handles it as the ``PUSH_CLOCK`` followed by a ``PULL_MANY`` at clock ``clock +
-1`` (``aux`` = 0): the pulls are answered, as P PULL replies in order, once the step's clock
-is applied — the rows the worker's next ``PULL_MANY`` would have got.
-
-Small requests and replies travel as one message (issue 20: each message is a trip through
-MPI and Python on both sides). A request whose header and parts given to
-:meth:`WorkerEndpoint.send` fit in ``INLINE_BYTES`` (and in ``max_message_bytes``) goes as
-one ``TAG_REQ`` message of bytes: the header, then those parts (keys, then values) back to
-back (with ``more``: every part of a ``PULL_MANY``, ``PUSH_CLOCK`` or ``PUSH_CLOCK_PULL``,
-in the order the server receives them, when all fit); the server's receives of the
-request's parts (:meth:`ServerEndpoint.recv_keys`, :meth:`ServerEndpoint.recv_values`) take
-them from that message in order, and any further parts come as messages of their own.
-Outside continue mode these messages are received, packed and sent by compiled calls
-(:mod:`hpcps.comm.fastpath`; the Python path when it is not built). A ``PULL`` reply whose rows and shard
-clock header fit in ``INLINE_BYTES`` (and ``max_message_bytes``) is one message of bytes
-(rows, then header) on the reply tag; both sides know from the number of keys, the header
-length and ``max_message_bytes`` which form a reply takes (:func:`one_message`).
-
-``range`` (``H_RANGE``) is the key range the request is for: the server index of the job's
-key partition. It equals the index of the server rank that receives it, except after a
-continue-mode job lost a server and another server took its range over (:mod:`hpcps.resilience.recovery`);
-a server rank may then hold several ranges.
-
-``PULL`` and ``PULL_SHARD`` are answered with rows (tag ``reply_tag(range)``); a ``PULL`` reply
-is followed by the shard's int64 clock header (tag ``reply_tag(range) + 1``, layout in
-:mod:`hpcps.core.consistency`), from which the worker learns the version it read. Each range has
-its own pair of reply tags, so that the replies of two ranges held by one server rank never
-match each other's receives, whatever order the server answers in. A ``PULL_SHARD`` of a
-chunk of a dynamic table's sorted keys is answered like a ``PULL`` with the chunk's keys in
-the place of the clock header. Header slot 7
-(``H_AUX``) is, for ``PULL``, 1 when the read must see every update of clocks below the
-request's clock whatever the consistency model (evaluation, final model), and for ``PUSH``
-the shard version the gradient was computed on (for staleness), for ``PULL_SHARD`` what
-part of the shard (0: all of it; a dynamic table's count, keys, rows, or ``n_keys`` of its
-keys in ascending order from position ``seq`` with their rows; a fixed table's rows of the
-keys ``[seq, seq + n_keys)``: :data:`hpcps.core.tables.PULL_SHARD_SORTED`,
-:data:`~hpcps.core.tables.PULL_SHARD_KEY_RANGE`), for ``CLOCK`` the worker's
-epoch (0-based; servers count examples per epoch), for ``GROW`` the number of workers to add
-(:mod:`hpcps.resilience.elastic`; its ``n_keys`` slot is 1 to let them share cores). MPI keeps messages of
-one (source, tag, communicator) in order, so the parts of a request are matched by the server
-right after its header. Arrays over ``max_message_bytes`` go in several messages (see
-:func:`hpcps.comm.core.chunk_slices`). All traffic uses the ``ps`` communicator of
-:class:`hpcps.comm.core.Roles`, never the world communicator used by collectives.
-
-Communication is counted: every endpoint keeps, per op, the number of messages, the bytes
-and the seconds spent (:class:`TrafficStats`).
+"""The parameter-server endpoints over MPI point-to-point buffer calls: a worker's
+(:class:`WorkerEndpoint`) and a server's (:class:`ServerEndpoint`). The wire protocol
+— ops, tags, the request header, the one-message rule, the traffic counts — is
+:mod:`hpcps.comm.protocol`'s (its names are importable from here too).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -109,124 +33,28 @@ def load_fastpath():
 
 
 _fast, _FAST_REASON = load_fastpath()
+from hpcps.comm.protocol import (  # noqa: F401  (re-exported: the protocol's names)
+    PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW, PUSH_CLOCK, PULL_MANY,
+    PUSH_CLOCK_PULL, REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE, OP_NAMES, TAG_SNAP, TAG_REQ,
+    TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR, HEADER_LEN, HEADER_BYTES, INLINE_BYTES,
+    DEFER_MAX_BYTES, one_message, H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX,
+    H_RANGE, KEY_FMT, buffer_format, make_header, PART_LEN, part_of, part_header, reply_tag,
+    max_ranges, check_ranges, TrafficStats)
+
+__all__ = [
+    "PULL", "PUSH", "CLOCK", "PULL_SHARD", "STOP", "CHECKPOINT", "GROW", "PUSH_CLOCK",
+    "PULL_MANY", "PUSH_CLOCK_PULL", "REPLICATE", "REPL_CLOCK", "REPL_ACK", "REPL_DONE",
+    "OP_NAMES", "TAG_SNAP", "TAG_REQ", "TAG_KEYS", "TAG_VALS", "TAG_REPLY", "TAG_RHDR",
+    "HEADER_LEN", "HEADER_BYTES", "INLINE_BYTES", "DEFER_MAX_BYTES", "one_message", "H_OP",
+    "H_TABLE", "H_CLOCK", "H_NKEYS", "H_NEX", "H_SEQ", "H_DIM", "H_AUX", "H_RANGE", "KEY_FMT",
+    "buffer_format", "make_header", "PART_LEN", "part_of", "part_header", "reply_tag",
+    "max_ranges", "check_ranges", "TrafficStats", "POOL_MAX_FREE_BYTES", "POOL_MIN_BYTES",
+    "load_fastpath", "WorkerEndpoint", "ServerEndpoint", "WAIT_SPIN",
+]
+
 from hpcps.comm import core as _core
-from hpcps.comm.core import (LaunchError, cores_dedicated, irecv_array, isend_array, native_contiguous,
+from hpcps.comm.core import (cores_dedicated, irecv_array, isend_array, native_contiguous,
                              recv_array, waitall)
-
-# ops (worker -> server; GROW: hpcps.resilience.elastic)
-PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW = 1, 2, 3, 4, 5, 6, 7
-PUSH_CLOCK = 12
-PULL_MANY = 13
-PUSH_CLOCK_PULL = 14
-# ops (server -> server: chain replication, hpcps.resilience.replica)
-REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE = 8, 9, 10, 11
-OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard", STOP: "stop",
-            CHECKPOINT: "checkpoint", GROW: "grow", PUSH_CLOCK: "push", PULL_MANY: "pull",
-            PUSH_CLOCK_PULL: "push", REPLICATE: "replicate",
-            REPL_CLOCK: "replicate", REPL_ACK: "replicate", REPL_DONE: "replicate"}
-# tags
-TAG_SNAP, TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 9, 11, 12, 13, 14, 15
-HEADER_LEN = 9
-HEADER_BYTES = 8 * HEADER_LEN
-#: Bytes up to which a request (header and the parts sent with it) or a PULL reply (rows and
-#: shard clock header) is one message (see the module docstring); Open MPI's shared-memory
-#: eager limit is 4 KiB.
-INLINE_BYTES = 4096
-#: A PULL reply of more than ``INLINE_BYTES`` and at most this many bytes is sent from a copy
-#: without waiting (:meth:`ServerEndpoint.reply`): its rendezvous completes only once the
-#: worker is inside MPI, which a worker that has just sent its step is not yet. Larger
-#: replies are waited for: the copy costs more than it saves (a 512 KiB dense pull took
-#: 191-249 us copied, 126-147 us waited for, bench_pushpull, load 1.0-1.2).
-DEFER_MAX_BYTES = 1 << 16
-
-
-def one_message(nbytes: int, max_bytes: int) -> bool:
-    """Whether a request (header and parts) or a PULL reply (rows and shard clock header) of
-    ``nbytes`` in all travels as one message: at most ``INLINE_BYTES`` and not split by the
-    endpoints' ``max_message_bytes`` (both sides apply the same rule)."""
-    return nbytes <= INLINE_BYTES and nbytes <= max_bytes
-H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX, H_RANGE = range(9)
-
-
-def make_header(op: int, table: int = 0, clock: int = 0, n_keys: int = 0,
-                n_examples: int = 0, seq: int = 0, dim: int = 0, aux: int = 0,
-                rng: int = 0) -> np.ndarray:
-    """Build a request header, int64 ``(9,)``; ``rng`` is the key range (``H_RANGE``)."""
-    return np.array([op, table, clock, n_keys, n_examples, seq, dim, aux, rng], dtype=np.int64)
-
-
-#: int64 values describing one part of a ``PUSH_CLOCK`` or ``PULL_MANY``: table, n_keys,
-#: n_examples, dim, version (a pull's: table, n_keys, 0, dim, 0)
-PART_LEN = 5
-
-
-def part_of(h: np.ndarray) -> list:
-    """The ``PUSH_CLOCK`` (``PULL_MANY``) description (``PART_LEN`` values) of the PUSH
-    (PULL) with header ``h``."""
-    return [int(h[H_TABLE]), int(h[H_NKEYS]), int(h[H_NEX]), int(h[H_DIM]), int(h[H_AUX])]
-
-
-def part_header(h: np.ndarray, part) -> np.ndarray:
-    """The PUSH header of push ``part`` (``PART_LEN`` values) of the ``PUSH_CLOCK`` ``h``, or
-    the PULL header of pull ``part`` of the ``PULL_MANY`` ``h`` (its ``aux``: the
-    request's fresh flag)."""
-    table, n_keys, n_examples, dim, version = (int(v) for v in part)
-    if int(h[H_OP]) == PULL_MANY:
-        return make_header(PULL, table, int(h[H_CLOCK]), n_keys, 0, int(h[H_SEQ]), dim,
-                           int(h[H_AUX]), int(h[H_RANGE]))
-    return make_header(PUSH, table, int(h[H_CLOCK]), n_keys, n_examples, int(h[H_SEQ]), dim,
-                       version, int(h[H_RANGE]))
-
-
-def reply_tag(rng: int) -> int:
-    """Tag of the replies for key range ``rng`` (the clock header follows with tag + 1)."""
-    return TAG_REPLY + 2 * int(rng)
-
-
-def max_ranges(tag_ub: int) -> int:
-    """Largest number of key ranges whose reply tags fit under MPI's ``tag_ub``."""
-    return (int(tag_ub) - TAG_RHDR) // 2
-
-
-def check_ranges(comm: MPI.Comm, n_ranges: int) -> None:
-    """Raise :class:`hpcps.comm.core.LaunchError` when ``n_ranges`` key ranges need reply tags
-    beyond this MPI's ``MPI_TAG_UB`` (at least 32767 by the standard: 16376 ranges). Local."""
-    ub = comm.Get_attr(MPI.TAG_UB)
-    if ub is not None and n_ranges > max_ranges(ub):
-        raise LaunchError(f"{n_ranges} servers need message tags up to "
-                          f"{reply_tag(n_ranges - 1) + 1}, beyond this MPI's MPI_TAG_UB = {ub}; "
-                          f"use at most {max_ranges(ub)} servers")
-
-
-@dataclass
-class TrafficStats:
-    """Messages, bytes and seconds per op, counted by one endpoint.
-
-    ``bytes_out``/``bytes_in`` are payload bytes (headers included) sent/received by this rank.
-    """
-
-    messages: dict = field(default_factory=dict)
-    bytes_out: dict = field(default_factory=dict)
-    bytes_in: dict = field(default_factory=dict)
-    seconds: dict = field(default_factory=dict)
-    keys: dict = field(default_factory=dict)
-
-    def add(self, op: int, *, messages=0, out=0, inn=0, seconds=0.0, keys=0) -> None:
-        name = OP_NAMES[op]
-        d = self.messages       # unrolled: it runs several times per request on both sides
-        d[name] = d.get(name, 0) + messages
-        d = self.bytes_out
-        d[name] = d.get(name, 0) + out
-        d = self.bytes_in
-        d[name] = d.get(name, 0) + inn
-        d = self.seconds
-        d[name] = d.get(name, 0) + seconds
-        d = self.keys
-        d[name] = d.get(name, 0) + keys
-
-    def total(self, what: str, ops=None) -> float:
-        d = getattr(self, what)
-        return sum(v for k, v in d.items() if ops is None or k in ops)
 
 
 class WorkerEndpoint:
@@ -252,11 +80,13 @@ class WorkerEndpoint:
         #: message, when it is built; used outside continue mode only
         self.compiled = _fast is not None
         self._send_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        self._recv_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
         if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
             wait_spin = None if cores_dedicated() else WAIT_SPIN
         #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
         #: seconds, then sleeps between polls (:func:`hpcps.comm.core.waitall`)
         self.wait_spin = wait_spin
+        self._limit = min(INLINE_BYTES, self.max_bytes)      # one message (one_message)
 
     def send(self, server: int, header: np.ndarray, keys=None, values=None,
              more=()) -> None:
@@ -315,6 +145,43 @@ class WorkerEndpoint:
                 pos += a.nbytes
         self._keep.append(isend_array(self.comm, buf, dest, TAG_REQ, self.max_bytes, self._reqs))
         self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
+
+    def request(self, server: int, op: int, table: int, clock: int, n_examples: int, seq: int,
+                dim: int, aux: int, keys: np.ndarray, num_keys: int, fmt: bytes, width: int,
+                values: np.ndarray | None = None, rows: np.ndarray | None = None,
+                header: np.ndarray | None = None) -> bool:
+        """A ``PUSH`` (``values``) or a ``PULL`` (``rows``, ``header``) of one message to key
+        range ``server``, done in one compiled call (:func:`hpcps.comm.fastpath.request`,
+        the GIL released around MPI): the header ``[op, table, clock, keys.size,
+        n_examples, seq, dim, aux, server]``, the int64 ``keys`` and the ``values`` packed
+        and sent; for a PULL the one-message reply received (waited for as :meth:`complete`
+        waits) into ``rows`` and the shard clock ``header``. Nothing else may be pending
+        (:attr:`pending`). Counted as :meth:`send`, :meth:`expect_rows` and
+        :meth:`complete` count the same request.
+
+        Returns whether it did. False — nothing sent — without the compiled path, in
+        continue mode, with requests pending, when the request or the reply is more than one
+        message (:func:`one_message`), for a key outside ``[0, num_keys)`` (``num_keys`` <
+        0: any key), for ``keys`` not C-contiguous int64, ``values`` not C-contiguous data
+        of format ``fmt`` (the table dtype's buffer format) with ``keys.size * width`` items
+        (``width``: the table's dim), or ``rows`` not a writeable C-contiguous ``(keys.size,
+        width)`` array of format ``fmt``: the caller then takes the general path (which
+        converts, or raises naming the problem)."""
+        if not self.compiled or self._reqs or _core.WATCH:
+            return False
+        t0 = time.perf_counter()
+        nb = _fast.request(self.comm, self.server_ranks[server], TAG_REQ, op, table, clock,
+                           n_examples, seq, dim, aux, server, keys, KEY_FMT, num_keys, values,
+                           rows, fmt, width, self._limit, self._send_buf, self._recv_buf, header,
+                           TAG_REPLY + 2 * server,       # reply_tag(server)
+                           -1.0 if self.wait_spin is None else self.wait_spin,
+                           _core.POLL_SLEEP_MIN, _core.POLL_SLEEP_MAX)
+        if nb < 0:
+            return False
+        self.stats.add(op, messages=1, out=nb,
+                       inn=0 if rows is None else rows.nbytes + header.nbytes,
+                       keys=keys.size, seconds=time.perf_counter() - t0)
+        return True
 
     def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
         """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to
@@ -411,22 +278,42 @@ class ServerEndpoint:
         #: the compiled request path (:mod:`hpcps.comm.fastpath`) when it is built; it is
         #: used outside continue mode only (whose waits must notice failed ranks)
         self.compiled = _fast is not None
+        self._limit = min(INLINE_BYTES, self.max_bytes)     # a request of one message
         self._scratch = np.empty(0, dtype=np.int64)      # reused by recv_keys(scratch=True)
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
         #: replies sent without waiting: (requests, rows copy, header copy)
         self._inflight: list = []
 
-    def poll(self):
+    def poll(self, pulls=None):
         """Return ``(source_rank, header_copy)`` of the next request, or ``None`` if none waits
-        (after testing the replies still in flight)."""
+        (after testing the replies still in flight).
+
+        With ``pulls`` — ``(shards, shard type, visible clock, lag, range, busy)`` from the
+        server loop — a ready small PULL is answered here, in the compiled call that
+        received it (:func:`hpcps.comm.fastpath.poll_pull`: when the server's own
+        :meth:`pull_inline` would have answered it; a pull made at clock ``c`` is ready when
+        ``visible >= c``, or without the fresh flag ``visible >= c - lag``), and
+        ``(source_rank, None)`` returned: nothing left to handle. Counted as
+        :meth:`pull_inline` counts it; ``busy`` as ``serve_requests`` counts a handled
+        request (None: not counted)."""
         if self._inflight:
             self.progress()
         if self.compiled and not _core.WATCH:
             # Iprobe, and the receive of a request of one message, in one compiled call
-            got = _fast.probe_recv(self.comm, TAG_REQ, self._request,
-                                   min(INLINE_BYTES, self.max_bytes))
+            if pulls is None:
+                got = _fast.probe_recv(self.comm, TAG_REQ, self._request, self._limit)
+            else:
+                shards, shard_type, visible, lag, rng, busy = pulls
+                got = _fast.poll_pull(self.comm, TAG_REQ, self._request, self._limit, shards,
+                                      shard_type, visible, lag, TAG_REPLY + 2 * rng,
+                                      self._reply_buf, busy)
             if got is None:
                 return None
+            if len(got) == 4:                       # a PULL answered
+                src, nbytes, out, secs = got
+                self.stats.add(PULL, messages=1, inn=nbytes, out=out,
+                               keys=(nbytes - HEADER_BYTES) >> 3, seconds=secs)
+                return src, None
             src, nbytes = got
             if not HEADER_BYTES <= nbytes <= min(INLINE_BYTES, self.max_bytes):
                 raise RuntimeError(self._bad_size(nbytes, src))

@@ -19,6 +19,8 @@ IDLE_SPIN_DEDICATED = 1.0
 def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=None,
                    busy=None) -> None:
     """The polling loop of a server rank: ``handle(*poll())`` until ``finished()``. Local.
+    A poll that returns ``(source, None)`` answered its request itself (and counted it in
+    ``busy``).
 
     ``busy``, a list ``[requests, seconds, cpu seconds]`` (benchmarks), is increased by the
     requests handled and the wall-clock and CPU seconds of this thread spent in ``handle``
@@ -49,7 +51,9 @@ def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=
                 sleep = min(sleep * 2, IDLE_SLEEP_MAX)
                 continue
             sleep = IDLE_SLEEP_MIN
-            if busy is None:
+            if len(msg) == 2 and msg[1] is None:    # answered by poll (ServerEndpoint.poll)
+                last = time.perf_counter()
+            elif busy is None:
                 handle(*msg)
                 last = time.perf_counter()
             else:
@@ -67,6 +71,19 @@ def serve_requests(poll, handle, finished, idle_spin, recover=None, recoverable=
             if recoverable is None or not recoverable(e):
                 raise
             recover()
+
+
+def pull_lag(policy):
+    """``lag`` such that a pull made at clock ``c`` is ready under ``policy`` exactly when the
+    visible clock is ``>= c - lag`` (BSP: 0, SSP: its bound, async: any clock), or None
+    when its ``read_floor`` is not of that form (the loop then asks ``ParameterServer._pull_ready``).
+    Local."""
+    f0, f1 = policy.read_floor(0), policy.read_floor(1000)
+    if f0 == f1 == -1:                  # any visible clock (>= 0) will do
+        return 1 << 62
+    if f1 - f0 == 1000 and f0 <= 0:
+        return -f0
+    return None
 
 
 def agreed_growth(asks: set, who: str) -> tuple[int, int, int]:

@@ -29,7 +29,7 @@ from hpcps.core.routing import partition_of
 from hpcps.server.cut import CheckpointCut
 from hpcps.server.membership import ServerMembership
 from hpcps.server.loop import (IDLE_SLEEP_MAX, IDLE_SLEEP_MIN, IDLE_SPIN, IDLE_SPIN_DEDICATED,
-                               agreed_growth, serve_requests)
+                               agreed_growth, pull_lag, serve_requests)
 from hpcps.server.dynshard import DynamicShard, peak_rss
 from hpcps.server.shard import Shard, header_and_rows, rows_of, touched_rows, window_sizes
 
@@ -155,6 +155,7 @@ class ParameterServer(CheckpointCut, ServerMembership):
         #: None, or [requests handled, seconds and CPU seconds in handle] (serve_requests'
         #: ``busy``; benchmarks set it)
         self.busy = None
+        self._lag = pull_lag(policy)
 
     # ------------------------------------------------------------------ ways to start
     @classmethod
@@ -238,11 +239,21 @@ class ParameterServer(CheckpointCut, ServerMembership):
         most one rank per core on this node, else ``IDLE_SPIN`` (50 us), so that an
         oversubscribed server leaves the cores to the workers.
         """
-        serve_requests(lambda: self.ep.poll(), self.handle,   # ep is replaced by a growth
+        serve_requests(self._poll, self.handle,   # self.ep: replaced by a growth
                        lambda: len(self.stopped) >= self.n_workers, lambda: self.idle_spin,
                        busy=self.busy)
         self.ep.flush()                 # replies still in flight (ServerEndpoint.reply)
         self.check_done()
+
+    def _poll(self):
+        """The loop's poll: :meth:`ServerEndpoint.poll`, which answers a ready small PULL
+        of a fixed table itself when the policy's readiness is a clock lag
+        (:func:`pull_lag`; as :meth:`handle` would, through :meth:`Shard.pull_inline`)."""
+        lag = self._lag
+        if lag is None:
+            return self.ep.poll()
+        return self.ep.poll((self.shards, Shard, self.visible_clock, lag, self.index,
+                             self.busy))
 
     def check_done(self) -> None:
         """Raise if a pull is still deferred when every worker has stopped. Local."""
@@ -357,16 +368,16 @@ class ParameterServer(CheckpointCut, ServerMembership):
         """A PUSH (header ``h``) from ``source``: receive its keys and rows; queue them for
         their clock (BSP/SSP) or apply them (async)."""
         shard = self._shard(h)
-        n = int(h[tp.H_NKEYS])
+        _, tid, c, n, _, _, _, version, _ = h.tolist()    # one conversion: ints
         # keys and values land in pooled buffers (kept until the push is applied, then
         # given back): a new array of many MiB would page-fault on every push
         keys, grads = self.ep.recv_push(source, n, shard.spec.dim, shard.spec.dtype)
         rows = keys                 # turned into local rows in place by push_rows (hash: the keys)
-        c = int(h[tp.H_CLOCK])
         if not shard.push_rows(keys, grads, self.index):   # the message only when needed
             check_finite(f"server {self.index}: push to table {shard.spec.name!r} from worker "
                          f"{self.worker_of_rank[source]} at clock {c}", grads)
-        self.pushes_applied[self.worker_of_rank[source]] += 1
+        w = self.worker_of_rank[source]
+        self.pushes_applied[w] += 1
         if not self.policy.aggregate and self.ft is not None:
             self.held.setdefault(self.worker_of_rank[source], []).append((shard, rows, grads, h))
             return
@@ -379,8 +390,8 @@ class ParameterServer(CheckpointCut, ServerMembership):
         if c < self.clock:
             raise RuntimeError(f"server {self.index}: push for clock {c} from worker "
                                f"{self.worker_of_rank[source]} after clock {self.clock} was applied")
-        self.pending.setdefault(c, {}).setdefault(int(h[tp.H_TABLE]), []).append(
-            (self.order_key[self.worker_of_rank[source]], rows, grads, int(h[tp.H_AUX])))
+        self.pending.setdefault(c, {}).setdefault(tid, []).append(
+            (self.order_key[w], rows, grads, version))
 
     def _on_clock(self, source: int, h: np.ndarray) -> None:
         """A CLOCK (header ``h``) from ``source``: the worker finished step ``h[clock]``."""

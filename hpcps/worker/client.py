@@ -46,11 +46,12 @@ import numpy as np
 import time
 
 from hpcps.comm import transport as tp
+from hpcps.worker.kept import KeptPushes
 from hpcps.worker.nextpull import NextPull
 from hpcps.core.consistency import BSP, H_CLOCK, H_NWORKERS, H_SEQ, H_VERSION, H_WORKER0, header_len
 
 
-class PSClient(NextPull):
+class PSClient(NextPull, KeptPushes):
     """Worker-side access to the sharded tables.
 
     Parameters
@@ -103,72 +104,16 @@ class PSClient(NextPull):
         #: pulls sent with the last clock and not taken yet: (clock they are for, requests
         #: as given, keys as int64, prepared pulls), or None
         self.prefetch = None
-
-    # ------------------------------------------------------------ kept pushes (continue mode)
-    def keep_pushes(self) -> None:
-        """Keep every push and CLOCK from now on until its range acknowledged the step (see
-        the module docstring). Local."""
-        self.kept = {}
-        self.acked_seen = np.full(self.n_servers, self.clock_value, dtype=np.int64)
-
-    def kept_from(self) -> np.ndarray | None:
-        """First step kept per range (int64 ``(n_servers,)``), None when nothing is kept."""
-        return None if self.kept is None else self.acked_seen.copy()
-
-    def _trim(self) -> None:
-        floor = int(self.acked_seen.min())
-        for c in [c for c in self.kept if c < floor]:
-            del self.kept[c]
-        for c, entry in self.kept.items():
-            if entry[1]:
-                entry[1] = [p for p in entry[1] if c >= self.acked_seen[p[0]]]
-        nbytes = sum(k.nbytes + g.nbytes for e in self.kept.values() for _, _, k, g in e[1])
-        self.kept_bytes_max = max(self.kept_bytes_max, nbytes)
-
-    def rollback(self, clock: int) -> None:
-        """Forget kept steps ``>= clock`` (unfinished: they are computed again) and set the
-        clock. Local."""
-        self.clock_value = int(clock)
-        self.staged = {}
-        self.next_pull = self.prefetch = None
-        if self.kept is not None:
-            for c in [c for c in self.kept if c >= clock]:
-                del self.kept[c]
-
-    def resend(self, base) -> int:
-        """Send the kept pushes and CLOCKs of steps ``base[s] .. clock - 1`` to each range
-        ``s`` again, in step order (after a failure, :mod:`hpcps.resilience.recovery`). Point-to-point.
-
-        Returns
-        -------
-        int
-            Messages sent.
-
-        Raises
-        ------
-        RuntimeError
-            If a step a range asks for is no longer kept (a broken invariant).
-        """
-        base = np.asarray(base, dtype=np.int64)
-        sent = 0
-        for c in range(int(base.min()), self.clock_value):
-            entry = self.kept.get(c)
-            ranges = [s for s in range(self.n_servers) if base[s] <= c]
-            if not ranges:
-                continue
-            if entry is None or entry[0] is None:
-                raise RuntimeError(f"step {c} is asked for again by key range(s) {ranges} but "
-                                   f"this worker no longer keeps it (kept from "
-                                   f"{self.acked_seen.tolist()})")
-            for s, h, k, g in entry[1]:
-                if base[s] <= c:
-                    self.ep.send(s, h, k, g)
-                    sent += 1
-            for s in ranges:
-                self.ep.send(s, tp.make_header(tp.CLOCK, 0, c, 0, entry[0], aux=entry[2], rng=s))
-                sent += 1
-            self.ep.complete(tp.CLOCK)
-        return sent
+        #: per table (by name and by id), what a pull or push of one request to the one key
+        #: range takes in one compiled call (:meth:`_pull_one`): (table id, dim, dtype,
+        #: buffer format, key bound or -1); empty when the job has several ranges
+        self._one = {}
+        if n_servers == 1:
+            for tid, spec in enumerate(self.specs):
+                bound = self.routing.parts[tid].num_keys
+                info = (tid, spec.dim, np.dtype(spec.dtype), tp.buffer_format(spec.dtype),
+                        -1 if bound is None else int(bound))
+                self._one[tid] = self._one[spec.name] = info
 
     def _table(self, table):
         """``(table id, spec, key -> range map)``; ``KeyError`` for an unknown table."""
@@ -199,7 +144,38 @@ class PSClient(NextPull):
             For a key outside the table's key space, or an ``out`` of the wrong shape, dtype
             or layout.
         """
+        if self.prefetch is None and not self.windows and type(keys) is np.ndarray:
+            rows = self._pull_one(table, keys, fresh, out)
+            if rows is not None:
+                return rows
         return self.pull_many({table: keys}, fresh, {table: out} if out is not None else None)[table]
+
+    def _pull_one(self, table, keys: np.ndarray, fresh: bool, out):
+        """A pull from the job's one key range in one compiled call (issue 20: the small
+        request's Python work; :meth:`hpcps.comm.transport.WorkerEndpoint.request`): the
+        rows (``out``, or a new array), or None when that path does not take it (several
+        ranges, no key, not one message each way, a key to convert or refuse, an ``out``
+        to check: :meth:`pull_many` then does it, and raises what it raises). The same
+        request, reply, header bookkeeping (:meth:`_saw`) and counts as :meth:`pull_many`'s."""
+        info = self._one.get(table)
+        if info is None or not keys.size:
+            return None
+        tid, dim, dtype, fmt, bound = info
+        if self.staged:
+            self.send_staged()
+        if self.ep.pending:
+            self.ep.complete(tp.PULL)        # the last clock's sends, as pull_many waits for them
+        if out is None:
+            out = np.empty((keys.size, dim), dtype=dtype)
+        elif not isinstance(out, np.ndarray):
+            return None
+        hdr = np.empty(self.header_len, dtype=np.int64)
+        if not self.ep.request(0, tp.PULL, tid, self.clock_value, 0, self.seq, 0, int(fresh),
+                               keys, bound, fmt, dim, rows=out, header=hdr):
+            return None
+        self.seq += 1
+        self._saw(tid, 0, hdr)
+        return out
 
     def pull_many(self, requests: dict, fresh: bool = False, outs: dict | None = None) -> dict:
         """Rows of several tables in one exchange: ``{table: keys}`` -> ``{table: rows}``.
@@ -336,20 +312,23 @@ class PSClient(NextPull):
 
     def _saw(self, tid: int, server: int, hdr: np.ndarray) -> None:
         """Record the shard header a read returned (version for pushes; ages for reports)."""
-        self.read_version[tid][server] = hdr[H_VERSION]
+        h = hdr.tolist()       # Python ints: numpy's scalar indexing cost more than the rest
+        self.read_version[tid][server] = h[H_VERSION]
         self.last_header = hdr
-        self.header_clock = self.clock_value
-        if self.acked_seen is not None and hdr[H_CLOCK] > self.acked_seen[server]:
-            self.acked_seen[server] = hdr[H_CLOCK]
-        age = self.clock_value - int(hdr[H_CLOCK])
-        self.read_age_max = max(self.read_age_max, age)
+        c = self.header_clock = self.clock_value
+        clk = h[H_CLOCK]
+        if self.acked_seen is not None and clk > self.acked_seen[server]:
+            self.acked_seen[server] = clk
+        age = c - clk
+        if age > self.read_age_max:
+            self.read_age_max = age
         self.read_age_sum += age
         self.reads += 1
-        n = int(hdr[H_NWORKERS])
+        n = h[H_NWORKERS]
         if n:
-            # a list's min: ndarray.min's Python wrapper cost more than the rest of _saw
-            self.lead_max = max(self.lead_max,
-                                self.clock_value - min(hdr[H_WORKER0:H_WORKER0 + n].tolist()))
+            lead = c - min(h[H_WORKER0:H_WORKER0 + n])
+            if lead > self.lead_max:
+                self.lead_max = lead
 
     def worker_clocks(self) -> np.ndarray:
         """Every worker's clock as of the most recent shard header read (int64; empty before
@@ -386,6 +365,20 @@ class PSClient(NextPull):
         ValueError
             On a shape mismatch or a key outside the key space.
         """
+        if (not defer and self.kept is None and type(keys) is np.ndarray
+                and type(grads) is np.ndarray and keys.size):
+            info = self._one.get(table)
+            if info is not None:          # one key range: one compiled call (see _pull_one)
+                tid = info[0]
+                if self.ep.pending:
+                    self.ep.complete(tp.PUSH)
+                v = self.read_version[tid][0] if versions is None else versions[0]
+                if self.ep.request(0, tp.PUSH, tid, self.clock_value, int(n_examples), self.seq,
+                                   info[1], int(v), keys, info[4], info[3], info[1],
+                                   values=grads):
+                    self.pushes_sent[0] += 1
+                    self.seq += 1
+                    return
         tid, spec, _ = self._table(table)
         given_keys, given_grads = keys, grads
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)

@@ -108,3 +108,45 @@ def test_used_only_under_the_mpi_it_was_built_for():
     mod, reason = tp.load_fastpath()
     assert mod is not None and reason == "" and mod.BUILT_FOR == MPI.get_vendor()[0]
     assert request_path() == f"compiled (hpcps.comm.fastpath, for {mod.BUILT_FOR})"
+
+
+def test_ready_pull_answered_by_the_poll_that_received_it(comm):
+    """ServerEndpoint.poll with the server's shards (fastpath.poll_pull): a ready small PULL
+    is answered by the poll itself — the rows, header and counts of pull_inline's answer,
+    the busy list counted — while a pull not ready yet (clock above visible + lag, or fresh
+    above visible), a key of another range and another op come back to the caller as
+    before, nothing sent."""
+    from hpcps.server.loop import pull_lag
+    from hpcps.core.consistency import BSP, SSP, Async
+
+    assert (pull_lag(BSP()), pull_lag(SSP(2)), pull_lag(Async())) == (0, 2, 1 << 62)
+    shard, part = _shard()
+    keys = part.shard_keys(1)[[3, 0, 7, 3]].copy()
+    want = shard.w[part.local_rows(keys.copy(), 1)]
+    wep = tp.WorkerEndpoint(comm, [0, 0], 1 << 30, wait_spin=None)
+    sep = tp.ServerEndpoint(comm, 1 << 30)
+    busy = [0, 0.0, 0.0]
+    gate = ([None, shard], Shard, 5, 1, 1, busy)        # table 1; visible clock 5, lag 1
+    rows, hdr = np.zeros((4, 2), np.float32), np.zeros(12, np.int64)
+    wep.expect_rows(1, rows, hdr)
+    wep.send(1, tp.make_header(tp.PULL, 1, 6, 4, rng=1), keys)        # 6 <= 5 + 1: ready
+    assert sep.poll(gate) == (0, None)
+    wep.complete(tp.PULL)
+    np.testing.assert_array_equal(rows, want)
+    np.testing.assert_array_equal(hdr, shard.hdr)
+    assert sep.stats.messages == {"pull": 1}
+    assert sep.stats.bytes_in == {"pull": 72 + 32}
+    assert sep.stats.bytes_out == {"pull": 32 + 96}
+    assert sep.stats.keys == {"pull": 4}
+    assert busy[0] == 1 and busy[1] >= 0 and busy[2] >= 0
+    other = part.shard_keys(0)[:1].copy()
+    for h, k in ((tp.make_header(tp.PULL, 1, 7, 4, rng=1), keys),          # 7 > 5 + 1
+                 (tp.make_header(tp.PULL, 1, 6, 4, aux=1, rng=1), keys),   # fresh: 6 > 5
+                 (tp.make_header(tp.PULL, 1, 0, 1, rng=1), other),         # another range's
+                 (tp.make_header(tp.PULL, 0, 0, 4, rng=1), keys),          # table 0: no Shard
+                 (tp.make_header(tp.PUSH, 1, 0, 4, dim=2, rng=1), keys)):
+        wep.send(1, h, k)
+        src, got = sep.poll(gate)
+        np.testing.assert_array_equal(got, h)
+        assert not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)     # nothing sent
+    assert busy[0] == 1

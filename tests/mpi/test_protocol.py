@@ -642,3 +642,67 @@ def test_waitall_polling_completes_late_messages(spin):
         comm.Barrier()
     finally:
         comm.Free()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_one_range_pull_and_push_in_one_call_match_the_general_path():
+    """With one key range a small pull and push go in one compiled call
+    (``WorkerEndpoint.request``, issue 20); the same steps through the general path
+    (``ep.compiled`` off) give the same rows, shard header, versions and traffic counts, and
+    what that call does not take (int32 keys, a list, an ``out`` of another dtype, a bad key,
+    a request over one message) still converts or raises as before."""
+    comm = MPI.COMM_WORLD
+    spec = TableSpec("w", 1000, 2, "float32", sparse=True)
+    tables = [(spec, Optimizer("sgd", 1.0))]
+    keys = np.array([5, 999, 5, 0, 321], dtype=np.int64)
+
+    def steps(client, roles):
+        got = []
+        out = np.zeros((keys.size, 2), np.float32)
+        for t in range(3):
+            got.append(client.pull("w", keys).copy())
+            got.append(client.pull("w", keys, out=out).copy())
+            if client.ep.compiled and client.n_servers == 1:   # the reply went through request()
+                n = out.nbytes + 8 * client.header_len
+                np.testing.assert_array_equal(client.ep._recv_buf[:out.nbytes].view(np.float32),
+                                              out.reshape(-1))
+                np.testing.assert_array_equal(client.ep._recv_buf[out.nbytes:n].view(np.int64),
+                                              client.last_header)
+            got.append(client.pull("w", keys.astype(np.int32)).copy())     # converted
+            got.append(client.pull("w", keys.tolist()).copy())
+            grads = np.full((keys.size, 2), roles.index + t + 1, np.float32)
+            client.push("w", keys, grads)
+            client.push("w", keys[:2], grads[:2].astype(np.float64))       # converted
+            client.push("w", np.arange(600, dtype=np.int64),               # over one message
+                        np.ones((600, 2), np.float32))
+            client.clock(1)
+            got.append(client.pull("w", np.arange(600), fresh=True).copy())
+        with pytest.raises(ValueError, match=r"key 1000\b.*outside the key space"):
+            client.pull("w", np.array([1, 1000]))
+        with pytest.raises(ValueError, match=r"key -3\b.*outside the key space"):
+            client.push("w", np.array([-3]), np.ones((1, 2), np.float32))
+        with pytest.raises(ValueError, match="out must be"):
+            client.pull("w", keys, out=np.zeros((keys.size, 2), np.float64))
+        s = client.ep.stats
+        return (got, client.read_version[0].copy(), client.last_header.copy(), client.seq,
+                dict(s.messages), dict(s.bytes_out), dict(s.bytes_in), dict(s.keys),
+                client.pushes_sent.copy())
+
+    def work_fast(client, roles):
+        return steps(client, roles)
+
+    def work_general(client, roles):
+        client.ep.compiled = False
+        return steps(client, roles)
+
+    n_servers = comm.size // 2
+    roles, fast = _ps(comm, n_servers, tables, work_fast)
+    _, general = _ps(comm, n_servers, tables, work_general)
+    if roles.role == core.WORKER:
+        for a, b in zip(fast[0], general[0]):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(fast[1:], general[1:]):
+            if isinstance(a, np.ndarray):
+                np.testing.assert_array_equal(a, b)
+            else:
+                assert a == b
