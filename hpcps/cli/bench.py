@@ -66,6 +66,10 @@ def suite(quick: bool, tmp: Path) -> list[dict]:
     ]
 
 
+#: The names of the suite's steps, in run order (``--only``).
+STEP_NAMES = [step["name"] for step in suite(False, Path("."))]
+
+
 def machine() -> dict:
     """What the results were measured on (local; no MPI started)."""
     info = {"hostname": platform.node(), "cores": os.cpu_count(), "python": platform.python_version(),
@@ -296,8 +300,8 @@ def register(sub) -> None:
                    help="tiny sizes: a smoke test, not a measurement (about 1-2 min; 76 s in a "
                         "user's run)")
     b.add_argument("--only", nargs="+", metavar="NAME",
-                   help="run only these: kernels pushpull rma rma_fanin checkpoint e2e scaling "
-                        "recovery hosts (hosts: across 2 test hosts over TCP; needs root)")
+                   help="run only these: " + " ".join(STEP_NAMES)
+                        + " (hosts: across 2 test hosts over TCP; needs root)")
     b.add_argument("--out", help="directory for results.json/.md (default: bench/, or a "
                                  "temporary one with --quick)")
     b.add_argument("--mpirun", help="mpirun to use (default: next to python, then PATH)")

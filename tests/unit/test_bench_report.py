@@ -89,3 +89,17 @@ def test_baseline_commit_interpreter_finds_the_commit_and_the_environments_packa
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "the commit"
+
+
+def test_only_help_names_every_step_of_the_suite():
+    """``hpcps bench --help`` listed the steps by hand and left out ``hashtable`` and
+    ``reader`` (added with issues 18 and 19): the list now comes from the suite."""
+    import argparse
+
+    from hpcps.cli import bench as cli_bench
+
+    ap = argparse.ArgumentParser()
+    cli_bench.register(ap.add_subparsers())
+    text = ap._subparsers._group_actions[0].choices["bench"].format_help()
+    for name in (s["name"] for s in cli_bench.suite(False, cli_bench.Path("."))):
+        assert f" {name} " in " ".join(text.split()) + " ", name
