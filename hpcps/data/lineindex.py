@@ -29,9 +29,9 @@ def open_text(path: str, kind):
 
         return gzip.open(path, "rb")
     if kind == "zstd":
-        import zstandard
+        from hpcps.data.textstream import ZstdFrames
 
-        return zstandard.open(path, "rb")
+        return ZstdFrames(path)
     return open(path, "rb", buffering=0)
 
 
@@ -126,8 +126,14 @@ def _count_file(path: str) -> tuple[int, np.ndarray]:
     next_mark = INDEX_STEP
     try:
         with open_text(path, kind) as fh:
+            # read1: a compressed stream's decoded bytes as they come, so that a damaged or
+            # truncated stream is named at the last byte decoded; read() of a 4 MiB block
+            # dropped the block's decoded part and named the block's start (byte 0 for a
+            # file under 4 MiB)
+            read = getattr(fh, "read1", None) if kind else None
+            read = read or fh.read
             while True:
-                block = fh.read(_READ * 4)
+                block = read(_READ * 4)
                 if not block:
                     break
                 c = block.count(b"\n")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import io
 import os
 import zlib
 from dataclasses import dataclass
@@ -112,10 +113,62 @@ def _open(path: str, kind: str | None):
     if kind == "gzip":
         return gzip.open(path, "rb")
     if kind == "zstd":
+        return ZstdFrames(path)
+    return open(path, "rb")
+
+
+class ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a zstd file of one or more frames, read forward; a file that
+    ends inside a frame raises ``zstandard.ZstdError`` (``zstandard.open`` and its
+    ``stream_reader`` returned the decoded part and then end of file, so a truncated file lost
+    its last rows without a word).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The compressed file.
+    """
+
+    def __init__(self, path):
         import zstandard
 
-        return zstandard.open(path, "rb")
-    return open(path, "rb")
+        self._zstd = zstandard
+        self._dctx = zstandard.ZstdDecompressor()
+        self._raw = open(path, "rb")
+        self._obj = None          # the decompressor of the frame being read, or None
+        self._out = b""           # decoded bytes not yet returned, from self._at
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _feed(self, data: bytes) -> None:
+        parts = []
+        while data:
+            if self._obj is None:
+                self._obj = self._dctx.decompressobj()
+            parts.append(self._obj.decompress(data))
+            if not self._obj.eof:
+                break
+            data, self._obj = self._obj.unused_data, None
+        self._out, self._at = b"".join(parts), 0
+
+    def readinto(self, b) -> int:
+        while self._at >= len(self._out):
+            chunk = self._raw.read(1 << 20)
+            if not chunk:
+                if self._obj is not None:
+                    raise self._zstd.ZstdError("truncated: the file ends inside a zstd frame")
+                return 0
+            self._feed(chunk)
+        n = min(len(b), len(self._out) - self._at)
+        b[:n] = self._out[self._at:self._at + n]
+        self._at += n
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def _decode_errors():

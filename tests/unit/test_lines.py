@@ -5,6 +5,7 @@ re-plan over another number of workers — checked by each row's identity (no MP
 from __future__ import annotations
 
 import gzip
+import re
 import types
 
 import numpy as np
@@ -154,6 +155,37 @@ def test_truncated_gzip_is_named(tmp_path):
     (d / "a.tsv.gz").write_bytes(gzip.compress(criteo_lines(range(5000)))[:-300])
     with pytest.raises(DataError, match=r"a\.tsv\.gz: gzip stream damaged or truncated"):
         load_index(d)
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd"])
+def test_truncated_stream_is_named_at_the_last_byte_decoded(tmp_path, kind):
+    """A fresh user's trial: a truncated gzip file was named at the start of the 4 MiB block
+    that failed (byte 0 of any file under 4 MiB; byte 67,108,864 of one whose first
+    70,451,441 bytes decode), not where its readable data end."""
+    import zlib
+
+    import zstandard
+
+    data = criteo_lines(range(20000))
+    if kind == "gzip":
+        packed = gzip.compress(data)
+        cut = packed[:len(packed) * 2 // 3]
+        readable = len(zlib.decompressobj(31).decompress(cut))
+        name = "a.tsv.gz"
+    else:
+        packed = zstandard.ZstdCompressor().compress(data)
+        cut = packed[:len(packed) * 2 // 3]
+        readable = len(zstandard.ZstdDecompressor().decompressobj().decompress(cut))
+        name = "a.tsv.zst"
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / name).write_bytes(cut)
+    with pytest.raises(DataError) as e:
+        load_index(d)
+    m = re.search(r"truncated after byte (\d+) of its decompressed data \(line (\d+)\)", str(e.value))
+    pos, line = int(m.group(1)), int(m.group(2))
+    assert readable > 100_000 and readable - 200_000 <= pos <= readable, (pos, readable)
+    assert line == data[:pos].count(b"\n") + 1
 
 
 def test_svmlight_streamed_blank_comment_and_bad_label_lines(tmp_path):
