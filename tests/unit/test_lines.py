@@ -365,8 +365,13 @@ def test_svmlight_streamed_over_plain_and_gzip_files_equals_the_whole_file_reade
         reader.read(a, min(a + 70, ix.n_lines))
         if a == 0:
             bufs = {k: v for k, v in reader.out.items()}
-            store = reader.cursors[0].store
-    assert all(reader.out[k] is v for k, v in bufs.items()) and reader.cursors[0].store is store
+            store = reader.store
+    assert all(reader.out[k] is v for k, v in bufs.items()) and reader.store is store
+    # one read buffer per reader, lent to the cursor it reads from: each cursor keeps only
+    # its unread rest (a new user's 7.5 GB run: a 32 MiB buffer per file of a worker's share
+    # stayed until the end of the epoch)
+    assert len(reader.cursors) == 3
+    assert all(c.store is not store and c.store.size < store.size for c in reader.cursors.values())
     reader.close()
     for unit in (64, 1000):
         rows = StreamedRows(ix, Parser(c), 0, ix.n_lines, unit=unit, depth=2)
