@@ -24,7 +24,7 @@ from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FOR
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 from mpi4py cimport MPI
-from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Get_count, MPI_Iprobe, MPI_Irecv,
+from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Comm, MPI_Get_count, MPI_Iprobe, MPI_Irecv,
                             MPI_Recv, MPI_Request, MPI_REQUEST_NULL, MPI_Send, MPI_Status,
                             MPI_STATUS_IGNORE, MPI_SUCCESS, MPI_Test, MPI_Wait)
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime, nanosleep, time_t, timespec
@@ -52,6 +52,21 @@ from hpcps.kernels.keys import _raise_row
 #: "unknown"); :mod:`hpcps.comm.transport` uses the module only under the same MPI.
 BUILT_FOR = HPCPS_MPI_VENDOR.decode()
 
+cdef inline int _probe_recv(MPI_Comm comm, int tag, void* buf, Py_ssize_t limit, int* flag,
+                            int* src, int* count) noexcept nogil:
+    """``MPI_Iprobe`` of ``tag`` from any source; if a message waits (``flag``), its source and
+    byte count, and its receive into ``buf`` when it fits in ``limit`` bytes. Returns the MPI
+    error code."""
+    cdef MPI_Status st
+    cdef int ierr = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, flag, &st)
+    if ierr == MPI_SUCCESS and flag[0]:
+        src[0] = st.MPI_SOURCE
+        ierr = MPI_Get_count(&st, MPI_BYTE, count)
+        if ierr == MPI_SUCCESS and count[0] <= limit:
+            ierr = MPI_Recv(buf, count[0], MPI_BYTE, src[0], tag, comm, MPI_STATUS_IGNORE)
+    return ierr
+
+
 def probe_recv(MPI.Comm comm, int tag, buf, Py_ssize_t limit):
     """The next message of ``tag`` from any source on ``comm``: ``None`` if none waits, else
     ``(source, nbytes)``; received into ``buf`` (writeable, contiguous, at least ``limit``
@@ -59,19 +74,12 @@ def probe_recv(MPI.Comm comm, int tag, buf, Py_ssize_t limit):
     One call, the GIL released around MPI. Point-to-point."""
     cdef Py_buffer b
     cdef int flag = 0, ierr, count = 0, src = -1
-    cdef MPI_Status st
     PyObject_GetBuffer(buf, &b, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
     try:
         if b.len < limit:
             raise ValueError(f"probe_recv: buffer of {b.len} bytes, limit {limit}")
         with nogil:
-            ierr = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm.ob_mpi, &flag, &st)
-            if ierr == MPI_SUCCESS and flag:
-                src = st.MPI_SOURCE
-                ierr = MPI_Get_count(&st, MPI_BYTE, &count)
-                if ierr == MPI_SUCCESS and count <= limit:
-                    ierr = MPI_Recv(b.buf, count, MPI_BYTE, src, tag, comm.ob_mpi,
-                                    MPI_STATUS_IGNORE)
+            ierr = _probe_recv(comm.ob_mpi, tag, b.buf, limit, &flag, &src, &count)
     finally:
         PyBuffer_Release(&b)
     if ierr != MPI_SUCCESS:
@@ -438,7 +446,6 @@ def poll_pull(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
     """
     cdef Py_buffer b, wb, hb, sb
     cdef int flag = 0, ierr, count = 0, src = -1, outside = 0
-    cdef MPI_Status st
     cdef const int64_t* hd
     cdef int64_t n, table, clk
     cdef Py_ssize_t rowb, nv, total = 0, bad = 0
@@ -449,13 +456,7 @@ def poll_pull(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
         if b.len < limit or b.len < 72:
             raise ValueError(f"poll_pull: buffer of {b.len} bytes, limit {limit}")
         with nogil:
-            ierr = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm.ob_mpi, &flag, &st)
-            if ierr == MPI_SUCCESS and flag:
-                src = st.MPI_SOURCE
-                ierr = MPI_Get_count(&st, MPI_BYTE, &count)
-                if ierr == MPI_SUCCESS and count <= limit:
-                    ierr = MPI_Recv(b.buf, count, MPI_BYTE, src, tag, comm.ob_mpi,
-                                    MPI_STATUS_IGNORE)
+            ierr = _probe_recv(comm.ob_mpi, tag, b.buf, limit, &flag, &src, &count)
         if ierr != MPI_SUCCESS:
             raise MPIException(ierr)
         if not flag:
