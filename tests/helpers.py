@@ -136,7 +136,7 @@ def start_run(tmp_path, job, n: int, *extra):
 
 def read_until(p, text, lines, timeout=180):
     """Read the output of ``p`` (a Popen with text stdout) into ``lines`` until a line
-    contains ``text``; AssertionError with the output's tail if it does not come."""
+    contains ``text``; AssertionError with the output's head and tail if it does not come."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         line = p.stdout.readline()
@@ -145,7 +145,10 @@ def read_until(p, text, lines, timeout=180):
         lines.append(line)
         if text in line:
             return
-    raise AssertionError(f"{text!r} not seen:\n{''.join(lines)[-3000:]}")
+    out = "".join(lines)
+    shown = out if len(out) <= 4000 else f"{out[:1500]}\n[...]\n{out[-2500:]}"
+    raise AssertionError(f"{text!r} not seen in {len(lines)} line(s) of output (head and "
+                         f"tail):\n{shown}")
 
 
 def kill_rank(job, rank, marker=b"train"):

@@ -105,7 +105,7 @@ def cmd_join(args) -> int:
     # started by MPI_Comm_spawn from a running job (hpcps.resilience.elastic), never by a user
     from hpcps.core.signals import EXIT_REQUEUE, StopRequest
 
-    stop = StopRequest().install()
+    stop = StopRequest().install(ignore_sigterm=True)   # see StopRequest.install
     deadline = None
     if args.deadline is not None:    # before MPI_Init, which can wait forever (issue 22.1)
         from hpcps.core.procs import exit_after

@@ -33,10 +33,22 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signum is not None
 
-    def install(self) -> "StopRequest":
-        """Set the handlers for :data:`STOP_SIGNALS` (main thread only)."""
+    def install(self, ignore_sigterm: bool = False) -> "StopRequest":
+        """Set the handlers for :data:`STOP_SIGNALS` (main thread only).
+
+        ``ignore_sigterm``: SIGTERM is ignored instead, and only SIGUSR1 asks for a stop. For
+        an added worker (``hpcps join``): when one process of a spawned job dies, Open MPI 5's
+        runtime (PRRTE) ends the job's other processes with SIGCONT, SIGTERM and then SIGKILL.
+        Taken as a stop request, that SIGTERM would stop the whole job in continue mode, where
+        it should go on without the lost workers. A user's or Slurm's SIGTERM reaches the
+        launch's ranks too (``hpcps run`` sends them SIGUSR1), and they pass the stop on to
+        the added workers after the step.
+        """
         for s in STOP_SIGNALS:
-            self._old[s] = signal.signal(s, self._handle)
+            if s == signal.SIGTERM and ignore_sigterm:
+                self._old[s] = signal.signal(s, signal.SIG_IGN)
+            else:
+                self._old[s] = signal.signal(s, self._handle)
         return self
 
     def restore(self) -> None:

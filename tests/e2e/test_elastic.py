@@ -151,7 +151,7 @@ def grow_while_running(tmp_path, job, n, epochs, workers, env=None, extra=()):
                          stderr=subprocess.STDOUT, text=True, bufsize=1)
     lines: list = []
     try:
-        read_until(p, f"epoch 1/{epochs}  step", lines)
+        read_until(p, f"/{epochs}  step", lines)       # a progress line of any epoch
         g, _ = hpcps(["grow", tmp_path / job.stem, "--workers", str(workers), "--wait", "240"],
                      cwd=tmp_path)
         out, _ = p.communicate(timeout=600)
