@@ -313,7 +313,10 @@ def mpi(args) -> list[Launch]:
     for path in sorted((ROOT / "tests" / "mpi").glob("test_*.py")):
         for k in mpi_sizes(path):
             cmd = [mpirun, "-n", k] + PYTEST + ["--with-mpi", str(path.relative_to(ROOT))]
-            launches.append(Launch(f"{path.name} on {k} ranks", cmd, with_session_dir(mpi_env()), int(k)))
+            env = mpi_env()
+            if "OMPI_MCA_btl_tcp_if_exclude" not in env:   # one host: loopback (tests.helpers.mpi_env)
+                env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+            launches.append(Launch(f"{path.name} on {k} ranks", cmd, with_session_dir(env), int(k)))
     return launches
 
 

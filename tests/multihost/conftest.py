@@ -78,7 +78,7 @@ def start_on_hosts(tmp_path: Path, hs, n: int, job: Path, *run_opts, mpirun_extr
     own; stdout+stderr piped, text, line-buffered."""
     cmd = hs[0].cmd(sys.executable, "-m", "hpcps", "run", "-n", str(n), *map(str, run_opts), str(job),
                     "--", *run_args(tmp_path, hs), *mpirun_extra)
-    return subprocess.Popen(cmd, cwd=tmp_path, env=env or mpi_env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, cwd=tmp_path, env=env or mpi_env(local=False), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
 
 

@@ -48,7 +48,7 @@ def test_a_launch_across_the_hosts_that_hangs_is_killed_on_both_hosts_with_a_cle
     with pytest.raises(bench_hosts.LaunchTimeout,
                        match=r"^the sleeping launch did not finish within 30 s \(--timeout\): killed its \d+ "
                              r"processes") as e:
-        bench_hosts.run_across(cmd, mpi_env(), tmp_path, 30, "the sleeping launch", hs, capture=True)
+        bench_hosts.run_across(cmd, mpi_env(local=False), tmp_path, 30, "the sleeping launch", hs, capture=True)
     seconds = time.monotonic() - t0
     ranks = {int(p.name): p.read_text() for p in pids.iterdir()}
     assert sorted(ranks.values()) == ["hpcps-h1", "hpcps-h2"], f"the ranks did not start: {e.value}"
