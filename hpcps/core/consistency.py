@@ -34,14 +34,22 @@ import numpy as np
 
 MODELS = ("bsp", "ssp", "async")
 
-# shard header layout (int64 entries)
-H_VERSION, H_CLOCK, H_SEQ, H_NWORKERS, H_WORKER0 = range(5)
+# shard header layout (int64 entries): the shard's version and clock, the last push sequence,
+# the number of workers, and the slowest and the fastest worker's clock as the server last
+# saw them (advisory: progress lines and the lead over the slowest worker)
+H_VERSION, H_CLOCK, H_SEQ, H_NWORKERS, H_SLOWEST, H_FASTEST = range(6)
+#: Entries of a shard header (int64), padded to 64 bytes.
+SHARD_HEADER_LEN = 8
 
 
 def header_len(n_workers: int) -> int:
-    """Entries of a shard header for ``n_workers`` workers, padded to a multiple of 8."""
-    n = H_WORKER0 + int(n_workers)
-    return -(-n // 8) * 8
+    """Entries of a shard header: :data:`SHARD_HEADER_LEN` whatever ``n_workers``.
+
+    The header carried every worker's clock until 2026-12-03: 8 B per worker in every pull
+    reply and RMA read, which at 1,024 workers made each reply's header 8 KiB (a server's
+    replies 8 MiB per BSP step) against the ~100 B of rows a worker pulls from each of 128
+    servers. It now carries the slowest and the fastest clock only."""
+    return SHARD_HEADER_LEN
 
 
 class Policy:

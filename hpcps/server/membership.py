@@ -7,8 +7,9 @@ handling short); every method is local except :meth:`ServerMembership._grow`.
 from __future__ import annotations
 
 from hpcps.comm import transport as tp
-from hpcps.core.consistency import H_CLOCK, H_NWORKERS, H_WORKER0, header_len
+from hpcps.core.consistency import H_CLOCK, H_FASTEST, H_NWORKERS, H_SLOWEST, header_len
 from hpcps.server.loop import IDLE_SPIN, agreed_growth
+from hpcps.server.clocks import WorkerClocks
 from hpcps.server.shard import header_and_rows
 
 __all__ = ["ServerMembership"]
@@ -62,7 +63,7 @@ class ServerMembership:
         n_new = len(rec.roles.worker_ranks)
         old = [rec.old_index[i] for i in range(n_new)]
         self.order_key = [self.order_key[o] for o in old]
-        self.worker_clock = [self.worker_clock[o] for o in old]
+        self.worker_clock = WorkerClocks([self.worker_clock[o] for o in old])
         self.last_examples = [self.last_examples[o] for o in old]
         self.last_epoch = [self.last_epoch[o] for o in old]
         self.pushes_applied = [0] * n_new               # the workers reset their counts too
@@ -72,7 +73,7 @@ class ServerMembership:
         if self.policy.aggregate:
             self._advance()
         else:
-            self.clock = min(self.worker_clock)
+            self.clock = self.worker_clock.min()
             for shard in self.shards:
                 shard.hdr[H_CLOCK] = self.clock
 
@@ -94,11 +95,11 @@ class ServerMembership:
             win = windows[tid] if windows else None
             if win is not None or shard.hdr.size != nh:
                 hdr, shard.w = header_and_rows(shard.w, win, nh)
-                hdr[:H_WORKER0] = shard.hdr[:H_WORKER0]
+                hdr[:] = shard.hdr
                 shard.hdr, shard.window = hdr, win if win is not None else shard.window
             shard.hdr[H_NWORKERS] = self.n_workers
-            shard.hdr[H_WORKER0:] = 0
-            shard.hdr[H_WORKER0:H_WORKER0 + self.n_workers] = self.worker_clock
+            shard.hdr[H_SLOWEST] = self.worker_clock.min()
+            shard.hdr[H_FASTEST] = self.worker_clock.max()
 
     # ------------------------------------------------------------------ growth
     def _grow(self) -> None:
@@ -143,7 +144,7 @@ class ServerMembership:
         k = len(roles.worker_ranks) - self.n_workers
         top = max(self.order_key) + 1
         self.order_key += list(range(top, top + k))
-        self.worker_clock += [clock] * k
+        self.worker_clock.extend(k, clock)
         self.pushes_applied += [0] * k
         self.last_examples += [0] * k
         self.last_epoch += [0] * k

@@ -22,10 +22,11 @@ import numpy as np
 from hpcps import checkpoint as ckpt
 from hpcps.comm import transport as tp
 from hpcps.comm.core import cores_dedicated
-from hpcps.core.consistency import (H_CLOCK, H_NWORKERS, H_SEQ, H_VERSION, H_WORKER0,
+from hpcps.core.consistency import (H_CLOCK, H_FASTEST, H_NWORKERS, H_SEQ, H_SLOWEST, H_VERSION,
                                     StalenessHistogram, header_len)
 from hpcps.core.optim import NonFiniteError, all_finite, check_finite
 from hpcps.core.routing import partition_of
+from hpcps.server.clocks import WorkerClocks
 from hpcps.server.cut import CheckpointCut
 from hpcps.server.membership import ServerMembership
 from hpcps.server.loop import (IDLE_SLEEP_MAX, IDLE_SLEEP_MIN, IDLE_SPIN, IDLE_SPIN_DEDICATED,
@@ -115,7 +116,7 @@ class ParameterServer(CheckpointCut, ServerMembership):
                 sh = rows[tid]               # a DynamicShard, built by the named constructor
                 sh.hdr[H_VERSION] = sh.hdr[H_CLOCK] = start
                 sh.hdr[H_NWORKERS] = self.n_workers
-                sh.hdr[H_WORKER0:H_WORKER0 + self.n_workers] = start
+                sh.hdr[H_SLOWEST] = sh.hdr[H_FASTEST] = start
                 self.shards.append(sh)
                 continue
             part = partition_of(spec, n_servers)
@@ -128,12 +129,12 @@ class ParameterServer(CheckpointCut, ServerMembership):
             hdr, w = header_and_rows(w, win, header_len(self.n_workers))
             hdr[H_VERSION] = hdr[H_CLOCK] = start       # restored: start at the checkpoint
             hdr[H_NWORKERS] = self.n_workers
-            hdr[H_WORKER0:H_WORKER0 + self.n_workers] = start
+            hdr[H_SLOWEST] = hdr[H_FASTEST] = start
             self.shards.append(Shard(spec, part, opt, lo, hi, w, slots, hdr, win))
         self.n_servers = n_servers
         self.run_dir = run_dir
         self.clock = start                   # steps applied from every worker
-        self.worker_clock = [start] * self.n_workers
+        self.worker_clock = WorkerClocks([start] * self.n_workers)
         self.step_examples = {}              # clock -> {order key: (examples, epoch) of that step}
         self.pending = {}                    # clock -> {table: [(worker, rows, grads)]}
         self.waiting_pulls = []              # (source, header, rows) deferred by the policy
@@ -395,34 +396,34 @@ class ParameterServer(CheckpointCut, ServerMembership):
 
     def _on_clock(self, source: int, h: np.ndarray) -> None:
         """A CLOCK (header ``h``) from ``source``: the worker finished step ``h[clock]``."""
-        w = self.worker_of_rank[source]
-        c = int(h[tp.H_CLOCK])
-        if c != self.worker_clock[w]:
-            raise RuntimeError(f"server {self.index}: worker {w} clocked {c}, expected "
-                               f"{self.worker_clock[w]}")
-        self.worker_clock[w] = c + 1
-        self.last_examples[w], self.last_epoch[w] = int(h[tp.H_NEX]), int(h[tp.H_AUX])
+        w, wc = self.worker_of_rank[source], self.worker_clock
+        c, n_ex, epoch = int(h[tp.H_CLOCK]), int(h[tp.H_NEX]), int(h[tp.H_AUX])
+        if c != wc[w]:
+            raise RuntimeError(f"server {self.index}: worker {w} clocked {c}, expected {wc[w]}")
+        wc[w] = c + 1
+        self.last_examples[w], self.last_epoch[w] = n_ex, epoch
         if not self.policy.aggregate:
-            self._count(int(h[tp.H_NEX]), int(h[tp.H_AUX]))
+            self._count(n_ex, epoch)
         for shard, rows, grads, hp in self.held.pop(w, ()):
             self._apply_now(shard, rows, grads, hp)   # held async pushes of this step
             self.ep.pool.give(rows, grads)
-        for shard in self.shards:
-            shard.hdr[H_WORKER0 + w] = c + 1     # advisory (progress line), no lock
+        for shard in self.shards:                # advisory (progress line), no lock
+            shard.hdr[H_SLOWEST], shard.hdr[H_FASTEST] = wc.min(), wc.max()
         if self.policy.aggregate:
-            self.step_examples.setdefault(c, {})[self.order_key[w]] = (int(h[tp.H_NEX]),
-                                                                       int(h[tp.H_AUX]))
-            self._advance()
+            self.step_examples.setdefault(c, {})[self.order_key[w]] = (n_ex, epoch)
+            self._advance(always=False)
         else:
-            self.clock = min(self.worker_clock)
+            self.clock = self.worker_clock.min()
             for shard in self.shards:
                 shard.hdr[H_CLOCK] = self.clock
             self._answer_waiting()
 
     # ------------------------------------------------------------------ BSP/SSP
-    def _advance(self) -> None:
-        """Apply every clock all workers have finished, then answer pulls now allowed."""
-        while min(self.worker_clock) > self.clock:
+    def _advance(self, always: bool = True) -> None:
+        """Apply every clock all workers have finished, then answer pulls now allowed (not
+        ``always``: only if the clock moved; at each CLOCK it cost O(W^2) per step)."""
+        start = self.clock
+        while self.worker_clock.min() > self.clock:
             c = self.clock
             per_worker = self.step_examples.pop(c, {})
             n_ex = sum(n for n, _ in per_worker.values())
@@ -453,8 +454,9 @@ class ParameterServer(CheckpointCut, ServerMembership):
                 self._count(n, epoch)
             if self.forward is not None:
                 self.forward(self.index, c, touched, n_ex)
-        self._publish()
-        self._answer_waiting()
+        if always or self.clock != start:
+            self._publish()
+            self._answer_waiting()
 
     def _joined(self, arrays):
         """The arrays one after the other (the first itself if alone; else in a pooled buffer)."""

@@ -136,9 +136,10 @@ class AllReduceClient:
         self.clock_value += 1
         return self.clock_value
 
-    def worker_clocks(self) -> np.ndarray:
-        """Every rank is at the same clock (the collectives synchronise them)."""
-        return np.full(self.n_workers, self.clock_value, dtype=np.int64)
+    def worker_clocks(self) -> tuple[int, int]:
+        """The slowest and the fastest worker's clock: every rank is at the same clock (the
+        collectives synchronise them)."""
+        return self.clock_value, self.clock_value
 
     def pull_table(self, table) -> np.ndarray:
         """The whole table, ``(num_keys, dim)`` (a copy)."""

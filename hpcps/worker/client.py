@@ -48,7 +48,7 @@ import time
 from hpcps.comm import transport as tp
 from hpcps.worker.kept import KeptPushes
 from hpcps.worker.nextpull import NextPull
-from hpcps.core.consistency import BSP, H_CLOCK, H_NWORKERS, H_SEQ, H_VERSION, H_WORKER0, header_len
+from hpcps.core.consistency import BSP, H_CLOCK, H_FASTEST, H_NWORKERS, H_SEQ, H_SLOWEST, H_VERSION, header_len
 
 
 class PSClient(NextPull, KeptPushes):
@@ -324,18 +324,20 @@ class PSClient(NextPull, KeptPushes):
             self.read_age_max = age
         self.read_age_sum += age
         self.reads += 1
-        n = h[H_NWORKERS]
-        if n:
-            lead = c - min(h[H_WORKER0:H_WORKER0 + n])
+        if h[H_NWORKERS]:
+            lead = c - h[H_SLOWEST]
             if lead > self.lead_max:
                 self.lead_max = lead
 
-    def worker_clocks(self) -> np.ndarray:
-        """Every worker's clock as of the most recent shard header read (int64; empty before
-        the first read). That read was at this worker's clock :attr:`header_clock`: a worker
-        that pulls nothing (no rows) reads no header, so the values can be old."""
-        n = int(self.last_header[H_NWORKERS])
-        return self.last_header[H_WORKER0:H_WORKER0 + n].copy()
+    def worker_clocks(self) -> tuple[int, int] | None:
+        """The slowest and the fastest worker's clock as of the most recent shard header read
+        (None before the first read). That read was at this worker's clock
+        :attr:`header_clock`: a worker that pulls nothing (no rows) reads no header, so the
+        values can be old."""
+        h = self.last_header
+        if not h[H_NWORKERS]:
+            return None
+        return int(h[H_SLOWEST]), int(h[H_FASTEST])
 
     def push(self, table, keys, grads, n_examples: int = 0, versions=None,
              defer: bool = False) -> None:

@@ -417,15 +417,18 @@ class Trainer:
                   f"{rate:,.0f} rows/s{mine}  ETA {_fmt_eta(eta)}")
 
     def _worker_clocks_note(self) -> str:
-        """`` (workers c0,c1,..)`` as the chief last read them in a shard header, with the
-        clock of that read when it is older than this step's pull (a chief with no rows
-        pulls nothing); empty before any read."""
+        """`` (workers S..F)`` — the slowest and the fastest worker's clock, ``(workers C)``
+        when equal — as the chief last read them in a shard header, with the clock of that
+        read when it is older than this step's pull (a chief with no rows pulls nothing);
+        empty before any read."""
         clocks = self.client.worker_clocks()
-        if clocks.size == 0:
+        if clocks is None:
             return ""
+        slowest, fastest = clocks
         seen = getattr(self.client, "header_clock", None)     # None: AllReduce, always current
         old = f" as of clock {seen}" if seen is not None and seen < self.client.clock_value - 1 else ""
-        return f" (workers {','.join(str(int(c)) for c in clocks)}{old})"
+        span = f"{slowest}" if slowest == fastest else f"{slowest}..{fastest}"
+        return f" (workers {span}{old})"
 
     def stop_here(self, cur: Cursor, checkpointer=None) -> None:
         """Act on a :class:`~hpcps.worker.events.StopRequested`: checkpoint at this step and
