@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from hpcps.comm.core import collective, native_contiguous, waitall
+from hpcps.comm.core import collective, native_contiguous
 
 
 def allreduce_sum(comm: MPI.Intracomm, values) -> np.ndarray:
@@ -22,18 +22,10 @@ def allreduce_sum(comm: MPI.Intracomm, values) -> np.ndarray:
     return out
 
 
-def allreduce_max(comm: MPI.Intracomm, values, spin: float | None = None) -> np.ndarray:
-    """Element-wise maximum over ranks. Collective.
-
-    ``spin`` (seconds): wait for the ``MPI_Iallreduce`` by polling, and after ``spin``
-    seconds by polling between sleeps (:func:`hpcps.comm.core.waitall`), instead of in the
-    blocking ``MPI_Allreduce``, which busy-polls: for ranks that wait here every step on
-    oversubscribed cores, where polling takes the CPU from the ranks being waited for."""
+def allreduce_max(comm: MPI.Intracomm, values) -> np.ndarray:
+    """Element-wise maximum over ranks. Collective."""
     a = native_contiguous(values)
     out = np.empty_like(a)
-    if spin is not None:
-        waitall([comm.Iallreduce(a, out, op=MPI.MAX)], a, out, spin=spin)
-        return out
     collective(lambda: comm.Iallreduce(a, out, op=MPI.MAX),
                lambda: comm.Allreduce(a, out, op=MPI.MAX), a, out)
     return out

@@ -82,7 +82,7 @@ class WorkerEndpoint:
         self._send_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
         self._recv_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
         if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
-            wait_spin = default_wait_spin()
+            wait_spin = None if cores_dedicated() else WAIT_SPIN
         #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
         #: seconds, then sleeps between polls (:func:`hpcps.comm.core.waitall`)
         self.wait_spin = wait_spin
@@ -257,12 +257,6 @@ class WorkerEndpoint:
 #: ``MPI_Waitall``. Like the server's ``IDLE_SPIN``: a busy-polling worker takes CPU from the
 #: server (and the other workers) that must produce the reply.
 WAIT_SPIN = 5e-5
-
-
-def default_wait_spin() -> float | None:
-    """A worker's ``spin`` for its waits (:func:`hpcps.comm.core.waitall`): ``None`` (block in
-    MPI) with a core per rank, else :data:`WAIT_SPIN`. Local."""
-    return None if cores_dedicated() else WAIT_SPIN
 
 class ServerEndpoint:
     """A server's side of the protocol: poll for requests, receive their parts, reply.

@@ -21,7 +21,6 @@ import numpy as np
 
 from hpcps.comm.collectives import Vote, allgather_rows, allreduce_max, allreduce_sum, barrier, gatherv
 from hpcps.comm.ft import is_peer_failure
-from hpcps.comm.transport import default_wait_spin
 from hpcps.core.consistency import BSP
 from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples_per_step,
                                  resume_position, steps_for)
@@ -172,11 +171,6 @@ class Trainer:
         self.stop = stop                  # hpcps.core.signals.StopRequest or None
         self.stopped_by_signal = False
         self.policy = policy or BSP()
-        # the per-step vote's wait polls and sleeps where the replies' waits do (transport's
-        # WAIT_SPIN on oversubscribed cores): a busy-polling Allreduce takes the CPU of the
-        # ranks it waits for
-        ep = getattr(client, "ep", None)
-        self._vote_spin = ep.wait_spin if ep is not None else default_wait_spin()
         self.step_hook = step_hook
         # non-finite steps: under BSP with a positive limit the workers vote every step (on
         # self.comm, which a recovery in continue mode replaces)
@@ -540,7 +534,7 @@ class Trainer:
             n, o = el.poll_request()
             want[1:] = (n, int(o))
         if self.vote is None:
-            got = allreduce_max(self.comm, want, spin=None if self.ft is not None else self._vote_spin)
+            got = allreduce_max(self.comm, want)
         else:
             got = None
             if self._stop_target is None:
