@@ -46,7 +46,7 @@ import benchlib
 benchlib.ensure_importable()
 
 HERE = Path(__file__).resolve().parent
-LAYOUTS = [(1, 1), (2, 1), (4, 1), (8, 1), (4, 2), (4, 4), (8, 2), (8, 4)]
+LAYOUTS = [(1, 1), (2, 1), (4, 1), (8, 1), (4, 2), (4, 4), (8, 2), (8, 4), (16, 1), (32, 1)]
 QUICK_LAYOUTS = [(1, 1), (2, 1), (2, 2)]
 BATCH = 256
 KEY_BYTES = 12        # 8 B key + 4 B float32 value, each direction of a pull/push
@@ -85,12 +85,13 @@ def mpi_part(args) -> int:
     el = np.zeros(1)
     if b.is_server:
         s0 = dict(b.server.ep.stats.messages), dict(b.server.ep.stats.bytes_in), dict(b.server.ep.stats.bytes_out)
+        b.server.busy = [0, 0.0, 0.0]          # requests, wall and CPU seconds in the handler
         b.serve_block()
         st = b.server.ep.stats
         row = [sum(st.messages.values()) - sum(s0[0].values()),
                sum(st.bytes_in.values()) - sum(s0[1].values()),
                sum(st.bytes_out.values()) - sum(s0[2].values()),
-               sum(st.keys.values())]
+               sum(st.keys.values()), b.server.busy[2] / max(1, b.server.busy[0])]
     else:
         c = b.client
         t0 = MPI.Wtime()
@@ -102,7 +103,7 @@ def mpi_part(args) -> int:
             c.clock(BATCH)
         el[0] = MPI.Wtime() - t0
         b.end_block()
-        row = [0, 0, 0, int(sum(k.size for k in keysets))]
+        row = [0, 0, 0, int(sum(k.size for k in keysets)), 0.0]
     slowest = np.zeros(1)
     b.ctl.Allreduce(el, slowest, op=MPI.MAX)
     rows = b.ctl.gather((b.is_server, row), root=0)
@@ -116,7 +117,10 @@ def mpi_part(args) -> int:
                "keys_per_worker_step": sum(w[3] for w in workers) / (W * steps),
                "server_requests_per_step": [s[0] / steps for s in servers],
                "server_bytes_in_per_step": [s[1] / steps for s in servers],
-               "server_bytes_out_per_step": [s[2] / steps for s in servers]}
+               "server_bytes_out_per_step": [s[2] / steps for s in servers],
+               # the server's CPU time in its handler per request (thread CPU time: what a
+               # request costs it, without the waits for a core of an oversubscribed run)
+               "server_cpu_us_per_request": [s[4] * 1e6 for s in servers]}
         Path(args.out).write_text(json.dumps(out))
     b.close()
     return 0
@@ -226,7 +230,7 @@ def main(argv=None) -> int:
     print(f"\nBSP steps of the Adult job's pull/push/clock pattern (batch {BATCH}, 2^20-row float32 "
           f"table), {cores} cores: layouts with more ranks than cores are OVERSUBSCRIBED")
     print(f"{'W':>3} {'S':>3} {'ranks':>5} {'ms/step':>8} {'ex/s':>9} {'keys/wkr':>8} "
-          f"{'req/srv':>7} {'KB in/srv':>9} {'KB out/srv':>10} {'model ms':>8}")
+          f"{'req/srv':>7} {'KB in/srv':>9} {'KB out/srv':>10} {'srv us/req':>10} {'model ms':>8}")
     for r in runs:
         W, S = r["workers"], r["servers"]
         m = predict(W, S, r["keys_per_worker_step"], costs["a_us"], costs["c_ns"])
@@ -236,7 +240,8 @@ def main(argv=None) -> int:
               f"{r['examples_per_second']:>9,.0f} {r['keys_per_worker_step']:>8,.0f} "
               f"{np.mean(r['server_requests_per_step']):>7.1f} "
               f"{np.mean(r['server_bytes_in_per_step']) / 1e3:>9.1f} "
-              f"{np.mean(r['server_bytes_out_per_step']) / 1e3:>10.1f} {m['step_ms']:>8.2f}")
+              f"{np.mean(r['server_bytes_out_per_step']) / 1e3:>10.1f} "
+              f"{np.mean(r['server_cpu_us_per_request']):>10.1f} {m['step_ms']:>8.2f}")
     print(f"(* oversubscribed: more ranks than the {cores} cores)")
     print(f"cost model: a = {costs['a_us']:.1f} us per request, c = {costs['c_ns']:.1f} ns per key "
           f"(fitted to the {costs['source']})")
@@ -263,6 +268,11 @@ def main(argv=None) -> int:
     wmax = max(one)
     rep.ratio(f"scaling: examples/s with {wmax} workers / with 1 (1 server, oversubscribed)",
               one[wmax]["examples_per_second"] / one[1]["examples_per_second"], None, headline=True)
+    # the model's W a term holds only if a request costs a server the same whatever W: its
+    # CPU time per request with the most workers over that with one (1 server each)
+    rep.ratio(f"server CPU time per request with {wmax} workers / with 1 (1 server; flat: the "
+              "model's W a term holds)", float(np.mean(one[wmax]["server_cpu_us_per_request"]))
+              / float(np.mean(one[1]["server_cpu_us_per_request"])), None, unit="")
     fit = [abs(r["model"]["step_ms"] - r["step_ms"]) / r["step_ms"] for r in runs
            if not r["oversubscribed"]]
     if fit:
