@@ -4,11 +4,12 @@ A server learns a worker's clock from each of its CLOCKs (one per worker and ste
 the slowest worker's clock after every one of them: BSP/SSP apply a step once every worker has
 finished it, async servers publish it as their clock. ``min()`` over a list of ``W`` clocks on
 every CLOCK costs ``O(W)`` per request and ``O(W^2)`` per step and server: at 1,024 workers
-about 70 ms of a server's time per step on this project's test machine (a Python ``min`` of
-1,024 ints took 69 us there, under load). :class:`WorkerClocks` keeps how many workers are at
-each clock, so that a CLOCK costs ``O(1)``: the minimum moves only when the last worker at it
-moves on, and then to the next clock that has a worker (clocks advance one at a time, so that
-is the next one in the normal case).
+11 ms of a server's time per step on this project's test machine (10.7 us per ``min`` of
+1,024 ints; 0.4 us per CLOCK here, whatever W; docs/cost_model.md section 9).
+:class:`WorkerClocks` keeps how many workers are at each clock, so that a CLOCK costs
+``O(1)``: the minimum moves only when the last worker at it moves on, and then to the next
+clock that has a worker (clocks advance one at a time, so that is the next one in the normal
+case).
 """
 
 from __future__ import annotations
