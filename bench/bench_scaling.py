@@ -119,8 +119,9 @@ def mpi_part(args) -> int:
                "server_bytes_in_per_step": [s[1] / steps for s in servers],
                "server_bytes_out_per_step": [s[2] / steps for s in servers],
                # the server's CPU time in its handler over the block, per request (thread CPU
-               # time): an average that carries the block's one-off costs (its first requests,
-               # STOP), ~200 us even at 2 rows per step (2026-12-03), so not a request's cost
+               # time). Not understood yet: ~200 us even at 2 rows per step (2026-12-03),
+               # while a profile of that server has its handler in ~6 % of its samples (about
+               # 17 us per request); not used by the model
                "server_cpu_us_per_request": [s[4] * 1e6 for s in servers]}
         Path(args.out).write_text(json.dumps(out))
     b.close()
