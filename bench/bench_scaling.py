@@ -119,9 +119,9 @@ def mpi_part(args) -> int:
                "server_bytes_in_per_step": [s[1] / steps for s in servers],
                "server_bytes_out_per_step": [s[2] / steps for s in servers],
                # the server's CPU time in its handler over the block, per request (thread CPU
-               # time). Not understood yet: ~200 us even at 2 rows per step (2026-12-03),
-               # while a profile of that server has its handler in ~6 % of its samples (about
-               # 17 us per request); not used by the model
+               # time): the cost of the fused request a BSP step sends, ~100 us + 60 ns per
+               # key here (docs/cost_model.md section 9), which the model's a and c (fitted
+               # to pulls and pushes sent alone) leave out; short blocks add one-off costs
                "server_cpu_us_per_request": [s[4] * 1e6 for s in servers]}
         Path(args.out).write_text(json.dumps(out))
     b.close()
