@@ -16,7 +16,7 @@ servers apply SGD at every clock. Measured per layout:
 steps/s, examples/s, and per step and server the requests and bytes in/out (the servers'
 own counters) — the inputs of ``docs/cost_model.md``.
 
-**On this machine the layouts are oversubscribed**: 2 cores run up to 12 ranks, so time per
+**On this machine the layouts are oversubscribed**: 2 cores run up to 33 ranks, so time per
 step grows with the total work of all ranks; the curve shows the per-rank costs and the load
 each server carries, not how a cluster of many nodes scales. The cost model turns the
 measured per-message and per-byte costs into a prediction for many nodes.
