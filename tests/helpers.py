@@ -56,19 +56,14 @@ def mpi_env(local: bool = True, **extra) -> dict:
     """Environment for test launches: run-as-root (when root), oversubscription, and a private
     base for Open MPI's session directories (:func:`session_dir_base`).
 
-    ``local`` (one host): Open MPI's TCP transport uses the loopback interface only. The
-    multi-host tests run beside the others and make and remove network interfaces; a spawned
-    worker that saw one of them at start-up and found it gone when it connected failed with
-    "bind on local address ... failed" and the growth hung until join_timeout (CI, stop 27).
-    The multi-host tests pass ``local=False`` (and name their subnet)."""
+    ``local=False`` (the multi-host tests, which name their subnet): drop the loopback-only
+    TCP setting that ``tests/run.py`` gives every group (:func:`tests.run.mpi_env`)."""
     env = dict(os.environ)
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
-    if local and "OMPI_MCA_btl_tcp_if_exclude" not in env:
-        env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
-    elif not local and env.get("OMPI_MCA_btl_tcp_if_include") == "lo":
+    if not local and env.get("OMPI_MCA_btl_tcp_if_include") == "lo":
         del env["OMPI_MCA_btl_tcp_if_include"]
     env["PRTE_MCA_prte_tmpdir_base"] = session_dir_base()
     env.update(extra)

@@ -93,10 +93,5 @@ class WorkerClocks:
     def tolist(self) -> list[int]:
         return list(self._c)
 
-    def __eq__(self, other) -> bool:
-        if isinstance(other, WorkerClocks):
-            return self._c == other._c
-        return self._c == list(other)
-
     def __repr__(self) -> str:
         return repr(self._c)

@@ -411,7 +411,7 @@ class ParameterServer(CheckpointCut, ServerMembership):
             shard.hdr[H_SLOWEST], shard.hdr[H_FASTEST] = wc.min(), wc.max()
         if self.policy.aggregate:
             self.step_examples.setdefault(c, {})[self.order_key[w]] = (n_ex, epoch)
-            self._advance(always=False)
+            self._advance()
         else:
             self.clock = self.worker_clock.min()
             for shard in self.shards:
@@ -419,9 +419,10 @@ class ParameterServer(CheckpointCut, ServerMembership):
             self._answer_waiting()
 
     # ------------------------------------------------------------------ BSP/SSP
-    def _advance(self, always: bool = True) -> None:
-        """Apply every clock all workers have finished, then answer pulls now allowed (not
-        ``always``: only if the clock moved; at each CLOCK it cost O(W^2) per step)."""
+    def _advance(self) -> None:
+        """Apply every clock all workers have finished; if the clock moved, answer the pulls
+        now allowed (nothing else makes one ready under BSP/SSP; a look at every CLOCK cost
+        O(W^2) per step)."""
         start = self.clock
         while self.worker_clock.min() > self.clock:
             c = self.clock
@@ -454,7 +455,7 @@ class ParameterServer(CheckpointCut, ServerMembership):
                 self._count(n, epoch)
             if self.forward is not None:
                 self.forward(self.index, c, touched, n_ex)
-        if always or self.clock != start:
+        if self.clock != start:
             self._publish()
             self._answer_waiting()
 
