@@ -58,6 +58,7 @@ else:
         "hpcps.comm.fastpath",
         ["hpcps/comm/fastpath.pyx"],
         include_dirs=[numpy.get_include(), mpi4py.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"] + flags[0],
         extra_link_args=flags[1],
     ))

@@ -7,6 +7,11 @@ hands over (outside continue mode; everything else keeps the Python path).
 * :func:`pull_inline`: a ready ``PULL`` whose keys came with the request and whose reply is
   one message — keys to local rows, the rows gathered into the reply buffer with the shard's
   clock header after them, and the blocking ``MPI_Send`` — in one call.
+* :func:`step_parts`: a BSP worker's fused step (``PUSH_CLOCK_PULL``) of one message taken
+  apart — each push's keys turned into local rows and its values checked, each pull's keys
+  turned into local rows — in one call.
+* :func:`send_rows`: a pull's reply of one message (rows gathered, shard clock header after
+  them) built and sent in one call.
 
 and the worker's side of small requests (:class:`hpcps.comm.transport.WorkerEndpoint`):
 
@@ -21,7 +26,7 @@ MPI errors raise :class:`mpi4py.MPI.Exception` with the error code, as mpi4py's 
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
                              PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_GetBuffer)
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from mpi4py cimport MPI
 from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Comm, MPI_Get_count, MPI_Iprobe, MPI_Irecv,
@@ -29,7 +34,7 @@ from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Comm, MPI_Get_count, M
                             MPI_STATUS_IGNORE, MPI_SUCCESS, MPI_Test, MPI_Wait)
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime, nanosleep, time_t, timespec
 
-from hpcps.kernels.keys cimport gather_local_ptr
+from hpcps.kernels.keys cimport finite_ptr, gather_local_ptr, local_rows_ptr
 
 cdef extern from *:
     """
@@ -44,6 +49,7 @@ cdef extern from *:
     const char *HPCPS_MPI_VENDOR
 
 import numpy as np
+cimport numpy as cnp
 from mpi4py.MPI import Exception as MPIException
 
 from hpcps.kernels.keys import _raise_row
@@ -51,6 +57,8 @@ from hpcps.kernels.keys import _raise_row
 #: The MPI whose ``mpi.h`` this module was compiled against ("Open MPI", "MPICH" or
 #: "unknown"); :mod:`hpcps.comm.transport` uses the module only under the same MPI.
 BUILT_FOR = HPCPS_MPI_VENDOR.decode()
+
+cnp.import_array()
 
 cdef inline int _probe_recv(MPI_Comm comm, int tag, void* buf, Py_ssize_t limit, int* flag,
                             int* src, int* count) noexcept nogil:
@@ -515,3 +523,180 @@ def poll_pull(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
         return src, count, total, t1
     finally:
         PyBuffer_Release(&b)
+
+
+def step_parts(request, Py_ssize_t n_push, Py_ssize_t n_pull, list shards, shard_type):
+    """Take apart the parts of a ``PUSH_CLOCK_PULL`` that all came with its header (issue 20:
+    one compiled call for what took a Python call per part): ``request``, the bytes after
+    the header (contiguous), holds the int64 ``(n_push + n_pull, 5)`` descriptions
+    (:data:`hpcps.comm.protocol.PART_LEN`), then each push's int64 keys and value rows, then
+    each pull's keys (:mod:`hpcps.comm.protocol`). Every part's table must be
+    ``shards[table]`` of exactly ``shard_type`` (:class:`hpcps.server.shard.Shard`: its
+    ``spec.dim``, ``w`` (2-D, C-contiguous, float32 or float64), ``part.num_keys``,
+    ``part.multiplier``, ``lo``, ``hi``). ``request`` is not modified. Local.
+
+    Returns
+    -------
+    None
+        When anything is not of that form: the parts do not fill ``request`` exactly, a
+        table id is unknown or of another shard type, a dim differs from its table's, a key
+        is outside the key space or the shard's range, a push value is NaN or infinite. The
+        caller then takes the general path, which names the error.
+    tuple
+        ``(pushes, pulls)``: ``pushes`` a list of ``(table, rows, values, version)`` (rows
+        int64 ``(n,)`` local rows, values ``(n, dim)`` of the table's dtype, both new
+        arrays), ``pulls`` a list of ``(shard, rows)`` (rows int64 ``(n,)``, new).
+    """
+    cdef Py_buffer rb
+    cdef const int64_t* meta
+    cdef const char* base
+    cdef Py_ssize_t nparts = n_push + n_pull, i, pos, n, dim, isz, nv
+    cdef int64_t table
+    cdef int outside = 0
+    cdef Py_ssize_t bad = -1
+    cdef bint ok = True
+    cdef uint64_t un, ua, lo, hi
+    cdef char* rp
+    cdef char* vp
+    if n_push < 0 or n_pull < 0 or nparts == 0:
+        return None
+    PyObject_GetBuffer(request, &rb, PyBUF_ANY_CONTIGUOUS)
+    try:
+        if rb.len < 40 * nparts:
+            return None
+        base = <const char*>rb.buf
+        meta = <const int64_t*>base
+        pos = 40 * nparts
+        pushes = []
+        pulls = []
+        for i in range(nparts):
+            table, n, dim = meta[5 * i], meta[5 * i + 1], meta[5 * i + 3]
+            if table < 0 or table >= len(shards) or n < 0:
+                return None
+            shard = shards[table]
+            if type(shard) is not shard_type:
+                return None
+            w = shard.w
+            if i < n_push:
+                if w.ndim != 2 or dim != w.shape[1] or not w.flags.c_contiguous:
+                    return None
+                isz = w.itemsize
+                if isz != 4 and isz != 8 or w.dtype.kind != "f":
+                    return None
+                nv = n * dim * isz
+                if pos + 8 * n + nv > rb.len:
+                    return None
+                part = shard.part
+                un, ua = <uint64_t>part.num_keys, <uint64_t>part.multiplier
+                lo, hi = <uint64_t>shard.lo, <uint64_t>shard.hi
+                if un < 1:
+                    return None
+                if un == 1:
+                    ua = 1
+                rows = np.empty(n, dtype=np.int64)
+                vals = np.empty((n, dim), dtype=w.dtype)
+                rp = <char*>cnp.PyArray_DATA(<cnp.ndarray>rows)
+                vp = <char*>cnp.PyArray_DATA(<cnp.ndarray>vals)
+                with nogil:
+                    bad = local_rows_ptr(<const int64_t*>(base + pos), n, un,
+                                         ua, lo, hi, <int64_t*>rp, &outside)
+                    if bad < 0:
+                        memcpy(vp, base + pos + 8 * n, nv)
+                        ok = finite_ptr(vp, nv, <int>isz)
+                if bad >= 0 or not ok:
+                    return None
+                pushes.append((table, rows, vals, meta[5 * i + 4]))
+                pos += 8 * n + nv
+            else:
+                if pos + 8 * n > rb.len:
+                    return None
+                part = shard.part
+                un, ua = <uint64_t>part.num_keys, <uint64_t>part.multiplier
+                lo, hi = <uint64_t>shard.lo, <uint64_t>shard.hi
+                if un < 1:
+                    return None
+                if un == 1:
+                    ua = 1
+                rows = np.empty(n, dtype=np.int64)
+                rp = <char*>cnp.PyArray_DATA(<cnp.ndarray>rows)
+                with nogil:
+                    bad = local_rows_ptr(<const int64_t*>(base + pos), n, un,
+                                         ua, lo, hi, <int64_t*>rp, &outside)
+                if bad >= 0:
+                    return None
+                pulls.append((shard, rows))
+                pos += 8 * n
+        if pos != rb.len:
+            return None
+        return pushes, pulls
+    finally:
+        PyBuffer_Release(&rb)
+
+
+def send_rows(MPI.Comm comm, int dest, int tag, w, rows, header, sendbuf):
+    """A pull's reply of one message: ``w[rows]`` (``w`` 2-D C-contiguous, ``rows`` int64
+    local rows) followed by ``header`` (the shard's int64 clock header), built in
+    ``sendbuf`` and sent to ``dest`` on ``tag`` with a blocking ``MPI_Send`` (the worker has
+    posted its receive; for replies of one eager message,
+    :func:`hpcps.comm.protocol.one_message`). Returns the bytes sent. Point-to-point.
+
+    Raises
+    ------
+    ValueError
+        For a row outside ``[0, len(w))`` or a reply larger than ``sendbuf`` (nothing sent).
+    mpi4py.MPI.Exception
+        If the send fails.
+    """
+    cdef Py_buffer wb, rb, hb, sb
+    cdef Py_ssize_t i, n, nv, total = 0, rowb = _row_bytes(w), bad = -1
+    cdef uint64_t R, r
+    cdef const int64_t* rp
+    cdef char* out
+    cdef const char* src
+    cdef int ierr = MPI_SUCCESS
+    R = <uint64_t>w.shape[0]
+    PyObject_GetBuffer(w, &wb, PyBUF_C_CONTIGUOUS)
+    try:
+        PyObject_GetBuffer(rows, &rb, PyBUF_ANY_CONTIGUOUS)
+        try:
+            PyObject_GetBuffer(header, &hb, PyBUF_ANY_CONTIGUOUS)
+            try:
+                PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+                try:
+                    n = rb.len // 8
+                    nv = n * rowb
+                    total = nv + hb.len
+                    if total > sb.len:
+                        raise ValueError(f"send_rows: a {total}-byte reply in a {sb.len}-byte "
+                                         "buffer")
+                    rp = <const int64_t*>rb.buf
+                    out = <char*>sb.buf
+                    src = <const char*>wb.buf
+                    with nogil:
+                        for i in range(n):
+                            r = <uint64_t>rp[i]
+                            if r >= R:
+                                bad = i
+                                break
+                            if rowb == 4:
+                                (<uint32_t*>out)[i] = (<const uint32_t*>src)[r]
+                            elif rowb == 8:
+                                (<uint64_t*>out)[i] = (<const uint64_t*>src)[r]
+                            else:
+                                memcpy(out + i * rowb, src + r * rowb, rowb)
+                        if bad < 0:
+                            memcpy(out + nv, hb.buf, hb.len)
+                            ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi)
+                finally:
+                    PyBuffer_Release(&sb)
+            finally:
+                PyBuffer_Release(&hb)
+        finally:
+            PyBuffer_Release(&rb)
+    finally:
+        PyBuffer_Release(&wb)
+    if bad >= 0:
+        raise ValueError(f"send_rows: row {rows[bad]} outside [0, {R})")
+    if ierr != MPI_SUCCESS:
+        raise MPIException(ierr)
+    return total

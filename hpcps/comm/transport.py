@@ -372,6 +372,50 @@ class ServerEndpoint:
         self.stats.add(PULL, inn=8 * n, out=nbytes, seconds=time.perf_counter() - t0)
         return True
 
+    def step_parts(self, n_push: int, n_pull: int, shards, shard_type):
+        """The parts of the ``PUSH_CLOCK_PULL`` just polled, taken apart in one compiled call
+        (:func:`hpcps.comm.fastpath.step_parts`) when every part came with its header and is
+        of the plain form, outside continue mode: ``(pushes, pulls)`` (``pushes``: ``(table,
+        local rows, values, version)``; ``pulls``: ``(shard, local rows)``), counted as
+        :meth:`recv_keys` and :meth:`recv_push` would have counted them. None leaves the
+        request to them (the general path, which names any error). Local."""
+        inl = self._inline
+        if not self.compiled or inl is None or _core.WATCH:
+            return None
+        got = _fast.step_parts(inl, n_push, n_pull, shards, shard_type)
+        if got is None:
+            return None
+        self._inline = None
+        pulls = got[1]
+        pull_bytes = 8 * sum(r.shape[0] for _, r in pulls)
+        self.stats.add(PUSH_CLOCK_PULL, inn=inl.size - pull_bytes)
+        self.stats.add(PULL, inn=pull_bytes, keys=pull_bytes >> 3)
+        return got
+
+    def reply_rows(self, dest: int, w: np.ndarray, rows: np.ndarray, op: int,
+                   header: np.ndarray, rng: int) -> bool:
+        """Reply to a pull with ``w[rows]`` (int64 local rows) and the shard clock ``header``
+        for key range ``rng``, as :meth:`reply` would send them, gathered into the reply and
+        sent in one compiled call (:func:`hpcps.comm.fastpath.send_rows`), when the reply is
+        one message (:func:`one_message`) outside continue mode. Returns whether it did
+        (False: nothing sent; gather the rows and call :meth:`reply`). Point-to-point
+        (``dest`` has posted the receive).
+
+        Raises
+        ------
+        ValueError
+            For a row outside ``w`` (nothing sent).
+        """
+        if (not self.compiled or _core.WATCH or w.ndim != 2 or not w.flags.c_contiguous
+                or not w.dtype.isnative or rows.dtype != np.int64 or not rows.flags.c_contiguous
+                or not one_message(rows.shape[0] * w.shape[1] * w.itemsize + header.nbytes,
+                                   self.max_bytes)):
+            return False
+        t0 = time.perf_counter()
+        nb = _fast.send_rows(self.comm, dest, reply_tag(rng), w, rows, header, self._reply_buf)
+        self.stats.add(op, out=nb, seconds=time.perf_counter() - t0)
+        return True
+
     def recv_keys(self, source: int, n: int, op: int, scratch: bool = False,
                   pooled: bool = False) -> np.ndarray:
         """Receive the int64 keys of the request just polled from ``source``.

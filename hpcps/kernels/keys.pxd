@@ -4,3 +4,9 @@ from libc.stdint cimport int64_t, uint64_t
 cdef Py_ssize_t gather_local_ptr(const int64_t* keys, Py_ssize_t m, uint64_t n, uint64_t a,
                                  uint64_t lo, uint64_t hi, const char* w, Py_ssize_t rowb,
                                  char* out, int* outside, Py_ssize_t ahead) noexcept nogil
+
+cdef Py_ssize_t local_rows_ptr(const int64_t* keys, Py_ssize_t m, uint64_t n, uint64_t a,
+                               uint64_t lo, uint64_t hi, int64_t* out,
+                               int* outside) noexcept nogil
+
+cdef bint finite_ptr(const void* v, Py_ssize_t nbytes, int itemsize) noexcept nogil

@@ -722,6 +722,31 @@ def _raise_row(keys, Py_ssize_t bad, int outside, num_keys, lo, hi):
                      f"[{lo}, {hi}) of the permuted space)")
 
 
+cdef Py_ssize_t local_rows_ptr(const int64_t* keys, Py_ssize_t m, uint64_t n, uint64_t a,
+                               uint64_t lo, uint64_t hi, int64_t* out,
+                               int* outside) noexcept nogil:
+    """``out[i] = p(keys[i]) - lo`` for the ``m`` keys at ``keys`` (``out`` may be ``keys``);
+    returns the first i with a key outside [0, n) (outside = 1) or outside [lo, hi)
+    (outside = 0), stopping there, else -1. ``n`` >= 1. For C callers (keys.pxd:
+    :func:`hpcps.comm.fastpath.step_parts`)."""
+    cdef Py_ssize_t i
+    cdef uint64_t r, mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // n
+    for i in range(m):
+        r = _local_row(<uint64_t>keys[i], n, a, mn, lo, hi, outside)
+        if r == NOT_HERE:
+            return i
+        out[i] = <int64_t>r
+    return -1
+
+
+cdef bint finite_ptr(const void* v, Py_ssize_t nbytes, int itemsize) noexcept nogil:
+    """Whether the ``nbytes`` bytes at ``v``, float32 (``itemsize`` 4) or float64 (8) values,
+    are all finite (for C callers, keys.pxd)."""
+    if itemsize == 4:
+        return _finite32(<const uint32_t*>v, nbytes // 4)
+    return _finite64(<const uint64_t*>v, nbytes // 8)
+
+
 cdef Py_ssize_t gather_local_ptr(const int64_t* keys, Py_ssize_t m, uint64_t n, uint64_t a,
                                  uint64_t lo, uint64_t hi, const char* w, Py_ssize_t rowb,
                                  char* out, int* outside, Py_ssize_t ahead) noexcept nogil:

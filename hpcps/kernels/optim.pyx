@@ -46,7 +46,8 @@ import numpy as np
 
 from cython cimport floating
 from libc.math cimport copysign, copysignf, fabs, fabsf, pow, sqrt
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 
 cdef extern from *:
     """
@@ -88,6 +89,7 @@ __all__ = [
     "dense_ftrl",
     "apply_sparse",
     "take_rows",
+    "rows_finite",
     "state_dtype",
     "new_state",
 ]
@@ -296,6 +298,14 @@ def _merge_counting(keys, int64_t kmin, span, values):
     return ukeys[:m], out
 
 
+cdef void _pack(const int64_t[::1] keys, int64_t kmin, int ibits,
+                uint64_t[::1] out) noexcept nogil:
+    """out[i] = (keys[i] - kmin) << ibits | i."""
+    cdef Py_ssize_t i
+    for i in range(keys.shape[0]):
+        out[i] = ((<uint64_t>keys[i] - <uint64_t>kmin) << ibits) | <uint64_t>i
+
+
 def _merge(keys, values):
     """merge_duplicates on validated inputs (keys int64 (n,), values C-contiguous (n, dim))."""
     cdef const int64_t[::1] kv = keys
@@ -320,11 +330,13 @@ def _merge(keys, values):
         return ukeys, _merge_counting(inv, 0, ukeys.shape[0], values)[1]
     # Pack (key - kmin, i) into one uint64: the packed values are distinct, so numpy's fast
     # (SIMD, unstable) sort gives exactly the (key, input position) order.
-    packed = (keys.view(np.uint64) - np.uint64(<uint64_t>kmin)) << np.uint64(ibits)
-    packed |= np.arange(n, dtype=np.uint64)
+    packed = np.empty(n, dtype=np.uint64)
+    cdef uint64_t[::1] pw = packed
+    cdef int ib = ibits
+    with nogil:                         # one pass, no temporaries (issue 20: small pushes)
+        _pack(kv, kmin, ib, pw)
     packed.sort()
     cdef const uint64_t[::1] pv = packed
-    cdef int ib = ibits
     with nogil:
         m = _count_runs_packed(pv, ib)
     ukeys = np.empty(m, dtype=np.int64)
@@ -781,6 +793,70 @@ cdef Py_ssize_t _take(const floating[:, ::1] w, const int64_t[::1] rows,
             for j in range(dim):
                 out[i, j] = w[r, j]
     return -1
+
+
+def rows_finite(w, rows):
+    """Whether every value of the rows ``w[rows]`` is finite (no NaN or infinity), read in
+    place (no gathered copy): the server's check of the rows an update wrote.
+
+    Parameters
+    ----------
+    w : ndarray of float32 or float64, shape (R, dim), C-contiguous
+    rows : ndarray of int64, shape (n,)
+        Rows in ``[0, R)``, any order, duplicates allowed.
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    ValueError
+        For a row outside ``[0, R)`` (naming it) or ``w`` not 2-D C-contiguous.
+    TypeError
+        For ``w`` not float32/float64 or ``rows`` not int64.
+    """
+    cdef Py_buffer wb, rb
+    cdef Py_ssize_t i, j, n, dim, bad = -1
+    cdef uint64_t R, r
+    cdef bint ok = True, f32
+    cdef const uint32_t* w32
+    cdef const uint64_t* w64
+    cdef const int64_t* rp
+    if not isinstance(w, np.ndarray) or w.ndim != 2:
+        raise ValueError("w must be a 2-D numpy array")
+    _float_dtype(w, "w")
+    if rows.dtype != np.int64:
+        raise TypeError(f"rows must be int64, got {rows.dtype}")
+    f32 = w.dtype == np.float32
+    R, dim = <uint64_t>w.shape[0], w.shape[1]
+    PyObject_GetBuffer(w, &wb, PyBUF_C_CONTIGUOUS)
+    try:
+        PyObject_GetBuffer(rows, &rb, PyBUF_C_CONTIGUOUS)
+        try:
+            n = rb.len // 8
+            rp = <const int64_t*>rb.buf
+            w32 = <const uint32_t*>wb.buf
+            w64 = <const uint64_t*>wb.buf
+            with nogil:
+                for i in range(n):
+                    r = <uint64_t>rp[i]
+                    if r >= R:
+                        bad = i
+                        break
+                    for j in range(dim):
+                        if f32:
+                            if (w32[r * dim + j] & 0x7F800000u) == 0x7F800000u:
+                                ok = False
+                        elif (w64[r * dim + j] & 0x7FF0000000000000u) == 0x7FF0000000000000u:
+                            ok = False
+        finally:
+            PyBuffer_Release(&rb)
+    finally:
+        PyBuffer_Release(&wb)
+    if bad >= 0:
+        raise _row_error("rows", bad, rows[bad], R)
+    return ok
 
 
 def take_rows(w, rows, out):

@@ -26,8 +26,10 @@ from hpcps.core.consistency import (H_CLOCK, H_FASTEST, H_NWORKERS, H_SEQ, H_SLO
                                     StalenessHistogram, header_len)
 from hpcps.core.optim import NonFiniteError, all_finite, check_finite
 from hpcps.core.routing import partition_of
+from hpcps.kernels.optim import rows_finite
 from hpcps.server.clocks import WorkerClocks
 from hpcps.server.cut import CheckpointCut
+from hpcps.server.steps import StepRequests
 from hpcps.server.membership import ServerMembership
 from hpcps.server.loop import (IDLE_SLEEP_MAX, IDLE_SLEEP_MIN, IDLE_SPIN, IDLE_SPIN_DEDICATED,
                                agreed_growth, pull_lag, serve_requests)
@@ -38,7 +40,7 @@ __all__ = ["ParameterServer", "Shard", "window_sizes", "serve_requests", "agreed
            "touched_rows", "rows_of", "IDLE_SLEEP_MIN", "IDLE_SLEEP_MAX", "IDLE_SPIN",
            "IDLE_SPIN_DEDICATED"]
 
-class ParameterServer(CheckpointCut, ServerMembership):
+class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
     """One key range's server: its shards, clocks and pending pushes, and the loop of a
     server rank that holds only this range.
 
@@ -312,59 +314,6 @@ class ParameterServer(CheckpointCut, ServerMembership):
             raise RuntimeError(f"server {self.index}: unknown op {op} from rank {source}")
 
 
-    def _on_push_clock(self, source: int, h: np.ndarray, metas) -> None:
-        """The pushes (descriptions ``metas``, ``(P, PART_LEN)``) and the CLOCK of the
-        ``PUSH_CLOCK`` or ``PUSH_CLOCK_PULL`` ``h`` from ``source``."""
-        for meta in metas:
-            self._on_push(source, tp.part_header(h, meta))
-        self._on_clock(source, tp.make_header(tp.CLOCK, 0, int(h[tp.H_CLOCK]), 0,
-                                              int(h[tp.H_NEX]), aux=int(h[tp.H_AUX]),
-                                              rng=int(h[tp.H_RANGE])))
-
-    def _on_push_clock_pull(self, source: int, h: np.ndarray) -> None:
-        """A BSP worker's step ``c`` (pushes and CLOCK, as a ``PUSH_CLOCK``) and its step
-        ``c + 1``'s pulls (a ``PULL_MANY`` at clock ``c + 1``, held in :attr:`waiting_pulls`
-        until step ``c`` is applied): the rows its next ``PULL_MANY`` would have got.
-        RuntimeError under a policy other than BSP (workers fuse only under BSP)."""
-        if not self.policy.aggregate or self.policy.staleness != 0:
-            raise RuntimeError(f"server {self.index}: PUSH_CLOCK_PULL from rank {source} "
-                               f"under {self.policy.describe()} (only BSP fuses)")
-        n_push, n_pull = int(h[tp.H_TABLE]), int(h[tp.H_DIM])
-        metas = self.ep.recv_keys(source, tp.PART_LEN * (n_push + n_pull),
-                                  tp.PUSH_CLOCK_PULL).reshape(-1, tp.PART_LEN)
-        self._on_push_clock(source, h, metas[:n_push])
-        pulls = metas[n_push:]
-        n_keys = int(pulls[:, 1].sum())
-        self.ep.stats.add(tp.PULL, keys=n_keys)
-        self._on_pull_many(source, tp.make_header(tp.PULL_MANY, n_pull, int(h[tp.H_CLOCK]) + 1,
-                                                  n_keys, seq=int(h[tp.H_SEQ]),
-                                                  rng=int(h[tp.H_RANGE])), pulls)
-
-    def _on_pull_many(self, source: int, h: np.ndarray, metas=None) -> None:
-        """A PULL_MANY (header ``h``) from ``source``: the pulls of several tables in one
-        request, answered together (each table's rows and shard header, in the request's
-        order) once the policy allows the read. ``metas``: the pulls' descriptions when
-        received already (a ``PUSH_CLOCK_PULL``'s)."""
-        if metas is None:
-            metas = self.ep.recv_keys(source, tp.PART_LEN * int(h[tp.H_TABLE]), tp.PULL_MANY)
-        parts = []
-        for meta in metas.reshape(-1, tp.PART_LEN):
-            hp = tp.part_header(h, meta)
-            shard = self._shard(hp)
-            keys = self.ep.recv_keys(source, int(hp[tp.H_NKEYS]), tp.PULL, pooled=True)
-            parts.append((shard, shard.rows_for(keys, self.index)))
-        if self._pull_ready(h):
-            self._reply_many(source, parts)
-        else:
-            self.waiting_pulls.append((source, h, parts))
-
-    def _reply_many(self, source: int, parts) -> None:
-        """Answer a PULL_MANY: each part's rows and shard header, in order; the rows' pooled
-        buffers go back to the pool."""
-        for shard, rows in parts:
-            self._reply_rows(source, shard, rows, tp.PULL)
-            self.ep.pool.give(rows)
-
     def _on_push(self, source: int, h: np.ndarray) -> None:
         """A PUSH (header ``h``) from ``source``: receive its keys and rows; queue them for
         their clock (BSP/SSP) or apply them (async)."""
@@ -396,8 +345,12 @@ class ParameterServer(CheckpointCut, ServerMembership):
 
     def _on_clock(self, source: int, h: np.ndarray) -> None:
         """A CLOCK (header ``h``) from ``source``: the worker finished step ``h[clock]``."""
-        w, wc = self.worker_of_rank[source], self.worker_clock
-        c, n_ex, epoch = int(h[tp.H_CLOCK]), int(h[tp.H_NEX]), int(h[tp.H_AUX])
+        self._clocked(self.worker_of_rank[source], int(h[tp.H_CLOCK]), int(h[tp.H_NEX]),
+                      int(h[tp.H_AUX]))
+
+    def _clocked(self, w: int, c: int, n_ex: int, epoch: int) -> None:
+        """Worker ``w`` finished step ``c`` with ``n_ex`` examples of ``epoch`` (0-based)."""
+        wc = self.worker_clock
         if c != wc[w]:
             raise RuntimeError(f"server {self.index}: worker {w} clocked {c}, expected {wc[w]}")
         wc[w] = c + 1
@@ -488,7 +441,11 @@ class ParameterServer(CheckpointCut, ServerMembership):
             self.ep.reply(source, got, tp.PULL_SHARD, rng=self.index)
 
     def _reply_rows(self, source: int, shard: Shard, rows, op: int) -> None:
-        """Reply to a pull with the rows (gathered into a pooled buffer) and the shard header."""
+        """Reply to a pull with the rows (gathered into a pooled buffer, or into the reply by
+        one compiled call) and the shard header."""
+        if type(shard) is Shard and self.ep.reply_rows(source, shard.w, rows, op, shard.hdr,
+                                                       self.index):
+            return
         vals = shard.gather(rows, self.ep.pool)
         self.ep.reply(source, vals, op, shard.hdr, rng=self.index)
         self.ep.pool.give(vals)
@@ -540,6 +497,8 @@ class ParameterServer(CheckpointCut, ServerMembership):
         their part of the step, so it cannot be rejected: the job stops before this state is
         read by a worker or written to a checkpoint.
         """
+        if type(shard) is Shard and rows_finite(shard.w, rows):   # read in place, compiled
+            return
         w = shard.take(rows, self.ep.pool)
         finite = all_finite(w)
         if not finite:

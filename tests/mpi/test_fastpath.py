@@ -150,3 +150,101 @@ def test_ready_pull_answered_by_the_poll_that_received_it(comm):
         np.testing.assert_array_equal(got, h)
         assert not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)     # nothing sent
     assert busy[0] == 1
+
+
+def _step_request(wep, part, g_bad=False, pull_keys=None):
+    """Send a PUSH_CLOCK_PULL of one message to range 1: a push of 3 keys (dim 2) to table 1
+    and a pull of 4 keys of table 1. Returns its push keys, values and pull keys."""
+    keys = part.shard_keys(1)[[4, 1, 4]].copy()                 # a duplicate: kept as sent
+    vals = np.array([[1.0, 2.0], [3.0, -0.0], [5.0, 6.0]], np.float32)
+    if g_bad:
+        vals[1, 0] = np.inf
+    pk = part.shard_keys(1)[[3, 0, 7, 3]].copy() if pull_keys is None else pull_keys
+    desc = np.array([[1, 3, 9, 2, 17], [1, pk.size, 0, 2, 0]], np.int64)
+    wep.send(1, tp.make_header(tp.PUSH_CLOCK_PULL, 1, 5, 3, 9, dim=1, aux=2, rng=1), desc,
+             more=[(keys, vals, tp.PUSH), (pk, None, tp.PULL)])
+    wep.complete(tp.PUSH)
+    return keys, vals, pk
+
+
+def test_step_parts_match_the_python_path(comm):
+    """ServerEndpoint.step_parts (fastpath.step_parts): a PUSH_CLOCK_PULL of one message
+    taken apart in one call gives the push's local rows, values and version and the pull's
+    local rows that the Python path (recv_keys, recv_push, local_rows) gives, and the same
+    traffic counts."""
+    shard, part = _shard()
+    shards = [None, shard]
+    got = {}
+    for compiled in (True, False):
+        wep = tp.WorkerEndpoint(comm, [0, 0], 1 << 30, wait_spin=None)
+        sep = tp.ServerEndpoint(comm, 1 << 30)
+        keys, vals, pk = _step_request(wep, part)
+        src, h = sep.poll()
+        assert int(h[tp.H_OP]) == tp.PUSH_CLOCK_PULL
+        if compiled:
+            pushes, pulls = sep.step_parts(1, 1, shards, Shard)
+            (tid, rows, g, version), = pushes
+            (sh, prow), = pulls
+            assert tid == 1 and version == 17 and sh is shard
+        else:
+            metas = sep.recv_keys(src, 10, tp.PUSH_CLOCK_PULL)
+            k, g = sep.recv_push(src, 3, 2, np.float32)
+            rows = part.local_rows(k.copy(), 1)
+            sep.stats.add(tp.PULL, keys=4)
+            prow = part.local_rows(sep.recv_keys(src, 4, tp.PULL), 1)
+            assert metas[4] == 17
+        got[compiled] = (rows, g, prow, sep.stats.bytes_in, sep.stats.keys)
+        assert sep.poll() is None
+    np.testing.assert_array_equal(got[True][0], part.local_rows(keys.copy(), 1))
+    np.testing.assert_array_equal(got[True][1], vals)
+    for a, b in zip(got[True], got[False]):
+        if isinstance(a, dict):
+            assert a == b
+        else:
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["inf", "other range", "unknown table", "not all inline"])
+def test_step_parts_leave_what_they_cannot_take(comm, case):
+    """A non-finite value, a key of another range, an unknown table or parts that did not all
+    come with the header: step_parts gives None and leaves the request whole for the Python
+    path, which names the error."""
+    shard, part = _shard()
+    wep = tp.WorkerEndpoint(comm, [0, 0], 1 << 30, wait_spin=None)
+    sep = tp.ServerEndpoint(comm, 1 << 30)
+    other = part.shard_keys(0)[:2].copy()
+    _step_request(wep, part, g_bad=case == "inf",
+                  pull_keys=other if case == "other range" else None)
+    src, h = sep.poll()
+    shards = [None] if case == "unknown table" else [None, shard]
+    n_pull = 2 if case == "not all inline" else 1
+    assert sep.step_parts(1, n_pull, shards, Shard) is None
+    assert sep.stats.bytes_in == {"push": 72}                    # only the header counted
+    assert sep.recv_keys(src, 10, tp.PUSH_CLOCK_PULL)[4] == 17   # the request is whole
+
+
+def test_send_rows_is_the_reply_of_rows_of(comm):
+    """ServerEndpoint.reply_rows (fastpath.send_rows): the reply a worker receives is the
+    gathered rows and the shard header that reply() sends, counted the same; a row outside
+    the shard raises and sends nothing; a reply of more than one message is left to the
+    caller."""
+    from hpcps.server.shard import rows_of
+
+    shard, part = _shard()
+    rows = np.array([5, 0, 5, 2], np.int64)
+    wep = tp.WorkerEndpoint(comm, [0, 0], 1 << 30, wait_spin=None)
+    sep = tp.ServerEndpoint(comm, 1 << 30)
+    out, hdr = np.zeros((4, 2), np.float32), np.zeros(12, np.int64)
+    wep.expect_rows(1, out, hdr)
+    assert sep.reply_rows(0, shard.w, rows, tp.PULL, shard.hdr, 1)
+    wep.complete(tp.PULL)
+    np.testing.assert_array_equal(out, rows_of(shard.w, rows))
+    np.testing.assert_array_equal(hdr, shard.hdr)
+    assert sep.stats.bytes_out == {"pull": 32 + 96}
+    with pytest.raises(ValueError, match=f"row {shard.w.shape[0]} outside"):
+        sep.reply_rows(0, shard.w, np.array([1, shard.w.shape[0]], np.int64), tp.PULL,
+                       shard.hdr, 1)
+    assert not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+    big = np.zeros(tp.INLINE_BYTES // 8 + 1, np.int64)               # > one message
+    assert not sep.reply_rows(0, shard.w, big, tp.PULL, shard.hdr, 1)
+    assert not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)

@@ -888,3 +888,37 @@ def test_request_kernels_name_the_bad_key():
             with pytest.raises(ValueError, match=rf"key {other[0]} does not belong"):
                 kkeys.gather_local(keys, 1000, part.multiplier, lo, hi, w,
                                    np.empty((100, 1)), ahead)
+
+
+# --------------------------------------------------------------------------------------
+# rows_finite (the server's check of the rows an update wrote, read in place)
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_rows_finite_sees_only_the_rows_asked(dtype, bad):
+    w = np.arange(40, dtype=dtype).reshape(10, 4)
+    rows = np.array([7, 1, 7, 3], np.int64)
+    assert kopt.rows_finite(w, rows) is True
+    w[5, 2] = bad                                   # not among the rows: not seen
+    assert kopt.rows_finite(w, rows) is True
+    w[3, 3] = bad
+    assert kopt.rows_finite(w, rows) is False
+    assert kopt.rows_finite(w, rows[:2]) is True
+    assert kopt.rows_finite(w, np.empty(0, np.int64)) is True
+    w[1, 0] = np.finfo(dtype).max                   # the largest finite value is finite
+    assert kopt.rows_finite(w, rows[:2]) is True
+
+
+def test_rows_finite_errors():
+    w = np.zeros((3, 2), np.float32)
+    with pytest.raises(ValueError, match=r"rows\[1\] = 3 is out of range \[0, 3\)"):
+        kopt.rows_finite(w, np.array([0, 3], np.int64))
+    with pytest.raises(ValueError, match="rows\\[0\\] = -1 is out of range"):
+        kopt.rows_finite(w, np.array([-1], np.int64))
+    with pytest.raises(TypeError, match="rows must be int64"):
+        kopt.rows_finite(w, np.array([0], np.int32))
+    with pytest.raises(TypeError, match="float32 or float64"):
+        kopt.rows_finite(np.zeros((3, 2), np.int32), np.array([0], np.int64))
+    with pytest.raises(ValueError, match="2-D"):
+        kopt.rows_finite(np.zeros(3, np.float32), np.array([0], np.int64))
