@@ -86,12 +86,14 @@ def mpi_part(args) -> int:
     if b.is_server:
         s0 = dict(b.server.ep.stats.messages), dict(b.server.ep.stats.bytes_in), dict(b.server.ep.stats.bytes_out)
         b.server.busy = [0, 0.0, 0.0]          # requests, wall and CPU seconds in the handler
+        b.server.step_busy = [0, 0.0]          # steps applied, CPU seconds applying them
         b.serve_block()
         st = b.server.ep.stats
         row = [sum(st.messages.values()) - sum(s0[0].values()),
                sum(st.bytes_in.values()) - sum(s0[1].values()),
                sum(st.bytes_out.values()) - sum(s0[2].values()),
-               sum(st.keys.values()), b.server.busy[2] / max(1, b.server.busy[0])]
+               sum(st.keys.values()), b.server.busy[2] / max(1, b.server.busy[0]),
+               b.server.step_busy[1] / max(1, b.server.step_busy[0])]
     else:
         c = b.client
         t0 = MPI.Wtime()
@@ -103,7 +105,7 @@ def mpi_part(args) -> int:
             c.clock(args.batch)
         el[0] = MPI.Wtime() - t0
         b.end_block()
-        row = [0, 0, 0, int(sum(k.size for k in keysets)), 0.0]
+        row = [0, 0, 0, int(sum(k.size for k in keysets)), 0.0, 0.0]
     slowest = np.zeros(1)
     b.ctl.Allreduce(el, slowest, op=MPI.MAX)
     rows = b.ctl.gather((b.is_server, row), root=0)
@@ -122,13 +124,48 @@ def mpi_part(args) -> int:
                # time): the cost of the fused request a BSP step sends, ~100 us + 60 ns per
                # key here (docs/cost_model.md section 9), which the model's a and c (fitted
                # to pulls and pushes sent alone) leave out; short blocks add one-off costs
-               "server_cpu_us_per_request": [s[4] * 1e6 for s in servers]}
+               "server_cpu_us_per_request": [s[4] * 1e6 for s in servers],
+               # of which the step's own work, once per step whatever W (the apply, the
+               # clock's bookkeeping, the replies to the waiting pulls): CPU per step
+               "server_step_cpu_us": [s[5] * 1e6 for s in servers]}
         Path(args.out).write_text(json.dumps(out))
     b.close()
     return 0
 
 
 # ------------------------------------------------------------------------- model
+
+def fit_fused(calib: list) -> dict | None:
+    """The costs of the request a BSP step really sends (one ``PUSH_CLOCK_PULL`` per worker
+    and server), fitted to the calibration runs (1 worker + 1 server: no core shared) at two
+    or more key counts K, from the server's CPU time (the fastest of the repetitions):
+
+    * per request, the handler's time less the step's: ``a + K c`` (receive and take apart,
+      queue the push, the clock, the pull's reply), paid once per worker;
+    * per step, the time in ``ParameterServer._advance``: ``a_step + K c_step`` (the apply of
+      the step's keys, its bookkeeping), paid once per step whatever the number of workers.
+
+    Each by least squares on K. None without two distinct key counts."""
+    req, step = {}, {}
+    for r in calib:
+        k = round(r["keys_per_worker_step"])
+        tot, st = min(zip(r["server_cpu_us_per_request"], r["server_step_cpu_us"]))
+        if k not in req or tot < req[k] + step[k]:
+            req[k], step[k] = tot - st, st
+    if len(req) < 2:
+        return None
+    K = np.array(sorted(req), dtype=float)
+    c, a = np.polyfit(K, [req[k] for k in sorted(req)], 1)
+    cs, a_s = np.polyfit(K, [step[k] for k in sorted(req)], 1)
+    return {"a_us": float(max(a, 0.0)), "c_ns": float(max(c, 0.0)) * 1e3,
+            "a_step_us": float(max(a_s, 0.0)), "c_step_ns": float(max(cs, 0.0)) * 1e3,
+            "points": {int(k): {"request_us": float(req[k]), "step_us": float(step[k])}
+                       for k in sorted(req)},
+            "source": ("fused PUSH_CLOCK_PULL request, 1 worker + 1 server, server CPU time "
+                       "(fastest of 3 runs) per request less the step's / per step: "
+                       + ", ".join(f"{int(k):,} keys {req[k]:.1f} / {step[k]:.1f} us"
+                                   for k in sorted(req)))}
+
 
 def fit_costs(pushpull: dict | None, runs: list) -> dict:
     """Per-request cost ``a`` (s) and per-key cost ``c`` (s) by least squares on the relative
@@ -164,15 +201,17 @@ def fit_costs(pushpull: dict | None, runs: list) -> dict:
     return {"a_us": float(max(a, 0.0)) * 1e6, "c_ns": float(max(c, 0.0)) * 1e9, "source": src}
 
 
-def predict(W, S, K, a_us, c_ns) -> dict:
+def predict(W, S, K, a_us, c_ns, a_step_us=0.0, c_step_ns=0.0) -> dict:
     """Step time (ms) with dedicated cores: a server's share (its ``REQUESTS x W`` requests
-    and W K / S keys, one after the other) plus a worker's own (``REQUESTS x S`` requests
-    sent together, K keys); BSP serialises them: a worker's next pull waits for the server's
-    last answer."""
+    of K / S keys each, one after the other, and the step's own work, ``a_step`` and
+    ``c_step`` per key of the W K / S it applies) plus a worker's own (``REQUESTS x S``
+    requests sent together, K keys, at the server's per-request costs: an upper bound);
+    BSP serialises them: a worker's next pull waits for the server's last answer."""
     from hpcps.comm.transport import HEADER_LEN, PART_LEN
     from hpcps.core.consistency import header_len
 
-    t_srv = REQUESTS * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
+    t_srv = (REQUESTS * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
+             + a_step_us * 1e-6 + (W * K / S) * c_step_ns * 1e-9)
     t_wrk = REQUESTS * S * a_us * 1e-6 + K * c_ns * 1e-9
     # per worker: the keys and values both ways, a request header per request (72 B), the
     # push's and the pull's descriptions (40 B each), and the shard clock header of the pull
@@ -193,6 +232,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=BATCH,
                     help="rows per worker and step (the model and the goals assume 256)")
     ap.add_argument("--layouts", help="only these layouts, e.g. '1x1,8x1' (workers x servers)")
+    ap.add_argument("--calib-batches", default="2,256",
+                    help="batches of the 1 + 1 calibration runs that fit a and c to the fused "
+                         "request (comma-separated; '' to fit to --pushpull-json instead)")
+    ap.add_argument("--calib-steps", type=int, default=2000,
+                    help="BSP steps per calibration run (3 runs per batch)")
     ap.add_argument("--mpi-part", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--servers", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -217,23 +261,39 @@ def main(argv=None) -> int:
 
             npz = str(d / "adult.npz")
             save_npz(DEFAULT_JOB, npz, max_rows=3000 if args.quick else 0)
-        for W, S in layouts:
-            out = d / f"{W}-{S}.json"
+        def run(W, S, n_steps, batch, tag=""):
+            out = d / f"{W}-{S}{tag}.json"
             cmd, env = launch.build_launch(W + S, [
                 sys.executable, str(HERE / "bench_scaling.py"), "--mpi-part", "--servers", S,
-                "--steps", steps, "--npz", npz, "--out", out, "--batch", args.batch],
+                "--steps", n_steps, "--npz", npz, "--out", out, "--batch", batch],
                 mpirun=mpirun, flavour=flavour)
             p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
             if p.returncode != 0:
                 sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
                 raise SystemExit(f"bench_scaling.py: layout {W} workers + {S} servers failed")
-            r = json.loads(out.read_text())
+            return json.loads(out.read_text())
+
+        for W, S in layouts:
+            r = run(W, S, steps, args.batch)
             runs.append(r)
             print(f"  {W} worker(s) + {S} server(s): {r['step_ms']:.2f} ms/step", flush=True)
+        calib = []
+        batches = [int(b) for b in args.calib_batches.split(",") if b.strip()]
+        for batch in batches:
+            for rep in range(3):
+                r = run(1, 1, 20 if args.quick else args.calib_steps, batch, f"-calib{batch}-{rep}")
+                r["batch"] = batch
+                calib.append(r)
+            print(f"  calibration, 1 + 1 at batch {batch}: "
+                  f"{np.mean([c['keys_per_worker_step'] for c in calib[-3:]]):,.0f} keys per "
+                  f"request, server CPU "
+                  f"{min(min(c['server_cpu_us_per_request']) for c in calib[-3:]):.1f} us per "
+                  "request (fastest of 3)", flush=True)
     pp = None
     if args.pushpull_json and Path(args.pushpull_json).exists():
         pp = json.loads(Path(args.pushpull_json).read_text())
-    costs = fit_costs(pp, runs)
+    singles = fit_costs(pp, runs)
+    costs = fit_fused(calib) or singles
     cores = benchlib.cpu_count()
     print(f"\nBSP steps of the Adult job's pull/push/clock pattern (batch {BATCH}, 2^20-row float32 "
           f"table), {cores} cores: layouts with more ranks than cores are OVERSUBSCRIBED")
@@ -241,7 +301,8 @@ def main(argv=None) -> int:
           f"{'req/srv':>7} {'KB in/srv':>9} {'KB out/srv':>10} {'srv CPU us':>10} {'model ms':>8}")
     for r in runs:
         W, S = r["workers"], r["servers"]
-        m = predict(W, S, r["keys_per_worker_step"], costs["a_us"], costs["c_ns"])
+        m = predict(W, S, r["keys_per_worker_step"], costs["a_us"], costs["c_ns"],
+                    costs.get("a_step_us", 0.0), costs.get("c_step_ns", 0.0))
         r["model"] = m
         r["oversubscribed"] = W + S > cores
         print(f"{W:>3} {S:>3} {W + S:>5}{'*' if W + S > cores else ' '} {r['step_ms']:>7.2f} "
@@ -251,19 +312,27 @@ def main(argv=None) -> int:
               f"{np.mean(r['server_bytes_out_per_step']) / 1e3:>10.1f} "
               f"{np.mean(r['server_cpu_us_per_request']):>10.1f} {m['step_ms']:>8.2f}")
     print(f"(* oversubscribed: more ranks than the {cores} cores)")
-    print(f"cost model: a = {costs['a_us']:.1f} us per request, c = {costs['c_ns']:.1f} ns per key "
-          f"(fitted to the {costs['source']})")
+    print(f"cost model: a = {costs['a_us']:.1f} us per request, c = {costs['c_ns']:.1f} ns per key"
+          + (f"; per step a_step = {costs['a_step_us']:.1f} us, c_step = "
+             f"{costs['c_step_ns']:.1f} ns per key applied" if "a_step_us" in costs else "")
+          + f" (fitted to the {costs['source']})")
+    if costs is not singles and pp:
+        print(f"  (pulls and pushes sent alone: a = {singles['a_us']:.1f} us, c = "
+              f"{singles['c_ns']:.1f} ns, fitted to the {singles['source']}: a lower bound, "
+              "not what a step sends)")
     K = float(np.mean([r["keys_per_worker_step"] for r in runs]))
     extrap = []
     for W, S in ((64, 8), (256, 32), (512, 64), (1024, 128), (1024, 32)):
-        m = predict(W, S, K, costs["a_us"], costs["c_ns"])
+        m = predict(W, S, K, costs["a_us"], costs["c_ns"], costs.get("a_step_us", 0.0),
+                    costs.get("c_step_ns", 0.0))
         extrap.append({"workers": W, "servers": S, **m, "examples_per_second": W * BATCH / (m["step_ms"] * 1e-3)})
         print(f"  extrapolated {W:>5} workers, {S:>4} servers: {m['step_ms']:7.2f} ms/step "
               f"(server {m['server_ms']:.2f}, worker {m['worker_ms']:.2f}), "
               f"{m['bytes_per_server_step'] / 1e6:.2f} MB per server per step, "
               f"{W * BATCH / (m['step_ms'] * 1e-3):,.0f} ex/s")
     rep = benchlib.Report("scaling")
-    rep.details.update({"runs": runs, "costs": costs, "keys_per_worker_step": K,
+    rep.details.update({"runs": runs, "costs": costs, "costs_single_requests": singles,
+                        "calibration": calib, "keys_per_worker_step": K,
                         "extrapolation": extrap, "cores": cores, "batch": BATCH})
     # issue 20's goals for the extrapolation
     big = next(e for e in extrap if (e["workers"], e["servers"]) == (1024, 128))

@@ -17,6 +17,8 @@ Every applied push records its staleness (:mod:`hpcps.core.consistency`).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from hpcps import checkpoint as ckpt
@@ -158,6 +160,9 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
         #: None, or [requests handled, seconds and CPU seconds in handle] (serve_requests'
         #: ``busy``; benchmarks set it)
         self.busy = None
+        #: None, or [steps applied, CPU seconds in :meth:`_advance`] (benchmarks set it: the
+        #: part of ``busy`` a step costs once, whatever the number of workers)
+        self.step_busy = None
         self._lag = pull_lag(policy)
 
     # ------------------------------------------------------------------ ways to start
@@ -364,7 +369,13 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
             shard.hdr[H_SLOWEST], shard.hdr[H_FASTEST] = wc.min(), wc.max()
         if self.policy.aggregate:
             self.step_examples.setdefault(c, {})[self.order_key[w]] = (n_ex, epoch)
-            self._advance()
+            if self.step_busy is None:
+                self._advance()
+            else:
+                c0, start = time.thread_time(), self.clock
+                self._advance()
+                self.step_busy[0] += self.clock - start
+                self.step_busy[1] += time.thread_time() - c0
         else:
             self.clock = self.worker_clock.min()
             for shard in self.shards:

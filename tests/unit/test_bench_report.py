@@ -103,3 +103,21 @@ def test_only_help_names_every_step_of_the_suite():
     text = ap._subparsers._group_actions[0].choices["bench"].format_help()
     for name in (s["name"] for s in cli_bench.suite(False, cli_bench.Path("."))):
         assert f" {name} " in " ".join(text.split()) + " ", name
+
+
+def test_scaling_fits_the_fused_request_per_request_and_per_step():
+    """bench_scaling's cost model is fitted to the request a BSP step sends: the calibration
+    runs' server CPU per request less the step's (a + K c, paid per worker) and the step's
+    own (a_step + K c_step, paid once per step), the fastest repetition of each key count."""
+    import bench_scaling
+
+    def run(keys, per_request, per_step):
+        return {"keys_per_worker_step": keys, "server_cpu_us_per_request": [per_request],
+                "server_step_cpu_us": [per_step]}
+
+    calib = [run(100, 50.0, 20.0), run(100, 40.0, 15.0),       # fastest: 40 = 25 + 15
+             run(1100, 140.0, 45.0)]                            # 95 + 45
+    f = bench_scaling.fit_fused(calib)
+    assert abs(f["a_us"] - 18.0) < 1e-9 and abs(f["c_ns"] - 70.0) < 1e-6
+    assert abs(f["a_step_us"] - 12.0) < 1e-9 and abs(f["c_step_ns"] - 30.0) < 1e-6
+    assert bench_scaling.fit_fused(calib[:2]) is None              # one key count: no fit
