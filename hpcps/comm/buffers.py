@@ -70,6 +70,8 @@ class BufferPool:
     def give(self, *arrays) -> None:
         """Return arrays obtained from :meth:`take` (views of them are fine); the caller must
         not use them afterwards. Other arrays and ``None`` are ignored."""
+        if not self._out:            # nothing handed out (small requests): nothing to take back
+            return
         for a in arrays:
             while isinstance(a, np.ndarray) and a.base is not None:
                 a = a.base

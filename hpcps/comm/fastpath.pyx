@@ -543,9 +543,10 @@ def step_parts(request, Py_ssize_t n_push, Py_ssize_t n_pull, list shards, shard
         is outside the key space or the shard's range, a push value is NaN or infinite. The
         caller then takes the general path, which names the error.
     tuple
-        ``(pushes, pulls)``: ``pushes`` a list of ``(table, rows, values, version)`` (rows
-        int64 ``(n,)`` local rows, values ``(n, dim)`` of the table's dtype, both new
-        arrays), ``pulls`` a list of ``(shard, rows)`` (rows int64 ``(n,)``, new).
+        ``(pushes, pulls, pull_keys)``: ``pushes`` a list of ``(table, rows, values,
+        version)`` (rows int64 ``(n,)`` local rows, values ``(n, dim)`` of the table's dtype,
+        both new arrays), ``pulls`` a list of ``(shard, rows)`` (rows int64 ``(n,)``, new),
+        ``pull_keys`` the pulls' keys in all.
     """
     cdef Py_buffer rb
     cdef const int64_t* meta
@@ -553,7 +554,7 @@ def step_parts(request, Py_ssize_t n_push, Py_ssize_t n_pull, list shards, shard
     cdef Py_ssize_t nparts = n_push + n_pull, i, pos, n, dim, isz, nv
     cdef int64_t table
     cdef int outside = 0
-    cdef Py_ssize_t bad = -1
+    cdef Py_ssize_t bad = -1, pull_keys = 0
     cdef bint ok = True
     cdef uint64_t un, ua, lo, hi
     cdef char* rp
@@ -626,9 +627,10 @@ def step_parts(request, Py_ssize_t n_push, Py_ssize_t n_pull, list shards, shard
                     return None
                 pulls.append((shard, rows))
                 pos += 8 * n
+                pull_keys += n
         if pos != rb.len:
             return None
-        return pushes, pulls
+        return pushes, pulls, pull_keys
     finally:
         PyBuffer_Release(&rb)
 

@@ -386,11 +386,10 @@ class ServerEndpoint:
         if got is None:
             return None
         self._inline = None
-        pulls = got[1]
-        pull_bytes = 8 * sum(r.shape[0] for _, r in pulls)
-        self.stats.add(PUSH_CLOCK_PULL, inn=inl.size - pull_bytes)
-        self.stats.add(PULL, inn=pull_bytes, keys=pull_bytes >> 3)
-        return got
+        pushes, pulls, pull_keys = got
+        self.stats.add(PUSH_CLOCK_PULL, inn=inl.size - 8 * pull_keys)
+        self.stats.add(PULL, inn=8 * pull_keys, keys=pull_keys)
+        return pushes, pulls
 
     def reply_rows(self, dest: int, w: np.ndarray, rows: np.ndarray, op: int,
                    header: np.ndarray, rng: int) -> bool:

@@ -365,8 +365,11 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
         for shard, rows, grads, hp in self.held.pop(w, ()):
             self._apply_now(shard, rows, grads, hp)   # held async pushes of this step
             self.ep.pool.give(rows, grads)
+        slowest, fastest = wc.min(), wc.max()
         for shard in self.shards:                # advisory (progress line), no lock
-            shard.hdr[H_SLOWEST], shard.hdr[H_FASTEST] = wc.min(), wc.max()
+            hdr = shard.hdr
+            hdr[H_SLOWEST] = slowest
+            hdr[H_FASTEST] = fastest
         if self.policy.aggregate:
             self.step_examples.setdefault(c, {})[self.order_key[w]] = (n_ex, epoch)
             if self.step_busy is None:

@@ -68,7 +68,8 @@ class StepRequests:
             self.pushes_applied[w] += len(pushes)
         self._clocked(w, c, int(h[tp.H_NEX]), int(h[tp.H_AUX]))
         if self.policy.pull_ready(self.visible_clock, c + 1):
-            self._reply_many(source, pulls)
+            for shard, rows in pulls:           # new arrays: nothing to give back
+                self._reply_rows(source, shard, rows, tp.PULL)
         else:
             self.waiting_pulls.append(
                 (source, tp.make_header(tp.PULL_MANY, len(pulls), c + 1,

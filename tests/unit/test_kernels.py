@@ -922,3 +922,50 @@ def test_rows_finite_errors():
         kopt.rows_finite(np.zeros((3, 2), np.int32), np.array([0], np.int64))
     with pytest.raises(ValueError, match="2-D"):
         kopt.rows_finite(np.zeros(3, np.float32), np.array([0], np.int64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize("n", [1, 2, 20, kopt._DISTINCT_MAX, kopt._DISTINCT_MAX + 1])
+@pytest.mark.parametrize("dup", [False, True])
+def test_small_push_of_distinct_rows_equals_merge_then_rule_bitwise(dtype, name, n, dup):
+    """apply_sparse steps a small push of distinct rows without merging it (issue 20): the
+    same bits as merge_duplicates then the rule in ascending order, signed zeros included
+    (the merge's sums are 0.0 + g: a -0.0 gradient becomes +0.0), in input order; a push
+    with a duplicate still merges."""
+    rng = np.random.default_rng(n)
+    R, dim = 3_000_000, 2                                # the sort path's side of the table
+    keys = rng.choice(R, size=n, replace=False).astype(np.int64)
+    if dup and n > 1:
+        keys[-1] = keys[0]
+    grads = rng.standard_normal((n, dim)).astype(dtype)
+    grads[0, 0] = -0.0
+    w1 = np.zeros((R, dim), dtype)
+    w1[keys] = rng.standard_normal((n, dim)).astype(dtype)
+    w1[keys[0], 0] = -0.0
+    s1 = kopt.new_state(name, R, dim, dtype) if name in ("adam", "ftrl") else \
+        (np.full((R, dim), 0.5, dtype) if name == "adagrad" else None)
+    w2 = w1.copy()
+    s2 = None if s1 is None else s1.copy()
+    hp = dict(l2=0.0, scale=0.25)
+    apply_sparse(name, w1, s1, keys, grads, 0.3, eps=1e-6, **hp)
+    rows, summed = merge_duplicates(keys, grads)
+    if name == "sgd":
+        sparse_sgd(w2, rows, summed, 0.3, **hp)
+    elif name == "adagrad":
+        sparse_adagrad(w2, s2, rows, summed, 0.3, eps=1e-6, **hp)
+    elif name == "adam":
+        kopt.sparse_adam(w2, s2, rows, summed, 0.3, eps=1e-6, **hp)
+    else:
+        kopt.sparse_ftrl(w2, s2, rows, summed, 0.3, **hp)
+    assert w1.tobytes() == w2.tobytes()
+    if s1 is not None:
+        assert s1.tobytes() == s2.tobytes()
+
+
+def test_small_push_out_of_range_is_named_and_nothing_modified():
+    w = np.zeros((3_000_000, 1), np.float32)
+    with pytest.raises(ValueError, match=r"keys\[1\] = 3000000 is out of range"):
+        apply_sparse("sgd", w, None, np.array([5, 3_000_000], np.int64),
+                     np.ones((2, 1), np.float32), 0.1)
+    assert not w.any()
