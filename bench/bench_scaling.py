@@ -12,7 +12,7 @@ training rows in batches of 256, and per step pulls the batch's distinct feature
 model compute is timed) and clocks — the push, the clock and the next step's pull go in one
 ``PUSH_CLOCK_PULL`` request per server (``PSClient.pull_next``), as ``hpcps train`` sends
 them since issue 20 (the first pull goes alone, the last clock as a ``PUSH_CLOCK``);
-servers apply SGD at every clock. Measured per layout:
+servers apply SGD at every step. Measured per layout:
 steps/s, examples/s, and per step and server the requests and bytes in/out (the servers'
 own counters) — the inputs of ``docs/cost_model.md``.
 
@@ -22,11 +22,19 @@ each server carries, not how a cluster of many nodes scales. The cost model turn
 measured per-message and per-byte costs into a prediction for many nodes.
 
 The model: one BSP step costs each server ``W`` requests (push, clock and the next pull in
-one; ``REQUESTS``) plus ``W x K / S`` keys each way (K distinct keys per worker batch, 12 B
-per key: 8 B key + 4 B value), so ``T_server = W a + (W K / S) c``; a worker sends ``S``
-requests of ``K / S`` keys each way, ``T_worker = S a + K c``; a BSP step takes about ``T_server + T_worker``
-with dedicated cores (the worker's next pull waits for the server's last answer). ``a`` (seconds per request) and ``c`` (seconds per key) are fitted to
-the push/pull benchmark's sparse cases when ``--pushpull-json`` is given, else to this run.
+one; ``REQUESTS``) of ``K / S`` keys each (K distinct keys per worker batch, 12 B per key
+each way: 8 B key + 4 B value) and the step's own work once (the apply of its ``W K / S``
+keys, the clock's bookkeeping), so ``T_server = W (a + (K / S) c) + a_step + (W K / S)
+c_step``; a worker sends ``S`` requests of ``K / S`` keys each way, ``T_worker = S a + K c``
+(the server's per-request costs: an upper bound); a BSP step takes about ``T_server +
+T_worker`` with dedicated cores (the worker's next pull waits for the server's last answer).
+``a``, ``c`` (per request and per key) and ``a_step``, ``c_step`` (per step and per key
+applied) are fitted to calibration runs of the request a step really sends: 1 worker + 1
+server (no core shared) at batches 2 and 256 (``--calib-batches``), 3 runs each, the
+server's CPU time in its handler per request less its time in the step's apply
+(``ParameterServer.step_busy``) and the latter per step, the fastest run of each batch. The
+fit to the push/pull benchmark's pulls and pushes sent alone (``--pushpull-json``) is
+printed beside it: a lower bound, since those take the shortest paths.
 """
 
 from __future__ import annotations
