@@ -26,7 +26,7 @@ MPI errors raise :class:`mpi4py.MPI.Exception` with the error code, as mpi4py's 
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
                              PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_GetBuffer)
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 from mpi4py cimport MPI
 from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Comm, MPI_Get_count, MPI_Iprobe, MPI_Irecv,
@@ -34,7 +34,7 @@ from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Comm, MPI_Get_count, M
                             MPI_STATUS_IGNORE, MPI_SUCCESS, MPI_Test, MPI_Wait)
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime, nanosleep, time_t, timespec
 
-from hpcps.kernels.keys cimport finite_ptr, gather_local_ptr, local_rows_ptr
+from hpcps.kernels.keys cimport finite_ptr, gather_local_ptr, local_rows_ptr, take_rows_ptr
 
 cdef extern from *:
     """
@@ -525,6 +525,26 @@ def poll_pull(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
         PyBuffer_Release(&b)
 
 
+cdef object _part_rows(shard, const int64_t* keys, Py_ssize_t n):
+    """The local rows (a new int64 array) of a part's ``n`` keys at ``keys`` on ``shard``
+    (its ``part.num_keys``, ``part.multiplier``, ``lo``, ``hi``), or None when a key is
+    outside the key space or the shard's range."""
+    cdef int outside = 0
+    cdef Py_ssize_t bad
+    part = shard.part
+    cdef uint64_t un = <uint64_t>part.num_keys, ua = <uint64_t>part.multiplier
+    cdef uint64_t lo = <uint64_t>shard.lo, hi = <uint64_t>shard.hi
+    if part.num_keys < 1:
+        return None
+    if un == 1:
+        ua = 1
+    rows = np.empty(n, dtype=np.int64)
+    cdef int64_t* rp = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>rows)
+    with nogil:
+        bad = local_rows_ptr(keys, n, un, ua, lo, hi, rp, &outside)
+    return None if bad >= 0 else rows
+
+
 def step_parts(request, Py_ssize_t n_push, Py_ssize_t n_pull, list shards, shard_type):
     """Take apart the parts of a ``PUSH_CLOCK_PULL`` that all came with its header (issue 20:
     one compiled call for what took a Python call per part): ``request``, the bytes after
@@ -553,11 +573,8 @@ def step_parts(request, Py_ssize_t n_push, Py_ssize_t n_pull, list shards, shard
     cdef const char* base
     cdef Py_ssize_t nparts = n_push + n_pull, i, pos, n, dim, isz, nv
     cdef int64_t table
-    cdef int outside = 0
-    cdef Py_ssize_t bad = -1, pull_keys = 0
+    cdef Py_ssize_t pull_keys = 0
     cdef bint ok = True
-    cdef uint64_t un, ua, lo, hi
-    cdef char* rp
     cdef char* vp
     if n_push < 0 or n_pull < 0 or nparts == 0:
         return None
@@ -587,43 +604,23 @@ def step_parts(request, Py_ssize_t n_push, Py_ssize_t n_pull, list shards, shard
                 nv = n * dim * isz
                 if pos + 8 * n + nv > rb.len:
                     return None
-                part = shard.part
-                un, ua = <uint64_t>part.num_keys, <uint64_t>part.multiplier
-                lo, hi = <uint64_t>shard.lo, <uint64_t>shard.hi
-                if un < 1:
+                rows = _part_rows(shard, <const int64_t*>(base + pos), n)
+                if rows is None:
                     return None
-                if un == 1:
-                    ua = 1
-                rows = np.empty(n, dtype=np.int64)
                 vals = np.empty((n, dim), dtype=w.dtype)
-                rp = <char*>cnp.PyArray_DATA(<cnp.ndarray>rows)
                 vp = <char*>cnp.PyArray_DATA(<cnp.ndarray>vals)
                 with nogil:
-                    bad = local_rows_ptr(<const int64_t*>(base + pos), n, un,
-                                         ua, lo, hi, <int64_t*>rp, &outside)
-                    if bad < 0:
-                        memcpy(vp, base + pos + 8 * n, nv)
-                        ok = finite_ptr(vp, nv, <int>isz)
-                if bad >= 0 or not ok:
+                    memcpy(vp, base + pos + 8 * n, nv)
+                    ok = finite_ptr(vp, nv, <int>isz)
+                if not ok:
                     return None
                 pushes.append((table, rows, vals, meta[5 * i + 4]))
                 pos += 8 * n + nv
             else:
                 if pos + 8 * n > rb.len:
                     return None
-                part = shard.part
-                un, ua = <uint64_t>part.num_keys, <uint64_t>part.multiplier
-                lo, hi = <uint64_t>shard.lo, <uint64_t>shard.hi
-                if un < 1:
-                    return None
-                if un == 1:
-                    ua = 1
-                rows = np.empty(n, dtype=np.int64)
-                rp = <char*>cnp.PyArray_DATA(<cnp.ndarray>rows)
-                with nogil:
-                    bad = local_rows_ptr(<const int64_t*>(base + pos), n, un,
-                                         ua, lo, hi, <int64_t*>rp, &outside)
-                if bad >= 0:
+                rows = _part_rows(shard, <const int64_t*>(base + pos), n)
+                if rows is None:
                     return None
                 pulls.append((shard, rows))
                 pos += 8 * n
@@ -650,8 +647,8 @@ def send_rows(MPI.Comm comm, int dest, int tag, w, rows, header, sendbuf):
         If the send fails.
     """
     cdef Py_buffer wb, rb, hb, sb
-    cdef Py_ssize_t i, n, nv, total = 0, rowb = _row_bytes(w), bad = -1
-    cdef uint64_t R, r
+    cdef Py_ssize_t n, nv, total = 0, rowb = _row_bytes(w), bad = -1
+    cdef uint64_t R
     cdef const int64_t* rp
     cdef char* out
     cdef const char* src
@@ -675,17 +672,7 @@ def send_rows(MPI.Comm comm, int dest, int tag, w, rows, header, sendbuf):
                     out = <char*>sb.buf
                     src = <const char*>wb.buf
                     with nogil:
-                        for i in range(n):
-                            r = <uint64_t>rp[i]
-                            if r >= R:
-                                bad = i
-                                break
-                            if rowb == 4:
-                                (<uint32_t*>out)[i] = (<const uint32_t*>src)[r]
-                            elif rowb == 8:
-                                (<uint64_t*>out)[i] = (<const uint64_t*>src)[r]
-                            else:
-                                memcpy(out + i * rowb, src + r * rowb, rowb)
+                        bad = take_rows_ptr(src, R, rowb, rp, n, out)
                         if bad < 0:
                             memcpy(out + nv, hb.buf, hb.len)
                             ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi)

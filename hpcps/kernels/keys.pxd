@@ -10,3 +10,6 @@ cdef Py_ssize_t local_rows_ptr(const int64_t* keys, Py_ssize_t m, uint64_t n, ui
                                int* outside) noexcept nogil
 
 cdef bint finite_ptr(const void* v, Py_ssize_t nbytes, int itemsize) noexcept nogil
+
+cdef Py_ssize_t take_rows_ptr(const char* w, uint64_t num_rows, Py_ssize_t rowb,
+                              const int64_t* rows, Py_ssize_t m, char* out) noexcept nogil

@@ -458,14 +458,9 @@ cdef Py_ssize_t _local_rows(const int64_t[::1] keys, uint64_t n, uint64_t a, uin
                             uint64_t hi, int64_t[::1] out, int* outside) noexcept nogil:
     """out[i] = p(keys[i]) - lo; returns the first i whose key is outside [0, n)
     (outside = 1) or whose position is outside [lo, hi) (outside = 0), stopping there."""
-    cdef Py_ssize_t i, m = keys.shape[0]
-    cdef uint64_t r, mn = (<uint64_t>0xFFFFFFFFFFFFFFFF) // n
-    for i in range(m):
-        r = _local_row(<uint64_t>keys[i], n, a, mn, lo, hi, outside)
-        if r == NOT_HERE:
-            return i
-        out[i] = <int64_t>r
-    return -1
+    if keys.shape[0] == 0:
+        return -1
+    return local_rows_ptr(&keys[0], keys.shape[0], n, a, lo, hi, &out[0], outside)
 
 
 def local_rows_into(keys, num_keys, multiplier, lo, hi, out):
@@ -736,6 +731,21 @@ cdef Py_ssize_t local_rows_ptr(const int64_t* keys, Py_ssize_t m, uint64_t n, ui
         if r == NOT_HERE:
             return i
         out[i] = <int64_t>r
+    return -1
+
+
+cdef Py_ssize_t take_rows_ptr(const char* w, uint64_t num_rows, Py_ssize_t rowb,
+                              const int64_t* rows, Py_ssize_t m, char* out) noexcept nogil:
+    """out row i = w row ``rows[i]`` (rows of ``rowb`` bytes) for the ``m`` local rows at
+    ``rows``; returns the first i with a row outside [0, num_rows), stopping there, else -1
+    (for C callers, keys.pxd: :func:`hpcps.comm.fastpath.send_rows`)."""
+    cdef Py_ssize_t i
+    cdef uint64_t r
+    for i in range(m):
+        r = <uint64_t>rows[i]
+        if r >= num_rows:
+            return i
+        _copy_row(out, i, w, r, rowb)
     return -1
 
 
