@@ -1,5 +1,6 @@
-"""The server's time for the request a BSP step sends, in one process (no scheduler between
-the two sides): a worker endpoint and a server endpoint on a duplicate of ``COMM_SELF``, one
+"""The server's time per fused BSP request (PUSH_CLOCK_PULL), measured in one process.
+
+No scheduler stands between the two sides: a worker endpoint and a server endpoint on a duplicate of ``COMM_SELF``, one
 table of 2^20 float32 rows, SGD, BSP with one worker (so every request also completes and
 applies a step). Each request is a ``PUSH_CLOCK_PULL`` of one message (a push of K keys, the
 clock, the next step's pull of the same keys); the time of the server's poll and handler is

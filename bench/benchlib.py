@@ -107,16 +107,16 @@ class Report:
         """Every ratio that has a goal, one per line with "met" or "MISSED", then the headline
         ratio(s) as the last line (each script prints this last), so that a script run alone
         shows every goal it measures, missed ones included."""
-        def fmt(r, mark=True):
+        def fmt(r):
             v = "n/a" if r["value"] is None else f"{r['value']:.2f}{r['unit'] if r['unit'] != 'x' else ''}"
             goal = f" (goal {r['goal_text']})" if r["goal_text"] else ""
             flag = ("  DISTURBED (above its bound: rerun)" if r.get("disturbed") else
-                    "" if not mark or r["met"] is None else ("  met" if r["met"] else "  MISSED"))
+                    "" if r["met"] is None else ("  met" if r["met"] else "  MISSED"))
             return f"{r['what']}: {v}{goal}{flag}"
 
         heads = [r for r in self.ratios if r["headline"]] or self.ratios[:1]
         others = [fmt(r) for r in self.ratios if r["goal"] is not None and r not in heads]
-        return "\n".join(others + ["; ".join(fmt(r, mark=False) for r in heads)])
+        return "\n".join(others + ["; ".join(fmt(r) for r in heads)])
 
 
 def _jsonable(o):
