@@ -35,6 +35,7 @@ import benchlib
 from psbench import DENSE_DIM, Bench, fmt_bytes, inner_count
 
 from hpcps.comm.core import abort_on_error  # noqa: E402  (importable once psbench ran)
+from hpcps.comm.progress import library_version  # noqa: E402
 
 HDR = 8
 #: keys of the "small" sparse pull and push: the per-request overhead of hpcps at the server
@@ -176,7 +177,7 @@ def report(todo, times, hl, args, busy):
     rep = benchlib.Report("pushpull")
     rows = []
     print("hpcps client vs raw mpi4py Send/Recv of the same bytes, 1 worker + 1 server "
-          f"({MPI.Get_library_version().splitlines()[0].strip()})"
+          f"({library_version().splitlines()[0]})"
           + (", input-error listener running" if args.notices else ""))
     print(f"{'case':<28} {'bytes up':>10} {'bytes down':>10} {'raw us':>10} {'hpcps us':>10} "
           f"{'raw/hpcps':>9} {'overhead us':>11} {'hpcps GB/s':>10} {'server us':>9}")

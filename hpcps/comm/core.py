@@ -68,7 +68,8 @@ def check_launch(comm: MPI.Intracomm, environ=None) -> None:
     if size == 1 and announced is not None and announced > 1:
         raise LaunchError(
             f"MPI reports a world of 1 rank but the launcher started {announced}: mpi4py "
-            f"({MPI.Get_library_version().splitlines()[0].strip()}) was built against a "
+            f"({MPI.Get_library_version().replace(chr(0), '').strip().splitlines()[0]}) was "
+            "built against a "
             "different MPI than the mpirun/srun in use. Use the mpirun of the same MPI "
             "(`python -c 'import mpi4py; print(mpi4py.get_config())'`), or reinstall mpi4py "
             "against the site MPI: `pip install --no-binary mpi4py --force mpi4py`."
