@@ -46,8 +46,10 @@ import numpy as np
 
 from cython cimport floating
 from libc.math cimport copysign, copysignf, fabs, fabsf, pow, sqrt
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
+
+from hpcps.kernels.keys cimport finite_ptr
 
 cdef extern from *:
     """
@@ -834,39 +836,34 @@ def rows_finite(w, rows):
         For ``w`` not float32/float64 or ``rows`` not int64.
     """
     cdef Py_buffer wb, rb
-    cdef Py_ssize_t i, j, n, dim, bad = -1
+    cdef Py_ssize_t i, n, rowb, bad = -1
     cdef uint64_t R, r
-    cdef bint ok = True, f32
-    cdef const uint32_t* w32
-    cdef const uint64_t* w64
+    cdef bint ok = True
+    cdef int isz
+    cdef const char* wp
     cdef const int64_t* rp
     if not isinstance(w, np.ndarray) or w.ndim != 2:
         raise ValueError("w must be a 2-D numpy array")
     _float_dtype(w, "w")
     if rows.dtype != np.int64:
         raise TypeError(f"rows must be int64, got {rows.dtype}")
-    f32 = w.dtype == np.float32
-    R, dim = <uint64_t>w.shape[0], w.shape[1]
+    isz = w.itemsize
+    R, rowb = <uint64_t>w.shape[0], w.shape[1] * w.itemsize
     PyObject_GetBuffer(w, &wb, PyBUF_C_CONTIGUOUS)
     try:
         PyObject_GetBuffer(rows, &rb, PyBUF_C_CONTIGUOUS)
         try:
             n = rb.len // 8
             rp = <const int64_t*>rb.buf
-            w32 = <const uint32_t*>wb.buf
-            w64 = <const uint64_t*>wb.buf
+            wp = <const char*>wb.buf
             with nogil:
                 for i in range(n):
                     r = <uint64_t>rp[i]
                     if r >= R:
                         bad = i
                         break
-                    for j in range(dim):
-                        if f32:
-                            if (w32[r * dim + j] & 0x7F800000u) == 0x7F800000u:
-                                ok = False
-                        elif (w64[r * dim + j] & 0x7FF0000000000000u) == 0x7FF0000000000000u:
-                            ok = False
+                    if ok and not finite_ptr(wp + r * rowb, rowb, isz):
+                        ok = False
         finally:
             PyBuffer_Release(&rb)
     finally:

@@ -342,11 +342,19 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
             if self.waiting_pulls:
                 self._answer_waiting()           # a checkpoint may wait for this push
             return
+        self._queue(w, c, ((tid, rows, grads, version),))
+
+    def _queue(self, w: int, c: int, pushes) -> None:
+        """Hold worker ``w``'s pushes ``(table, local rows, values, version)`` for clock ``c``
+        until every worker has finished it (BSP/SSP; :meth:`_advance` applies them in worker
+        order). RuntimeError for a clock already applied."""
         if c < self.clock:
             raise RuntimeError(f"server {self.index}: push for clock {c} from worker "
-                               f"{self.worker_of_rank[source]} after clock {self.clock} was applied")
-        self.pending.setdefault(c, {}).setdefault(tid, []).append(
-            (self.order_key[w], rows, grads, version))
+                               f"{w} after clock {self.clock} was applied")
+        queued = self.pending.setdefault(c, {})
+        key = self.order_key[w]
+        for tid, rows, grads, version in pushes:
+            queued.setdefault(tid, []).append((key, rows, grads, version))
 
     def _on_clock(self, source: int, h: np.ndarray) -> None:
         """A CLOCK (header ``h``) from ``source``: the worker finished step ``h[clock]``."""

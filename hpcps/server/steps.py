@@ -2,7 +2,7 @@
 clock), ``PULL_MANY`` (the pulls of several tables) and ``PUSH_CLOCK_PULL`` (a BSP step and the
 next step's pulls, issue 20), taken apart and handed to the single-part handlers. Mixed into
 :class:`hpcps.server.server.ParameterServer` (which provides ``ep``, ``policy``, ``shards``,
-``pending``, ``waiting_pulls``, the clocks and ``_on_push``, ``_clocked``, ``_shard``,
+``pending``, ``waiting_pulls``, the clocks and ``_on_push``, ``_queue``, ``_clocked``, ``_shard``,
 ``_pull_ready``, ``_reply_rows``)."""
 
 from __future__ import annotations
@@ -58,13 +58,7 @@ class StepRequests:
         w = self.worker_of_rank[source]
         c = int(h[tp.H_CLOCK])
         if pushes:
-            if c < self.clock:
-                raise RuntimeError(f"server {self.index}: push for clock {c} from worker "
-                                   f"{w} after clock {self.clock} was applied")
-            queued = self.pending.setdefault(c, {})
-            key = self.order_key[w]
-            for tid, rows, grads, version in pushes:
-                queued.setdefault(tid, []).append((key, rows, grads, version))
+            self._queue(w, c, pushes)
             self.pushes_applied[w] += len(pushes)
         self._clocked(w, c, int(h[tp.H_NEX]), int(h[tp.H_AUX]))
         if self.policy.pull_ready(self.visible_clock, c + 1):
