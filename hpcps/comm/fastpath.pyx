@@ -10,6 +10,8 @@ hands over (outside continue mode; everything else keeps the Python path).
 * :func:`step_parts`: a BSP worker's fused step (``PUSH_CLOCK_PULL``) of one message taken
   apart — each push's keys turned into local rows and its values checked, each pull's keys
   turned into local rows — in one call.
+* :func:`bsp_steps`: the BSP steps that wait taken in — each fused step queued, clocked and
+  its pulls held — until one completes the step, in one call for many requests.
 * :func:`send_rows`: a pull's reply of one message (rows gathered, shard clock header after
   them) built and sent in one call.
 
@@ -569,67 +571,196 @@ def step_parts(request, Py_ssize_t n_push, Py_ssize_t n_pull, list shards, shard
         ``pull_keys`` the pulls' keys in all.
     """
     cdef Py_buffer rb
-    cdef const int64_t* meta
-    cdef const char* base
-    cdef Py_ssize_t nparts = n_push + n_pull, i, pos, n, dim, isz, nv
-    cdef int64_t table
     cdef Py_ssize_t pull_keys = 0
-    cdef bint ok = True
-    cdef char* vp
-    if n_push < 0 or n_pull < 0 or nparts == 0:
-        return None
     PyObject_GetBuffer(request, &rb, PyBUF_ANY_CONTIGUOUS)
     try:
-        if rb.len < 40 * nparts:
-            return None
-        base = <const char*>rb.buf
-        meta = <const int64_t*>base
-        pos = 40 * nparts
-        pushes = []
-        pulls = []
-        for i in range(nparts):
-            table, n, dim = meta[5 * i], meta[5 * i + 1], meta[5 * i + 3]
-            if table < 0 or table >= len(shards) or n < 0:
-                return None
-            shard = shards[table]
-            if type(shard) is not shard_type:
-                return None
-            w = shard.w
-            if i < n_push:
-                if w.ndim != 2 or dim != w.shape[1] or not w.flags.c_contiguous:
-                    return None
-                isz = w.itemsize
-                if isz != 4 and isz != 8 or w.dtype.kind != "f":
-                    return None
-                nv = n * dim * isz
-                if pos + 8 * n + nv > rb.len:
-                    return None
-                rows = _part_rows(shard, <const int64_t*>(base + pos), n)
-                if rows is None:
-                    return None
-                vals = np.empty((n, dim), dtype=w.dtype)
-                vp = <char*>cnp.PyArray_DATA(<cnp.ndarray>vals)
-                with nogil:
-                    memcpy(vp, base + pos + 8 * n, nv)
-                    ok = finite_ptr(vp, nv, <int>isz)
-                if not ok:
-                    return None
-                pushes.append((table, rows, vals, meta[5 * i + 4]))
-                pos += 8 * n + nv
-            else:
-                if pos + 8 * n > rb.len:
-                    return None
-                rows = _part_rows(shard, <const int64_t*>(base + pos), n)
-                if rows is None:
-                    return None
-                pulls.append((shard, rows))
-                pos += 8 * n
-                pull_keys += n
-        if pos != rb.len:
-            return None
-        return pushes, pulls, pull_keys
+        got = _step_parts(<const char*>rb.buf, rb.len, n_push, n_pull, shards, shard_type,
+                          &pull_keys)
     finally:
         PyBuffer_Release(&rb)
+    return None if got is None else (got[0], got[1], pull_keys)
+
+
+cdef object _step_parts(const char* base, Py_ssize_t length, Py_ssize_t n_push,
+                        Py_ssize_t n_pull, list shards, shard_type, Py_ssize_t* pull_keys):
+    """:func:`step_parts` of the ``length`` bytes at ``base``: ``(pushes, pulls)`` (the
+    pulls' keys in all in ``pull_keys``) or None."""
+    cdef const int64_t* meta = <const int64_t*>base
+    cdef Py_ssize_t nparts = n_push + n_pull, i, pos, n, dim, isz, nv
+    cdef int64_t table
+    cdef bint ok = True
+    cdef char* vp
+    pull_keys[0] = 0
+    if n_push < 0 or n_pull < 0 or nparts == 0 or length < 40 * nparts:
+        return None
+    pos = 40 * nparts
+    pushes = []
+    pulls = []
+    for i in range(nparts):
+        table, n, dim = meta[5 * i], meta[5 * i + 1], meta[5 * i + 3]
+        if table < 0 or table >= len(shards) or n < 0:
+            return None
+        shard = shards[table]
+        if type(shard) is not shard_type:
+            return None
+        w = shard.w
+        if i < n_push:
+            if w.ndim != 2 or dim != w.shape[1] or not w.flags.c_contiguous:
+                return None
+            isz = w.itemsize
+            if isz != 4 and isz != 8 or w.dtype.kind != "f":
+                return None
+            nv = n * dim * isz
+            if pos + 8 * n + nv > length:
+                return None
+            rows = _part_rows(shard, <const int64_t*>(base + pos), n)
+            if rows is None:
+                return None
+            vals = np.empty((n, dim), dtype=w.dtype)
+            vp = <char*>cnp.PyArray_DATA(<cnp.ndarray>vals)
+            with nogil:
+                memcpy(vp, base + pos + 8 * n, nv)
+                ok = finite_ptr(vp, nv, <int>isz)
+            if not ok:
+                return None
+            pushes.append((table, rows, vals, meta[5 * i + 4]))
+            pos += 8 * n + nv
+        else:
+            if pos + 8 * n > length:
+                return None
+            rows = _part_rows(shard, <const int64_t*>(base + pos), n)
+            if rows is None:
+                return None
+            pulls.append((shard, rows))
+            pos += 8 * n
+            pull_keys[0] += n
+    if pos != length:
+        return None
+    return pushes, pulls
+
+
+def bsp_steps(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_type,
+              server, Py_ssize_t max_n, int64_t[::1] counts, busy=None):
+    """Receive and take in the BSP steps that wait, one after the other, without a return to
+    Python per request (issue 20: the server's Python work per fused request): each
+    ``PUSH_CLOCK_PULL`` of one message whose parts :func:`step_parts` takes apart, from a
+    worker at the clock the server expects of it, is queued, clocked and its pulls held for
+    the step, as :meth:`hpcps.server.server.ParameterServer._on_step` does — until no
+    request waits, ``max_n`` were taken, another request arrived, or one completed the step.
+
+    ``server`` is the BSP :class:`~hpcps.server.server.ParameterServer` outside continue
+    mode (its ``worker_of_rank``, ``worker_clock``, ``clock``, ``order_key``, ``pending``,
+    ``step_examples``, ``pushes_applied``, ``last_examples``, ``last_epoch`` and
+    ``waiting_pulls`` are read and updated); ``buf``, ``limit`` as for :func:`probe_recv`.
+    ``counts`` (int64, 5) is increased by the traffic of the requests taken — messages,
+    bytes in and keys of the ``PUSH_CLOCK_PULL`` s, bytes in and keys of their pulls — as
+    :meth:`hpcps.comm.transport.ServerEndpoint.poll` and ``step_parts`` count them; ``busy``
+    (a list ``[requests, seconds, cpu seconds]``) by each request taken and the wall-clock
+    and CPU seconds from its receipt to its end. Local.
+
+    Returns
+    -------
+    tuple
+        ``(taken, kind, source, nbytes)``: ``kind`` 0 — no request waits (or ``max_n`` were
+        taken); 1 — the request of ``nbytes`` bytes from ``source`` is left to the caller
+        (received into ``buf`` when ``nbytes <= limit``, as :func:`probe_recv` leaves it),
+        nothing of it consumed; 2 — the last request taken, from ``source``, completed the
+        step the server waits for (every worker's clock is past ``server.clock``): the
+        caller applies it (its pulls wait in ``waiting_pulls`` with the others).
+
+    Raises
+    ------
+    ValueError
+        For ``buf`` shorter than ``limit`` or ``counts`` shorter than 5.
+    mpi4py.MPI.Exception
+        If an MPI call fails.
+    """
+    cdef Py_buffer b
+    cdef int flag = 0, ierr, count = 0, src = -1
+    cdef const int64_t* hd
+    cdef int64_t c, n_ex, epoch
+    cdef Py_ssize_t taken = 0, pull_keys = 0, n_rows, i
+    cdef double t0 = 0.0, c0 = 0.0
+    cdef bint timed = busy is not None
+    cdef int64_t* hp
+    if counts.shape[0] < 5:
+        raise ValueError("bsp_steps: counts needs 5 values")
+    worker_of_rank = server.worker_of_rank
+    wc = server.worker_clock
+    order_key = server.order_key
+    pending = server.pending
+    step_examples = server.step_examples
+    pushes_applied = server.pushes_applied
+    last_examples, last_epoch = server.last_examples, server.last_epoch
+    waiting = server.waiting_pulls
+    cdef int64_t applied = server.clock
+    PyObject_GetBuffer(buf, &b, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        if b.len < limit or b.len < 72:
+            raise ValueError(f"bsp_steps: buffer of {b.len} bytes, limit {limit}")
+        hd = <const int64_t*>b.buf
+        while taken < max_n:
+            with nogil:
+                ierr = _probe_recv(comm.ob_mpi, tag, b.buf, limit, &flag, &src, &count)
+            if ierr != MPI_SUCCESS:
+                raise MPIException(ierr)
+            if not flag:
+                return taken, 0, -1, 0
+            if count < 72 or count > limit or hd[0] != 14:
+                return taken, 1, src, count
+            t0 = _clock(CLOCK_MONOTONIC)
+            if timed:
+                c0 = _clock(CLOCK_THREAD_CPUTIME_ID)
+            w = worker_of_rank.get(src)
+            c = hd[2]
+            if w is None or wc[w] != c:          # the general path names the error
+                return taken, 1, src, count
+            got = _step_parts(<const char*>b.buf + 72, count - 72, hd[1], hd[6], shards,
+                              shard_type, &pull_keys)
+            if got is None:
+                return taken, 1, src, count
+            pushes, pulls = got
+            n_ex, epoch = hd[4], hd[7]
+            counts[0] += 1
+            counts[1] += count - 8 * pull_keys
+            counts[2] += hd[3]
+            counts[3] += 8 * pull_keys
+            counts[4] += pull_keys
+            key = order_key[w]
+            if pushes:
+                queued = pending.get(c)
+                if queued is None:
+                    queued = pending[c] = {}
+                for tid, rows, vals, version in pushes:
+                    lst = queued.get(tid)
+                    if lst is None:
+                        lst = queued[tid] = []
+                    lst.append((key, rows, vals, version))
+                pushes_applied[w] += len(pushes)
+            wc[w] = c + 1
+            last_examples[w] = n_ex
+            last_epoch[w] = epoch
+            per = step_examples.get(c)
+            if per is None:
+                per = step_examples[c] = {}
+            per[key] = (n_ex, epoch)
+            n_rows = 0
+            for _, rows in pulls:
+                n_rows += (<cnp.ndarray>rows).shape[0]
+            h = np.zeros(9, dtype=np.int64)     # the PULL_MANY of the next step's pulls
+            hp = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>h)
+            hp[0], hp[1], hp[2], hp[3], hp[5], hp[8] = 13, len(pulls), c + 1, n_rows, hd[5], hd[8]
+            waiting.append((src, h, pulls))
+            taken += 1
+            if timed:
+                busy[0] += 1
+                busy[1] += _clock(CLOCK_MONOTONIC) - t0
+                busy[2] += _clock(CLOCK_THREAD_CPUTIME_ID) - c0
+            if wc.min() > applied:
+                return taken, 2, src, count
+        return taken, 0, -1, 0
+    finally:
+        PyBuffer_Release(&b)
 
 
 def send_rows(MPI.Comm comm, int dest, int tag, w, rows, header, sendbuf):

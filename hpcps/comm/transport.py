@@ -283,6 +283,7 @@ class ServerEndpoint:
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
         #: replies sent without waiting: (requests, rows copy, header copy)
         self._inflight: list = []
+        self._step_counts = np.zeros(5, dtype=np.int64)   # take_steps' traffic counts
 
     def poll(self, pulls=None):
         """Return ``(source_rank, header_copy)`` of the next request, or ``None`` if none waits
@@ -314,13 +315,7 @@ class ServerEndpoint:
                 self.stats.add(PULL, messages=1, inn=nbytes, out=out,
                                keys=(nbytes - HEADER_BYTES) >> 3, seconds=secs)
                 return src, None
-            src, nbytes = got
-            if not HEADER_BYTES <= nbytes <= min(INLINE_BYTES, self.max_bytes):
-                raise RuntimeError(self._bad_size(nbytes, src))
-            h = self._request_header.copy()
-            self._inline = self._request[HEADER_BYTES:nbytes] if nbytes > HEADER_BYTES else None
-            self.stats.add(int(h[H_OP]), messages=1, inn=HEADER_BYTES, keys=int(h[H_NKEYS]))
-            return src, h
+            return self._received(*got)
         if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQ, status=self._status):
             return None
         src = self._status.Get_source()
@@ -337,6 +332,61 @@ class ServerEndpoint:
             raise RuntimeError(self._bad_size(nbytes, src))
         self.stats.add(int(h[H_OP]), messages=1, inn=h.nbytes, keys=int(h[H_NKEYS]))
         return src, h
+
+    def _received(self, src: int, nbytes: int):
+        """``(src, header copy)`` of the request of ``nbytes`` bytes the compiled poll left in
+        the request buffer (its parts: :attr:`_inline`), counted. RuntimeError for a size
+        that is neither a header nor a header with parts."""
+        if not HEADER_BYTES <= nbytes <= min(INLINE_BYTES, self.max_bytes):
+            raise RuntimeError(self._bad_size(nbytes, src))
+        h = self._request_header.copy()
+        self._inline = self._request[HEADER_BYTES:nbytes] if nbytes > HEADER_BYTES else None
+        self.stats.add(int(h[H_OP]), messages=1, inn=HEADER_BYTES, keys=int(h[H_NKEYS]))
+        return src, h
+
+    @property
+    def steps_compiled(self) -> bool:
+        """Whether :meth:`take_steps` may be used: the compiled path is built, outside
+        continue mode."""
+        return self.compiled and not _core.WATCH
+
+    def take_steps(self, server, shards, shard_type, busy=None, max_n: int = 64):
+        """The BSP steps that wait, taken in by one compiled call
+        (:func:`hpcps.comm.fastpath.bsp_steps`: queued, clocked, their pulls held on
+        ``server``) and counted as :meth:`poll` and :meth:`step_parts` count them. Only for
+        the BSP ``server`` outside continue mode (its caller checks the policy). Local.
+
+        Returns
+        -------
+        None
+            Nothing waited.
+        (int, bool, tuple or None)
+            ``(taken, completed, left)``: the requests taken; whether the last of them
+            completed the server's step (the caller applies it: every pull waits until
+            then); ``left``, ``(source, header copy)`` of a request left to the general
+            path (as :meth:`poll` returns it), or None.
+
+        Raises
+        ------
+        RuntimeError
+            For a request of a size that is neither a header nor a header with parts.
+        """
+        if self._inflight:
+            self.progress()
+        counts = self._step_counts
+        counts[:] = 0
+        taken, kind, src, nbytes = _fast.bsp_steps(self.comm, TAG_REQ, self._request,
+                                                   self._limit, shards, shard_type, server,
+                                                   max_n, counts, busy)
+        if taken:
+            m, inn, keys, pull_inn, pull_keys = counts.tolist()
+            self.stats.add(PUSH_CLOCK_PULL, messages=m, inn=inn, keys=keys)
+            self.stats.add(PULL, inn=pull_inn, keys=pull_keys)
+        if kind == 1:
+            return taken, False, self._received(src, nbytes)
+        if not taken:
+            return None
+        return taken, kind == 2, None
 
     def _bad_size(self, nbytes: int, src: int) -> str:
         return (f"request of {nbytes} bytes from rank {src}: neither a header "

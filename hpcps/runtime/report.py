@@ -37,6 +37,9 @@ class RankStats:
         pull requests (the workers read its windows), so its ``keys_pulled`` is 0.
     bytes_in, bytes_out, requests : int
         Bytes received and sent, and messages; servers: requests served.
+    requests_compiled : int
+        Servers: of those, the BSP steps taken in by the compiled loop
+        (:meth:`hpcps.comm.transport.ServerEndpoint.take_steps`).
     pull_seconds, push_seconds, clock_seconds : float
         Workers: time spent waiting for pulls, pushes and clock exchanges.
     examples : int
@@ -61,6 +64,7 @@ class RankStats:
     bytes_in: int = 0
     bytes_out: int = 0
     requests: int = 0
+    requests_compiled: int = 0
     pull_seconds: float = 0.0
     push_seconds: float = 0.0
     clock_seconds: float = 0.0
@@ -71,7 +75,8 @@ class RankStats:
 
     # the scalar fields after the role column, in row order
     _COUNTS = ("index", "rows", "memory_bytes", "keys_pulled", "keys_pushed", "bytes_in",
-               "bytes_out", "requests", "pull_seconds", "push_seconds", "clock_seconds",
+               "bytes_out", "requests", "requests_compiled", "pull_seconds", "push_seconds",
+               "clock_seconds",
                "examples", "rss_peak_bytes")
     _SECONDS = ("pull_seconds", "push_seconds", "clock_seconds")
 
@@ -118,7 +123,7 @@ class RankStats:
                    tables=list(load.get("tables", [])),
                    **{k: int(load[k]) for k in ("rows", "memory_bytes", "keys_pulled",
                                                 "keys_pushed", "bytes_in", "bytes_out",
-                                                "requests")})
+                                                "requests", "requests_compiled")})
 
     def add_client(self, stats) -> None:
         """A worker's counters from its endpoint's :class:`hpcps.comm.transport` stats."""
@@ -167,7 +172,8 @@ def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None,
         "servers": [{"index": r.index, "rows": r.rows, "memory_bytes": r.memory_bytes,
                      "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
                      "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "requests": r.requests,
-                     "examples": r.examples, "examples_per_epoch": list(r.examples_per_epoch),
+                     "requests_compiled": r.requests_compiled, "examples": r.examples,
+                     "examples_per_epoch": list(r.examples_per_epoch),
                      "rss_peak_bytes": r.rss_peak_bytes,
                      **_dynamic(tables or [], r.tables),
                      "host": host[id(r)]}
@@ -238,7 +244,9 @@ def summary_lines(s: dict, history: list) -> list[str]:
                if d.get("rss_peak_bytes") else "")
         lines.append(f"  server {d['index']}: {d['rows']:,} rows ({size(d['memory_bytes'])}{dyn}"
                      f"{rss}); pushed in {mb(d['bytes_in'])} ({d['keys_pushed']:,} keys), {pulled}, "
-                     f"{d['requests']:,} requests")
+                     f"{d['requests']:,} requests"
+                     + (f" ({d['requests_compiled']:,} BSP steps taken in compiled code)"
+                        if d.get("requests_compiled") else ""))
         for t, hot in d.get("hot_keys", {}).items():
             if hot:
                 lines.append(f"    hot keys of {t} (updates): "

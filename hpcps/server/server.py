@@ -164,6 +164,9 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
         #: part of ``busy`` a step costs once, whatever the number of workers)
         self.step_busy = None
         self._lag = pull_lag(policy)
+        #: BSP: fused steps taken in by the compiled loop (ServerEndpoint.take_steps)
+        self._bsp = bool(policy.aggregate and policy.staleness == 0)
+        self.requests_compiled = 0           # of them (the run summary's servers' lines)
 
     # ------------------------------------------------------------------ ways to start
     @classmethod
@@ -256,7 +259,12 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
     def _poll(self):
         """The loop's poll: :meth:`ServerEndpoint.poll`, which answers a ready small PULL
         of a fixed table itself when the policy's readiness is a clock lag
-        (:func:`pull_lag`; as :meth:`handle` would, through :meth:`Shard.pull_inline`)."""
+        (:func:`pull_lag`; as :meth:`handle` would, through :meth:`Shard.pull_inline`).
+        Under BSP outside continue mode, :meth:`ServerEndpoint.take_steps` instead: the
+        fused steps that wait are taken in by one compiled call, and a step they complete
+        is applied here."""
+        if self._bsp and self.ft is None and self.ep.steps_compiled:
+            return self._take_steps()
         lag = self._lag
         if lag is None:
             return self.ep.poll()
@@ -373,13 +381,22 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
         for shard, rows, grads, hp in self.held.pop(w, ()):
             self._apply_now(shard, rows, grads, hp)   # held async pushes of this step
             self.ep.pool.give(rows, grads)
+        if self.policy.aggregate:
+            self.step_examples.setdefault(c, {})[self.order_key[w]] = (n_ex, epoch)
+        self._after_clock()
+
+    def _after_clock(self) -> None:
+        """After a worker's clock (:meth:`_clocked`, or a step taken in by
+        :meth:`ServerEndpoint.take_steps`): the workers' slowest and fastest clocks into the
+        shard headers; under BSP/SSP every step all workers finished applied, else the
+        server clock moved to the slowest worker's and the pulls it allows answered."""
+        wc = self.worker_clock
         slowest, fastest = wc.min(), wc.max()
         for shard in self.shards:                # advisory (progress line), no lock
             hdr = shard.hdr
             hdr[H_SLOWEST] = slowest
             hdr[H_FASTEST] = fastest
         if self.policy.aggregate:
-            self.step_examples.setdefault(c, {})[self.order_key[w]] = (n_ex, epoch)
             if self.step_busy is None:
                 self._advance()
             else:
@@ -392,64 +409,6 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
             for shard in self.shards:
                 shard.hdr[H_CLOCK] = self.clock
             self._answer_waiting()
-
-    # ------------------------------------------------------------------ BSP/SSP
-    def _advance(self) -> None:
-        """Apply every clock all workers have finished; if the clock moved, answer the pulls
-        now allowed (nothing else makes one ready under BSP/SSP; a look at every CLOCK cost
-        O(W^2) per step)."""
-        start = self.clock
-        while self.worker_clock.min() > self.clock:
-            c = self.clock
-            per_worker = self.step_examples.pop(c, {})
-            n_ex = sum(n for n, _ in per_worker.values())
-            scale = 1.0 / n_ex if n_ex else 0.0
-            pending = self.pending.pop(c, {})
-            touched = {}
-            for tid, shard in enumerate(self.shards):   # table order, as before
-                pushes = pending.get(tid)
-                with shard.writing():
-                    if pushes:
-                        pushes.sort(key=lambda p: p[0])  # worker order: deterministic sums
-                        for p in pushes:
-                            if p[3] >= 0:
-                                self.staleness.add(c - p[3])
-                        parts = [p[2] / (c - p[3] + 1) if p[3] >= 0 else p[2] for p in pushes] \
-                            if self.policy.staleness_aware_lr else [p[2] for p in pushes]
-                        rows = self._joined([p[1] for p in pushes])
-                        grads = self._joined(parts)
-                        shard.apply(rows, grads, scale)
-                        self._check_weights(shard, rows, c)
-                        if self.forward is not None:
-                            touched[tid] = shard.touched(rows)
-                        self.ep.pool.give(rows, grads, *(a for p in pushes for a in p[1:3]))
-                    shard.hdr[H_VERSION] = c + 1
-                    shard.hdr[H_CLOCK] = c + 1
-            self.clock = c + 1
-            for n, epoch in per_worker.values():
-                self._count(n, epoch)
-            if self.forward is not None:
-                self.forward(self.index, c, touched, n_ex)
-        if self.clock != start:
-            self._publish()
-            self._answer_waiting()
-
-    def _joined(self, arrays):
-        """The arrays one after the other (the first itself if alone; else in a pooled buffer)."""
-        if len(arrays) == 1:
-            return arrays[0]
-        n = sum(a.shape[0] for a in arrays)
-        return np.concatenate(arrays, out=self.ep.pool.take((n,) + arrays[0].shape[1:],
-                                                            arrays[0].dtype))
-
-    def discard_pending(self) -> None:
-        """Drop the pushes queued for clocks not applied yet, giving their buffers back (for
-        benchmarks that time the receive path alone). Local."""
-        for tables in self.pending.values():
-            for pushes in tables.values():
-                self.ep.pool.give(*(a for p in pushes for a in p[1:3]))
-        self.pending.clear()
-        self.step_examples.clear()
 
     def _reply_whole(self, source: int, shard, h) -> None:
         """Answer a ``PULL_SHARD`` (header ``h``): the shard's reply
@@ -594,6 +553,7 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
             "bytes_in": int(s.total("bytes_in")),
             "bytes_out": int(s.total("bytes_out")),
             "requests": int(s.total("messages")),
+            "requests_compiled": self.requests_compiled,
             "clock": self.clock,
             "examples": self.examples_total,
             "examples_per_epoch": dict(self.examples_epoch),

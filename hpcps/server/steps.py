@@ -1,15 +1,21 @@
-"""A worker's requests of several parts at a server: ``PUSH_CLOCK`` (a step's pushes and its
-clock), ``PULL_MANY`` (the pulls of several tables) and ``PUSH_CLOCK_PULL`` (a BSP step and the
-next step's pulls, issue 20), taken apart and handed to the single-part handlers. Mixed into
-:class:`hpcps.server.server.ParameterServer` (which provides ``ep``, ``policy``, ``shards``,
-``pending``, ``waiting_pulls``, the clocks and ``_on_push``, ``_queue``, ``_clocked``, ``_shard``,
-``_pull_ready``, ``_reply_rows``)."""
+"""A worker's requests of several parts at a server, and the BSP/SSP steps they make up:
+``PUSH_CLOCK`` (a step's pushes and its clock), ``PULL_MANY`` (the pulls of several tables)
+and ``PUSH_CLOCK_PULL`` (a BSP step and the next step's pulls, issue 20), taken apart and
+handed to the single-part handlers, or under BSP taken in by the compiled loop
+(:meth:`StepRequests._take_steps`); a step every worker finished is applied by
+:meth:`StepRequests._advance`. Mixed into :class:`hpcps.server.server.ParameterServer` (which
+provides ``ep``, ``policy``, ``shards``, ``pending``, ``waiting_pulls``, the clocks and
+``_on_push``, ``_queue``, ``_clocked``, ``_after_clock``, ``_shard``, ``_pull_ready``,
+``_reply_rows``, ``_check_weights``, ``_count``, ``_publish``, ``_answer_waiting``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+import time
+
 from hpcps.comm import transport as tp
+from hpcps.core.consistency import H_CLOCK, H_VERSION
 from hpcps.server.shard import Shard
 
 
@@ -94,3 +100,81 @@ class StepRequests:
         for shard, rows in parts:
             self._reply_rows(source, shard, rows, tp.PULL)
             self.ep.pool.give(rows)
+
+    def _take_steps(self):
+        """The loop's poll under BSP outside continue mode: the fused steps that wait taken
+        in by one compiled call (:meth:`hpcps.comm.transport.ServerEndpoint.take_steps`), a
+        step they complete applied; ``None`` (nothing waited), ``(source, header)`` of a
+        request left to :meth:`handle`, or ``(-1, None)`` (nothing left to handle)."""
+        got = self.ep.take_steps(self, self.shards, Shard, self.busy)
+        if got is None:
+            return None
+        taken, completed, left = got
+        self.requests_compiled += taken
+        if completed:
+            if self.busy is None:
+                self._after_clock()
+            else:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                self._after_clock()
+                self.busy[1] += time.perf_counter() - t0
+                self.busy[2] += time.thread_time() - c0
+        return left if left is not None else (-1, None)
+
+    # ------------------------------------------------------------------ BSP/SSP
+    def _advance(self) -> None:
+        """Apply every clock all workers have finished; if the clock moved, answer the pulls
+        now allowed (nothing else makes one ready under BSP/SSP; a look at every CLOCK cost
+        O(W^2) per step)."""
+        start = self.clock
+        while self.worker_clock.min() > self.clock:
+            c = self.clock
+            per_worker = self.step_examples.pop(c, {})
+            n_ex = sum(n for n, _ in per_worker.values())
+            scale = 1.0 / n_ex if n_ex else 0.0
+            pending = self.pending.pop(c, {})
+            touched = {}
+            for tid, shard in enumerate(self.shards):   # table order, as before
+                pushes = pending.get(tid)
+                with shard.writing():
+                    if pushes:
+                        pushes.sort(key=lambda p: p[0])  # worker order: deterministic sums
+                        for p in pushes:
+                            if p[3] >= 0:
+                                self.staleness.add(c - p[3])
+                        parts = [p[2] / (c - p[3] + 1) if p[3] >= 0 else p[2] for p in pushes] \
+                            if self.policy.staleness_aware_lr else [p[2] for p in pushes]
+                        rows = self._joined([p[1] for p in pushes])
+                        grads = self._joined(parts)
+                        shard.apply(rows, grads, scale)
+                        self._check_weights(shard, rows, c)
+                        if self.forward is not None:
+                            touched[tid] = shard.touched(rows)
+                        self.ep.pool.give(rows, grads, *(a for p in pushes for a in p[1:3]))
+                    shard.hdr[H_VERSION] = c + 1
+                    shard.hdr[H_CLOCK] = c + 1
+            self.clock = c + 1
+            for n, epoch in per_worker.values():
+                self._count(n, epoch)
+            if self.forward is not None:
+                self.forward(self.index, c, touched, n_ex)
+        if self.clock != start:
+            self._publish()
+            self._answer_waiting()
+
+    def _joined(self, arrays):
+        """The arrays one after the other (the first itself if alone; else in a pooled buffer)."""
+        if len(arrays) == 1:
+            return arrays[0]
+        n = sum(a.shape[0] for a in arrays)
+        return np.concatenate(arrays, out=self.ep.pool.take((n,) + arrays[0].shape[1:],
+                                                            arrays[0].dtype))
+
+    def discard_pending(self) -> None:
+        """Drop the pushes queued for clocks not applied yet, giving their buffers back (for
+        benchmarks that time the receive path alone). Local."""
+        for tables in self.pending.values():
+            for pushes in tables.values():
+                self.ep.pool.give(*(a for p in pushes for a in p[1:3]))
+        self.pending.clear()
+        self.step_examples.clear()

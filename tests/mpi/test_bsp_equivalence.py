@@ -19,6 +19,14 @@ from hpcps.runtime.job import run_job
 from hpcps.runtime.output import read_model
 
 ROWS = 1500
+
+
+def tp_compiled() -> bool:
+    """Whether the compiled request path is built (:mod:`hpcps.comm.fastpath`)."""
+    from hpcps.comm import transport
+
+    return transport._fast is not None
+
 JOB = """
 name = "bsp_eq"
 seed = 3
@@ -75,26 +83,64 @@ def reference(cfg, n_workers):
     return w, b
 
 
-@pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("l2", [0.0, 0.01])
-def test_bsp_equals_minibatch_sgd_on_concatenation(mpi_tmp_path, l2):
+def _run(mpi_tmp_path, name, l2, batch, rows):
+    """Run the job on every rank; rank 0 gets ``(cfg, summary, weights, bias)``."""
     from pathlib import Path
 
     comm = MPI.COMM_WORLD
     data = Path(__file__).resolve().parents[2] / "data" / "adult.csv.gz"
     servers = comm.size // 2                    # any size: half the ranks serve (1 of 3, 2 of 4)
-    text = JOB.format(servers=servers, data=data, rows=ROWS, l2=l2, out=mpi_tmp_path / "run")
-    cfg = parse_job(text, mpi_tmp_path / "job.toml")
-    run_job(cfg, comm, out=open("/dev/null", "w"))
+    text = JOB.format(servers=servers, data=data, rows=rows, l2=l2, out=mpi_tmp_path / name)
+    text = text.replace("batch_size = 64", f"batch_size = {batch}")
+    cfg = parse_job(text, mpi_tmp_path / f"{name}.toml")
+    summary = run_job(cfg, comm, out=open("/dev/null", "w"))
     comm.Barrier()
+    if comm.rank != 0:
+        return cfg, None, None, None
+    model = read_model(cfg.output.dir / "model.h5")
+    return cfg, summary, model["tables"]["weights"][:, 0], model["tables"]["bias"][0, 0]
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("l2", [0.0, 0.01])
+def test_bsp_equals_minibatch_sgd_on_concatenation(mpi_tmp_path, l2):
+    """Batches of 64: each step's request to a server is several messages (the general path,
+    not the compiled loop)."""
+    comm = MPI.COMM_WORLD
+    cfg, summary, w, b = _run(mpi_tmp_path, "run", l2, 64, ROWS)
     if comm.rank == 0:
-        model = read_model(cfg.output.dir / "model.h5")
-        w_ref, b_ref = reference(cfg, comm.size - servers)
-        w = model["tables"]["weights"][:, 0]
-        b = model["tables"]["bias"][0, 0]
+        assert [s["requests_compiled"] for s in summary["servers"]] == [0] * (comm.size // 2)
+        w_ref, b_ref = reference(cfg, comm.size - comm.size // 2)
         assert np.abs(w_ref).max() > 1e-3                    # the model did move
         np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=1e-14)
         assert b == pytest.approx(b_ref, rel=1e-12)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.skipif(not tp_compiled(), reason="hpcps.comm.fastpath not built")
+def test_compiled_step_loop_is_bit_identical_to_the_general_path(mpi_tmp_path, monkeypatch):
+    """Batches of 1: each step's request to a server is one message, taken in by the server's
+    compiled loop (``ServerEndpoint.take_steps``, counted in the run summary); the same job
+    with that loop turned off trains bit-identical weights, and both are the reference's
+    (480 small steps: rounding of the reference's other summation order reaches ~1e-11)."""
+    from hpcps.comm import transport
+
+    comm = MPI.COMM_WORLD
+    cfg, summary, w, b = _run(mpi_tmp_path, "compiled", 0.01, 1, ROWS // 5)
+    monkeypatch.setattr(transport.ServerEndpoint, "steps_compiled", property(lambda self: False))
+    _, summary_off, w_off, b_off = _run(mpi_tmp_path, "general", 0.01, 1, ROWS // 5)
+    if comm.rank == 0:
+        workers, steps = comm.size - comm.size // 2, summary["steps"]
+        # every fused step (all but each epoch's last, sent as a PUSH_CLOCK) on every server
+        assert [s["requests_compiled"] for s in summary["servers"]] == (
+            [workers * (steps - cfg.train.epochs)] * (comm.size // 2))
+        assert [s["requests_compiled"] for s in summary_off["servers"]] == [0] * (comm.size // 2)
+        np.testing.assert_array_equal(w, w_off)
+        assert b == b_off
+        w_ref, b_ref = reference(cfg, workers)
+        assert np.abs(w_ref).max() > 1e-3
+        np.testing.assert_allclose(w, w_ref, rtol=1e-9, atol=1e-14)
+        assert b == pytest.approx(b_ref, rel=1e-9)
 
 
 @pytest.mark.mpi(min_size=2)
