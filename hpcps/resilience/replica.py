@@ -511,6 +511,7 @@ class ServerGroup:
             "bytes_in": int(s.total("bytes_in")),
             "bytes_out": int(s.total("bytes_out")),
             "requests": int(s.total("messages")),
+            "requests_compiled": int(sum(ps.requests_compiled for ps in prim)),
             "clock": min(ps.clock for ps in prim),
             "examples": max(ps.examples_total for ps in prim),
             "examples_per_epoch": {e: max(ps.examples_epoch.get(e, 0) for ps in prim)
