@@ -11,7 +11,9 @@ hands over (outside continue mode; everything else keeps the Python path).
   apart — each push's keys turned into local rows and its values checked, each pull's keys
   turned into local rows — in one call.
 * :func:`bsp_steps`: the BSP steps that wait taken in — each fused step queued, clocked and
-  its pulls held — until one completes the step, in one call for many requests.
+  its pulls held — until one completes the step, in one call for many requests;
+  :func:`record_step` takes in one such step taken apart by :func:`step_parts` with the same
+  bookkeeping (the server's one copy of it).
 * :func:`send_rows`: a pull's reply of one message (rows gathered, shard clock header after
   them) built and sent in one call.
 
@@ -639,13 +641,92 @@ cdef object _step_parts(const char* base, Py_ssize_t length, Py_ssize_t n_push,
     return pushes, pulls
 
 
+cdef class _StepBooks:
+    """A BSP server's bookkeeping of one fused step (``PUSH_CLOCK_PULL``), written once for
+    :func:`bsp_steps` and :func:`record_step`: the server's containers, read when made (make
+    one per call: the server may rebind them between calls)."""
+    cdef object wc, order_key, pending, step_examples, pushes_applied
+    cdef object last_examples, last_epoch, waiting
+
+    def __init__(self, server):
+        self.wc = server.worker_clock
+        self.order_key = server.order_key
+        self.pending = server.pending
+        self.step_examples = server.step_examples
+        self.pushes_applied = server.pushes_applied
+        self.last_examples, self.last_epoch = server.last_examples, server.last_epoch
+        self.waiting = server.waiting_pulls
+
+    cdef int record(self, w, int src, const int64_t* hd, list pushes, list pulls) except -1:
+        """Worker ``w`` (from ``ps`` rank ``src``) finished step ``hd[2]`` (its clock was
+        checked): its pushes queued for the step by its worker-order key, its clock, examples
+        and epoch kept, its pulls held as the ``PULL_MANY`` of step ``hd[2] + 1``."""
+        cdef int64_t c = hd[2]
+        cdef Py_ssize_t n_rows = 0
+        cdef int64_t* hp
+        key = self.order_key[w]
+        if pushes:
+            queued = self.pending.get(c)
+            if queued is None:
+                queued = self.pending[c] = {}
+            for tid, rows, vals, version in pushes:
+                lst = queued.get(tid)
+                if lst is None:
+                    lst = queued[tid] = []
+                lst.append((key, rows, vals, version))
+            self.pushes_applied[w] += len(pushes)
+        self.wc[w] = c + 1
+        self.last_examples[w] = hd[4]
+        self.last_epoch[w] = hd[7]
+        per = self.step_examples.get(c)
+        if per is None:
+            per = self.step_examples[c] = {}
+        per[key] = (hd[4], hd[7])
+        for _, rows in pulls:
+            n_rows += (<cnp.ndarray>rows).shape[0]
+        h = np.zeros(9, dtype=np.int64)     # the PULL_MANY of the next step's pulls
+        hp = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>h)
+        hp[0], hp[1], hp[2], hp[3], hp[5], hp[8] = 13, len(pulls), c + 1, n_rows, hd[5], hd[8]
+        self.waiting.append((src, h, pulls))
+        return 0
+
+
+def record_step(server, int source, const int64_t[::1] header, list pushes, list pulls):
+    """Take in the BSP step of a ``PUSH_CLOCK_PULL`` whose parts :func:`step_parts` took
+    apart (``header``: its int64 ``(9,)`` header; ``pushes``, ``pulls`` as
+    :func:`step_parts` gives them) from ``ps`` rank ``source``, as :func:`bsp_steps` takes in
+    each of its requests: pushes queued, clock, examples and epoch kept, pulls held in
+    ``server.waiting_pulls`` (``server`` as for :func:`bsp_steps`). Local.
+
+    Returns
+    -------
+    bool
+        False, with nothing changed, when ``source`` is not a worker of ``server`` or the
+        step is not the clock the server expects of it (the caller's general path names the
+        error); else True.
+
+    Raises
+    ------
+    ValueError
+        For a header shorter than 9 values.
+    """
+    if header.shape[0] < 9:
+        raise ValueError("record_step: the header has 9 values")
+    w = server.worker_of_rank.get(source)
+    if w is None or server.worker_clock[w] != header[2]:
+        return False
+    cdef _StepBooks books = _StepBooks(server)
+    books.record(w, source, &header[0], pushes, pulls)
+    return True
+
+
 def bsp_steps(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_type,
               server, Py_ssize_t max_n, int64_t[::1] counts, busy=None):
     """Receive and take in the BSP steps that wait, one after the other, without a return to
     Python per request (issue 20: the server's Python work per fused request): each
     ``PUSH_CLOCK_PULL`` of one message whose parts :func:`step_parts` takes apart, from a
     worker at the clock the server expects of it, is queued, clocked and its pulls held for
-    the step, as :meth:`hpcps.server.server.ParameterServer._on_step` does — until no
+    the step, by the bookkeeping :func:`record_step` uses — until no
     request waits, ``max_n`` were taken, another request arrived, or one completed the step.
 
     ``server`` is the BSP :class:`~hpcps.server.server.ParameterServer` outside continue
@@ -678,21 +759,15 @@ def bsp_steps(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
     cdef Py_buffer b
     cdef int flag = 0, ierr, count = 0, src = -1
     cdef const int64_t* hd
-    cdef int64_t c, n_ex, epoch
-    cdef Py_ssize_t taken = 0, pull_keys = 0, n_rows, i
+    cdef int64_t c
+    cdef Py_ssize_t taken = 0, pull_keys = 0
     cdef double t0 = 0.0, c0 = 0.0
     cdef bint timed = busy is not None
-    cdef int64_t* hp
     if counts.shape[0] < 5:
         raise ValueError("bsp_steps: counts needs 5 values")
+    cdef _StepBooks books = _StepBooks(server)
     worker_of_rank = server.worker_of_rank
-    wc = server.worker_clock
-    order_key = server.order_key
-    pending = server.pending
-    step_examples = server.step_examples
-    pushes_applied = server.pushes_applied
-    last_examples, last_epoch = server.last_examples, server.last_epoch
-    waiting = server.waiting_pulls
+    wc = books.wc
     cdef int64_t applied = server.clock
     PyObject_GetBuffer(buf, &b, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
     try:
@@ -720,37 +795,12 @@ def bsp_steps(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
             if got is None:
                 return taken, 1, src, count
             pushes, pulls = got
-            n_ex, epoch = hd[4], hd[7]
             counts[0] += 1
             counts[1] += count - 8 * pull_keys
             counts[2] += hd[3]
             counts[3] += 8 * pull_keys
             counts[4] += pull_keys
-            key = order_key[w]
-            if pushes:
-                queued = pending.get(c)
-                if queued is None:
-                    queued = pending[c] = {}
-                for tid, rows, vals, version in pushes:
-                    lst = queued.get(tid)
-                    if lst is None:
-                        lst = queued[tid] = []
-                    lst.append((key, rows, vals, version))
-                pushes_applied[w] += len(pushes)
-            wc[w] = c + 1
-            last_examples[w] = n_ex
-            last_epoch[w] = epoch
-            per = step_examples.get(c)
-            if per is None:
-                per = step_examples[c] = {}
-            per[key] = (n_ex, epoch)
-            n_rows = 0
-            for _, rows in pulls:
-                n_rows += (<cnp.ndarray>rows).shape[0]
-            h = np.zeros(9, dtype=np.int64)     # the PULL_MANY of the next step's pulls
-            hp = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>h)
-            hp[0], hp[1], hp[2], hp[3], hp[5], hp[8] = 13, len(pulls), c + 1, n_rows, hd[5], hd[8]
-            waiting.append((src, h, pulls))
+            books.record(w, src, hd, pushes, pulls)
             taken += 1
             if timed:
                 busy[0] += 1

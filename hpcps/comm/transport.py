@@ -388,6 +388,13 @@ class ServerEndpoint:
             return None
         return taken, kind == 2, None
 
+    def record_step(self, server, source: int, h: np.ndarray, pushes, pulls) -> bool:
+        """Take in the fused step ``h`` from ``source`` whose parts :meth:`step_parts` gave,
+        on the BSP ``server``, by the bookkeeping :meth:`take_steps` uses
+        (:func:`hpcps.comm.fastpath.record_step`): False, nothing changed, when ``source``
+        is not one of its workers or ``h``'s clock is not the one it expects. Local."""
+        return _fast.record_step(server, source, h, pushes, pulls)
+
     def _bad_size(self, nbytes: int, src: int) -> str:
         return (f"request of {nbytes} bytes from rank {src}: neither a header "
                 f"({HEADER_BYTES} B) nor a header with parts (at most "

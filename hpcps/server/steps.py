@@ -58,23 +58,15 @@ class StepRequests:
     def _on_step(self, source: int, h: np.ndarray, pushes, pulls) -> None:
         """A ``PUSH_CLOCK_PULL`` ``h`` from ``source`` whose parts came taken apart
         (:meth:`hpcps.comm.transport.ServerEndpoint.step_parts`: ``pushes`` as ``(table,
-        local rows, values, version)``, ``pulls`` as ``(shard, local rows)``): queued,
-        clocked and answered as the general path (:meth:`_on_push`, :meth:`_on_clock`,
-        :meth:`_on_pull_many`) does, with one Python call instead of one per part."""
-        w = self.worker_of_rank[source]
-        c = int(h[tp.H_CLOCK])
-        if pushes:
-            self._queue(w, c, pushes)
-            self.pushes_applied[w] += len(pushes)
-        self._clocked(w, c, int(h[tp.H_NEX]), int(h[tp.H_AUX]))
-        if self.policy.pull_ready(self.visible_clock, c + 1):
-            for shard, rows in pulls:           # new arrays: nothing to give back
-                self._reply_rows(source, shard, rows, tp.PULL)
-        else:
-            self.waiting_pulls.append(
-                (source, tp.make_header(tp.PULL_MANY, len(pulls), c + 1,
-                                        sum(r.shape[0] for _, r in pulls),
-                                        seq=int(h[tp.H_SEQ]), rng=int(h[tp.H_RANGE])), pulls))
+        local rows, values, version)``, ``pulls`` as ``(shard, local rows)``): taken in by
+        the bookkeeping the compiled loop uses (:meth:`~hpcps.comm.transport.ServerEndpoint.record_step`:
+        queued, clocked, its pulls held for the step), then the step applied if it completed.
+        RuntimeError (from :meth:`_clocked`) for a clock other than the one expected."""
+        if not self.ep.record_step(self, source, h, pushes, pulls):
+            self._clocked(self.worker_of_rank[source], int(h[tp.H_CLOCK]), int(h[tp.H_NEX]),
+                          int(h[tp.H_AUX]))      # names the error
+            raise RuntimeError(f"server {self.index}: step of rank {source} not taken in")
+        self._after_clock()
 
     def _on_pull_many(self, source: int, h: np.ndarray, metas=None) -> None:
         """A PULL_MANY (header ``h``) from ``source``: the pulls of several tables in one
