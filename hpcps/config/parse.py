@@ -68,6 +68,8 @@ def _build(ck: Checker, doc: dict, text: str, path: Path) -> JobConfig:
     use_lbfgs = rules.lbfgs(ck, doc, tables["lbfgs"], vals["lbfgs"], vals["cluster"],
                             vals["model"])
     rules.elastic(ck, tables["elastic"], vals["elastic"], vals["cluster"])
+    rules.aggregate(ck, tables["comm"], vals["comm"], vals["cluster"], vals["consistency"],
+                    vals["fault_tolerance"], vals["elastic"])
     rules.storage(ck, doc, tables_, vals["model"], vals["cluster"], vals["consistency"],
                   vals["fault_tolerance"])
     out_dir = vals["output"]["dir"] or f"runs/{name if ck.good('name') else 'job'}"

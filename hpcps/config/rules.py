@@ -171,6 +171,32 @@ def elastic(ck: Checker, table: dict, vals: dict, cluster: dict) -> None:
                                         "(hpcps grow --oversubscribe for a request)")
 
 
+def aggregate(ck: Checker, table: dict, vals: dict, cluster: dict, consistency: dict,
+              fault_tolerance: dict, elastic: dict) -> None:
+    """``[comm] aggregate = "node"`` only for BSP with p2p pulls in ``mode = "ps"``, not in
+    continue mode or with workers added; ``group_workers`` only with it."""
+    if not ck.good("comm.aggregate"):
+        return
+    if vals["aggregate"] == "off":
+        if "group_workers" in table:
+            ck.fail("comm.group_workers", "only used with [comm] aggregate = 'node'")
+        return
+    why = None
+    if cluster["mode"] != "ps" and ck.good("cluster.mode"):
+        why = f"[cluster] mode = 'ps', got {cluster['mode']!r}"
+    elif consistency["model"] != "bsp" and ck.good("consistency.model"):
+        why = (f"[consistency] model = 'bsp' (a group's step is one clock of all its "
+               f"workers), got {consistency['model']!r}")
+    elif consistency["pull"] != "p2p" and ck.good("consistency.pull"):
+        why = "[consistency] pull = 'p2p' (the leader pulls for its group), got 'rma'"
+    elif fault_tolerance["mode"] == "continue" and ck.good("fault_tolerance.mode"):
+        why = "[fault_tolerance] mode = 'restart' (a group cannot lose a member and go on)"
+    elif elastic.get("add_workers"):
+        why = "no [elastic] add_workers (groups are formed once, at the start)"
+    if why:
+        ck.fail("comm.aggregate", f"'node' needs {why}")
+
+
 def fault_tolerance(ck: Checker, table: dict, vals: dict, cluster: dict,
                     consistency: dict) -> None:
     """``replicas`` and ``on_server_loss`` only with mode = 'continue'; replicas = 2 needs

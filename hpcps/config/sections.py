@@ -318,10 +318,22 @@ class CommConfig:
         Under BSP with p2p pulls a worker sends each server one request per step: its
         pushes, its clock and the next step's pulls (:meth:`hpcps.worker.client.PSClient.pull_next`;
         the same model bit for bit). False: two (the pulls apart), as before issue 20.
+    aggregate : str
+        ``"off"``, or ``"node"``: the workers of one node form groups whose first worker
+        sends the group's steps for all of them (:mod:`hpcps.comm.group`), so that a server
+        handles one request per group and step instead of one per worker; the same model
+        bit for bit. BSP with p2p pulls and ``[cluster] mode = "ps"`` only, not with
+        ``[fault_tolerance] mode = "continue"`` or ``[elastic]``.
+    group_workers : int
+        With ``aggregate = "node"``: at most this many workers per group (0: all of a
+        node's workers; >= 2 splits a node's workers, in worker order, into groups of that
+        many).
     """
 
     max_message_bytes: int = key(1073741824, lo=1024)
     fuse_steps: bool = key(True)
+    aggregate: str = key("off", choices=("off", "node"))
+    group_workers: int = key(0, lo=0)
 
 
 @dataclass(frozen=True, kw_only=True)

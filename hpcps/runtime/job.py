@@ -20,6 +20,7 @@ from hpcps.analysis import consistency_report
 from hpcps.comm import core
 from hpcps.comm import ft
 from hpcps.comm.collectives import allreduce_max, barrier, gather_rows
+from hpcps.comm.group import form_groups
 from hpcps.comm.core import any_rank_failed
 from hpcps.comm.rma import allocate_windows, free_windows
 from hpcps.comm.membership import Membership
@@ -153,15 +154,18 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     try:
         if roles.is_chief:
             elastic.mark_running()
-        server = client = trainer = None
+        server = client = trainer = group = None
         ranges = None
+        served = roles.worker_ranks          # the workers the servers serve
+        if cfg.comm.aggregate == "node":     # a group's leader sends its steps (collective)
+            group, served = form_groups(roles, cfg.comm.group_workers)
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, cfg.comm.max_message_bytes)
             if ft_state is not None:                 # key ranges as primary and backup
                 server = ServerGroup(ep, ft_state, roles.index, roles.worker_ranks, tables,
                                      policy, seed=cfg.seed, restore=restore, elastic=elastic)
             else:
-                args = (ep, roles.index, roles.n_servers, roles.worker_ranks, tables, policy)
+                args = (ep, roles.index, roles.n_servers, served, tables, policy)
                 common = dict(windows=windows, run_dir=cfg.output.dir, elastic=elastic)
                 server = (ParameterServer.from_checkpoint(*args, restore=restore, seed=cfg.seed,
                                                             **common)
@@ -178,7 +182,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
         else:
             # the rank holding each key range: the membership's (an added worker after a
             # server loss: from the join plan)
-            client = PSClient(elastic.membership, policy, cfg.comm.max_message_bytes)
+            client = PSClient(elastic.membership, policy, cfg.comm.max_message_bytes, group)
             if restore is not None:
                 client.clock_value = int(restore[1]["step"])
             if join is not None:
@@ -219,6 +223,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
             client.stop()
+            if group is not None:
+                group.free()
             mine.add_client(client.ep.stats)
         world = roles.ps                     # the job's ranks now (after failures, growths)
         if roles.role != core.SERVER:            # servers: their original index (above)

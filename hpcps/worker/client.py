@@ -64,10 +64,16 @@ class PSClient(NextPull, KeptPushes):
         Freshness required of reads (default BSP).
     max_bytes : int
         Largest message (``[comm] max_message_bytes``); bigger ones are split.
+    group : hpcps.comm.group.StepGroup or None
+        This worker's group (``[comm] aggregate = "node"``): a leader's :meth:`clock` sends
+        the group's examples; a member's steps go through its leader
+        (:class:`hpcps.worker.steps.GroupSteps`), its :meth:`clock` only counts and its
+        :meth:`stop` sends nothing (the servers serve the leaders).
     """
 
-    def __init__(self, membership, policy=None, max_bytes: int = 1 << 30):
+    def __init__(self, membership, policy=None, max_bytes: int = 1 << 30, group=None):
         self.membership = membership
+        self.group = group
         self.routing = membership.routing
         self.specs = self.routing.specs
         self.ids = self.routing.ids
@@ -440,7 +446,17 @@ class PSClient(NextPull, KeptPushes):
         go from buffers the client owns (see ``push``'s ``defer``): the caller's arrays are
         free again when this returns. Sends still pending from the previous clock are
         waited for first, so at most one step's buffers are held.
+
+        In a group (:attr:`group`) the leader sends the group's step with the group's
+        examples (``n_examples`` is then the leader's own, and not used); a member sends
+        nothing.
         """
+        g = self.group
+        if g is not None:
+            if not g.leader:
+                self.clock_value += 1
+                return self.clock_value
+            n_examples = g.step_examples
         if self.ep.pending:
             self.ep.complete(tp.PUSH)
         if self.kept is not None:
@@ -590,7 +606,11 @@ class PSClient(NextPull, KeptPushes):
                 for r in replies]
 
     def stop(self) -> None:
-        """Tell every server this worker is done (after its last pull)."""
+        """Tell every server this worker is done (after its last pull); a group's member
+        (:attr:`group`) is not one of the servers' workers and tells nothing."""
+        if self.group is not None and not self.group.leader:
+            self._settle()
+            return
         self._settle()
         self.send_staged()
         for s in range(self.n_servers):

@@ -239,6 +239,158 @@ class SyncSteps:
         """Nothing is held locally between steps under BSP/SSP."""
 
 
+class GroupSteps(SyncSteps):
+    """BSP steps of a group of workers on one node whose leader sends the group's step for
+    all of them (``[comm] aggregate = "node"``; :mod:`hpcps.comm.group`), so that a server
+    handles one request per group and step.
+
+    Every member, every step (the same collectives in the same order on all of them, with
+    empty arrays where a member has no rows):
+
+    1. its keys per table go to the leader (one gather), unless they went with the step
+       before's gradients;
+    2. the leader pulls the members' keys, concatenated in member order, in one
+       ``pull_many`` (taking the replies its last clock asked for, :meth:`PSClient.pull_next`)
+       and hands each member its rows (one scatter);
+    3. each computes its gradient; the non-finite guard votes as without groups;
+    4. its gradient rows, its example count and the next step's keys go to the leader (one
+       gather), which pushes the concatenated gradients with ``defer`` and holds the next
+       step's pulls for its clock; the trainer's clock then sends the group's step with the
+       group's examples (:attr:`hpcps.comm.group.StepGroup.step_examples`), a member's
+       clock only counts.
+
+    A server sums the same gradient rows in the same order as the members' own pushes would
+    have given it (members are consecutive workers; the push keeps each server's keys in
+    order), and each member's rows are those its own pull would have read: the model is the
+    same bit for bit as without groups.
+
+    Parameters
+    ----------
+    client : hpcps.worker.client.PSClient
+        This worker's client, whose ``group`` is its :class:`hpcps.comm.group.StepGroup`.
+    model, index, step_hook, guard, fuse
+        As :class:`SyncSteps` (``fuse``: the next step's keys go with the gradients and the
+        leader's pulls with its clock).
+    """
+
+    def __init__(self, client, model, index: int, step_hook=None, guard=None, fuse=False):
+        super().__init__(client, model, index, step_hook, guard, fuse)
+        self.group = client.group
+        self.specs = list(client.specs)
+        self._known = False       # this step's keys went to the leader with the step before's
+        self._keys = None         # leader: [table][member] keys of this step
+        self._req = None          # leader: the pulls of this step, as pull_many gets them
+
+    def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
+        super().begin_epoch(X, y, order, steps, batch_size)
+        self._known, self._keys, self._req = False, None, None
+
+    def _key_arrays(self, keys: dict) -> list:
+        """``keys`` (``{table: keys}``, maybe without some tables) as one int64 array per
+        table of the job, in table order (empty where absent)."""
+        return [np.ascontiguousarray(keys[s.name], dtype=np.int64).reshape(-1)
+                if s.name in keys else np.empty(0, dtype=np.int64) for s in self.specs]
+
+    def _plan(self, keys_by_member: list) -> None:
+        """The leader's pulls of a step from the members' keys (``[member][table]``)."""
+        t_count = len(self.specs)
+        self._keys = [[m[t] for m in keys_by_member] for t in range(t_count)]
+        self._req = {}
+        for spec, ks in zip(self.specs, self._keys):
+            if any(k.size for k in ks):
+                self._req[spec.name] = np.concatenate(ks)
+
+    def _rows_for_members(self, rows: dict) -> list:
+        """The leader's parts of the scatter: each member's rows per table, in table order."""
+        parts = [[] for _ in range(self.group.size)]
+        for spec, ks in zip(self.specs, self._keys):
+            got = rows.get(spec.name)
+            pos = 0
+            for m, k in enumerate(ks):
+                if k.size:
+                    parts[m].append(got[pos:pos + k.size])
+                    pos += k.size
+        return parts
+
+    def step(self, i: int, rows, final: bool = False) -> float:
+        """Run step ``i`` on ``rows`` (maybe empty) with the group; return the summed loss of
+        this worker's examples (0 for a rejected step, :attr:`last_rejected` then True).
+        Collective over the group (and over the workers when the guard votes).
+
+        Raises
+        ------
+        RuntimeError
+            If this step's rows are not those announced with the step before (the group's
+            leader pulled for those).
+        """
+        g = self.group
+        self.last_rejected = False
+        self.last_n = int(rows.size)
+        g.step_examples = 0
+        known, self._known = self._known, False
+        keys, grads, code, loss = {}, {}, OK, 0.0
+        nxt = self._next
+        if known and rows.size and (nxt is None or not (nxt[0] is rows
+                                                        or np.array_equal(nxt[0], rows))):
+            raise RuntimeError(f"worker {self.index}: step {i}'s rows are not those it "
+                               "announced to its group's leader")
+        if rows.size:
+            Xb, yb, keys = self._batch(rows)
+            self.last_n = int(Xb.shape[0])
+        mine = self._key_arrays(keys)
+        if not known:
+            got = g.gather(mine)
+            if g.leader:
+                self._plan(got)
+        outs = [np.empty((k.size, s.dim), dtype=s.dtype) for k, s in zip(mine, self.specs)]
+        parts = None
+        if g.leader:
+            pulled = self.client.pull_many(self._req) if self._req else {}
+            parts = self._rows_for_members(pulled)
+        g.scatter(parts, [o for o in outs if o.size])
+        if rows.size:
+            params = {s.name: o for s, o in zip(self.specs, outs) if s.name in keys}
+            loss, grads = self.model.loss_grad(Xb, yb, keys, params)
+            code = self.guard.code(loss, grads, self.dtypes)
+        if not self.guard.check(self.client.clock_value, code):
+            self.last_rejected = True
+            self._next = None
+            return 0.0
+        if rows.size and self.step_hook is not None:
+            self.step_hook(self.index, self.client.clock_value)
+        announce = self.fuse and i + 1 < self.steps
+        nkeys = {}
+        if announce:
+            nrows = self.order[(i + 1) * self.B:(i + 2) * self.B]
+            if nrows.size:
+                nX = self.X[nrows]
+                nkeys = self.model.batch_keys(nX)
+                self._next = (nrows, nX, self.y[nrows], nkeys)
+        vals = []
+        for spec, k in zip(self.specs, mine):
+            gr = grads.get(spec.name)
+            vals.append(np.empty((0, spec.dim), dtype=spec.dtype) if gr is None else
+                        np.ascontiguousarray(_as_rows(gr, k.size), dtype=spec.dtype))
+        payload = vals + (self._key_arrays(nkeys) if announce else [])
+        payload.append(np.array([self.last_n if rows.size else 0], dtype=np.int64))
+        got = g.gather(payload)
+        if g.leader:
+            t_count = len(self.specs)
+            for t, spec in enumerate(self.specs):
+                ks = self._keys[t]
+                if not any(k.size for k in ks):
+                    continue
+                gr = np.concatenate([got[m][t] for m in range(g.size)]).reshape(-1, spec.dim)
+                self.client.push(spec.name, self._req[spec.name], gr, defer=True)
+            g.step_examples = int(sum(int(got[m][-1][0]) for m in range(g.size)))
+            if announce:
+                self._plan([got[m][t_count:2 * t_count] for m in range(g.size)])
+                if self._req:
+                    self.client.pull_next(self._req)
+        self._known = announce
+        return loss
+
+
 class PushFilter:
     """The "significantly modified" filter of Li et al. (OSDI 2014, §3.3 and §5.1), with
     error feedback: a key's gradient is sent only once its accumulated magnitude (largest
@@ -423,5 +575,7 @@ def make_steps(policy, client, model, index: int, step_hook=None, guard=None, fu
     the :class:`NonFiniteGuard` (default: stop at the first non-finite step); ``fuse``: see
     :class:`SyncSteps`."""
     if policy.aggregate:
+        if getattr(client, "group", None) is not None:
+            return GroupSteps(client, model, index, step_hook, guard, fuse)
         return SyncSteps(client, model, index, step_hook, guard, fuse)
     return DownpourSteps(client, model, index, policy, step_hook, guard)
