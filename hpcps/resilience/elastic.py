@@ -228,6 +228,9 @@ class Elastic:
         self.events: list = []
         self.intercomms: list = []
         self.unavailable = spawn.spawn_unavailable()
+        if cfg.comm.aggregate != "off":           # groups are formed once, at the start
+            self.unavailable = ("its workers step in groups ([comm] aggregate = "
+                                f"{cfg.comm.aggregate!r}), formed at the start")
         self.run_dir = Path(cfg.output.dir)
         self._next_poll = 0.0
         self._started = time.time()

@@ -934,3 +934,32 @@ def test_criteo_path_naming_no_file_is_a_job_file_error(jobdir):
 def test_stream_keys_not_for_adult(jobdir):
     e = error(jobdir, ADULT.replace("[data]\n", "[data]\nshuffle_buffer = 10\n"))
     assert e.key == "data.shuffle_buffer" and "only with 'svmlight' or 'criteo'" in e.message
+
+
+# ------------------------------------------------------------------------ [comm] aggregate
+
+
+def test_aggregate_node_loads_with_bsp(jobdir):
+    cfg = job(jobdir, with_key(with_key(ADULT, "comm.aggregate", '"node"'), "comm.group_workers", 4))
+    assert (cfg.comm.aggregate, cfg.comm.group_workers) == ("node", 4)
+    assert job(jobdir).comm.aggregate == "off"
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("consistency.model", '"ssp"', "model = 'bsp'"),
+    ("consistency.pull", '"rma"', "pull = 'p2p'"),
+    ("fault_tolerance.mode", '"continue"', "mode = 'restart'"),
+    ("elastic.add_workers", "1", "[elastic]"),
+])
+def test_aggregate_node_refused_where_a_group_cannot_step(jobdir, key, value, says):
+    text = with_key(with_key(ADULT, "comm.aggregate", '"node"'), key, value)
+    if key == "elastic.add_workers":
+        text = with_key(text, "elastic.at_step", 3)
+    e = error(jobdir, text)
+    assert "comm.aggregate" in str(e) and says in str(e), str(e)
+
+
+def test_group_workers_without_aggregate_is_an_error(jobdir):
+    e = error(jobdir, with_key(ADULT, "comm.group_workers", 2))
+    assert "comm.group_workers" in str(e) and "aggregate = 'node'" in str(e)
+

@@ -1,0 +1,113 @@
+# mpi-ranks: 4 5
+"""``[comm] aggregate = "node"``: a group's leader sends its members' BSP steps (real MPI
+ranks, real Adult rows, the whole job through :func:`hpcps.runtime.job.run_job`).
+
+One server; the other ranks are workers, split into groups of ``group_workers`` (all on this
+host): 3 workers in groups [2, 1], 4 in [2, 2].
+"""
+
+import math
+import sys
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcps.config import parse_job
+from hpcps.core.signals import StopRequest
+from hpcps.runtime.job import run_job
+from hpcps.runtime.output import read_model
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from test_bsp_equivalence import JOB  # noqa: E402
+
+ROWS = 600
+
+
+def _job(mpi_tmp_path, name, batch, group_workers=None, epochs=2):
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2] / "data" / "adult.csv.gz"
+    text = JOB.format(servers=1, data=data, rows=ROWS, l2=0.01, out=mpi_tmp_path / name)
+    text = text.replace("batch_size = 64", f"batch_size = {batch}")
+    text = text.replace("epochs = 2", f"epochs = {epochs}")
+    if group_workers is not None:
+        text += f'[comm]\naggregate = "node"\ngroup_workers = {group_workers}\n'
+    return parse_job(text, mpi_tmp_path / f"{name}.toml")
+
+
+def _weights(cfg):
+    m = read_model(cfg.output.dir / "model.h5")
+    return m["tables"]["weights"][:, 0], m["tables"]["bias"][0, 0]
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("batch", [1, 32])
+def test_groups_train_the_same_model_bit_for_bit_with_fewer_server_requests(mpi_tmp_path,
+                                                                             batch):
+    """Batch 1: one-message steps (the server's compiled loop); batch 32: several messages.
+    The server sums the group's concatenated gradients in the members' order, so the model
+    is the one the workers' own pushes give, bit for bit; the server handles about one
+    request per group and step instead of one per worker."""
+    comm = MPI.COMM_WORLD
+    workers = comm.size - 1
+    groups = math.ceil(workers / 2)
+    null = open("/dev/null", "w")
+    off = run_job(_job(mpi_tmp_path, "off", batch), comm, out=null)
+    cfg = _job(mpi_tmp_path, "groups", batch, group_workers=2)
+    on = run_job(cfg, comm, out=null)
+    comm.Barrier()
+    if comm.rank == 0:
+        w_off, b_off = _weights(_job(mpi_tmp_path, "off", batch))
+        w, b = _weights(cfg)
+        assert np.abs(w_off).max() > 1e-3                   # the model did move
+        np.testing.assert_array_equal(w, w_off)
+        assert b == b_off
+        assert on["steps"] == off["steps"]
+        assert on["examples"] == off["examples"]            # every member's rows counted once
+        r_off, r_on = off["servers"][0]["requests"], on["servers"][0]["requests"]
+        # per step: one request per worker, or per group (+ evaluation pulls, stops)
+        steps = off["steps"]
+        assert r_off >= workers * steps
+        assert groups * steps <= r_on < r_off * groups / workers + 4 * workers * cfg.train.epochs
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_group_job_stopped_by_a_member_resumes_to_the_same_model(mpi_tmp_path):
+    """A stop request that reaches a member (not a leader) stops every worker after the same
+    step; the checkpoint it writes resumes, with the groups formed again, to the model of a
+    run without stop or groups."""
+    comm = MPI.COMM_WORLD
+    null = open("/dev/null", "w")
+    run_job(_job(mpi_tmp_path, "ref", 16), comm, out=null)
+    cfg = _job(mpi_tmp_path, "stopped", 16, group_workers=2)
+    stop = StopRequest()
+
+    def hook(worker, clock):
+        if worker == 1 and clock == 7:
+            stop.signum = 15                   # as the handler of a SIGTERM sets it
+
+    first = run_job(cfg, comm, out=null, step_hook=hook, stop=stop)
+    assert first["stopped_by_signal"]
+    second = run_job(cfg, comm, out=null, resume="require", stop=StopRequest())
+    comm.Barrier()
+    if comm.rank == 0:
+        assert "steps" in second                      # the chief's summary: it finished
+        assert second["steps"] > 0                   # steps of this launch
+        w_ref, b_ref = _weights(_job(mpi_tmp_path, "ref", 16))
+        w, b = _weights(cfg)
+        np.testing.assert_array_equal(w, w_ref)
+        assert b == b_ref
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_grow_request_to_a_group_job_is_refused(mpi_tmp_path):
+    """``hpcps grow`` cannot add workers to groups formed at the start: the chief answers the
+    request "refused" with the reason (``Elastic.poll_request``) instead of acting on it."""
+    from hpcps.comm.membership import Membership
+    from hpcps.resilience.elastic import Elastic
+
+    grouped = Elastic(_job(mpi_tmp_path, "grow", 16, group_workers=2), Membership(specs=[]))
+    plain = Elastic(_job(mpi_tmp_path, "grow", 16), Membership(specs=[]))
+    assert "aggregate = 'node'" in grouped.unavailable
+    assert plain.unavailable is None or "aggregate" not in plain.unavailable
