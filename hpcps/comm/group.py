@@ -41,6 +41,8 @@ class StepGroup:
         Members, and this worker's number among them.
     leader : bool
         Whether this worker sends the group's steps (rank 0).
+    n_groups : int
+        Groups of the job (set by :func:`form_groups`).
     step_examples : int
         The leader's: examples of the group's current step (the sum of the members'),
         which its client's clock sends (:meth:`hpcps.worker.client.PSClient.clock`).
@@ -51,6 +53,7 @@ class StepGroup:
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self.leader = self.rank == 0
+        self.n_groups = 1
         self.step_examples = 0
 
     def gather(self, arrays: list) -> list | None:
@@ -163,4 +166,7 @@ def form_groups(roles, group_workers: int = 0):
     flags = np.empty_like(leaders)
     ps.Allreduce(leaders, flags, op=MPI.MAX)
     mine = set(np.flatnonzero(flags).tolist())
-    return group, [r for r in roles.worker_ranks if r in mine]
+    leader_ranks = [r for r in roles.worker_ranks if r in mine]
+    if group is not None:
+        group.n_groups = len(leader_ranks)
+    return group, leader_ranks

@@ -6,6 +6,7 @@ One server; the other ranks are workers, split into groups of ``group_workers`` 
 host): 3 workers in groups [2, 1], 4 in [2, 2].
 """
 
+import io
 import math
 import sys
 
@@ -55,9 +56,12 @@ def test_groups_train_the_same_model_bit_for_bit_with_fewer_server_requests(mpi_
     null = open("/dev/null", "w")
     off = run_job(_job(mpi_tmp_path, "off", batch), comm, out=null)
     cfg = _job(mpi_tmp_path, "groups", batch, group_workers=2)
-    on = run_job(cfg, comm, out=null)
+    text = io.StringIO()
+    on = run_job(cfg, comm, out=text)
     comm.Barrier()
     if comm.rank == 0:
+        assert (f"{groups} group(s) of the {workers} workers; each group's leader sends its "
+                f"steps, the servers serve {groups} worker(s)") in text.getvalue()
         w_off, b_off = _weights(_job(mpi_tmp_path, "off", batch))
         w, b = _weights(cfg)
         assert np.abs(w_off).max() > 1e-3                   # the model did move
