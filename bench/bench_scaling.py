@@ -141,6 +141,56 @@ def mpi_part(args) -> int:
     return 0
 
 
+def group_part(args) -> int:
+    """The collectives of a group's step (:class:`hpcps.worker.steps.GroupSteps`, ``[comm]
+    aggregate = "node"``) on every rank of the launch as one group, per step: the keys
+    gathered (int64), the rows scattered (float32), the gradients, the next step's keys and
+    the example count gathered — ``--group-keys`` keys per member. Writes the leader's wall
+    time per step (the fastest of 5 blocks) to ``--out``."""
+    from mpi4py import MPI
+
+    from hpcps.comm.group import StepGroup
+
+    world = MPI.COMM_WORLD
+    g = StepGroup(world.Dup())
+    K = args.group_keys
+    rng = np.random.default_rng(world.Get_rank())
+    keys = rng.integers(0, 1 << 20, K).astype(np.int64)
+    grads = np.full((K, 1), 1e-3, dtype=np.float32)
+    rows = np.empty((K, 1), dtype=np.float32)
+    count = np.array([256], dtype=np.int64)
+    best = np.inf
+    for _ in range(5):
+        world.Barrier()
+        t0 = MPI.Wtime()
+        for _ in range(args.steps):
+            got = g.gather([keys])
+            parts = [[m[0].view(np.int64).astype(np.float32).reshape(-1, 1)]
+                     for m in got] if g.leader else None
+            g.scatter(parts, [rows])
+            g.gather([grads, keys, count])
+        best = min(best, (MPI.Wtime() - t0) / args.steps)
+    if g.leader:
+        Path(args.out).write_text(json.dumps({"members": g.size, "keys_per_member": K,
+                                              "leader_us_per_step": best * 1e6}))
+    g.free()
+    return 0
+
+
+def fit_group(points: list) -> dict | None:
+    """``a_group + (g K) c_group``: the group's collectives per step at the leader, fitted to
+    :func:`group_part`'s runs (members ``g``, keys per member ``K``); None with fewer than two
+    key counts."""
+    if len({p["members"] * p["keys_per_member"] for p in points}) < 2:
+        return None
+    x = np.array([p["members"] * p["keys_per_member"] for p in points], dtype=float)
+    y = np.array([p["leader_us_per_step"] for p in points])
+    c, a = np.polyfit(x, y, 1)
+    return {"a_group_us": float(max(a, 0.0)), "c_group_ns": float(max(c, 0.0)) * 1e3,
+            "source": ", ".join(f"{p['members']} members x {p['keys_per_member']:,} keys "
+                                f"{p['leader_us_per_step']:.1f} us" for p in points)}
+
+
 # ------------------------------------------------------------------------- model
 
 def fit_fused(calib: list) -> dict | None:
@@ -209,26 +259,34 @@ def fit_costs(pushpull: dict | None, runs: list) -> dict:
     return {"a_us": float(max(a, 0.0)) * 1e6, "c_ns": float(max(c, 0.0)) * 1e9, "source": src}
 
 
-def predict(W, S, K, a_us, c_ns, a_step_us=0.0, c_step_ns=0.0) -> dict:
+def predict(W, S, K, a_us, c_ns, a_step_us=0.0, c_step_ns=0.0, g=1, group=None) -> dict:
     """Step time (ms) with dedicated cores: a server's share (its ``REQUESTS x W`` requests
     of K / S keys each, one after the other, and the step's own work, ``a_step`` and
     ``c_step`` per key of the W K / S it applies) plus a worker's own (``REQUESTS x S``
     requests sent together, K keys, at the server's per-request costs: an upper bound);
-    BSP serialises them: a worker's next pull waits for the server's last answer."""
+    BSP serialises them: a worker's next pull waits for the server's last answer.
+
+    With groups of ``g`` workers (``[comm] aggregate = "node"``; ``group``: :func:`fit_group`'s
+    costs) a server gets ``ceil(W / g)`` requests of ``g K / S`` keys (the same keys in all),
+    and the worker's share is a leader's: its ``S`` requests with ``g K`` keys and the group's
+    collectives, ``a_group + g K c_group``."""
     from hpcps.comm.transport import HEADER_LEN, PART_LEN
     from hpcps.core.consistency import header_len
 
-    t_srv = (REQUESTS * W * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
+    R = -(-W // g)                       # requests per server and step (one per group)
+    t_srv = (REQUESTS * R * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
              + a_step_us * 1e-6 + (W * K / S) * c_step_ns * 1e-9)
-    t_wrk = REQUESTS * S * a_us * 1e-6 + K * c_ns * 1e-9
+    t_wrk = REQUESTS * S * a_us * 1e-6 + g * K * c_ns * 1e-9
+    if g > 1:
+        t_wrk += (group["a_group_us"] * 1e-6 + g * K * group["c_group_ns"] * 1e-9)
     # per worker: the keys and values both ways, a request header per request (72 B), the
     # push's and the pull's descriptions (40 B each), and the shard clock header of the pull
     # reply (8 B x header_len(W): 64 B whatever W since 2026-12-03; it held one clock per
     # worker before, so a server's share grew as W**2, docs/cost_model.md section 9)
-    clock_headers = W * 8 * header_len(W)
+    clock_headers = R * 8 * header_len(R)
     return {"server_ms": 1e3 * t_srv, "worker_ms": 1e3 * t_wrk, "step_ms": 1e3 * (t_srv + t_wrk),
-            "bytes_per_server_step": (W * K / S * KEY_BYTES * 2 + REQUESTS * W * 8 * HEADER_LEN
-                                      + 2 * W * 8 * PART_LEN + clock_headers),
+            "bytes_per_server_step": (W * K / S * KEY_BYTES * 2 + REQUESTS * R * 8 * HEADER_LEN
+                                      + 2 * R * 8 * PART_LEN + clock_headers),
             "clock_header_bytes_per_server_step": clock_headers}
 
 
@@ -245,13 +303,22 @@ def main(argv=None) -> int:
                          "request (comma-separated; '' to fit to --pushpull-json instead)")
     ap.add_argument("--calib-steps", type=int, default=2000,
                     help="BSP steps per calibration run (3 runs per batch)")
+    ap.add_argument("--group-calib", default="2650,26500",
+                    help="keys per member of the group calibration runs (2 ranks, the "
+                         "collectives of [comm] aggregate = 'node'; comma-separated, '' for none)")
+    ap.add_argument("--group-size", type=int, default=32,
+                    help="workers per group in the extrapolation with groups (a node's cores)")
     ap.add_argument("--mpi-part", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--group-part", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--group-keys", type=int, default=2650, help=argparse.SUPPRESS)
     ap.add_argument("--servers", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     benchlib.add_common_args(ap)
     args = ap.parse_args(argv)
     if args.mpi_part:
         return mpi_part(args)
+    if args.group_part:
+        return group_part(args)
     from hpcps.runtime import launch
 
     layouts = QUICK_LAYOUTS if args.quick else LAYOUTS
@@ -297,6 +364,21 @@ def main(argv=None) -> int:
                   f"request, server CPU "
                   f"{min(min(c['server_cpu_us_per_request']) for c in calib[-3:]):.1f} us per "
                   "request (fastest of 3)", flush=True)
+        group_points = []
+        for k in [int(v) for v in args.group_calib.split(",") if v.strip()]:
+            out = d / f"group-{k}.json"
+            cmd, env = launch.build_launch(2, [
+                sys.executable, str(HERE / "bench_scaling.py"), "--group-part", "--steps",
+                20 if args.quick else 200, "--group-keys", k, "--out", out],
+                mpirun=mpirun, flavour=flavour)
+            p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+                raise SystemExit("bench_scaling.py: the group calibration failed")
+            group_points.append(json.loads(out.read_text()))
+            print(f"  group calibration, 2 members x {k:,} keys: "
+                  f"{group_points[-1]['leader_us_per_step']:.1f} us per step at the leader",
+                  flush=True)
     pp = None
     if args.pushpull_json and Path(args.pushpull_json).exists():
         pp = json.loads(Path(args.pushpull_json).read_text())
@@ -329,26 +411,50 @@ def main(argv=None) -> int:
               f"{singles['c_ns']:.1f} ns, fitted to the {singles['source']}: a lower bound, "
               "not what a step sends)")
     K = float(np.mean([r["keys_per_worker_step"] for r in runs]))
+    group = fit_group(group_points)
+    if group:
+        print(f"group collectives: a_group = {group['a_group_us']:.1f} us per step, c_group = "
+              f"{group['c_group_ns']:.2f} ns per key of the group (fitted to {group['source']})")
     extrap = []
-    for W, S in ((64, 8), (256, 32), (512, 64), (1024, 128), (1024, 32)):
+    G = args.group_size
+    for W, S, g in ((64, 8, 1), (256, 32, 1), (512, 64, 1), (1024, 128, 1), (1024, 32, 1),
+                    (64, 8, G), (256, 32, G), (1024, 128, G)):
+        if g > 1 and group is None:
+            continue
         m = predict(W, S, K, costs["a_us"], costs["c_ns"], costs.get("a_step_us", 0.0),
-                    costs.get("c_step_ns", 0.0))
-        extrap.append({"workers": W, "servers": S, **m, "examples_per_second": W * BATCH / (m["step_ms"] * 1e-3)})
-        print(f"  extrapolated {W:>5} workers, {S:>4} servers: {m['step_ms']:7.2f} ms/step "
+                    costs.get("c_step_ns", 0.0), g=g, group=group)
+        extrap.append({"workers": W, "servers": S, "group": g, **m,
+                       "examples_per_second": W * BATCH / (m["step_ms"] * 1e-3)})
+        print(f"  extrapolated {W:>5} workers, {S:>4} servers"
+              + (f", groups of {g}" if g > 1 else "") + f": {m['step_ms']:7.2f} ms/step "
               f"(server {m['server_ms']:.2f}, worker {m['worker_ms']:.2f}), "
               f"{m['bytes_per_server_step'] / 1e6:.2f} MB per server per step, "
               f"{W * BATCH / (m['step_ms'] * 1e-3):,.0f} ex/s")
     rep = benchlib.Report("scaling")
     rep.details.update({"runs": runs, "costs": costs, "costs_single_requests": singles,
                         "calibration": calib, "keys_per_worker_step": K,
+                        "group_calibration": group_points, "group_costs": group,
                         "extrapolation": extrap, "cores": cores, "batch": BATCH})
     # issue 20's goals for the extrapolation
-    big = next(e for e in extrap if (e["workers"], e["servers"]) == (1024, 128))
-    small = next(e for e in extrap if (e["workers"], e["servers"]) == (64, 8))
-    rep.ratio("cost model: examples/s extrapolated to 1,024 workers / 128 servers",
+    def at(W, S, g):
+        return next((e for e in extrap if (e["workers"], e["servers"], e["group"]) == (W, S, g)),
+                    None)
+
+    # the goals on the layout a user would run at that size: groups of a node's workers when
+    # the group calibration ran ([comm] aggregate = "node"), else one request per worker
+    g = G if at(1024, 128, G) else 1
+    big, small = at(1024, 128, g), at(64, 8, g)
+    how = f", groups of {g}" if g > 1 else ""
+    rep.ratio(f"cost model: examples/s extrapolated to 1,024 workers / 128 servers{how}",
               big["examples_per_second"], GOAL_EXAMPLES_PER_SECOND, unit=" ex/s")
-    rep.ratio("cost model: examples/s at 1,024 workers / 128 servers over 64 workers / 8 servers",
-              big["examples_per_second"] / small["examples_per_second"], GOAL_GROWTH)
+    rep.ratio(f"cost model: examples/s at 1,024 workers / 128 servers over 64 workers / 8 "
+              f"servers{how}", big["examples_per_second"] / small["examples_per_second"],
+              GOAL_GROWTH)
+    if g > 1:
+        rep.ratio("cost model: examples/s at 1,024 workers / 128 servers over 64 workers / 8 "
+                  "servers, one request per worker (no groups)",
+                  at(1024, 128, 1)["examples_per_second"] / at(64, 8, 1)["examples_per_second"],
+                  None)
     one = {r["workers"]: r for r in runs if r["servers"] == 1}
     wmax = max(one) if 1 in one else 1
     if wmax > 1:
