@@ -1,23 +1,24 @@
-"""Groups of workers on one node whose BSP steps one of them sends for all (issue 20: a
-server's requests per step grow with the number of workers; aggregated, with the number of
-groups).
+"""Groups of workers on one node that send their BSP steps together (issue 20: a server's
+requests per step grew with the number of workers; grouped, with the number of groups).
 
 ``[comm] aggregate = "node"`` splits the workers by node (``MPI_COMM_TYPE_SHARED``) and each
 node's workers, in worker order, into groups of at most ``[comm] group_workers`` (0: one
-group per node). In every step each group's members hand their keys, gradients and example
-counts to the group's leader (its first worker) in one ``MPI_Gatherv``; the leader pushes the
-group's gradients (concatenated in worker order, so that a server sums the same values in
-the same order as it would have summed the members' own pushes), clocks the group's step
-and pulls the union of the members' keys for the next step, and hands each member its rows
-in one ``MPI_Scatterv``. Servers see the leaders as their workers: the pattern of MXNet's
-local aggregation ("kvstore = dist_sync" with one push per machine) and of the hierarchical
-parameter servers of Li et al. (OSDI 2014, section 5.3: a server group per data center,
-aggregating before the wide-area link), here for the requests a server handles per step.
+group per node). Each server gets one worker per group: member ``s mod g`` of a group of
+``g`` sends the group's requests to server ``s`` (its *owner*), so a server handles one
+request per group and step and a worker sends about ``S / g`` requests per step instead of
+``S``. In every step the members exchange, with ``MPI_Alltoallv`` over the group, the keys
+of each server for its owner; an owner pulls them (concatenated in member order) and sends
+each member its rows back; then the gradients (and the next step's keys) go to the owners
+the same way, and each owner pushes the group's gradients for its servers and clocks them
+with the group's examples (:class:`hpcps.worker.steps.GroupSteps`). A server thus sums the
+same gradient rows in the same order as it would have summed the members' own pushes.
+It is the reduce-scatter-by-server of MXNet's and ps-lite's local aggregation ("one push per
+machine"), and of the hierarchical parameter servers of Li et al. (OSDI 2014, section 5.3),
+here without summing on the workers (the servers sum, in a fixed order).
 
-Everything a member sends or receives outside the step (evaluation pulls, the final
-model) still goes to the servers directly. Only the communication layer uses MPI: the
-worker's step runner (:class:`hpcps.worker.steps.GroupSteps`) calls :meth:`StepGroup.gather`
-and :meth:`StepGroup.scatter`.
+Everything a member sends or receives outside the step (evaluation pulls, checkpoints, the
+final model) still goes to the servers directly. Only the communication layer uses MPI: the
+worker's step runner calls :meth:`StepGroup.counts` and :meth:`StepGroup.alltoall`.
 """
 
 from __future__ import annotations
@@ -36,91 +37,74 @@ class StepGroup:
     Attributes
     ----------
     comm : mpi4py.MPI.Intracomm
-        The group's members, in worker order (rank 0: the leader).
+        The group's members, in worker order.
     size, rank : int
         Members, and this worker's number among them.
-    leader : bool
-        Whether this worker sends the group's steps (rank 0).
     n_groups : int
         Groups of the job (set by :func:`form_groups`).
+    owned : list of int
+        The key ranges (servers) this member sends the group's requests to: ``s`` with
+        ``s mod size == rank`` (set by :func:`form_groups`; maybe none).
     step_examples : int
-        The leader's: examples of the group's current step (the sum of the members'),
-        which its client's clock sends (:meth:`hpcps.worker.client.PSClient.clock`).
+        Examples of the group's current step (the sum of the members'), which an owner's
+        client clocks its servers with (:meth:`hpcps.worker.client.PSClient.clock`).
     """
 
     def __init__(self, comm):
         self.comm = comm
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
-        self.leader = self.rank == 0
         self.n_groups = 1
+        self.owned: list = []
         self.step_examples = 0
 
-    def gather(self, arrays: list) -> list | None:
-        """Every member's ``arrays`` at the leader. Collective over the group.
+    def counts(self, send: np.ndarray) -> np.ndarray:
+        """``out[m]`` = member ``m``'s ``send[self.rank]``: every member tells every member
+        its row (``MPI_Alltoall``). Collective over the group.
 
         Parameters
         ----------
-        arrays : list of ndarray
-            C-contiguous arrays, as many and of the same dtypes on every member (their
-            lengths may differ).
+        send : int64 ndarray (size, n)
+            Row ``d`` for member ``d`` (``n`` the same on every member).
 
         Returns
         -------
-        list of list of ndarray or None
-            On the leader, ``out[m][i]``: member ``m``'s ``arrays[i]``, 1-D, of its dtype
-            (views into one receive buffer); None on the other members.
+        int64 ndarray (size, n)
         """
-        lens = np.array([a.nbytes for a in arrays], dtype=np.int64)
-        table = np.empty((self.size, lens.size), dtype=np.int64) if self.leader else None
-        self.comm.Gather(lens, table, root=0)
-        send = (np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-                                for a in arrays]) if arrays else np.empty(0, dtype=np.uint8))
-        if not self.leader:
-            self.comm.Gatherv(send, None, root=0)
-            return None
-        counts = table.sum(axis=1)
-        recv = np.empty(int(counts.sum()), dtype=np.uint8)
-        self.comm.Gatherv(send, [recv, counts, _displs(counts), MPI.BYTE], root=0)
-        out, pos = [], 0
-        for m in range(self.size):
-            mine = []
-            for i, a in enumerate(arrays):
-                n = int(table[m, i])
-                mine.append(recv[pos:pos + n].view(a.dtype))
-                pos += n
-            out.append(mine)
+        send = np.ascontiguousarray(send, dtype=np.int64)
+        out = np.empty_like(send)
+        self.comm.Alltoall(send, out)
         return out
 
-    def scatter(self, parts: list | None, outs: list) -> None:
-        """Member ``m`` gets ``parts[m]`` (the leader's) into its ``outs``. Collective over
-        the group.
+    def alltoall(self, parts: list, recv_bytes) -> list:
+        """Member ``d`` gets ``parts[d]`` of every member (``MPI_Alltoallv`` of bytes).
+        Collective over the group.
 
         Parameters
         ----------
-        parts : list of list of ndarray or None
-            The leader's: for each member, its arrays in the order of its ``outs``, of their
-            dtypes and sizes (None on the other members).
-        outs : list of ndarray
-            This member's C-contiguous receive arrays (their sizes known to it).
+        parts : list of list of ndarray
+            For each member ``d``, the C-contiguous arrays for it, in order.
+        recv_bytes : sequence of int
+            For each member ``m``, the bytes it sends this member (from :meth:`counts` or
+            known from an earlier exchange).
 
-        The parts must have the sizes of the members' ``outs`` (the leader built them from
-        the keys the members gathered); MPI raises on a longer one.
+        Returns
+        -------
+        list of uint8 ndarray
+            For each member ``m``, what it sent (views into one receive buffer), to be cut
+            into its arrays by the caller.
         """
-        recv = np.empty(sum(o.nbytes for o in outs), dtype=np.uint8)
-        if self.leader:
-            bufs = [np.concatenate([np.ascontiguousarray(p).reshape(-1).view(np.uint8)
-                                    for p in ps]) if ps else np.empty(0, dtype=np.uint8)
-                    for ps in parts]
-            counts = np.array([b.size for b in bufs], dtype=np.int64)
-            send = np.concatenate(bufs) if bufs else np.empty(0, dtype=np.uint8)
-            self.comm.Scatterv([send, counts, _displs(counts), MPI.BYTE], recv, root=0)
-        else:
-            self.comm.Scatterv(None, recv, root=0)
-        pos = 0
-        for o in outs:
-            o.reshape(-1).view(np.uint8)[:] = recv[pos:pos + o.nbytes]
-            pos += o.nbytes
+        bufs = [[np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in ps]
+                for ps in parts]
+        scounts = np.array([sum(x.size for x in b) for b in bufs], dtype=np.int64)
+        send = (np.concatenate([x for b in bufs for x in b]) if scounts.sum()
+                else np.empty(0, dtype=np.uint8))
+        rcounts = np.asarray(recv_bytes, dtype=np.int64)
+        recv = np.empty(int(rcounts.sum()), dtype=np.uint8)
+        rdispl = _displs(rcounts)
+        self.comm.Alltoallv([send, scounts, _displs(scounts), MPI.BYTE],
+                            [recv, rcounts, rdispl, MPI.BYTE])
+        return [recv[int(o):int(o) + int(n)] for o, n in zip(rdispl, rcounts)]
 
     def free(self) -> None:
         """Free the group's communicator. Collective over the group."""
@@ -136,8 +120,9 @@ def _displs(counts: np.ndarray) -> np.ndarray:
 
 def form_groups(roles, group_workers: int = 0):
     """Split the workers into :class:`StepGroup` s by node (at most ``group_workers`` each;
-    0: a node's workers). Collective over every rank of ``roles.ps`` (servers take part to
-    learn the leaders).
+    0: a node's workers) and give each server one worker per group: member ``s mod g`` of a
+    group of ``g`` sends the group's requests to server ``s`` (:attr:`StepGroup.owned`).
+    Collective over every rank of ``roles.ps`` (the servers learn their workers).
 
     Parameters
     ----------
@@ -148,11 +133,12 @@ def form_groups(roles, group_workers: int = 0):
     Returns
     -------
     (StepGroup or None, list of int)
-        This worker's group (None on a server) and the ``ps`` ranks of every group's leader,
-        in worker order: the workers the servers serve.
+        This worker's group (None on a server); on a server the ``ps`` ranks of its workers
+        (one per group, in worker order), on a worker those of every group's first member.
     """
     ps = roles.ps
-    leaders = np.zeros(ps.Get_size(), dtype=np.int64)
+    n_servers = roles.n_servers
+    row = np.full(3, -1, dtype=np.int64)          # group id (its first rank), rank, size
     group = None
     if roles.role != core.SERVER:
         wc = roles.role_comm
@@ -162,11 +148,15 @@ def form_groups(roles, group_workers: int = 0):
         comm = node.Split(color, key=r)
         node.Free()
         group = StepGroup(comm)
-        leaders[ps.Get_rank()] = int(group.leader)
-    flags = np.empty_like(leaders)
-    ps.Allreduce(leaders, flags, op=MPI.MAX)
-    mine = set(np.flatnonzero(flags).tolist())
-    leader_ranks = [r for r in roles.worker_ranks if r in mine]
+        first = np.array([ps.Get_rank()], dtype=np.int64)
+        comm.Bcast(first, root=0)
+        row[:] = (first[0], group.rank, group.size)
+        group.owned = [s for s in range(n_servers) if s % group.size == group.rank]
+    table = np.empty((ps.Get_size(), 3), dtype=np.int64)
+    ps.Allgather(row, table)
+    firsts = sorted({int(t[0]) for t in table if t[0] >= 0})
     if group is not None:
-        group.n_groups = len(leader_ranks)
-    return group, leader_ranks
+        group.n_groups = len(firsts)
+        return group, [r for r in roles.worker_ranks if r in set(firsts)]
+    s = roles.index
+    return None, [r for r in roles.worker_ranks if table[r, 1] == s % table[r, 2]]

@@ -156,8 +156,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             elastic.mark_running()
         server = client = trainer = group = None
         ranges = None
-        served = roles.worker_ranks          # the workers the servers serve
-        if cfg.comm.aggregate == "node":     # a group's leader sends its steps (collective)
+        served = roles.worker_ranks          # a server's workers
+        if cfg.comm.aggregate == "node":     # one per group and server (collective)
             group, served = form_groups(roles, cfg.comm.group_workers)
         if roles.role == core.SERVER:
             ep = ServerEndpoint(roles.ps, cfg.comm.max_message_bytes)
@@ -222,6 +222,11 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 path = write_model(RunDir(cfg.output.dir).model, model_tables(client), cfg,
                                    step=result["clock"], epoch=result["epochs"])
                 result["model_path"] = str(path)
+            if group is not None:
+                # a server's workers are one per group: the chief's last requests (the final
+                # checkpoint, the model's PULL_SHARDs) to a server it does not own must be
+                # answered before that server's own workers tell it to stop
+                barrier(roles.role_comm)
             client.stop()
             if group is not None:
                 group.free()

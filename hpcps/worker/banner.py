@@ -47,8 +47,8 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
     g = getattr(tr.client, "group", None)
     if g is not None:
         lines.append(f"groups ([comm] aggregate = 'node'): {g.n_groups} group(s) of the "
-                     f"{tr.n_workers} workers; each group's leader sends its steps, the "
-                     f"servers serve {g.n_groups} worker(s)")
+                     f"{tr.n_workers} workers send their steps together; each server gets "
+                     f"{g.n_groups} request(s) per step")
     if restore is not None:
         lines.append(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
                   f"step {int(restore['step_in_epoch'])} of the epoch, written by "

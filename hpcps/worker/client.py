@@ -65,10 +65,10 @@ class PSClient(NextPull, KeptPushes):
     max_bytes : int
         Largest message (``[comm] max_message_bytes``); bigger ones are split.
     group : hpcps.comm.group.StepGroup or None
-        This worker's group (``[comm] aggregate = "node"``): a leader's :meth:`clock` sends
-        the group's examples; a member's steps go through its leader
-        (:class:`hpcps.worker.steps.GroupSteps`), its :meth:`clock` only counts and its
-        :meth:`stop` sends nothing (the servers serve the leaders).
+        This worker's group (``[comm] aggregate = "node"``): its steps go through the
+        group (:class:`hpcps.worker.steps.GroupSteps`); :meth:`clock` and :meth:`stop` go
+        to the servers it owns for the group (``group.owned``, maybe none), the clock with
+        the group's examples.
     """
 
     def __init__(self, membership, policy=None, max_bytes: int = 1 << 30, group=None):
@@ -447,15 +447,12 @@ class PSClient(NextPull, KeptPushes):
         free again when this returns. Sends still pending from the previous clock are
         waited for first, so at most one step's buffers are held.
 
-        In a group (:attr:`group`) the leader sends the group's step with the group's
-        examples (``n_examples`` is then the leader's own, and not used); a member sends
-        nothing.
+        In a group (:attr:`group`) it goes to the servers this worker owns for the group,
+        with the group's examples (``n_examples``, this worker's own, is then not used).
         """
         g = self.group
+        ranges = range(self.n_servers) if g is None else g.owned
         if g is not None:
-            if not g.leader:
-                self.clock_value += 1
-                return self.clock_value
             n_examples = g.step_examples
         if self.ep.pending:
             self.ep.complete(tp.PUSH)
@@ -465,7 +462,7 @@ class PSClient(NextPull, KeptPushes):
         staged, self.staged = self.staged, {}
         nxt, self.next_pull = self.next_pull, None
         pulls = self._pulls_by_server(nxt[2]) if nxt is not None else None
-        for s in range(self.n_servers):
+        for s in ranges:
             parts = staged.get(s)
             if pulls is not None and pulls[s]:
                 self._send_step(s, parts or [], pulls[s], n_examples, epoch)
@@ -606,14 +603,11 @@ class PSClient(NextPull, KeptPushes):
                 for r in replies]
 
     def stop(self) -> None:
-        """Tell every server this worker is done (after its last pull); a group's member
-        (:attr:`group`) is not one of the servers' workers and tells nothing."""
-        if self.group is not None and not self.group.leader:
-            self._settle()
-            return
+        """Tell every server this worker is done (after its last pull); in a group
+        (:attr:`group`) the servers it owns for the group (their workers)."""
         self._settle()
         self.send_staged()
-        for s in range(self.n_servers):
+        for s in (range(self.n_servers) if self.group is None else self.group.owned):
             self.ep.send(s, tp.make_header(tp.STOP, rng=s))
         self.ep.complete(tp.STOP)
 

@@ -240,29 +240,28 @@ class SyncSteps:
 
 
 class GroupSteps(SyncSteps):
-    """BSP steps of a group of workers on one node whose leader sends the group's step for
-    all of them (``[comm] aggregate = "node"``; :mod:`hpcps.comm.group`), so that a server
-    handles one request per group and step.
+    """BSP steps of a group of workers on one node that send their requests together
+    (``[comm] aggregate = "node"``; :mod:`hpcps.comm.group`): each server gets one request
+    per group and step, from the member that owns it for the group (``group.owned``).
 
     Every member, every step (the same collectives in the same order on all of them, with
     empty arrays where a member has no rows):
 
-    1. its keys per table go to the leader (one gather), unless they went with the step
-       before's gradients;
-    2. the leader pulls the members' keys, concatenated in member order, in one
-       ``pull_many`` (taking the replies its last clock asked for, :meth:`PSClient.pull_next`)
-       and hands each member its rows (one scatter);
+    1. its keys, grouped by server, to each server's owner (``MPI_Alltoall`` of the counts,
+       ``MPI_Alltoallv`` of the keys), unless they went with the step before's gradients;
+    2. each owner pulls the keys it got for its servers, concatenated in member order, in
+       one ``pull_many`` (taking the replies its last clock asked for,
+       :meth:`PSClient.pull_next`), and sends each member its rows back (``MPI_Alltoallv``);
     3. each computes its gradient; the non-finite guard votes as without groups;
-    4. its gradient rows, its example count and the next step's keys go to the leader (one
-       gather), which pushes the concatenated gradients with ``defer`` and holds the next
-       step's pulls for its clock; the trainer's clock then sends the group's step with the
-       group's examples (:attr:`hpcps.comm.group.StepGroup.step_examples`), a member's
-       clock only counts.
+    4. its gradient rows, the next step's keys and its example count to the owners (as in
+       1.); each owner pushes the group's gradients for its servers with ``defer`` and holds
+       the next step's pulls for its clock, which the trainer's :meth:`PSClient.clock` sends
+       to its servers with the group's examples (:attr:`StepGroup.step_examples`).
 
-    A server sums the same gradient rows in the same order as the members' own pushes would
-    have given it (members are consecutive workers; the push keeps each server's keys in
-    order), and each member's rows are those its own pull would have read: the model is the
-    same bit for bit as without groups.
+    A server thus sums the same gradient rows in the same order as the members' own pushes
+    would have given it (members are consecutive workers; each member's keys of a server
+    keep their order), and each member's rows are those its own pull would have read: the
+    model is the same bit for bit as without groups.
 
     Parameters
     ----------
@@ -270,20 +269,21 @@ class GroupSteps(SyncSteps):
         This worker's client, whose ``group`` is its :class:`hpcps.comm.group.StepGroup`.
     model, index, step_hook, guard, fuse
         As :class:`SyncSteps` (``fuse``: the next step's keys go with the gradients and the
-        leader's pulls with its clock).
+        owners' pulls with their clocks).
     """
 
     def __init__(self, client, model, index: int, step_hook=None, guard=None, fuse=False):
         super().__init__(client, model, index, step_hook, guard, fuse)
         self.group = client.group
         self.specs = list(client.specs)
-        self._known = False       # this step's keys went to the leader with the step before's
-        self._keys = None         # leader: [table][member] keys of this step
-        self._req = None          # leader: the pulls of this step, as pull_many gets them
+        self.row_bytes = np.array([s.dim * np.dtype(s.dtype).itemsize for s in self.specs],
+                                  dtype=np.int64)
+        self._known = False   # this step's keys went to the owners with the step before's
+        self._in = None       # as owner: (keys per table from each member (G, T), {table: keys})
 
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
         super().begin_epoch(X, y, order, steps, batch_size)
-        self._known, self._keys, self._req = False, None, None
+        self._known, self._in = False, None
 
     def _key_arrays(self, keys: dict) -> list:
         """``keys`` (``{table: keys}``, maybe without some tables) as one int64 array per
@@ -291,26 +291,52 @@ class GroupSteps(SyncSteps):
         return [np.ascontiguousarray(keys[s.name], dtype=np.int64).reshape(-1)
                 if s.name in keys else np.empty(0, dtype=np.int64) for s in self.specs]
 
-    def _plan(self, keys_by_member: list) -> None:
-        """The leader's pulls of a step from the members' keys (``[member][table]``)."""
-        t_count = len(self.specs)
-        self._keys = [[m[t] for m in keys_by_member] for t in range(t_count)]
-        self._req = {}
-        for spec, ks in zip(self.specs, self._keys):
-            if any(k.size for k in ks):
-                self._req[spec.name] = np.concatenate(ks)
+    def _route(self, arrays: list) -> tuple:
+        """Per table, the positions of ``arrays``' keys in the order they go to the owners
+        (by owner, then by server, each server's keys in their order), and the keys per
+        owner and table, int64 ``(G, T)``."""
+        G = self.group.size
+        idx, counts = [], np.zeros((G, len(arrays)), dtype=np.int64)
+        for t, k in enumerate(arrays):
+            if not k.size:
+                idx.append(np.empty(0, dtype=np.int64))
+                continue
+            order, bounds = self.client.routing.group(t, k)
+            pos = np.arange(k.size, dtype=np.int64) if order is None else order
+            owner = np.repeat(np.arange(bounds.size - 1, dtype=np.int64) % G, np.diff(bounds))
+            by = np.argsort(owner, kind="stable")
+            idx.append(pos[by])
+            counts[:, t] = np.bincount(owner, minlength=G)
+        return idx, counts
 
-    def _rows_for_members(self, rows: dict) -> list:
-        """The leader's parts of the scatter: each member's rows per table, in table order."""
-        parts = [[] for _ in range(self.group.size)]
-        for spec, ks in zip(self.specs, self._keys):
-            got = rows.get(spec.name)
-            pos = 0
-            for m, k in enumerate(ks):
-                if k.size:
-                    parts[m].append(got[pos:pos + k.size])
-                    pos += k.size
+    def _send_parts(self, arrays: list, idx: list, counts: np.ndarray) -> list:
+        """For each owner, each table's rows of ``arrays`` (positions ``idx``) for it."""
+        G = self.group.size
+        parts = [[] for _ in range(G)]
+        for t, a in enumerate(arrays):
+            sent = a[idx[t]]
+            off = 0
+            for d in range(G):
+                n = int(counts[d, t])
+                if n:
+                    parts[d].append(sent[off:off + n])
+                off += n
         return parts
+
+    def _take_keys(self, got: list, incoming: np.ndarray, skip: np.ndarray = None) -> None:
+        """As owner: the keys each member sent (``got[m]``, after ``skip[m]`` bytes), per
+        table in member order, and the pulls of them."""
+        T = len(self.specs)
+        per = [[] for _ in range(T)]
+        for m, buf in enumerate(got):
+            pos = 0 if skip is None else int(skip[m])
+            for t in range(T):
+                n = int(incoming[m, t])
+                if n:
+                    per[t].append(buf[pos:pos + 8 * n].view(np.int64))
+                pos += 8 * n
+        req = {self.specs[t].name: np.concatenate(per[t]) for t in range(T) if per[t]}
+        self._in = (incoming, req)
 
     def step(self, i: int, rows, final: bool = False) -> float:
         """Run step ``i`` on ``rows`` (maybe empty) with the group; return the summed loss of
@@ -320,10 +346,11 @@ class GroupSteps(SyncSteps):
         Raises
         ------
         RuntimeError
-            If this step's rows are not those announced with the step before (the group's
-            leader pulled for those).
+            If this step's rows are not those announced with the step before (the owners
+            pulled for those).
         """
         g = self.group
+        G, T = g.size, len(self.specs)
         self.last_rejected = False
         self.last_n = int(rows.size)
         g.step_examples = 0
@@ -333,23 +360,40 @@ class GroupSteps(SyncSteps):
         if known and rows.size and (nxt is None or not (nxt[0] is rows
                                                         or np.array_equal(nxt[0], rows))):
             raise RuntimeError(f"worker {self.index}: step {i}'s rows are not those it "
-                               "announced to its group's leader")
+                               "announced to its group")
         if rows.size:
             Xb, yb, keys = self._batch(rows)
             self.last_n = int(Xb.shape[0])
         mine = self._key_arrays(keys)
-        if not known:
-            got = g.gather(mine)
-            if g.leader:
-                self._plan(got)
-        outs = [np.empty((k.size, s.dim), dtype=s.dtype) for k, s in zip(mine, self.specs)]
-        parts = None
-        if g.leader:
-            pulled = self.client.pull_many(self._req) if self._req else {}
-            parts = self._rows_for_members(pulled)
-        g.scatter(parts, [o for o in outs if o.size])
-        if rows.size:
-            params = {s.name: o for s, o in zip(self.specs, outs) if s.name in keys}
+        idx, counts = self._route(mine)
+        if not known:                                   # 1. keys to the owners
+            incoming = g.counts(counts)
+            got = g.alltoall(self._send_parts(mine, idx, counts), 8 * incoming.sum(axis=1))
+            self._take_keys(got, incoming)
+        incoming, req = self._in
+        # 2. the owners pull, and send each member its rows
+        pulled = self.client.pull_many(req) if req else {}
+        back = [[] for _ in range(G)]
+        for t, spec in enumerate(self.specs):
+            got_t, off = pulled.get(spec.name), 0
+            for m in range(G):
+                n = int(incoming[m, t])
+                if n:
+                    back[m].append(got_t[off:off + n])
+                    off += n
+        mine_rows = g.alltoall(back, counts @ self.row_bytes)
+        params = {}
+        pos = np.zeros(G, dtype=np.int64)
+        for t, spec in enumerate(self.specs):
+            out = np.empty((mine[t].size, spec.dim), dtype=spec.dtype)
+            sent = np.concatenate([mine_rows[d][pos[d]:pos[d] + counts[d, t] * self.row_bytes[t]]
+                                   for d in range(G)]) if mine[t].size else None
+            pos += counts[:, t] * self.row_bytes[t]
+            if sent is not None:
+                out[idx[t]] = sent.view(spec.dtype).reshape(-1, spec.dim)
+            if spec.name in keys:
+                params[spec.name] = out
+        if rows.size:                                   # 3. the gradient
             loss, grads = self.model.loss_grad(Xb, yb, keys, params)
             code = self.guard.code(loss, grads, self.dtypes)
         if not self.guard.check(self.client.clock_value, code):
@@ -366,27 +410,38 @@ class GroupSteps(SyncSteps):
                 nX = self.X[nrows]
                 nkeys = self.model.batch_keys(nX)
                 self._next = (nrows, nX, self.y[nrows], nkeys)
-        vals = []
-        for spec, k in zip(self.specs, mine):
-            gr = grads.get(spec.name)
-            vals.append(np.empty((0, spec.dim), dtype=spec.dtype) if gr is None else
-                        np.ascontiguousarray(_as_rows(gr, k.size), dtype=spec.dtype))
-        payload = vals + (self._key_arrays(nkeys) if announce else [])
-        payload.append(np.array([self.last_n if rows.size else 0], dtype=np.int64))
-        got = g.gather(payload)
-        if g.leader:
-            t_count = len(self.specs)
-            for t, spec in enumerate(self.specs):
-                ks = self._keys[t]
-                if not any(k.size for k in ks):
-                    continue
-                gr = np.concatenate([got[m][t] for m in range(g.size)]).reshape(-1, spec.dim)
-                self.client.push(spec.name, self._req[spec.name], gr, defer=True)
-            g.step_examples = int(sum(int(got[m][-1][0]) for m in range(g.size)))
-            if announce:
-                self._plan([got[m][t_count:2 * t_count] for m in range(g.size)])
-                if self._req:
-                    self.client.pull_next(self._req)
+        # 4. gradients, next keys and examples to the owners
+        vals = [np.empty((0, spec.dim), dtype=spec.dtype) if spec.name not in grads else
+                np.ascontiguousarray(_as_rows(grads[spec.name], k.size), dtype=spec.dtype)
+                for spec, k in zip(self.specs, mine)]
+        parts = self._send_parts(vals, idx, counts)
+        head = np.zeros((G, T + 1), dtype=np.int64)
+        head[:, T] = self.last_n if rows.size else 0
+        if announce:
+            nmine = self._key_arrays(nkeys)
+            nidx, ncounts = self._route(nmine)
+            head[:, :T] = ncounts
+            for d, extra in enumerate(self._send_parts(nmine, nidx, ncounts)):
+                parts[d].extend(extra)
+        told = g.counts(head)
+        grad_bytes = incoming @ self.row_bytes
+        got = g.alltoall(parts, grad_bytes + 8 * told[:, :T].sum(axis=1))
+        offs = np.zeros(G, dtype=np.int64)
+        for t, spec in enumerate(self.specs):
+            chunks = []
+            for m in range(G):
+                nb = int(incoming[m, t] * self.row_bytes[t])
+                if nb:
+                    chunks.append(got[m][offs[m]:offs[m] + nb])
+                offs[m] += nb
+            if chunks:
+                gr = np.concatenate(chunks).view(spec.dtype).reshape(-1, spec.dim)
+                self.client.push(spec.name, req[spec.name], gr, defer=True)
+        g.step_examples = int(told[:, T].sum())
+        if announce:
+            self._take_keys(got, told[:, :T], skip=grad_bytes)
+            if self._in[1]:
+                self.client.pull_next(self._in[1])
         self._known = announce
         return loss
 

@@ -25,11 +25,11 @@ from test_bsp_equivalence import JOB  # noqa: E402
 ROWS = 600
 
 
-def _job(mpi_tmp_path, name, batch, group_workers=None, epochs=2):
+def _job(mpi_tmp_path, name, batch, group_workers=None, epochs=2, servers=1):
     from pathlib import Path
 
     data = Path(__file__).resolve().parents[2] / "data" / "adult.csv.gz"
-    text = JOB.format(servers=1, data=data, rows=ROWS, l2=0.01, out=mpi_tmp_path / name)
+    text = JOB.format(servers=servers, data=data, rows=ROWS, l2=0.01, out=mpi_tmp_path / name)
     text = text.replace("batch_size = 64", f"batch_size = {batch}")
     text = text.replace("epochs = 2", f"epochs = {epochs}")
     if group_workers is not None:
@@ -43,37 +43,40 @@ def _weights(cfg):
 
 
 @pytest.mark.mpi(min_size=4)
-@pytest.mark.parametrize("batch", [1, 32])
+@pytest.mark.parametrize("batch, servers", [(1, 1), (32, 1), (8, 2)])
 def test_groups_train_the_same_model_bit_for_bit_with_fewer_server_requests(mpi_tmp_path,
-                                                                             batch):
-    """Batch 1: one-message steps (the server's compiled loop); batch 32: several messages.
-    The server sums the group's concatenated gradients in the members' order, so the model
-    is the one the workers' own pushes give, bit for bit; the server handles about one
-    request per group and step instead of one per worker."""
+                                                                             batch, servers):
+    """Batch 1: one-message steps (the server's compiled loop); batch 32: several messages;
+    2 servers: each owned by another member of a group, one of them not by the chief (whose
+    final requests to it must be answered before its owners stop it). The server sums the
+    group's concatenated gradients in the members' order, so the model is the one the
+    workers' own pushes give, bit for bit; the server handles about one request per group
+    and step instead of one per worker."""
     comm = MPI.COMM_WORLD
-    workers = comm.size - 1
+    workers = comm.size - servers
     groups = math.ceil(workers / 2)
     null = open("/dev/null", "w")
-    off = run_job(_job(mpi_tmp_path, "off", batch), comm, out=null)
-    cfg = _job(mpi_tmp_path, "groups", batch, group_workers=2)
+    off = run_job(_job(mpi_tmp_path, "off", batch, servers=servers), comm, out=null)
+    cfg = _job(mpi_tmp_path, "groups", batch, group_workers=2, servers=servers)
     text = io.StringIO()
     on = run_job(cfg, comm, out=text)
     comm.Barrier()
     if comm.rank == 0:
-        assert (f"{groups} group(s) of the {workers} workers; each group's leader sends its "
-                f"steps, the servers serve {groups} worker(s)") in text.getvalue()
-        w_off, b_off = _weights(_job(mpi_tmp_path, "off", batch))
+        assert (f"{groups} group(s) of the {workers} workers send their steps together; each "
+                f"server gets {groups} request(s) per step") in text.getvalue()
+        w_off, b_off = _weights(_job(mpi_tmp_path, "off", batch, servers=servers))
         w, b = _weights(cfg)
         assert np.abs(w_off).max() > 1e-3                   # the model did move
         np.testing.assert_array_equal(w, w_off)
         assert b == b_off
         assert on["steps"] == off["steps"]
         assert on["examples"] == off["examples"]            # every member's rows counted once
-        r_off, r_on = off["servers"][0]["requests"], on["servers"][0]["requests"]
-        # per step: one request per worker, or per group (+ evaluation pulls, stops)
         steps = off["steps"]
-        assert r_off >= workers * steps
-        assert groups * steps <= r_on < r_off * groups / workers + 4 * workers * cfg.train.epochs
+        for s_off, s_on in zip(off["servers"], on["servers"]):
+            # per step: one request per worker, or per group (+ evaluation pulls, stops)
+            r_off, r_on = s_off["requests"], s_on["requests"]
+            assert r_off >= workers * steps
+            assert groups * steps <= r_on < r_off * groups / workers + 4 * workers * cfg.train.epochs
 
 
 @pytest.mark.mpi(min_size=4)
