@@ -188,7 +188,7 @@ def aggregate(ck: Checker, table: dict, vals: dict, cluster: dict, consistency: 
         why = (f"[consistency] model = 'bsp' (a group's step is one clock of all its "
                f"workers), got {consistency['model']!r}")
     elif consistency["pull"] != "p2p" and ck.good("consistency.pull"):
-        why = "[consistency] pull = 'p2p' (the leader pulls for its group), got 'rma'"
+        why = "[consistency] pull = 'p2p' (a group's owners pull for it), got 'rma'"
     elif fault_tolerance["mode"] == "continue" and ck.good("fault_tolerance.mode"):
         why = "[fault_tolerance] mode = 'restart' (a group cannot lose a member and go on)"
     elif elastic.get("add_workers"):

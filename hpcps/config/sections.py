@@ -319,10 +319,10 @@ class CommConfig:
         pushes, its clock and the next step's pulls (:meth:`hpcps.worker.client.PSClient.pull_next`;
         the same model bit for bit). False: two (the pulls apart), as before issue 20.
     aggregate : str
-        ``"off"``, or ``"node"``: the workers of one node form groups whose first worker
-        sends the group's steps for all of them (:mod:`hpcps.comm.group`), so that a server
-        handles one request per group and step instead of one per worker; the same model
-        bit for bit. BSP with p2p pulls and ``[cluster] mode = "ps"`` only, not with
+        ``"off"``, or ``"node"``: the workers of one node form groups that send their steps
+        together, one member of each group to each server (:mod:`hpcps.comm.group`), so that
+        a server handles one request per group and step instead of one per worker; the same
+        model bit for bit. BSP with p2p pulls and ``[cluster] mode = "ps"`` only, not with
         ``[fault_tolerance] mode = "continue"`` or ``[elastic]``.
     group_workers : int
         With ``aggregate = "node"``: at most this many workers per group (0: all of a
