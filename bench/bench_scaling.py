@@ -142,53 +142,80 @@ def mpi_part(args) -> int:
 
 
 def group_part(args) -> int:
-    """The collectives of a group's step (:class:`hpcps.worker.steps.GroupSteps`, ``[comm]
-    aggregate = "node"``) on every rank of the launch as one group, per step: the keys
-    gathered (int64), the rows scattered (float32), the gradients, the next step's keys and
-    the example count gathered — ``--group-keys`` keys per member. Writes the leader's wall
-    time per step (the fastest of 5 blocks) to ``--out``."""
+    """The collectives of a fused group step (:class:`hpcps.worker.steps.GroupSteps`,
+    ``[comm] aggregate = "node"``) with every rank of the launch as one group,
+    ``--group-keys`` keys per member, spread evenly over the members (each owns as many
+    servers): per step the rows (float32) back from the owners, then the counts, and the
+    gradients and the next step's keys to the owners (3 collectives). Writes a member's wall
+    time per step (the slowest member, fastest of 5 blocks) and the time of one pairwise
+    8-byte ``MPI_Sendrecv`` to ``--out``."""
     from mpi4py import MPI
 
     from hpcps.comm.group import StepGroup
 
     world = MPI.COMM_WORLD
     g = StepGroup(world.Dup())
-    K = args.group_keys
+    K, G = args.group_keys, g.size
     rng = np.random.default_rng(world.Get_rank())
     keys = rng.integers(0, 1 << 20, K).astype(np.int64)
     grads = np.full((K, 1), 1e-3, dtype=np.float32)
+    share = np.diff(np.linspace(0, K, G + 1).astype(np.int64))        # keys per owner
+    cut = np.concatenate([[0], np.cumsum(share)])
+    counts = np.stack([share, share], axis=1)
+    incoming = g.counts(counts)
+    got = g.alltoall([[keys[cut[d]:cut[d + 1]]] for d in range(G)], 8 * incoming[:, 0])
     rows = np.empty((K, 1), dtype=np.float32)
-    count = np.array([256], dtype=np.int64)
     best = np.inf
     for _ in range(5):
         world.Barrier()
         t0 = MPI.Wtime()
-        for _ in range(args.steps):
-            got = g.gather([keys])
-            parts = [[m[0].view(np.int64).astype(np.float32).reshape(-1, 1)]
-                     for m in got] if g.leader else None
-            g.scatter(parts, [rows])
-            g.gather([grads, keys, count])
-        best = min(best, (MPI.Wtime() - t0) / args.steps)
-    if g.leader:
-        Path(args.out).write_text(json.dumps({"members": g.size, "keys_per_member": K,
-                                              "leader_us_per_step": best * 1e6}))
+        for _ in range(args.steps):       # a fused step: the keys came with the last gradients
+            back = [[m.view(np.int64).astype(np.float32)] for m in got]
+            mine = g.alltoall(back, 4 * share)
+            rows[:, 0] = np.concatenate([m.view(np.float32) for m in mine])
+            told = g.counts(counts)
+            got2 = g.alltoall([[grads[cut[d]:cut[d + 1]], keys[cut[d]:cut[d + 1]]]
+                               for d in range(G)], 4 * incoming[:, 0] + 8 * told[:, 1])
+            got = [m[4 * int(n):] for m, n in zip(got2, incoming[:, 0])]
+        el = np.array([(MPI.Wtime() - t0) / args.steps])
+        world.Allreduce(MPI.IN_PLACE, el, op=MPI.MAX)
+        best = min(best, float(el[0]))
+    # one pairwise exchange of 8 B (a step of a pairwise MPI_Alltoallv; the latency each
+    # further member adds to each of the step's 3 collectives)
+    a8, b8 = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    peer = (world.Get_rank() + 1) % G
+    pair = np.inf
+    for _ in range(5):
+        world.Barrier()
+        t0 = MPI.Wtime()
+        for _ in range(1000):
+            world.Sendrecv(a8, peer, 7, b8, MPI.ANY_SOURCE, 7)
+        el = np.array([(MPI.Wtime() - t0) / 1000])
+        world.Allreduce(MPI.IN_PLACE, el, op=MPI.MAX)
+        pair = min(pair, float(el[0]))
+    if world.Get_rank() == 0:
+        Path(args.out).write_text(json.dumps({"members": G, "keys_per_member": K,
+                                              "member_us_per_step": best * 1e6,
+                                              "pair_exchange_us": pair * 1e6}))
     g.free()
     return 0
 
 
 def fit_group(points: list) -> dict | None:
-    """``a_group + (g K) c_group``: the group's collectives per step at the leader, fitted to
-    :func:`group_part`'s runs (members ``g``, keys per member ``K``); None with fewer than two
-    key counts."""
-    if len({p["members"] * p["keys_per_member"] for p in points}) < 2:
+    """``a_group + K c_group``: a member's time per step in the group's collectives, ``K``
+    its keys, fitted to :func:`group_part`'s runs (at their number of members; ``pair_us``,
+    the pairwise exchange that each further member adds to each of the 3 collectives, for
+    :func:`predict`); None with fewer than two key counts."""
+    if len({p["keys_per_member"] for p in points}) < 2:
         return None
-    x = np.array([p["members"] * p["keys_per_member"] for p in points], dtype=float)
-    y = np.array([p["leader_us_per_step"] for p in points])
+    x = np.array([p["keys_per_member"] for p in points], dtype=float)
+    y = np.array([p["member_us_per_step"] for p in points])
     c, a = np.polyfit(x, y, 1)
     return {"a_group_us": float(max(a, 0.0)), "c_group_ns": float(max(c, 0.0)) * 1e3,
+            "members": int(min(p["members"] for p in points)),
+            "pair_us": float(min(p.get("pair_exchange_us", 0.0) for p in points)),
             "source": ", ".join(f"{p['members']} members x {p['keys_per_member']:,} keys "
-                                f"{p['leader_us_per_step']:.1f} us" for p in points)}
+                                f"{p['member_us_per_step']:.1f} us" for p in points)}
 
 
 # ------------------------------------------------------------------------- model
@@ -267,18 +294,22 @@ def predict(W, S, K, a_us, c_ns, a_step_us=0.0, c_step_ns=0.0, g=1, group=None) 
     BSP serialises them: a worker's next pull waits for the server's last answer.
 
     With groups of ``g`` workers (``[comm] aggregate = "node"``; ``group``: :func:`fit_group`'s
-    costs) a server gets ``ceil(W / g)`` requests of ``g K / S`` keys (the same keys in all),
-    and the worker's share is a leader's: its ``S`` requests with ``g K`` keys and the group's
-    collectives, ``a_group + g K c_group``."""
+    costs) a server gets ``ceil(W / g)`` requests of ``g K / S`` keys (the same keys in all,
+    one request per group from the member that owns it), and a worker sends ``ceil(S / g)``
+    requests (its servers') with ``K`` keys on average (its servers' share of the group's
+    ``g K``) and spends ``a_group + K c_group`` in the group's collectives, plus
+    ``3 (g - members) pair_us`` beyond the calibration's members (a pairwise
+    ``MPI_Alltoallv`` takes a step per member)."""
     from hpcps.comm.transport import HEADER_LEN, PART_LEN
     from hpcps.core.consistency import header_len
 
     R = -(-W // g)                       # requests per server and step (one per group)
     t_srv = (REQUESTS * R * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
              + a_step_us * 1e-6 + (W * K / S) * c_step_ns * 1e-9)
-    t_wrk = REQUESTS * S * a_us * 1e-6 + g * K * c_ns * 1e-9
+    t_wrk = REQUESTS * -(-S // g) * a_us * 1e-6 + K * c_ns * 1e-9
     if g > 1:
-        t_wrk += (group["a_group_us"] * 1e-6 + g * K * group["c_group_ns"] * 1e-9)
+        t_wrk += (group["a_group_us"] + 3 * max(0, g - group.get("members", g))
+                  * group.get("pair_us", 0.0)) * 1e-6 + K * group["c_group_ns"] * 1e-9
     # per worker: the keys and values both ways, a request header per request (72 B), the
     # push's and the pull's descriptions (40 B each), and the shard clock header of the pull
     # reply (8 B x header_len(W): 64 B whatever W since 2026-12-03; it held one clock per
@@ -377,7 +408,7 @@ def main(argv=None) -> int:
                 raise SystemExit("bench_scaling.py: the group calibration failed")
             group_points.append(json.loads(out.read_text()))
             print(f"  group calibration, 2 members x {k:,} keys: "
-                  f"{group_points[-1]['leader_us_per_step']:.1f} us per step at the leader",
+                  f"{group_points[-1]['member_us_per_step']:.1f} us per step and member",
                   flush=True)
     pp = None
     if args.pushpull_json and Path(args.pushpull_json).exists():
@@ -414,7 +445,7 @@ def main(argv=None) -> int:
     group = fit_group(group_points)
     if group:
         print(f"group collectives: a_group = {group['a_group_us']:.1f} us per step, c_group = "
-              f"{group['c_group_ns']:.2f} ns per key of the group (fitted to {group['source']})")
+              f"{group['c_group_ns']:.2f} ns per key of a member (fitted to {group['source']})")
     extrap = []
     G = args.group_size
     for W, S, g in ((64, 8, 1), (256, 32, 1), (512, 64, 1), (1024, 128, 1), (1024, 32, 1),

@@ -123,20 +123,21 @@ def test_a_grow_request_to_a_group_job_is_refused(mpi_tmp_path):
 @pytest.mark.mpi(min_size=1)
 def test_the_cost_model_with_groups_charges_a_server_one_request_per_group():
     """bench_scaling.predict with groups of g workers: a server's per-request term is paid
-    once per group, its per-key term is unchanged (the same keys arrive), and the worker's
-    share becomes a leader's (its S requests, g K keys and the group's collectives)."""
+    once per group, its per-key term is unchanged (the same keys arrive), and a worker sends
+    only its servers' requests (S / g), moves K keys on average and pays the collectives."""
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import bench_scaling
 
-    group = {"a_group_us": 10.0, "c_group_ns": 10.0}
+    group = {"a_group_us": 10.0, "c_group_ns": 10.0, "members": 2, "pair_us": 1.0}
     one = bench_scaling.predict(1024, 128, 2650, 20.0, 5.0)
     grouped = bench_scaling.predict(1024, 128, 2650, 20.0, 5.0, g=32, group=group)
     per_key = 1024 * 2650 / 128 * 5.0e-6                          # ms, the same in both
     assert one["server_ms"] == pytest.approx(1024 * 20e-3 + per_key)
     assert grouped["server_ms"] == pytest.approx(32 * 20e-3 + per_key)
-    assert grouped["worker_ms"] == pytest.approx(128 * 20e-3 + 32 * 2650 * 15.0e-6 + 10e-3)
+    assert grouped["worker_ms"] == pytest.approx(4 * 20e-3 + 2650 * 15.0e-6 + 10e-3
+                                                 + 3 * 30 * 1.0e-3)
     assert grouped["bytes_per_server_step"] < one["bytes_per_server_step"]
     assert bench_scaling.predict(64, 8, 2650, 20.0, 5.0, g=1) == bench_scaling.predict(
         64, 8, 2650, 20.0, 5.0)
