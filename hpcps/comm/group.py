@@ -10,7 +10,7 @@ request per group and step and a worker sends about ``S / g`` requests per step 
 of each server for its owner; an owner pulls them (concatenated in member order) and sends
 each member its rows back; then the gradients (and the next step's keys) go to the owners
 the same way, and each owner pushes the group's gradients for its servers and clocks them
-with the group's examples (:class:`hpcps.worker.steps.GroupSteps`). A server thus sums the
+with the group's examples (:class:`hpcps.worker.groupsteps.GroupSteps`). A server thus sums the
 same gradient rows in the same order as it would have summed the members' own pushes.
 It is the reduce-scatter-by-server of MXNet's and ps-lite's local aggregation ("one push per
 machine"), and of the hierarchical parameter servers of Li et al. (OSDI 2014, section 5.3),

@@ -65,10 +65,8 @@ class PSClient(NextPull, KeptPushes):
     max_bytes : int
         Largest message (``[comm] max_message_bytes``); bigger ones are split.
     group : hpcps.comm.group.StepGroup or None
-        This worker's group (``[comm] aggregate = "node"``): its steps go through the
-        group (:class:`hpcps.worker.steps.GroupSteps`); :meth:`clock` and :meth:`stop` go
-        to the servers it owns for the group (``group.owned``, maybe none), the clock with
-        the group's examples.
+        ``[comm] aggregate = "node"`` (:class:`hpcps.worker.groupsteps.GroupSteps`):
+        :meth:`clock` and :meth:`stop` go to the servers in ``group.owned`` only.
     """
 
     def __init__(self, membership, policy=None, max_bytes: int = 1 << 30, group=None):
@@ -447,13 +445,11 @@ class PSClient(NextPull, KeptPushes):
         free again when this returns. Sends still pending from the previous clock are
         waited for first, so at most one step's buffers are held.
 
-        In a group (:attr:`group`) it goes to the servers this worker owns for the group,
-        with the group's examples (``n_examples``, this worker's own, is then not used).
+        In a group (:attr:`group`): to its servers, with the group's examples.
         """
         g = self.group
         ranges = range(self.n_servers) if g is None else g.owned
-        if g is not None:
-            n_examples = g.step_examples
+        n_examples = n_examples if g is None else g.step_examples
         if self.ep.pending:
             self.ep.complete(tp.PUSH)
         if self.kept is not None:

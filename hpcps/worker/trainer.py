@@ -31,6 +31,7 @@ from hpcps.models import make_model   # the model registry imports every model
 from hpcps.worker import streaming
 from hpcps.worker.banner import start_lines
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
+from hpcps.worker.groupsteps import GroupSteps
 from hpcps.worker.steps import NonFiniteGuard, make_steps
 
 __all__ = ["Trainer", "Segment", "Cursor", "epoch_order", "epoch_rows", "EVAL_CHUNK"]
@@ -183,8 +184,11 @@ class Trainer:
         # catch-up steps), not for streamed data (its reader serves rows in step order)
         self.streaming = streamed(cfg.data) if cfg.data.format in ("svmlight", "criteo") else False
         fuse = cfg.comm.fuse_steps and ft_state is None and not self.streaming
-        self.steps = make_steps(self.policy, client, model, index, step_hook, self.guard,
-                                fuse=fuse)
+        if getattr(client, "group", None) is not None:     # [comm] aggregate = "node" (BSP)
+            self.steps = GroupSteps(client, model, index, step_hook, self.guard, fuse)
+        else:
+            self.steps = make_steps(self.policy, client, model, index, step_hook, self.guard,
+                                    fuse=fuse)
         self.last_step_time = time.time()       # when this worker last finished a step
         self.gap_event = None            # failure record waiting for the next step's time
         self.catch_up_to = None          # clock the others had reached at the last recovery
