@@ -32,7 +32,8 @@ __all__ = ["StepGroup", "form_groups"]
 
 
 class StepGroup:
-    """One group of workers (see the module docstring): its communicator and who leads it.
+    """One group of workers (see the module docstring): its communicator and the servers
+    this member owns for it.
 
     Attributes
     ----------
