@@ -133,9 +133,9 @@ def form_groups(roles, group_workers: int = 0):
 
     Returns
     -------
-    (StepGroup or None, list of int)
-        This worker's group (None on a server); on a server the ``ps`` ranks of its workers
-        (one per group, in worker order), on a worker those of every group's first member.
+    (StepGroup or None, list of int or None)
+        This worker's group and None on a worker; None and the ``ps`` ranks of its workers
+        (one per group, in worker order) on a server.
     """
     ps = roles.ps
     n_servers = roles.n_servers
@@ -155,9 +155,8 @@ def form_groups(roles, group_workers: int = 0):
         group.owned = [s for s in range(n_servers) if s % group.size == group.rank]
     table = np.empty((ps.Get_size(), 3), dtype=np.int64)
     ps.Allgather(row, table)
-    firsts = sorted({int(t[0]) for t in table if t[0] >= 0})
     if group is not None:
-        group.n_groups = len(firsts)
-        return group, [r for r in roles.worker_ranks if r in set(firsts)]
+        group.n_groups = len({int(t[0]) for t in table if t[0] >= 0})
+        return group, None
     s = roles.index
     return None, [r for r in roles.worker_ranks if table[r, 1] == s % table[r, 2]]

@@ -10,9 +10,9 @@ provides ``ep``, ``policy``, ``shards``, ``pending``, ``waiting_pulls``, the clo
 
 from __future__ import annotations
 
-import numpy as np
-
 import time
+
+import numpy as np
 
 from hpcps.comm import transport as tp
 from hpcps.core.consistency import H_CLOCK, H_VERSION
@@ -61,11 +61,14 @@ class StepRequests:
         local rows, values, version)``, ``pulls`` as ``(shard, local rows)``): taken in by
         the bookkeeping the compiled loop uses (:meth:`~hpcps.comm.transport.ServerEndpoint.record_step`:
         queued, clocked, its pulls held for the step), then the step applied if it completed.
-        RuntimeError (from :meth:`_clocked`) for a clock other than the one expected."""
+        RuntimeError for a rank that is not one of its workers or a clock other than the one
+        expected."""
         if not self.ep.record_step(self, source, h, pushes, pulls):
-            self._clocked(self.worker_of_rank[source], int(h[tp.H_CLOCK]), int(h[tp.H_NEX]),
-                          int(h[tp.H_AUX]))      # names the error
-            raise RuntimeError(f"server {self.index}: step of rank {source} not taken in")
+            w = self.worker_of_rank.get(source)
+            raise RuntimeError(f"server {self.index}: step {int(h[tp.H_CLOCK])} from rank "
+                               f"{source}: " + ("not one of its workers" if w is None else
+                                                f"worker {w} expected at clock "
+                                                f"{self.worker_clock[w]}"))
         self._after_clock()
 
     def _on_pull_many(self, source: int, h: np.ndarray, metas=None) -> None:

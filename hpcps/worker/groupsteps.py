@@ -189,7 +189,7 @@ class GroupSteps(SyncSteps):
                 for spec, k in zip(self.specs, mine)]
         parts = self._send_parts(vals, idx, counts)
         head = np.zeros((G, T + 1), dtype=np.int64)
-        head[:, T] = self.last_n if rows.size else 0
+        head[:, T] = self.last_n                       # 0 without rows
         if announce:
             nmine = self._key_arrays(nkeys)
             nidx, ncounts = self._route(nmine)
