@@ -11,7 +11,8 @@ hands over (outside continue mode; everything else keeps the Python path).
   apart — each push's keys turned into local rows and its values checked, each pull's keys
   turned into local rows — in one call.
 * :func:`bsp_steps`: the BSP steps that wait taken in — each fused step queued, clocked and
-  its pulls held — until one completes the step, in one call for many requests;
+  its pulls held, each lone push queued, each ready lone pull answered — until one completes
+  the step, in one call for many requests;
   :func:`record_step` takes in one such step taken apart by :func:`step_parts` with the same
   bookkeeping (the server's one copy of it).
 * :func:`send_rows`: a pull's reply of one message (rows gathered, shard clock header after
@@ -430,6 +431,60 @@ def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t
             PyBuffer_Release(&sb)
 
 
+cdef Py_ssize_t _answer_pull(MPI_Comm comm, const char* req, int count, int src,
+                             Py_ssize_t limit, list shards, shard_type, int64_t visible,
+                             int64_t lag, int reply_tag, sendbuf) except -2:
+    """Answer the request of ``count`` bytes at ``req`` from ``src`` when it is a ready
+    ``PULL`` whose keys came with it, as :func:`poll_pull` describes: the bytes sent, or -1
+    (nothing sent) when it is not of that form (the caller's path takes it and names any
+    error). MPIException if the send fails."""
+    cdef Py_buffer wb, hb, sb
+    cdef const int64_t* hd = <const int64_t*>req
+    cdef int64_t n = hd[3], table = hd[1], clk = hd[2]
+    cdef int ierr = MPI_SUCCESS, outside = 0
+    cdef Py_ssize_t rowb, nv, total = -1, bad = 0
+    if (hd[0] != 1 or n < 1 or count != 72 + 8 * n or table < 0 or table >= len(shards)
+            or not (visible >= clk if hd[7] else visible >= clk - lag)):
+        return -1
+    shard = shards[table]
+    if type(shard) is not shard_type:
+        return -1
+    w, header, part = shard.w, shard.hdr, shard.part
+    if w.ndim != 2:
+        return -1
+    rowb = _row_bytes(w)
+    try:
+        PyObject_GetBuffer(w, &wb, PyBUF_C_CONTIGUOUS)
+    except BufferError:
+        return -1
+    try:
+        PyObject_GetBuffer(header, &hb, PyBUF_ANY_CONTIGUOUS)
+        try:
+            PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+            try:
+                nv = n * rowb
+                if nv + hb.len > limit or nv + hb.len > sb.len:
+                    return -1
+                bad = _gather(<const int64_t*>(req + 72), n, part.num_keys, part.multiplier,
+                              shard.lo, shard.hi, <const char*>wb.buf, wb.len, rowb,
+                              <char*>sb.buf, 0, &outside)
+                if bad >= 0:                  # the caller's path names the key
+                    return -1
+                total = nv + hb.len
+                memcpy(<char*>sb.buf + nv, hb.buf, hb.len)
+                with nogil:
+                    ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, src, reply_tag, comm)
+            finally:
+                PyBuffer_Release(&sb)
+        finally:
+            PyBuffer_Release(&hb)
+    finally:
+        PyBuffer_Release(&wb)
+    if ierr != MPI_SUCCESS:
+        raise MPIException(ierr)
+    return total
+
+
 def poll_pull(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_type,
               int64_t visible, int64_t lag, int reply_tag, sendbuf, busy=None):
     """:func:`probe_recv`, and a ready ``PULL`` it received answered at once, as the server
@@ -456,11 +511,9 @@ def poll_pull(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
     mpi4py.MPI.Exception
         If an MPI call fails.
     """
-    cdef Py_buffer b, wb, hb, sb
-    cdef int flag = 0, ierr, count = 0, src = -1, outside = 0
-    cdef const int64_t* hd
-    cdef int64_t n, table, clk
-    cdef Py_ssize_t rowb, nv, total = 0, bad = 0
+    cdef Py_buffer b
+    cdef int flag = 0, ierr, count = 0, src = -1
+    cdef Py_ssize_t total = 0
     cdef double t0 = 0.0, c0 = 0.0, t1 = 0.0
     cdef bint timed = busy is not None
     PyObject_GetBuffer(buf, &b, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
@@ -478,47 +531,10 @@ def poll_pull(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
         t0 = _clock(CLOCK_MONOTONIC)
         if timed:
             c0 = _clock(CLOCK_THREAD_CPUTIME_ID)
-        hd = <const int64_t*>b.buf
-        n, table, clk = hd[3], hd[1], hd[2]
-        if (hd[0] != 1 or n < 1 or count != 72 + 8 * n or table < 0 or table >= len(shards)
-                or not (visible >= clk if hd[7] else visible >= clk - lag)):
+        total = _answer_pull(comm.ob_mpi, <const char*>b.buf, count, src, limit, shards,
+                             shard_type, visible, lag, reply_tag, sendbuf)
+        if total < 0:
             return src, count
-        shard = shards[table]
-        if type(shard) is not shard_type:
-            return src, count
-        w, header, part = shard.w, shard.hdr, shard.part
-        if w.ndim != 2:
-            return src, count
-        rowb = _row_bytes(w)
-        PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
-        try:
-            try:
-                PyObject_GetBuffer(w, &wb, PyBUF_C_CONTIGUOUS)
-            except BufferError:
-                return src, count
-            try:
-                PyObject_GetBuffer(header, &hb, PyBUF_ANY_CONTIGUOUS)
-                try:
-                    nv = n * rowb
-                    total = nv + hb.len
-                    if total > limit or total > sb.len:
-                        return src, count
-                    bad = _gather(<const int64_t*>(<char*>b.buf + 72), n, part.num_keys,
-                                  part.multiplier, shard.lo, shard.hi, <const char*>wb.buf,
-                                  wb.len, rowb, <char*>sb.buf, 0, &outside)
-                    if bad >= 0:              # the caller's path names the key
-                        return src, count
-                    memcpy(<char*>sb.buf + nv, hb.buf, hb.len)
-                    with nogil:
-                        ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, src, reply_tag, comm.ob_mpi)
-                finally:
-                    PyBuffer_Release(&hb)
-            finally:
-                PyBuffer_Release(&wb)
-        finally:
-            PyBuffer_Release(&sb)
-        if ierr != MPI_SUCCESS:
-            raise MPIException(ierr)
         t1 = _clock(CLOCK_MONOTONIC) - t0
         if timed:
             busy[0] += 1
@@ -583,15 +599,46 @@ def step_parts(request, Py_ssize_t n_push, Py_ssize_t n_pull, list shards, shard
     return None if got is None else (got[0], got[1], pull_keys)
 
 
+cdef object _push_part(shard, const char* base, Py_ssize_t length, Py_ssize_t n,
+                       Py_ssize_t dim, Py_ssize_t* used):
+    """A push's ``n`` int64 keys then ``(n, dim)`` value rows at ``base`` (at most ``length``
+    bytes) for ``shard`` (a :class:`hpcps.server.shard.Shard`): ``(rows, values)``, both
+    new arrays (local rows int64 ``(n,)``, values of the table's dtype), the bytes they took
+    in ``used``; None when ``dim`` is not the table's, the bytes do not hold them, a key is
+    outside the key space or the shard's range, or a value is NaN or infinite."""
+    cdef Py_ssize_t isz, nv
+    cdef char* vp
+    cdef bint ok = True
+    w = shard.w
+    if n < 0 or w.ndim != 2 or dim != w.shape[1] or not w.flags.c_contiguous:
+        return None
+    isz = w.itemsize
+    if isz != 4 and isz != 8 or w.dtype.kind != "f":
+        return None
+    nv = n * dim * isz
+    if 8 * n + nv > length:
+        return None
+    rows = _part_rows(shard, <const int64_t*>base, n)
+    if rows is None:
+        return None
+    vals = np.empty((n, dim), dtype=w.dtype)
+    vp = <char*>cnp.PyArray_DATA(<cnp.ndarray>vals)
+    with nogil:
+        memcpy(vp, base + 8 * n, nv)
+        ok = finite_ptr(vp, nv, <int>isz)
+    if not ok:
+        return None
+    used[0] = 8 * n + nv
+    return rows, vals
+
+
 cdef object _step_parts(const char* base, Py_ssize_t length, Py_ssize_t n_push,
                         Py_ssize_t n_pull, list shards, shard_type, Py_ssize_t* pull_keys):
     """:func:`step_parts` of the ``length`` bytes at ``base``: ``(pushes, pulls)`` (the
     pulls' keys in all in ``pull_keys``) or None."""
     cdef const int64_t* meta = <const int64_t*>base
-    cdef Py_ssize_t nparts = n_push + n_pull, i, pos, n, dim, isz, nv
+    cdef Py_ssize_t nparts = n_push + n_pull, i, pos, n, dim, nv = 0
     cdef int64_t table
-    cdef bint ok = True
-    cdef char* vp
     pull_keys[0] = 0
     if n_push < 0 or n_pull < 0 or nparts == 0 or length < 40 * nparts:
         return None
@@ -605,28 +652,12 @@ cdef object _step_parts(const char* base, Py_ssize_t length, Py_ssize_t n_push,
         shard = shards[table]
         if type(shard) is not shard_type:
             return None
-        w = shard.w
         if i < n_push:
-            if w.ndim != 2 or dim != w.shape[1] or not w.flags.c_contiguous:
+            got = _push_part(shard, base + pos, length - pos, n, dim, &nv)
+            if got is None:
                 return None
-            isz = w.itemsize
-            if isz != 4 and isz != 8 or w.dtype.kind != "f":
-                return None
-            nv = n * dim * isz
-            if pos + 8 * n + nv > length:
-                return None
-            rows = _part_rows(shard, <const int64_t*>(base + pos), n)
-            if rows is None:
-                return None
-            vals = np.empty((n, dim), dtype=w.dtype)
-            vp = <char*>cnp.PyArray_DATA(<cnp.ndarray>vals)
-            with nogil:
-                memcpy(vp, base + pos + 8 * n, nv)
-                ok = finite_ptr(vp, nv, <int>isz)
-            if not ok:
-                return None
-            pushes.append((table, rows, vals, meta[5 * i + 4]))
-            pos += 8 * n + nv
+            pushes.append((table, got[0], got[1], meta[5 * i + 4]))
+            pos += nv
         else:
             if pos + 8 * n > length:
                 return None
@@ -657,13 +688,9 @@ cdef class _StepBooks:
         self.last_examples, self.last_epoch = server.last_examples, server.last_epoch
         self.waiting = server.waiting_pulls
 
-    cdef int record(self, w, int src, const int64_t* hd, list pushes, list pulls) except -1:
-        """Worker ``w`` (from ``ps`` rank ``src``) finished step ``hd[2]`` (its clock was
-        checked): its pushes queued for the step by its worker-order key, its clock, examples
-        and epoch kept, its pulls held as the ``PULL_MANY`` of step ``hd[2] + 1``."""
-        cdef int64_t c = hd[2]
-        cdef Py_ssize_t n_rows = 0
-        cdef int64_t* hp
+    cdef object queue(self, w, int64_t c, list pushes):
+        """Worker ``w``'s pushes ``(table, rows, values, version)`` held for step ``c`` by its
+        worker-order key (returned), as ``ParameterServer._queue`` holds them."""
         key = self.order_key[w]
         if pushes:
             queued = self.pending.get(c)
@@ -675,6 +702,16 @@ cdef class _StepBooks:
                     lst = queued[tid] = []
                 lst.append((key, rows, vals, version))
             self.pushes_applied[w] += len(pushes)
+        return key
+
+    cdef int record(self, w, int src, const int64_t* hd, list pushes, list pulls) except -1:
+        """Worker ``w`` (from ``ps`` rank ``src``) finished step ``hd[2]`` (its clock was
+        checked): its pushes queued for the step by its worker-order key, its clock, examples
+        and epoch kept, its pulls held as the ``PULL_MANY`` of step ``hd[2] + 1``."""
+        cdef int64_t c = hd[2]
+        cdef Py_ssize_t n_rows = 0
+        cdef int64_t* hp
+        key = self.queue(w, c, pushes)
         self.wc[w] = c + 1
         self.last_examples[w] = hd[4]
         self.last_epoch[w] = hd[7]
@@ -721,20 +758,27 @@ def record_step(server, int source, const int64_t[::1] header, list pushes, list
 
 
 def bsp_steps(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_type,
-              server, Py_ssize_t max_n, int64_t[::1] counts, busy=None):
+              server, Py_ssize_t max_n, int64_t[::1] counts, busy=None, int reply_tag=-1,
+              sendbuf=None):
     """Receive and take in the BSP steps that wait, one after the other, without a return to
     Python per request (issue 20: the server's Python work per fused request): each
     ``PUSH_CLOCK_PULL`` of one message whose parts :func:`step_parts` takes apart, from a
     worker at the clock the server expects of it, is queued, clocked and its pulls held for
-    the step, by the bookkeeping :func:`record_step` uses — until no
-    request waits, ``max_n`` were taken, another request arrived, or one completed the step.
+    the step, by the bookkeeping :func:`record_step` uses; each lone ``PUSH`` of one message
+    for such a table, from a worker, for a step not yet applied, is held for its step as
+    ``ParameterServer._on_push`` holds it; with ``sendbuf``, each lone ``PULL`` ready at the
+    server's ``visible_clock`` is answered on ``reply_tag`` as :func:`poll_pull` answers it —
+    until no request waits, ``max_n`` were taken, another request arrived, or one completed
+    the step.
 
     ``server`` is the BSP :class:`~hpcps.server.server.ParameterServer` outside continue
     mode (its ``worker_of_rank``, ``worker_clock``, ``clock``, ``order_key``, ``pending``,
     ``step_examples``, ``pushes_applied``, ``last_examples``, ``last_epoch`` and
     ``waiting_pulls`` are read and updated); ``buf``, ``limit`` as for :func:`probe_recv`.
-    ``counts`` (int64, 5) is increased by the traffic of the requests taken — messages,
-    bytes in and keys of the ``PUSH_CLOCK_PULL`` s, bytes in and keys of their pulls — as
+    ``counts`` (int64, 13) is increased by the traffic of the requests taken — messages,
+    bytes in and keys of the ``PUSH_CLOCK_PULL`` s, bytes in and keys of their pulls;
+    messages, bytes in and keys of the lone ``PUSH`` es; messages, bytes in, bytes out, keys
+    and nanoseconds (receipt to reply) of the lone ``PULL`` s answered — as
     :meth:`hpcps.comm.transport.ServerEndpoint.poll` and ``step_parts`` count them; ``busy``
     (a list ``[requests, seconds, cpu seconds]``) by each request taken and the wall-clock
     and CPU seconds from its receipt to its end. Local.
@@ -752,7 +796,7 @@ def bsp_steps(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
     Raises
     ------
     ValueError
-        For ``buf`` shorter than ``limit`` or ``counts`` shorter than 5.
+        For ``buf`` shorter than ``limit`` or ``counts`` shorter than 13.
     mpi4py.MPI.Exception
         If an MPI call fails.
     """
@@ -760,15 +804,15 @@ def bsp_steps(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
     cdef int flag = 0, ierr, count = 0, src = -1
     cdef const int64_t* hd
     cdef int64_t c
-    cdef Py_ssize_t taken = 0, pull_keys = 0
-    cdef double t0 = 0.0, c0 = 0.0
+    cdef Py_ssize_t taken = 0, pull_keys = 0, used = 0, sent = 0
+    cdef double t0 = 0.0, c0 = 0.0, t1 = 0.0
     cdef bint timed = busy is not None
-    if counts.shape[0] < 5:
-        raise ValueError("bsp_steps: counts needs 5 values")
+    if counts.shape[0] < 13:
+        raise ValueError("bsp_steps: counts needs 13 values")
     cdef _StepBooks books = _StepBooks(server)
     worker_of_rank = server.worker_of_rank
     wc = books.wc
-    cdef int64_t applied = server.clock
+    cdef int64_t applied = server.clock, visible = server.visible_clock
     PyObject_GetBuffer(buf, &b, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
     try:
         if b.len < limit or b.len < 72:
@@ -781,13 +825,52 @@ def bsp_steps(MPI.Comm comm, int tag, buf, Py_ssize_t limit, list shards, shard_
                 raise MPIException(ierr)
             if not flag:
                 return taken, 0, -1, 0
-            if count < 72 or count > limit or hd[0] != 14:
+            if count < 72 or count > limit or (hd[0] != 14 and hd[0] != 2 and hd[0] != 1):
                 return taken, 1, src, count
             t0 = _clock(CLOCK_MONOTONIC)
             if timed:
                 c0 = _clock(CLOCK_THREAD_CPUTIME_ID)
+            if hd[0] == 1:                       # a lone PULL: answered when ready
+                if sendbuf is None:
+                    return taken, 1, src, count
+                sent = _answer_pull(comm.ob_mpi, <const char*>b.buf, count, src, limit, shards,
+                                    shard_type, visible, 0, reply_tag, sendbuf)
+                if sent < 0:
+                    return taken, 1, src, count
+                t1 = _clock(CLOCK_MONOTONIC) - t0
+                counts[8] += 1
+                counts[9] += count
+                counts[10] += sent
+                counts[11] += hd[3]
+                counts[12] += <int64_t>(t1 * 1e9)
+                taken += 1
+                if timed:
+                    busy[0] += 1
+                    busy[1] += t1
+                    busy[2] += _clock(CLOCK_THREAD_CPUTIME_ID) - c0
+                continue
             w = worker_of_rank.get(src)
             c = hd[2]
+            if hd[0] == 2:                       # a lone PUSH: held for its step
+                if w is None or c < applied or hd[1] < 0 or hd[1] >= len(shards):
+                    return taken, 1, src, count
+                shard = shards[hd[1]]
+                if type(shard) is not shard_type:
+                    return taken, 1, src, count
+                got = _push_part(shard, <const char*>b.buf + 72, count - 72, hd[3], hd[6],
+                                 &used)
+                if got is None or used != count - 72:
+                    return taken, 1, src, count
+                books.queue(w, c, [(hd[1], got[0], got[1], hd[7])])
+                counts[5] += 1
+                counts[6] += count
+                counts[7] += hd[3]
+                taken += 1
+                if timed:
+                    busy[0] += 1
+                    busy[1] += _clock(CLOCK_MONOTONIC) - t0
+                    busy[2] += _clock(CLOCK_THREAD_CPUTIME_ID) - c0
+                continue
             if w is None or wc[w] != c:          # the general path names the error
                 return taken, 1, src, count
             got = _step_parts(<const char*>b.buf + 72, count - 72, hd[1], hd[6], shards,

@@ -283,7 +283,7 @@ class ServerEndpoint:
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
         #: replies sent without waiting: (requests, rows copy, header copy)
         self._inflight: list = []
-        self._step_counts = np.zeros(5, dtype=np.int64)   # take_steps' traffic counts
+        self._step_counts = np.zeros(13, dtype=np.int64)   # take_steps' traffic counts
 
     def poll(self, pulls=None):
         """Return ``(source_rank, header_copy)`` of the next request, or ``None`` if none waits
@@ -353,7 +353,8 @@ class ServerEndpoint:
     def take_steps(self, server, shards, shard_type, busy=None, max_n: int = 64):
         """The BSP steps that wait, taken in by one compiled call
         (:func:`hpcps.comm.fastpath.bsp_steps`: queued, clocked, their pulls held on
-        ``server``) and counted as :meth:`poll` and :meth:`step_parts` count them. Only for
+        ``server``; lone pushes queued; ready lone pulls answered on the reply tag of
+        ``server.index``) and counted as :meth:`poll` and :meth:`step_parts` count them. Only for
         the BSP ``server`` outside continue mode (its caller checks the policy). Local.
 
         Returns
@@ -361,7 +362,8 @@ class ServerEndpoint:
         None
             Nothing waited.
         (int, bool, tuple or None)
-            ``(taken, completed, left)``: the requests taken; whether the last of them
+            ``(taken, completed, left)``: the fused steps taken (the lone pushes and pulls
+            it took are not counted); whether the last of them
             completed the server's step (the caller applies it: every pull waits until
             then); ``left``, ``(source, header copy)`` of a request left to the general
             path (as :meth:`poll` returns it), or None.
@@ -377,16 +379,25 @@ class ServerEndpoint:
         counts[:] = 0
         taken, kind, src, nbytes = _fast.bsp_steps(self.comm, TAG_REQ, self._request,
                                                    self._limit, shards, shard_type, server,
-                                                   max_n, counts, busy)
+                                                   max_n, counts, busy,
+                                                   TAG_REPLY + 2 * server.index, self._reply_buf)
+        m = 0
         if taken:
-            m, inn, keys, pull_inn, pull_keys = counts.tolist()
-            self.stats.add(PUSH_CLOCK_PULL, messages=m, inn=inn, keys=keys)
-            self.stats.add(PULL, inn=pull_inn, keys=pull_keys)
+            (m, inn, keys, pull_inn, pull_keys, pm, pinn, pkeys,
+             lm, linn, lout, lkeys, lns) = counts.tolist()
+            if lm:
+                self.stats.add(PULL, messages=lm, inn=linn, out=lout, keys=lkeys,
+                               seconds=lns * 1e-9)
+            if m:
+                self.stats.add(PUSH_CLOCK_PULL, messages=m, inn=inn, keys=keys)
+                self.stats.add(PULL, inn=pull_inn, keys=pull_keys)
+            if pm:
+                self.stats.add(PUSH, messages=pm, inn=pinn, keys=pkeys)
         if kind == 1:
-            return taken, False, self._received(src, nbytes)
+            return m, False, self._received(src, nbytes)
         if not taken:
             return None
-        return taken, kind == 2, None
+        return m, kind == 2, None
 
     def record_step(self, server, source: int, h: np.ndarray, pushes, pulls) -> bool:
         """Take in the fused step ``h`` from ``source`` whose parts :meth:`step_parts` gave,

@@ -248,3 +248,68 @@ def test_send_rows_is_the_reply_of_rows_of(comm):
     big = np.zeros(tp.INLINE_BYTES // 8 + 1, np.int64)               # > one message
     assert not sep.reply_rows(0, shard.w, big, tp.PULL, shard.hdr, 1)
     assert not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_lone_push_and_ready_pull_taken_by_the_bsp_loop_as_by_the_general_path(comm, compiled):
+    """A BSP server's compiled loop (ServerEndpoint.take_steps) holds a lone PUSH for its step
+    and answers a ready lone PULL, as its general path (handle) does: the same queued local
+    rows, values and version, the same reply and traffic counts; a pull of a later clock and
+    a push for a step already applied are left to the general path, which holds the one and
+    names the other."""
+    from hpcps.core.consistency import BSP
+    from hpcps.core.optim import Optimizer
+    from hpcps.server.server import ParameterServer
+
+    spec = TableSpec("t", 1000, 2, "float32", sparse=True)
+    sep = tp.ServerEndpoint(comm, 1 << 30)
+    sep.compiled = compiled
+    ps = ParameterServer.initial(sep, 0, 1, [0], [(spec, Optimizer("sgd", 0.1))], BSP())
+    shard = ps.shards[0]
+    shard.w[...] = np.arange(shard.w.size, dtype=np.float32).reshape(shard.w.shape)
+    wep = tp.WorkerEndpoint(comm, [0], 1 << 30, wait_spin=None)
+    keys = np.array([17, 3, 17, 999], np.int64)
+    vals = np.array([[1, 2], [3, 4], [5, 6], [7, 8]], np.float32)
+    wep.send(0, tp.make_header(tp.PUSH, 0, 0, 4, dim=2, aux=-1), keys, vals)
+    wep.complete(tp.PUSH)
+    rows, hdr = np.zeros((3, 2), np.float32), np.zeros(shard.hdr.size, np.int64)
+    wep.expect_rows(0, rows, hdr)
+    wep.send(0, tp.make_header(tp.PULL, 0, 0, 3), keys[1:])
+    seen = []
+    while len(seen) < 2 and (got := ps._poll()) is not None:
+        src, h = got
+        if h is not None:
+            ps.handle(src, h)
+        seen.append(src)
+    wep.complete(tp.PULL)
+    assert seen == ([-1] if compiled else [0, 0])   # compiled: both in one call, none handed on
+    local = shard.part.local_rows(keys.copy(), 0)
+    np.testing.assert_array_equal(rows, shard.w[local[1:]])
+    np.testing.assert_array_equal(hdr, shard.hdr)
+    [(key, q_rows, q_vals, version)] = ps.pending[0][0]
+    np.testing.assert_array_equal(q_rows, local)
+    np.testing.assert_array_equal(q_vals, vals)
+    assert version == -1 and ps.pushes_applied[0] == 1
+    assert sep.stats.messages == {"push": 1, "pull": 1}
+    assert sep.stats.bytes_in == {"push": 72 + 32 + 32, "pull": 72 + 24}
+    assert sep.stats.bytes_out == {"push": 0, "pull": 24 + 8 * shard.hdr.size}
+    assert sep.stats.keys == {"push": 4, "pull": 3}
+    assert ps.requests_compiled == 0                 # it counts fused steps only
+    # a pull of clock 1 waits for the step (answered once it is applied); a push for step 0
+    # once step 1 is applied is named
+    rows2 = np.zeros((1, 2), np.float32)
+    wep.expect_rows(0, rows2, hdr)
+    wep.send(0, tp.make_header(tp.PULL, 0, 1, 1), keys[:1])
+    src, h = ps._poll()
+    assert h is not None and int(h[tp.H_CLOCK]) == 1
+    ps.handle(src, h)
+    assert len(ps.waiting_pulls) == 1 and not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+    ps.clock = 1
+    ps._answer_waiting()
+    wep.complete(tp.PULL)
+    np.testing.assert_array_equal(rows2, shard.w[local[:1]])
+    wep.send(0, tp.make_header(tp.PUSH, 0, 0, 1, dim=2), keys[:1], vals[:1])
+    wep.complete(tp.PUSH)
+    src, h = ps._poll()
+    with pytest.raises(RuntimeError, match="push for clock 0 from worker 0 after clock 1"):
+        ps.handle(src, h)
