@@ -35,14 +35,15 @@ The server handles it as the ``PUSH_CLOCK`` followed by a ``PULL_MANY`` at clock
 1`` (``aux`` = 0): the pulls are answered, as P PULL replies in order, once the step's clock
 is applied — the rows the worker's next ``PULL_MANY`` would have got.
 
-Small requests and replies travel as one message (issue 20: each message is a trip through
-MPI and Python on both sides). A request whose header and parts given to
-:meth:`WorkerEndpoint.send` fit in ``INLINE_BYTES`` (and in ``max_message_bytes``) goes as
-one ``TAG_REQ`` message of bytes: the header, then those parts (keys, then values) back to
-back (with ``more``: every part of a ``PULL_MANY``, ``PUSH_CLOCK`` or ``PUSH_CLOCK_PULL``,
-in the order the server receives them, when all fit); the server's receives of the
-request's parts (:meth:`ServerEndpoint.recv_keys`, :meth:`ServerEndpoint.recv_values`) take
-them from that message in order, and any further parts come as messages of their own.
+Requests up to 256 KiB and small replies travel as one message (issue 20: each message is a
+trip through MPI and Python on both sides). A request whose header and parts given to
+:meth:`WorkerEndpoint.send` fit in ``REQUEST_BYTES`` (and in ``max_message_bytes``;
+:func:`one_request`) goes as one ``TAG_REQ`` message of bytes: the header, then those parts
+(keys, then values) back to back (with ``more``: every part of a ``PULL_MANY``,
+``PUSH_CLOCK`` or ``PUSH_CLOCK_PULL``, in the order the server receives them, when all fit);
+the server's receives of the request's parts (:meth:`ServerEndpoint.recv_keys`,
+:meth:`ServerEndpoint.recv_values`) take them from that message in order. A larger request
+goes as its header with its first parts when they fit, and the rest as messages of their own.
 Outside continue mode these messages are received, packed and sent by compiled calls
 (:mod:`hpcps.comm.fastpath`; the Python path when it is not built). A ``PULL`` reply whose rows and shard
 clock header fit in ``INLINE_BYTES`` (and ``max_message_bytes``) is one message of bytes
@@ -107,6 +108,13 @@ HEADER_BYTES = 8 * HEADER_LEN
 #: shard clock header) is one message (see the module docstring); Open MPI's shared-memory
 #: eager limit is 4 KiB.
 INLINE_BYTES = 4096
+#: Bytes up to which a request of more than ``INLINE_BYTES`` is still one message: packed by
+#: the worker and sent without waiting, received by the server in one call into a buffer of
+#: this size, so that its parts are taken apart as a small one's are (a BSP step of Adult's
+#: e2e job, ~53 KB, was 7 messages and a Python call for each). Replies keep
+#: ``INLINE_BYTES``: a server's blocking send of a larger reply would wait for the worker.
+#: Above this size the copies into and out of one message cost more than the messages saved.
+REQUEST_BYTES = 1 << 18
 #: A PULL reply of more than ``INLINE_BYTES`` and at most this many bytes is sent from a copy
 #: without waiting (:meth:`ServerEndpoint.reply`): its rendezvous completes only once the
 #: worker is inside MPI, which a worker that has just sent its step is not yet. Larger
@@ -120,6 +128,12 @@ def one_message(nbytes: int, max_bytes: int) -> bool:
     ``nbytes`` in all travels as one message: at most ``INLINE_BYTES`` and not split by the
     endpoints' ``max_message_bytes`` (both sides apply the same rule)."""
     return nbytes <= INLINE_BYTES and nbytes <= max_bytes
+
+
+def one_request(nbytes: int, max_bytes: int) -> bool:
+    """Whether a request (header and every part) of ``nbytes`` in all travels as one message:
+    at most ``REQUEST_BYTES`` and not split by the endpoints' ``max_message_bytes``."""
+    return nbytes <= REQUEST_BYTES and nbytes <= max_bytes
 H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX, H_RANGE = range(9)
 #: The buffer format of int64 keys (numpy's, native byte order), for the compiled path's
 #: checks (:meth:`hpcps.comm.transport.WorkerEndpoint.request`); :func:`buffer_format`

@@ -1,5 +1,6 @@
 """The parameter-server endpoints over MPI point-to-point buffer calls: a worker's
-(:class:`WorkerEndpoint`) and a server's (:class:`ServerEndpoint`). The wire protocol
+(:class:`WorkerEndpoint`, from :mod:`hpcps.comm.worker_endpoint`) and a server's
+(:class:`ServerEndpoint`). The wire protocol
 — ops, tags, the request header, the one-message rule, the traffic counts — is
 :mod:`hpcps.comm.protocol`'s (its names are importable from here too).
 """
@@ -14,30 +15,12 @@ from mpi4py import MPI
 from hpcps.comm.buffers import POOL_MAX_FREE_BYTES, POOL_MIN_BYTES, BufferPool
 
 
-def load_fastpath():
-    """The compiled request path :mod:`hpcps.comm.fastpath` if this process can use it, and
-    why not otherwise: ``(module or None, reason)``. Not built (no MPI compiler wrapper at
-    build time), built for another MPI than the one mpi4py runs on (an Open MPI build imported
-    under MPICH: mpi4py's types differ in size, ValueError at import; or the vendors differ)
-    -> the Python path. Does not initialise MPI. Local."""
-    try:
-        from hpcps.comm import fastpath
-    except ImportError as e:
-        return None, f"not built ({e})"
-    except ValueError as e:                 # mpi4py's C types differ: another MPI's mpi4py
-        return None, f"built for another MPI ({e})"
-    vendor = MPI.get_vendor()[0]
-    if fastpath.BUILT_FOR != vendor:
-        return None, f"built for {fastpath.BUILT_FOR}, running on {vendor}"
-    return fastpath, ""
-
-
-_fast, _FAST_REASON = load_fastpath()
+from hpcps.comm.compiled import _FAST_REASON, _fast, load_fastpath  # noqa: F401
 from hpcps.comm.protocol import (  # noqa: F401  (re-exported: the protocol's names)
     PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW, PUSH_CLOCK, PULL_MANY,
     PUSH_CLOCK_PULL, REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE, OP_NAMES, TAG_SNAP, TAG_REQ,
     TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR, HEADER_LEN, HEADER_BYTES, INLINE_BYTES,
-    DEFER_MAX_BYTES, one_message, H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX,
+    REQUEST_BYTES, DEFER_MAX_BYTES, one_message, one_request, H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX,
     H_RANGE, KEY_FMT, buffer_format, make_header, PART_LEN, part_of, part_header, reply_tag,
     max_ranges, check_ranges, TrafficStats)
 
@@ -45,7 +28,8 @@ __all__ = [
     "PULL", "PUSH", "CLOCK", "PULL_SHARD", "STOP", "CHECKPOINT", "GROW", "PUSH_CLOCK",
     "PULL_MANY", "PUSH_CLOCK_PULL", "REPLICATE", "REPL_CLOCK", "REPL_ACK", "REPL_DONE",
     "OP_NAMES", "TAG_SNAP", "TAG_REQ", "TAG_KEYS", "TAG_VALS", "TAG_REPLY", "TAG_RHDR",
-    "HEADER_LEN", "HEADER_BYTES", "INLINE_BYTES", "DEFER_MAX_BYTES", "one_message", "H_OP",
+    "HEADER_LEN", "HEADER_BYTES", "INLINE_BYTES", "REQUEST_BYTES", "DEFER_MAX_BYTES",
+    "one_message", "one_request", "H_OP",
     "H_TABLE", "H_CLOCK", "H_NKEYS", "H_NEX", "H_SEQ", "H_DIM", "H_AUX", "H_RANGE", "KEY_FMT",
     "buffer_format", "make_header", "PART_LEN", "part_of", "part_header", "reply_tag",
     "max_ranges", "check_ranges", "TrafficStats", "POOL_MAX_FREE_BYTES", "POOL_MIN_BYTES",
@@ -53,210 +37,9 @@ __all__ = [
 ]
 
 from hpcps.comm import core as _core
-from hpcps.comm.core import (cores_dedicated, irecv_array, isend_array, native_contiguous,
-                             recv_array, waitall)
+from hpcps.comm.core import isend_array, native_contiguous, recv_array, waitall
+from hpcps.comm.worker_endpoint import WAIT_SPIN, WorkerEndpoint  # noqa: F401  (re-exported)
 
-
-class WorkerEndpoint:
-    """A worker's side of the protocol: send requests to servers, receive replies.
-
-    Point-to-point only; no method is collective. Requests to several servers are started
-    together (non-blocking) and completed by :meth:`complete`, so transfers to different
-    servers overlap and no ordering between servers can deadlock. ``wait_spin`` (seconds,
-    or None for ``MPI_Waitall``) is how :meth:`complete` waits; the default depends on
-    whether the launcher gave each rank a core (:data:`WAIT_SPIN`).
-    """
-
-    def __init__(self, ps: MPI.Intracomm, server_ranks, max_message_bytes: int,
-                 wait_spin: float | None = -1.0):
-        self.comm = ps
-        self.server_ranks = tuple(server_ranks)
-        self.max_bytes = int(max_message_bytes)
-        self.stats = TrafficStats()
-        self._reqs: list = []
-        self._keep: list = []
-        self._unpack: list = []        # (stage, rows, header) of packed replies (expect_rows)
-        #: the compiled path (:mod:`hpcps.comm.fastpath`) for requests and replies of one
-        #: message, when it is built; used outside continue mode only
-        self.compiled = _fast is not None
-        self._send_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
-        self._recv_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
-        if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
-            wait_spin = None if cores_dedicated() else WAIT_SPIN
-        #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
-        #: seconds, then sleeps between polls (:func:`hpcps.comm.core.waitall`)
-        self.wait_spin = wait_spin
-        self._limit = min(INLINE_BYTES, self.max_bytes)      # one message (one_message)
-
-    def send(self, server: int, header: np.ndarray, keys=None, values=None,
-             more=()) -> None:
-        """Start sending one request (header, then keys, then values, then the parts of
-        ``more``: ``(keys, values, op)`` triples, each as :meth:`send_parts` would send and
-        count them) to server index ``server``: one message when they all fit in
-        ``INLINE_BYTES`` (the server's receives of the parts take them from it in this
-        order), else the header with ``keys`` and ``values`` when those fit, and the rest as
-        messages of their own."""
-        op = int(header[H_OP])
-        if keys is not None or values is not None:
-            arrays = (keys, values) if not more else \
-                (keys, values) + tuple(a for k, v, _ in more for a in (k, v))
-            nbytes = header.nbytes + sum(a.nbytes for a in arrays if a is not None)
-            if one_message(nbytes, self.max_bytes):
-                sizes = [(0 if k is None else k.nbytes) + (0 if v is None else v.nbytes)
-                         for k, v, _ in more]
-                self._send_one(server, op, header, arrays, nbytes, nbytes - sum(sizes))
-                for (_, _, op_part), n in zip(more, sizes):   # counted as send_parts counts them
-                    self.stats.add(op_part, out=n)
-                return
-            if more:                 # the header with its first parts if they fit, then the rest
-                self.send(server, header, keys, values)
-                for k, v, op_part in more:
-                    self.send_parts(server, k, v, op_part)
-                return
-        self._keep.append(isend_array(self.comm, header, self.server_ranks[server], TAG_REQ,
-                                      self.max_bytes, self._reqs))
-        self.stats.add(op, messages=1, out=header.nbytes, keys=int(header[H_NKEYS]))
-        self.send_parts(server, keys, values, op)
-        for k, v, op_part in more:
-            self.send_parts(server, k, v, op_part)
-
-    def _send_one(self, server: int, op: int, header, arrays, nbytes: int, out: int) -> None:
-        """Send a request of one message (``nbytes``: ``header`` and the ``arrays``, None
-        skipped): packed and sent by one blocking eager ``MPI_Send`` in a compiled call
-        (:func:`hpcps.comm.fastpath.send_packed`), or packed here and sent without waiting
-        (continue mode, no compiled path, or a part not C-contiguous native data). ``out``:
-        the bytes counted for ``op`` (the caller counts the rest under the parts' ops)."""
-        dest = self.server_ranks[server]
-        if self.compiled and not _core.WATCH and all(a is None or a.dtype.isnative
-                                                     for a in arrays):
-            try:
-                _fast.send_packed(self.comm, dest, TAG_REQ, header, arrays, self._send_buf)
-                self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
-                return
-            except BufferError:        # not C-contiguous: packed below
-                pass
-        buf = np.empty(nbytes, dtype=np.uint8)
-        buf[:header.nbytes] = header.view(np.uint8)
-        pos = header.nbytes
-        for a in arrays:
-            if a is not None:
-                a = native_contiguous(a)
-                buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
-                pos += a.nbytes
-        self._keep.append(isend_array(self.comm, buf, dest, TAG_REQ, self.max_bytes, self._reqs))
-        self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
-
-    def request(self, server: int, op: int, table: int, clock: int, n_examples: int, seq: int,
-                dim: int, aux: int, keys: np.ndarray, num_keys: int, fmt: bytes, width: int,
-                values: np.ndarray | None = None, rows: np.ndarray | None = None,
-                header: np.ndarray | None = None) -> bool:
-        """A ``PUSH`` (``values``) or a ``PULL`` (``rows``, ``header``) of one message to key
-        range ``server``, done in one compiled call (:func:`hpcps.comm.fastpath.request`,
-        the GIL released around MPI): the header ``[op, table, clock, keys.size,
-        n_examples, seq, dim, aux, server]``, the int64 ``keys`` and the ``values`` packed
-        and sent; for a PULL the one-message reply received (waited for as :meth:`complete`
-        waits) into ``rows`` and the shard clock ``header``. Nothing else may be pending
-        (:attr:`pending`). Counted as :meth:`send`, :meth:`expect_rows` and
-        :meth:`complete` count the same request.
-
-        Returns whether it did. False — nothing sent — without the compiled path, in
-        continue mode, with requests pending, when the request or the reply is more than one
-        message (:func:`one_message`), for a key outside ``[0, num_keys)`` (``num_keys`` <
-        0: any key), for ``keys`` not C-contiguous int64, ``values`` not C-contiguous data
-        of format ``fmt`` (the table dtype's buffer format) with ``keys.size * width`` items
-        (``width``: the table's dim), or ``rows`` not a writeable C-contiguous ``(keys.size,
-        width)`` array of format ``fmt``: the caller then takes the general path (which
-        converts, or raises naming the problem)."""
-        if not self.compiled or self._reqs or _core.WATCH:
-            return False
-        t0 = time.perf_counter()
-        nb = _fast.request(self.comm, self.server_ranks[server], TAG_REQ, op, table, clock,
-                           n_examples, seq, dim, aux, server, keys, KEY_FMT, num_keys, values,
-                           rows, fmt, width, self._limit, self._send_buf, self._recv_buf, header,
-                           TAG_REPLY + 2 * server,       # reply_tag(server)
-                           -1.0 if self.wait_spin is None else self.wait_spin,
-                           _core.POLL_SLEEP_MIN, _core.POLL_SLEEP_MAX)
-        if nb < 0:
-            return False
-        self.stats.add(op, messages=1, out=nb,
-                       inn=0 if rows is None else rows.nbytes + header.nbytes,
-                       keys=keys.size, seconds=time.perf_counter() - t0)
-        return True
-
-    def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
-        """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to
-        server index ``server``: the parts of the request whose header was sent last (a
-        ``PUSH_CLOCK`` sends one pair per push after its header)."""
-        dest = self.server_ranks[server]
-        nbytes = 0
-        for a, tag in ((keys, TAG_KEYS), (values, TAG_VALS)):
-            if a is not None:
-                self._keep.append(isend_array(self.comm, a, dest, tag, self.max_bytes, self._reqs))
-                nbytes += a.nbytes
-        self.stats.add(op, out=nbytes)
-
-    def expect(self, server: int, out: np.ndarray, op: int = PULL) -> None:
-        """Post the receive of a reply for key range ``server`` into ``out``."""
-        irecv_array(self.comm, out, self.server_ranks[server], reply_tag(server), self.max_bytes,
-                    self._reqs)
-        self._keep.append(out)
-        self.stats.add(op, inn=out.nbytes)
-
-    def expect_header(self, server: int, out: np.ndarray, op: int = PULL) -> None:
-        """Post the receive of the shard clock header (int64) that follows a PULL reply."""
-        irecv_array(self.comm, out, self.server_ranks[server], reply_tag(server) + 1,
-                    self.max_bytes, self._reqs)
-        self._keep.append(out)
-        self.stats.add(op, inn=out.nbytes)
-
-    def expect_rows(self, server: int, rows: np.ndarray, header: np.ndarray,
-                    op: int = PULL) -> None:
-        """Post the receives of a PULL reply for key range ``server``: the rows into ``rows``
-        and the shard clock header into ``header`` (C-contiguous; one packed message when
-        :func:`one_message`, unpacked by :meth:`complete`)."""
-        if not one_message(rows.nbytes + header.nbytes, self.max_bytes):
-            self.expect(server, rows, op)
-            self.expect_header(server, header, op)
-            return
-        stage = np.empty(rows.nbytes + header.nbytes, dtype=np.uint8)
-        if self.compiled and not _core.WATCH:
-            self._reqs.append(_fast.irecv_bytes(self.comm, self.server_ranks[server],
-                                                reply_tag(server), stage))
-        else:
-            irecv_array(self.comm, stage, self.server_ranks[server], reply_tag(server),
-                        self.max_bytes, self._reqs)
-        self._keep.append(stage)
-        self._unpack.append((stage, rows, header))
-        self.stats.add(op, inn=stage.nbytes)
-
-    @property
-    def pending(self) -> int:
-        """Requests started and not waited for yet (a step's deferred ``PUSH_CLOCK``)."""
-        return len(self._reqs)
-
-    def complete(self, op: int) -> None:
-        """Wait for every started send and receive; time it under ``op``."""
-        t0 = time.perf_counter()
-        try:
-            waitall(self._reqs, *self._keep, spin=self.wait_spin)  # buffers kept if a peer failed
-        finally:
-            self._keep.clear()
-            unpack, self._unpack = self._unpack, []
-        for stage, rows, header in unpack:
-            if self.compiled and rows.flags.c_contiguous:
-                _fast.unpack(stage, rows, header)
-                continue
-            n = rows.nbytes
-            rows.reshape(-1).view(np.uint8)[:] = stage[:n]
-            header.view(np.uint8)[:] = stage[n:]
-        self.stats.add(op, seconds=time.perf_counter() - t0)
-
-
-#: Seconds a worker polls for its replies before it sleeps between polls, when its node's
-#: cores are oversubscribed (or the launcher did not say); with a core per rank it waits in
-#: ``MPI_Waitall``. Like the server's ``IDLE_SPIN``: a busy-polling worker takes CPU from the
-#: server (and the other workers) that must produce the reply.
-WAIT_SPIN = 5e-5
 
 class ServerEndpoint:
     """A server's side of the protocol: poll for requests, receive their parts, reply.
@@ -271,14 +54,15 @@ class ServerEndpoint:
         self.stats = TrafficStats()
         self._status = MPI.Status()
         self._header = np.empty(HEADER_LEN, dtype=np.int64)
-        self._request = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        #: a request of one message (one_request) lands here whole
+        self._limit = min(REQUEST_BYTES, self.max_bytes)
+        self._request = np.empty(-(-self._limit // 8), dtype=np.int64).view(np.uint8)
         self._request_header = self._request[:HEADER_BYTES].view(np.int64)
         self._inline = None       # the parts sent with the request just polled (bytes view)
         self._reply_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
         #: the compiled request path (:mod:`hpcps.comm.fastpath`) when it is built; it is
         #: used outside continue mode only (whose waits must notice failed ranks)
         self.compiled = _fast is not None
-        self._limit = min(INLINE_BYTES, self.max_bytes)     # a request of one message
         self._scratch = np.empty(0, dtype=np.int64)      # reused by recv_keys(scratch=True)
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
         #: replies sent without waiting: (requests, rows copy, header copy)
@@ -324,7 +108,7 @@ class ServerEndpoint:
             recv_array(self.comm, self._header, src, TAG_REQ, self.max_bytes)
             h = self._header.copy()
             self._inline = None
-        elif HEADER_BYTES < nbytes <= min(INLINE_BYTES, self.max_bytes):   # parts with it
+        elif HEADER_BYTES < nbytes <= self._limit:                  # parts with it
             self.comm.Recv([self._request, nbytes, MPI.BYTE], source=src, tag=TAG_REQ)
             h = self._request[:HEADER_BYTES].view(np.int64).copy()
             self._inline = self._request[HEADER_BYTES:nbytes]
@@ -337,7 +121,7 @@ class ServerEndpoint:
         """``(src, header copy)`` of the request of ``nbytes`` bytes the compiled poll left in
         the request buffer (its parts: :attr:`_inline`), counted. RuntimeError for a size
         that is neither a header nor a header with parts."""
-        if not HEADER_BYTES <= nbytes <= min(INLINE_BYTES, self.max_bytes):
+        if not HEADER_BYTES <= nbytes <= self._limit:
             raise RuntimeError(self._bad_size(nbytes, src))
         h = self._request_header.copy()
         self._inline = self._request[HEADER_BYTES:nbytes] if nbytes > HEADER_BYTES else None
@@ -409,7 +193,7 @@ class ServerEndpoint:
     def _bad_size(self, nbytes: int, src: int) -> str:
         return (f"request of {nbytes} bytes from rank {src}: neither a header "
                 f"({HEADER_BYTES} B) nor a header with parts (at most "
-                f"{min(INLINE_BYTES, self.max_bytes)} B): do all ranks use the "
+                f"{self._limit} B): do all ranks use the "
                 "same max_message_bytes?")
 
     def pull_inline(self, dest: int, n: int, num_keys: int, multiplier: int, lo: int, hi: int,

@@ -83,7 +83,7 @@ def reference(cfg, n_workers):
     return w, b
 
 
-def _run(mpi_tmp_path, name, l2, batch, rows):
+def _run(mpi_tmp_path, name, l2, batch, rows, extra=""):
     """Run the job on every rank; rank 0 gets ``(cfg, summary, weights, bias)``."""
     from pathlib import Path
 
@@ -91,7 +91,7 @@ def _run(mpi_tmp_path, name, l2, batch, rows):
     data = Path(__file__).resolve().parents[2] / "data" / "adult.csv.gz"
     servers = comm.size // 2                    # any size: half the ranks serve (1 of 3, 2 of 4)
     text = JOB.format(servers=servers, data=data, rows=rows, l2=l2, out=mpi_tmp_path / name)
-    text = text.replace("batch_size = 64", f"batch_size = {batch}")
+    text = text.replace("batch_size = 64", f"batch_size = {batch}") + extra
     cfg = parse_job(text, mpi_tmp_path / f"{name}.toml")
     summary = run_job(cfg, comm, out=open("/dev/null", "w"))
     comm.Barrier()
@@ -102,14 +102,19 @@ def _run(mpi_tmp_path, name, l2, batch, rows):
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("l2", [0.0, 0.01])
-def test_bsp_equals_minibatch_sgd_on_concatenation(mpi_tmp_path, l2):
-    """Batches of 64: each step's request to a server is several messages (the general path,
-    not the compiled loop)."""
+@pytest.mark.parametrize("l2, max_bytes", [(0.0, None), (0.01, None), (0.01, 2048)])
+def test_bsp_equals_minibatch_sgd_on_concatenation(mpi_tmp_path, l2, max_bytes):
+    """Batches of 64: each step's request to a server (~10 KB) is one message, taken in by the
+    server's compiled loop; with ``max_message_bytes = 2048`` it is several messages (the
+    general path, not the compiled loop)."""
     comm = MPI.COMM_WORLD
-    cfg, summary, w, b = _run(mpi_tmp_path, "run", l2, 64, ROWS)
+    extra = f"[comm]\nmax_message_bytes = {max_bytes}\n" if max_bytes else ""
+    cfg, summary, w, b = _run(mpi_tmp_path, "run", l2, 64, ROWS, extra)
     if comm.rank == 0:
-        assert [s["requests_compiled"] for s in summary["servers"]] == [0] * (comm.size // 2)
+        workers, steps = comm.size - comm.size // 2, summary["steps"]
+        compiled = 0 if max_bytes or not tp_compiled() else workers * (steps - cfg.train.epochs)
+        assert [s["requests_compiled"] for s in summary["servers"]] == (
+            [compiled] * (comm.size // 2))
         w_ref, b_ref = reference(cfg, comm.size - comm.size // 2)
         assert np.abs(w_ref).max() > 1e-3                    # the model did move
         np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=1e-14)

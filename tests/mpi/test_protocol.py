@@ -465,22 +465,25 @@ def test_server_does_not_wait_for_a_worker_outside_mpi():
 @pytest.mark.parametrize("max_bytes", [1 << 30, 1024])
 def test_requests_and_replies_at_the_one_message_limit(max_bytes):
     """Pushes and pulls whose request (header and keys, or header, keys and values) or reply
-    (rows and shard clock header) is just under, at and just over ``INLINE_BYTES``, and a
-    PUSH_CLOCK whose description rides with its header: every size gives the values of
-    ``np.add.at`` (so both sides agree on which form each message takes), in one server
-    and across servers, also when ``max_message_bytes`` splits messages below that limit."""
-    from hpcps.comm.transport import HEADER_BYTES, INLINE_BYTES
+    (rows and shard clock header) is just under, at and just over ``INLINE_BYTES``, requests
+    just under, at and just over ``REQUEST_BYTES``, and a PUSH_CLOCK whose description rides
+    with its header: every size gives the values of ``np.add.at`` (so both sides agree on
+    which form each message takes), in one server and across servers, also when
+    ``max_message_bytes`` splits messages below that limit."""
+    from hpcps.comm.transport import HEADER_BYTES, INLINE_BYTES, REQUEST_BYTES
 
     comm = MPI.COMM_WORLD
-    num_keys = 1 << 16
+    num_keys = 1 << 18
     spec = TableSpec("w", num_keys, 1, "float64", sparse=False)
     tables = [(spec, Optimizer("sgd", 1.0))]
     n_servers = comm.size // 2
     kmax = (INLINE_BYTES - HEADER_BYTES) // 8            # keys that fit with a pull header
     pmax = (INLINE_BYTES - HEADER_BYTES) // 16           # keys + float64 values with a push
     rmax = (INLINE_BYTES - 8 * 8) // 8                   # float64 rows with an 8-entry header
+    qp = (REQUEST_BYTES - HEADER_BYTES) // 16            # keys + values in one request
+    qk = (REQUEST_BYTES - HEADER_BYTES) // 8             # keys of a pull in one request
     sizes = sorted({1, pmax - 1, pmax, pmax + 1, kmax - 1, kmax, kmax + 1, rmax - 1, rmax,
-                    rmax + 1, 3000})
+                    rmax + 1, 3000, qp - 1, qp, qp + 1, qk - 1, qk, qk + 1})
 
     def work(client, roles):
         got = []

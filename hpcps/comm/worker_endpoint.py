@@ -1,0 +1,225 @@
+"""A worker's side of the parameter-server protocol (:class:`WorkerEndpoint`): requests sent
+to servers, replies received; importable from :mod:`hpcps.comm.transport` too."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcps.comm import core as _core
+from hpcps.comm.buffers import BufferPool
+from hpcps.comm.compiled import _fast
+from hpcps.comm.core import cores_dedicated, irecv_array, isend_array, native_contiguous, waitall
+from hpcps.comm.protocol import (H_NKEYS, H_OP, INLINE_BYTES, KEY_FMT, PULL, PUSH, TAG_KEYS,
+                                 TAG_REPLY, TAG_REQ, TAG_VALS, TrafficStats, one_message,
+                                 one_request, reply_tag)
+
+class WorkerEndpoint:
+    """A worker's side of the protocol: send requests to servers, receive replies.
+
+    Point-to-point only; no method is collective. Requests to several servers are started
+    together (non-blocking) and completed by :meth:`complete`, so transfers to different
+    servers overlap and no ordering between servers can deadlock. ``wait_spin`` (seconds,
+    or None for ``MPI_Waitall``) is how :meth:`complete` waits; the default depends on
+    whether the launcher gave each rank a core (:data:`WAIT_SPIN`).
+    """
+
+    def __init__(self, ps: MPI.Intracomm, server_ranks, max_message_bytes: int,
+                 wait_spin: float | None = -1.0):
+        self.comm = ps
+        self.server_ranks = tuple(server_ranks)
+        self.max_bytes = int(max_message_bytes)
+        self.stats = TrafficStats()
+        self._reqs: list = []
+        self._keep: list = []
+        self._unpack: list = []        # (stage, rows, header) of packed replies (expect_rows)
+        #: the compiled path (:mod:`hpcps.comm.fastpath`) for requests and replies of one
+        #: message, when it is built; used outside continue mode only
+        self.compiled = _fast is not None
+        self._send_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        self._recv_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
+            wait_spin = None if cores_dedicated() else WAIT_SPIN
+        #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
+        #: seconds, then sleeps between polls (:func:`hpcps.comm.core.waitall`)
+        self.wait_spin = wait_spin
+        self._limit = min(INLINE_BYTES, self.max_bytes)      # one message (one_message)
+        #: buffers of requests packed here (_send_one), reused once complete() sent them
+        self._packs = BufferPool()
+        self._packed: list = []
+
+    def send(self, server: int, header: np.ndarray, keys=None, values=None,
+             more=()) -> None:
+        """Start sending one request (header, then keys, then values, then the parts of
+        ``more``: ``(keys, values, op)`` triples, each as :meth:`send_parts` would send and
+        count them) to server index ``server``: one message when they all fit in
+        ``REQUEST_BYTES`` (:func:`one_request`; the server's receives of the parts take them
+        from it in this order), else the header with ``keys`` and ``values`` when those fit,
+        and the rest as messages of their own."""
+        op = int(header[H_OP])
+        if keys is not None or values is not None:
+            arrays = (keys, values) if not more else \
+                (keys, values) + tuple(a for k, v, _ in more for a in (k, v))
+            nbytes = header.nbytes + sum(a.nbytes for a in arrays if a is not None)
+            if one_request(nbytes, self.max_bytes):
+                sizes = [(0 if k is None else k.nbytes) + (0 if v is None else v.nbytes)
+                         for k, v, _ in more]
+                self._send_one(server, op, header, arrays, nbytes, nbytes - sum(sizes))
+                for (_, _, op_part), n in zip(more, sizes):   # counted as send_parts counts them
+                    self.stats.add(op_part, out=n)
+                return
+            if more:                 # the header with its first parts if they fit, then the rest
+                self.send(server, header, keys, values)
+                for k, v, op_part in more:
+                    self.send_parts(server, k, v, op_part)
+                return
+        self._keep.append(isend_array(self.comm, header, self.server_ranks[server], TAG_REQ,
+                                      self.max_bytes, self._reqs))
+        self.stats.add(op, messages=1, out=header.nbytes, keys=int(header[H_NKEYS]))
+        self.send_parts(server, keys, values, op)
+        for k, v, op_part in more:
+            self.send_parts(server, k, v, op_part)
+
+    def _send_one(self, server: int, op: int, header, arrays, nbytes: int, out: int) -> None:
+        """Send a request of one message (``nbytes``: ``header`` and the ``arrays``, None
+        skipped): packed and sent by one blocking eager ``MPI_Send`` in a compiled call
+        (:func:`hpcps.comm.fastpath.send_packed`) when it fits in ``INLINE_BYTES``, or packed
+        here and sent without waiting (larger, continue mode, no compiled path, or a part not
+        C-contiguous native data). ``out``: the bytes counted for ``op`` (the caller counts
+        the rest under the parts' ops)."""
+        dest = self.server_ranks[server]
+        if self.compiled and not _core.WATCH and one_message(nbytes, self.max_bytes) and all(
+                a is None or a.dtype.isnative for a in arrays):
+            try:
+                _fast.send_packed(self.comm, dest, TAG_REQ, header, arrays, self._send_buf)
+                self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
+                return
+            except BufferError:        # not C-contiguous: packed below
+                pass
+        buf = self._packs.take((nbytes,), np.uint8)     # back to the pool once sent
+        self._packed.append(buf)
+        buf[:header.nbytes] = header.view(np.uint8)
+        pos = header.nbytes
+        for a in arrays:
+            if a is not None:
+                a = native_contiguous(a)
+                buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
+                pos += a.nbytes
+        self._keep.append(isend_array(self.comm, buf, dest, TAG_REQ, self.max_bytes, self._reqs))
+        self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
+
+    def request(self, server: int, op: int, table: int, clock: int, n_examples: int, seq: int,
+                dim: int, aux: int, keys: np.ndarray, num_keys: int, fmt: bytes, width: int,
+                values: np.ndarray | None = None, rows: np.ndarray | None = None,
+                header: np.ndarray | None = None) -> bool:
+        """A ``PUSH`` (``values``) or a ``PULL`` (``rows``, ``header``) of one message to key
+        range ``server``, done in one compiled call (:func:`hpcps.comm.fastpath.request`,
+        the GIL released around MPI): the header ``[op, table, clock, keys.size,
+        n_examples, seq, dim, aux, server]``, the int64 ``keys`` and the ``values`` packed
+        and sent; for a PULL the one-message reply received (waited for as :meth:`complete`
+        waits) into ``rows`` and the shard clock ``header``. Nothing else may be pending
+        (:attr:`pending`). Counted as :meth:`send`, :meth:`expect_rows` and
+        :meth:`complete` count the same request.
+
+        Returns whether it did. False — nothing sent — without the compiled path, in
+        continue mode, with requests pending, when the request or the reply is more than one
+        message (:func:`one_message`), for a key outside ``[0, num_keys)`` (``num_keys`` <
+        0: any key), for ``keys`` not C-contiguous int64, ``values`` not C-contiguous data
+        of format ``fmt`` (the table dtype's buffer format) with ``keys.size * width`` items
+        (``width``: the table's dim), or ``rows`` not a writeable C-contiguous ``(keys.size,
+        width)`` array of format ``fmt``: the caller then takes the general path (which
+        converts, or raises naming the problem)."""
+        if not self.compiled or self._reqs or _core.WATCH:
+            return False
+        t0 = time.perf_counter()
+        nb = _fast.request(self.comm, self.server_ranks[server], TAG_REQ, op, table, clock,
+                           n_examples, seq, dim, aux, server, keys, KEY_FMT, num_keys, values,
+                           rows, fmt, width, self._limit, self._send_buf, self._recv_buf, header,
+                           TAG_REPLY + 2 * server,       # reply_tag(server)
+                           -1.0 if self.wait_spin is None else self.wait_spin,
+                           _core.POLL_SLEEP_MIN, _core.POLL_SLEEP_MAX)
+        if nb < 0:
+            return False
+        self.stats.add(op, messages=1, out=nb,
+                       inn=0 if rows is None else rows.nbytes + header.nbytes,
+                       keys=keys.size, seconds=time.perf_counter() - t0)
+        return True
+
+    def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
+        """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to
+        server index ``server``: the parts of the request whose header was sent last (a
+        ``PUSH_CLOCK`` sends one pair per push after its header)."""
+        dest = self.server_ranks[server]
+        nbytes = 0
+        for a, tag in ((keys, TAG_KEYS), (values, TAG_VALS)):
+            if a is not None:
+                self._keep.append(isend_array(self.comm, a, dest, tag, self.max_bytes, self._reqs))
+                nbytes += a.nbytes
+        self.stats.add(op, out=nbytes)
+
+    def expect(self, server: int, out: np.ndarray, op: int = PULL) -> None:
+        """Post the receive of a reply for key range ``server`` into ``out``."""
+        irecv_array(self.comm, out, self.server_ranks[server], reply_tag(server), self.max_bytes,
+                    self._reqs)
+        self._keep.append(out)
+        self.stats.add(op, inn=out.nbytes)
+
+    def expect_header(self, server: int, out: np.ndarray, op: int = PULL) -> None:
+        """Post the receive of the shard clock header (int64) that follows a PULL reply."""
+        irecv_array(self.comm, out, self.server_ranks[server], reply_tag(server) + 1,
+                    self.max_bytes, self._reqs)
+        self._keep.append(out)
+        self.stats.add(op, inn=out.nbytes)
+
+    def expect_rows(self, server: int, rows: np.ndarray, header: np.ndarray,
+                    op: int = PULL) -> None:
+        """Post the receives of a PULL reply for key range ``server``: the rows into ``rows``
+        and the shard clock header into ``header`` (C-contiguous; one packed message when
+        :func:`one_message`, unpacked by :meth:`complete`)."""
+        if not one_message(rows.nbytes + header.nbytes, self.max_bytes):
+            self.expect(server, rows, op)
+            self.expect_header(server, header, op)
+            return
+        stage = np.empty(rows.nbytes + header.nbytes, dtype=np.uint8)
+        if self.compiled and not _core.WATCH:
+            self._reqs.append(_fast.irecv_bytes(self.comm, self.server_ranks[server],
+                                                reply_tag(server), stage))
+        else:
+            irecv_array(self.comm, stage, self.server_ranks[server], reply_tag(server),
+                        self.max_bytes, self._reqs)
+        self._keep.append(stage)
+        self._unpack.append((stage, rows, header))
+        self.stats.add(op, inn=stage.nbytes)
+
+    @property
+    def pending(self) -> int:
+        """Requests started and not waited for yet (a step's deferred ``PUSH_CLOCK``)."""
+        return len(self._reqs)
+
+    def complete(self, op: int) -> None:
+        """Wait for every started send and receive; time it under ``op``."""
+        t0 = time.perf_counter()
+        try:
+            waitall(self._reqs, *self._keep, spin=self.wait_spin)  # buffers kept if a peer failed
+            self._packs.give(*self._packed)       # sent: reusable (not after a failed wait)
+        finally:
+            self._keep.clear()
+            self._packed.clear()
+            unpack, self._unpack = self._unpack, []
+        for stage, rows, header in unpack:
+            if self.compiled and rows.flags.c_contiguous:
+                _fast.unpack(stage, rows, header)
+                continue
+            n = rows.nbytes
+            rows.reshape(-1).view(np.uint8)[:] = stage[:n]
+            header.view(np.uint8)[:] = stage[n:]
+        self.stats.add(op, seconds=time.perf_counter() - t0)
+
+
+#: Seconds a worker polls for its replies before it sleeps between polls, when its node's
+#: cores are oversubscribed (or the launcher did not say); with a core per rank it waits in
+#: ``MPI_Waitall``. Like the server's ``IDLE_SPIN``: a busy-polling worker takes CPU from the
+#: server (and the other workers) that must produce the reply.
+WAIT_SPIN = 5e-5
