@@ -135,6 +135,11 @@ class Model:
         least ``"n"`` (the row count), :attr:`loss_name` and :attr:`primary_metric`."""
         raise NotImplementedError
 
+    def prepare_metrics(self) -> None:
+        """Load what :meth:`metrics` needs (a library import, say) so that the first epoch's
+        evaluation does not pay it inside the training clock. Called once by the chief worker
+        before its first step. Local. Default: nothing."""
+
     def describe(self, m: dict) -> str:
         """One line of test metrics ``m`` (from :meth:`metrics`) for the epoch report."""
         return "test " + "  ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "n")

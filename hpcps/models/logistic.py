@@ -58,6 +58,9 @@ class LogisticRegression(Model):
     def predict(self, X, keys, params):
         return lr.predict(X, self._local(X, keys), params[lr.WEIGHTS][:, 0], params[lr.BIAS][0, 0])
 
+    def prepare_metrics(self) -> None:
+        lr.load_metrics()
+
     def metrics(self, y, pred) -> dict:
         return lr.binary_metrics(y, pred)
 

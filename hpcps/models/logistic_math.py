@@ -100,6 +100,12 @@ def predict(X, keys_local, w, bias) -> np.ndarray:
     return out
 
 
+def load_metrics() -> None:
+    """Import scikit-learn's metrics, which :func:`binary_metrics` uses (about 1 s of one core
+    the first time: scipy comes with it)."""
+    import sklearn.metrics  # noqa: F401
+
+
 def binary_metrics(y, p) -> dict:
     """Log-loss, ROC AUC and accuracy (threshold 0.5) with scikit-learn's metrics."""
     from sklearn.metrics import accuracy_score, log_loss, roc_auc_score

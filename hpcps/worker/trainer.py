@@ -197,7 +197,7 @@ class Trainer:
         # this worker's partitions for whole epochs (replaced by a re-plan, :meth:`adopt`)
         self.X = self.y = self.Xt = self.yt = None
         self.steps_full = 0
-        self.n_train = 0
+        self.n_train = self.n_test = 0
         self.part_rows: list = []         # every worker's training rows (prepare)
         self._t0 = self._last = 0.0       # progress lines: start of the run, last line
         self._clock0 = 0
@@ -236,7 +236,7 @@ class Trainer:
             where = cfg.data.test_path or f"{cfg.data.path} (its test split)"
             raise DataError(f"{where}: no test rows (empty file, or only comments and blank "
                             "lines)")
-        self.n_train = n_train
+        self.n_train, self.n_test = n_train, n_test
         self.steps_full = capped_steps(self.max_steps(self.X.shape[0]), t.max_steps)
         # every worker's training rows (banner, progress rate): a compressed file is read
         # whole by one worker, so partitions can be unequal or empty
@@ -275,6 +275,10 @@ class Trainer:
         self.epochs_done = start_epoch
         self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
                                                     self.n_workers, max(self.part_rows, default=0))
+        if self.is_chief and self.n_test > 0:
+            prepare = getattr(self.model, "prepare_metrics", None)
+            if prepare is not None:          # not in the first epoch's time (sklearn: ~1 s)
+                prepare()
         self._t0 = self._last = time.perf_counter()
         self._clock0 = self.client.clock_value
 
