@@ -70,6 +70,9 @@ class LinearSVM(Model):
     def predict(self, X, keys, params):
         return self._scores(X, keys, params)[1]               # decision values f(x)
 
+    def prepare_metrics(self):
+        import sklearn.metrics  # noqa: F401  (imported before the training clock starts)
+
     def metrics(self, y, pred):
         from sklearn.metrics import accuracy_score, hinge_loss, roc_auc_score
 
