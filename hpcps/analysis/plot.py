@@ -244,8 +244,8 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
             idx = np.array([int(s.get("index", i)) for i, s in enumerate(data)])
             bin_ = np.array([float(s.get("bytes_in") or 0) for s in data]) / 1e6
             bout = np.array([float(s.get("bytes_out") or 0) for s in data]) / 1e6
-            ax.bar(idx - 0.2, bin_, 0.4, label="in (pushed to the server)")
-            ax.bar(idx + 0.2, bout, 0.4, label="out (pulled from the server)")
+            ax.bar(idx - 0.2, bin_, 0.4, label="in (pushes and pull requests)")
+            ax.bar(idx + 0.2, bout, 0.4, label="out (replies: pulled rows)")
             ax.set_xticks(idx)
             ax.set_xlim(idx.min() - 1, idx.max() + 1)
             ax.set_xlabel("server")

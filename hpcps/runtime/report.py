@@ -234,7 +234,7 @@ def summary_lines(s: dict, history: list) -> list[str]:
     rma = s.get("consistency", {}).get("pull") == "rma"
     for d in s["servers"]:
         pulled = (f"sent {mb(d['bytes_out'])} by messages (pulls are RMA reads)" if rma else
-                  f"pulled out {mb(d['bytes_out'])} ({d['keys_pulled']:,} keys)")
+                  f"sent {mb(d['bytes_out'])} ({d['keys_pulled']:,} keys pulled)")
         dyn = "".join(f", {t} {k:,} keys stored" for t, k in d.get("keys_stored", {}).items())
         for t in d.get("keys_stored", {}):
             a, r, e = d["admitted"][t], d["rejected"][t], d["evicted"][t]
@@ -243,7 +243,8 @@ def summary_lines(s: dict, history: list) -> list[str]:
         rss = (f", peak RSS {d['rss_peak_bytes'] / 2**20:,.0f} MiB"     # as the readers' line
                if d.get("rss_peak_bytes") else "")
         lines.append(f"  server {d['index']}: {d['rows']:,} rows ({size(d['memory_bytes'])}{dyn}"
-                     f"{rss}); pushed in {mb(d['bytes_in'])} ({d['keys_pushed']:,} keys), {pulled}, "
+                     f"{rss}); received {mb(d['bytes_in'])} (pushes and pull requests; "
+                     f"{d['keys_pushed']:,} keys pushed), {pulled}, "
                      f"{d['requests']:,} requests"
                      + (f" ({d['requests_compiled']:,} BSP steps taken in compiled code)"
                         if d.get("requests_compiled") else ""))

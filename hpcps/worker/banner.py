@@ -50,8 +50,10 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
                      f"{tr.n_workers} workers send their steps together; each server gets "
                      f"{g.n_groups} request(s) per step")
     if restore is not None:
-        lines.append(f"resumed from checkpoint step {restore['step']} (epoch {start_epoch + 1}, "
-                  f"step {int(restore['step_in_epoch'])} of the epoch, written by "
+        where = (f"epoch {start_epoch + 1}, step {int(restore['step_in_epoch'])} of the epoch"
+                 if start_epoch == int(restore["epoch"]) else
+                 f"the end of epoch {start_epoch}; epoch {start_epoch + 1} starts")
+        lines.append(f"resumed from checkpoint step {restore['step']} ({where}, written by "
                   f"{restore['n_workers']} worker(s) and {restore['n_servers']} server(s))")
         if restore.get("config", cfg.text) != cfg.text:
             lines.append("hpcps: warning: the job file differs from the one the checkpoint was "

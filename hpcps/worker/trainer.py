@@ -197,7 +197,8 @@ class Trainer:
         # this worker's partitions for whole epochs (replaced by a re-plan, :meth:`adopt`)
         self.X = self.y = self.Xt = self.yt = None
         self.steps_full = 0
-        self.n_train = self.n_test = 0
+        self.n_train = 0
+        self.restored: dict = {}          # a resumed checkpoint's epoch records, by epoch
         self.part_rows: list = []         # every worker's training rows (prepare)
         self._t0 = self._last = 0.0       # progress lines: start of the run, last line
         self._clock0 = 0
@@ -236,8 +237,11 @@ class Trainer:
             where = cfg.data.test_path or f"{cfg.data.path} (its test split)"
             raise DataError(f"{where}: no test rows (empty file, or only comments and blank "
                             "lines)")
-        self.n_train, self.n_test = n_train, n_test
+        self.n_train = n_train
         self.steps_full = capped_steps(self.max_steps(self.X.shape[0]), t.max_steps)
+        prepare = getattr(self.model, "prepare_metrics", None)
+        if self.is_chief and prepare is not None:   # not in the first epoch's time (sklearn:
+            prepare()                               # ~1 s); the others wait in the allgather
         # every worker's training rows (banner, progress rate): a compressed file is read
         # whole by one worker, so partitions can be unequal or empty
         self.part_rows = [int(r[0]) for r in allgather_rows(self.comm, [self.X.shape[0]])]
@@ -245,6 +249,12 @@ class Trainer:
         if restore is not None:
             streaming.check_stream_restore(self, restore)
             start_epoch, start_step, plan = resume_position(restore, self.n_workers)
+            self.restored = {int(r["epoch"]): r for r in restore["history"]}
+            if start_epoch + 1 in self.restored and start_epoch + 1 < t.epochs:
+                # written after its epoch closed (at_end), resumed with more epochs: go on
+                # with the next one, the closed epoch's record kept (it was evaluated again,
+                # its train loss lost: no step of it is left to run)
+                start_epoch, start_step, plan = start_epoch + 1, 0, []
             # records of the epoch being resumed (and later) are recomputed
             self.history = [r for r in restore["history"] if r["epoch"] <= start_epoch]
             if checkpointer is not None:     # its checkpoint exists: at_end need not rewrite it
@@ -275,10 +285,6 @@ class Trainer:
         self.epochs_done = start_epoch
         self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
                                                     self.n_workers, max(self.part_rows, default=0))
-        if self.is_chief and self.n_test > 0:
-            prepare = getattr(self.model, "prepare_metrics", None)
-            if prepare is not None:          # not in the first epoch's time (sklearn: ~1 s)
-                prepare()
         self._t0 = self._last = time.perf_counter()
         self._clock0 = self.client.clock_value
 
@@ -590,12 +596,16 @@ class Trainer:
             all_p = all_p.reshape(all_y.size, -1)       # (n, k) predictions, e.g. class probabilities
         m = self.model.metrics(all_y, all_p)
         ln = self.model.loss_name
+        train = float(tr[0] / tr[1]) if tr[1] else float("nan")
+        if not tr[1]:                  # no step of the epoch ran here: the record resumed
+            kept = self.restored.get(epoch + 1, {}).get(f"train_{ln}")
+            train = float(kept) if kept is not None else train
         rec = {"epoch": epoch + 1, "clock": self.client.clock_value, "seconds": round(elapsed, 3),
-               f"train_{ln}": float(tr[0] / tr[1]) if tr[1] else float("nan")}
+               f"train_{ln}": train}
         rec.update({f"test_{k}": float(v) for k, v in m.items() if k != "n"})
         rec["test_rows"] = int(m.get("n", all_y.size))
         self.say(f"epoch {epoch + 1}: train {self.model.loss_label} {rec[f'train_{ln}']:.4f}  "
-                  f"{self.model.describe(m)}  ({elapsed:.1f} s)")
+                  f"{self.model.describe(m)}  (at {elapsed:.1f} s)")
         return rec
 
     def _say_guard(self, text: str) -> None:

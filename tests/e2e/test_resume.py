@@ -236,3 +236,27 @@ def test_a_finished_run_launched_again_leaves_its_record_intact(tmp_path, one_ep
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "holds model.h5 and metrics.json of an earlier run" in proc.stdout \
         and "overwrites them" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_more_epochs_for_a_finished_run_keep_its_last_epoch_and_match_one_run(tmp_path, one_epoch):
+    """Found by a trial (2026-12-04): a finished run launched again with more epochs resumed
+    its end checkpoint inside the last epoch, which had no step left, so that epoch was
+    evaluated again with no examples: its record in metrics.json got train log-loss null
+    (0.3070 before). The closed epoch is now kept and training goes on with the next one,
+    as one run of that many epochs does (bit-identical)."""
+    j, run = copy_run(one_epoch, tmp_path)
+    before = json.loads((run / "metrics.json").read_text())["epochs"]
+    assert [r["epoch"] for r in before] == [1]
+    j.write_text(j.read_text().replace("epochs = 1", "epochs = 2"))
+    proc, _ = launch(4, ["train", j], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(the end of epoch 1; epoch 2 starts" in proc.stdout, proc.stdout[-2000:]
+    assert "epoch 1:" not in proc.stdout, proc.stdout[-2000:]        # not evaluated again
+    after = json.loads((run / "metrics.json").read_text())["epochs"]
+    assert [r["epoch"] for r in after] == [1, 2], after
+    assert after[0] == before[0]
+    assert after[1]["train_logloss"] is not None and after[1]["train_logloss"] > 0, after[1]
+    one = job(tmp_path, "one", epochs=2, every=10, keep=2)
+    proc, _ = launch(4, ["train", one], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_identical(weights(run), weights(tmp_path / "one"))
