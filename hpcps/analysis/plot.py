@@ -90,6 +90,15 @@ def _series(epochs) -> tuple[list, list]:
     return losses, [(lbl, c) for lbl, c in metrics if _has(c)]
 
 
+def whole_ticks():
+    """A matplotlib tick locator of whole numbers only, also on an axis holding a single one
+    (one staleness value, one epoch: matplotlib's ``MaxNLocator(integer=True)`` falls back to
+    ticks -0.60 ... 0.60 there, found by a trial of 2026-12-04)."""
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True, min_n_ticks=1)
+
+
 def _staleness_record(summary) -> tuple:
     """``(histogram, unit, description)`` of the summary, or ``(None, None, None)``.
 
@@ -171,7 +180,6 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     mpath, m = load_metrics(run)
     epochs = [e for e in m.get("epochs", []) if isinstance(e, dict)]
@@ -223,7 +231,7 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
     for ax, (title, kind, x, xl, data) in zip(axes, panels):
         ax.set_title(title)
         if xl == "epoch":
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(whole_ticks())
         if kind == "loss":
             label, tr, te = data
             if tr is not None:
@@ -255,7 +263,7 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
         else:
             ax.bar(x, data, 0.8, color="C3")
             ax.set_xlim(x.min() - 0.7, x.max() + 0.7)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(whole_ticks())
             ax.set_xlabel(xl)
             ax.set_ylabel("updates")
         ax.grid(True, alpha=0.3)

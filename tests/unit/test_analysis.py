@@ -483,6 +483,21 @@ def test_plot_panels(tmp_path, staleness, panels):
     assert img.shape[0] > 300 and img.shape[1] > 600 and img.std() > 0
 
 
+def test_one_staleness_value_is_ticked_with_whole_numbers():
+    """Found by a trial (2026-12-04): a BSP run's histogram has one bar (staleness 0), whose
+    axis matplotlib's integer locator ticked -0.60 ... 0.60."""
+    from matplotlib.figure import Figure
+
+    from hpcps.analysis.plot import whole_ticks
+
+    ax = Figure().add_subplot()
+    ax.bar([0], [918], 0.8)
+    ax.set_xlim(-0.7, 0.7)
+    ax.xaxis.set_major_locator(whole_ticks())
+    ticks = ax.get_xticks()
+    assert 0 in ticks and np.array_equal(ticks, np.round(ticks)), ticks
+
+
 def test_cli_plot(tmp_path):
     run = tmp_path / "run"
     write_metrics(run / "metrics.json", metrics_record(summary=False))   # mid-run: no summary yet
