@@ -202,8 +202,8 @@ def fresh_start_note(run: RunDir) -> str | None:
     names = run.earlier_outputs()
     if not names:
         return None
-    return (f"{run.path} holds {' and '.join(names)} of an earlier run and no checkpoint to "
-            f"resume from: this run trains afresh and overwrites {'them' if len(names) > 1 else 'it'}"
+    return (f"{run.path} holds {' and '.join(names)} of an earlier run: this run trains "
+            f"afresh and overwrites {'them' if len(names) > 1 else 'it'}"
             " (use another [output] dir or job name to keep them)")
 
 
