@@ -774,6 +774,52 @@ def test_unique_inverse_equals_numpy_unique(cols, i32):
     assert not marks.any()                      # scratch is clean for the next batch
 
 
+@pytest.mark.parametrize("n", [0, 1, 2, 31, 33, 639, 640, 641, 5000, 70_000])
+@pytest.mark.parametrize("bits", [1, 11, 12, 33, 63, 64])
+def test_sort_u64_equals_numpy_sort(n, bits):
+    """The radix sort (from 640 values on; numpy's below) sorts as numpy does, also with
+    repeated values, one digit value shared by all (skipped passes) and all 64 bits."""
+    rng = np.random.default_rng(n * 100 + bits)
+    hi = np.iinfo(np.uint64).max if bits == 64 else (1 << bits) - 1
+    a = rng.integers(0, hi, n, dtype=np.uint64, endpoint=True)
+    if n > 4:
+        a[: n // 4] = a[-1]                              # repeats
+    got = a.copy()
+    assert kkeys.sort_u64(got, bits) is got
+    np.testing.assert_array_equal(got, np.sort(a))
+    same_top = (a & np.uint64(0x7FF)) | np.uint64(0x5 << 11) if bits >= 14 else a
+    got = same_top.copy()
+    np.testing.assert_array_equal(kkeys.sort_u64(got, bits), np.sort(same_top))
+    with pytest.raises(ValueError, match="uint64"):
+        kkeys.sort_u64(a.astype(np.int64), bits)
+    with pytest.raises(ValueError, match="bits"):
+        kkeys.sort_u64(a, 65)
+
+
+def test_unique_inverse_and_merge_of_many_distinct_keys_equal_numpy():
+    """Past 640 distinct keys the sorts are radix passes: the same results as numpy."""
+    rng = np.random.default_rng(5)
+    cols = rng.integers(0, 1 << 20, 30_000).astype(np.int32)
+    cols[:10_000] = cols[20_000:]                        # repeats
+    marks = np.zeros(1 << 20, dtype=np.int32)
+    keys, local = kkeys.unique_inverse(cols, marks)
+    want_keys, want_local = np.unique(cols, return_inverse=True)
+    assert keys.size > 640
+    np.testing.assert_array_equal(keys, want_keys)
+    np.testing.assert_array_equal(local, want_local.reshape(-1))
+    assert not marks.any()
+    k64 = rng.integers(0, 1 << 40, 9000).astype(np.int64)
+    k64[:3000] = k64[6000:]
+    vals = rng.random((9000, 3))
+    uk, summed = kopt.merge_duplicates(k64, vals)
+    want_uk, inv = np.unique(k64, return_inverse=True)
+    want = np.zeros((want_uk.size, 3))
+    for i, j in enumerate(inv.reshape(-1)):              # in input order, as documented
+        want[j] += vals[i]
+    np.testing.assert_array_equal(uk, want_uk)
+    np.testing.assert_array_equal(summed, want)
+
+
 def test_unique_inverse_errors_leave_marks_clean():
     marks = np.zeros(100, dtype=np.int32)
     for bad, pos in (([3, 5, 100, 3], 2), ([1, -1], 1)):
