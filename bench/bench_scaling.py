@@ -231,25 +231,30 @@ def fit_fused(calib: list) -> dict | None:
       the step's keys, its bookkeeping), paid once per step whatever the number of workers.
 
     Each by least squares on K. None without two distinct key counts."""
-    req, step = {}, {}
+    req, step, wrk = {}, {}, {}
     for r in calib:
         k = round(r["keys_per_worker_step"])
         tot, st = min(zip(r["server_cpu_us_per_request"], r["server_step_cpu_us"]))
         if k not in req or tot < req[k] + step[k]:
             req[k], step[k] = tot - st, st
+        own = r["step_ms"] * 1e3 - tot          # the step less the server's CPU: the worker's
+        wrk[k] = min(wrk.get(k, own), own)      # own work and its round trip (fastest run)
     if len(req) < 2:
         return None
     K = np.array(sorted(req), dtype=float)
     c, a = np.polyfit(K, [req[k] for k in sorted(req)], 1)
     cs, a_s = np.polyfit(K, [step[k] for k in sorted(req)], 1)
+    cw, a_w = np.polyfit(K, [wrk[k] for k in sorted(req)], 1)
     return {"a_us": float(max(a, 0.0)), "c_ns": float(max(c, 0.0)) * 1e3,
             "a_step_us": float(max(a_s, 0.0)), "c_step_ns": float(max(cs, 0.0)) * 1e3,
+            "a_worker_us": float(max(a_w, 0.0)), "c_worker_ns": float(max(cw, 0.0)) * 1e3,
             "points": {int(k): {"request_us": float(req[k]), "step_us": float(step[k])}
                        for k in sorted(req)},
             "source": ("fused PUSH_CLOCK_PULL request, 1 worker + 1 server, server CPU time "
-                       "(fastest of 3 runs) per request less the step's / per step: "
-                       + ", ".join(f"{int(k):,} keys {req[k]:.1f} / {step[k]:.1f} us"
-                                   for k in sorted(req)))}
+                       "(fastest of 3 runs) per request less the step's / per step / the "
+                       "worker's step less the server's CPU: "
+                       + ", ".join(f"{int(k):,} keys {req[k]:.1f} / {step[k]:.1f} / "
+                                   f"{wrk[k]:.1f} us" for k in sorted(req)))}
 
 
 def fit_costs(pushpull: dict | None, runs: list) -> dict:
@@ -286,12 +291,17 @@ def fit_costs(pushpull: dict | None, runs: list) -> dict:
     return {"a_us": float(max(a, 0.0)) * 1e6, "c_ns": float(max(c, 0.0)) * 1e9, "source": src}
 
 
-def predict(W, S, K, a_us, c_ns, a_step_us=0.0, c_step_ns=0.0, g=1, group=None) -> dict:
+def predict(W, S, K, a_us, c_ns, a_step_us=0.0, c_step_ns=0.0, g=1, group=None,
+            a_worker_us=None, c_worker_ns=0.0) -> dict:
     """Step time (ms) with dedicated cores: a server's share (its ``REQUESTS x W`` requests
     of K / S keys each, one after the other, and the step's own work, ``a_step`` and
-    ``c_step`` per key of the W K / S it applies) plus a worker's own (``REQUESTS x S``
-    requests sent together, K keys, at the server's per-request costs: an upper bound);
-    BSP serialises them: a worker's next pull waits for the server's last answer.
+    ``c_step`` per key of the W K / S it applies) plus a worker's own: ``a_worker + K
+    c_worker``, its step at 1 + 1 less the server's CPU there (slicing, keys, gradient, its
+    round trip; :func:`fit_fused`), and ``REQUESTS x a`` for each further server it sends
+    to; without that calibration, its ``REQUESTS x S`` requests at the server's costs (what
+    the model held before 2026-12-04: once the server's per-key cost fell to 3.8 ns with the
+    radix sorts, that left out the worker's work and the model's error at 1 + 1 rose to
+    0.66). BSP serialises them: a worker's next pull waits for the server's last answer.
 
     With groups of ``g`` workers (``[comm] aggregate = "node"``; ``group``: :func:`fit_group`'s
     costs) a server gets ``ceil(W / g)`` requests of ``g K / S`` keys (the same keys in all,
@@ -306,7 +316,11 @@ def predict(W, S, K, a_us, c_ns, a_step_us=0.0, c_step_ns=0.0, g=1, group=None) 
     R = -(-W // g)                       # requests per server and step (one per group)
     t_srv = (REQUESTS * R * a_us * 1e-6 + (W * K / S) * c_ns * 1e-9
              + a_step_us * 1e-6 + (W * K / S) * c_step_ns * 1e-9)
-    t_wrk = REQUESTS * -(-S // g) * a_us * 1e-6 + K * c_ns * 1e-9
+    if a_worker_us is None:          # no calibration of the worker: its requests at the
+        t_wrk = REQUESTS * -(-S // g) * a_us * 1e-6 + K * c_ns * 1e-9   # server's costs
+    else:                            # its own work and round trip (fitted at 1 + 1), and a
+        t_wrk = ((a_worker_us + max(0, -(-S // g) - 1) * REQUESTS * a_us) * 1e-6  # request
+                 + K * c_worker_ns * 1e-9)                        # per further server
     if g > 1:
         t_wrk += (group["a_group_us"] + 3 * max(0, g - group.get("members", g))
                   * group.get("pair_us", 0.0)) * 1e-6 + K * group["c_group_ns"] * 1e-9
@@ -323,7 +337,7 @@ def predict(W, S, K, a_us, c_ns, a_step_us=0.0, c_step_ns=0.0, g=1, group=None) 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=40, help="BSP steps per layout")
+    ap.add_argument("--steps", type=int, default=200, help="BSP steps per layout")
     ap.add_argument("--pushpull-json", help="results of bench_pushpull.py --json (for a, c)")
     ap.add_argument("--npz", help="featurized data (adultdata.save_npz); default: featurize now")
     ap.add_argument("--batch", type=int, default=BATCH,
@@ -423,7 +437,8 @@ def main(argv=None) -> int:
     for r in runs:
         W, S = r["workers"], r["servers"]
         m = predict(W, S, r["keys_per_worker_step"], costs["a_us"], costs["c_ns"],
-                    costs.get("a_step_us", 0.0), costs.get("c_step_ns", 0.0))
+                    costs.get("a_step_us", 0.0), costs.get("c_step_ns", 0.0),
+                    a_worker_us=costs.get("a_worker_us"), c_worker_ns=costs.get("c_worker_ns", 0.0))
         r["model"] = m
         r["oversubscribed"] = W + S > cores
         print(f"{W:>3} {S:>3} {W + S:>5}{'*' if W + S > cores else ' '} {r['step_ms']:>7.2f} "
@@ -436,6 +451,8 @@ def main(argv=None) -> int:
     print(f"cost model: a = {costs['a_us']:.1f} us per request, c = {costs['c_ns']:.1f} ns per key"
           + (f"; per step a_step = {costs['a_step_us']:.1f} us, c_step = "
              f"{costs['c_step_ns']:.1f} ns per key applied" if "a_step_us" in costs else "")
+          + (f"; a worker's own per step a_worker = {costs['a_worker_us']:.1f} us, c_worker = "
+             f"{costs['c_worker_ns']:.1f} ns per key" if "a_worker_us" in costs else "")
           + f" (fitted to the {costs['source']})")
     if costs is not singles and pp:
         print(f"  (pulls and pushes sent alone: a = {singles['a_us']:.1f} us, c = "
@@ -453,7 +470,8 @@ def main(argv=None) -> int:
         if g > 1 and group is None:
             continue
         m = predict(W, S, K, costs["a_us"], costs["c_ns"], costs.get("a_step_us", 0.0),
-                    costs.get("c_step_ns", 0.0), g=g, group=group)
+                    costs.get("c_step_ns", 0.0), g=g, group=group,
+                    a_worker_us=costs.get("a_worker_us"), c_worker_ns=costs.get("c_worker_ns", 0.0))
         extrap.append({"workers": W, "servers": S, "group": g, **m,
                        "examples_per_second": W * BATCH / (m["step_ms"] * 1e-3)})
         print(f"  extrapolated {W:>5} workers, {S:>4} servers"

@@ -141,6 +141,16 @@ def test_the_cost_model_with_groups_charges_a_server_one_request_per_group():
     assert grouped["bytes_per_server_step"] < one["bytes_per_server_step"]
     assert bench_scaling.predict(64, 8, 2650, 20.0, 5.0, g=1) == bench_scaling.predict(
         64, 8, 2650, 20.0, 5.0)
+    # with the worker's own work fitted at 1 + 1 (a_worker + K c_worker; found 2026-12-04:
+    # without it the model said 0.12 ms for a 0.37 ms step once the server's per-key cost
+    # fell), plus a request for each further server it sends to
+    own = bench_scaling.predict(1, 1, 2650, 20.0, 5.0, a_worker_us=30.0, c_worker_ns=20.0)
+    assert own["worker_ms"] == pytest.approx(30e-3 + 2650 * 20e-6)
+    assert own["server_ms"] == bench_scaling.predict(1, 1, 2650, 20.0, 5.0)["server_ms"]
+    wide = bench_scaling.predict(1024, 128, 2650, 20.0, 5.0, g=32, group=group,
+                                 a_worker_us=30.0, c_worker_ns=20.0)
+    assert wide["worker_ms"] == pytest.approx(30e-3 + 3 * 20e-3 + 2650 * 20e-6 + 10e-3
+                                              + 2650 * 10e-6 + 3 * 30 * 1.0e-3)
 
 
 @pytest.mark.mpi(min_size=4)

@@ -111,15 +111,17 @@ def test_scaling_fits_the_fused_request_per_request_and_per_step():
     own (a_step + K c_step, paid once per step), the fastest repetition of each key count."""
     import bench_scaling
 
-    def run(keys, per_request, per_step):
+    def run(keys, per_request, per_step, step_ms):
         return {"keys_per_worker_step": keys, "server_cpu_us_per_request": [per_request],
-                "server_step_cpu_us": [per_step]}
+                "server_step_cpu_us": [per_step], "step_ms": step_ms}
 
-    calib = [run(100, 50.0, 20.0), run(100, 40.0, 15.0),       # fastest: 40 = 25 + 15
-             run(1100, 140.0, 45.0)]                            # 95 + 45
+    calib = [run(100, 50.0, 20.0, 0.09), run(100, 40.0, 15.0, 0.07),  # fastest: 40 = 25 + 15
+             run(1100, 140.0, 45.0, 0.24)]                            # 95 + 45
     f = bench_scaling.fit_fused(calib)
     assert abs(f["a_us"] - 18.0) < 1e-9 and abs(f["c_ns"] - 70.0) < 1e-6
     assert abs(f["a_step_us"] - 12.0) < 1e-9 and abs(f["c_step_ns"] - 30.0) < 1e-6
+    # the worker's own: its step less the server's CPU, fastest (30 us at 100 keys, 100 at 1,100)
+    assert abs(f["a_worker_us"] - 23.0) < 1e-6 and abs(f["c_worker_ns"] - 70.0) < 1e-6
     assert bench_scaling.fit_fused(calib[:2]) is None              # one key count: no fit
 
 
