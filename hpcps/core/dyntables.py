@@ -23,6 +23,7 @@ import numpy as np
 from hpcps.core.optim import Optimizer
 from hpcps.core.errors import DataError
 from hpcps.core.tables import TableSpec
+from hpcps.kernels.keys import group_order
 from hpcps.kernels.hashtable import (INDEX_GROWTH, INDEX_SLOT_BYTES, MAX_LOAD_DEFAULT, HashTable,
                                      record_layout, server_of)
 
@@ -99,10 +100,9 @@ class HashPartition:
         """Group ``keys`` by server: ``(order, bounds)`` — ``order[bounds[s]:bounds[s+1]]``
         are the positions of the keys of server s, in input order (stable)."""
         srv = self.server_of(keys)
-        order = np.argsort(srv, kind="stable")
         bounds = np.zeros(self.n_servers + 1, dtype=np.int64)
         np.cumsum(np.bincount(srv, minlength=self.n_servers), out=bounds[1:])
-        return order, bounds
+        return group_order(srv, bounds), bounds
 
     def owned(self, keys, server: int) -> np.ndarray:
         """Boolean mask (n,): the keys that belong to ``server``."""

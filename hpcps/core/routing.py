@@ -20,6 +20,7 @@ import numpy as np
 
 from hpcps.core.dyntables import HashPartition
 from hpcps.core.tables import KeyPartition, TableSpec
+from hpcps.kernels.keys import group_order
 
 __all__ = ["partition_of", "Routing"]
 
@@ -95,7 +96,7 @@ class Routing:
         counts.cumsum(out=bounds[1:])   # the method: np.cumsum's Python wrapper cost more
         if grouped:
             return None, bounds
-        return np.argsort(srv, kind="stable"), bounds
+        return group_order(srv, bounds), bounds
 
     def shard_range(self, table, r: int) -> tuple[int, int]:
         """Permuted positions ``[lo, hi)`` of range ``r`` of a fixed table."""

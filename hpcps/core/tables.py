@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcps.kernels.keys import (choose_multiplier, inverse_multiplier, local_rows_into, permute_keys,
+from hpcps.kernels.keys import (choose_multiplier, group_order, inverse_multiplier, local_rows_into, permute_keys,
                           route_keys)
 
 
@@ -227,10 +227,9 @@ class KeyPartition:
             ``order[bounds[s]:bounds[s+1]]`` are the positions in ``keys`` owned by server s.
         """
         srv = self.server_of(keys)
-        order = np.argsort(srv, kind="stable")
         bounds = np.zeros(self.n_servers + 1, dtype=np.int64)
         np.cumsum(np.bincount(srv, minlength=self.n_servers), out=bounds[1:])
-        return order, bounds
+        return group_order(srv, bounds), bounds
 
     def local_rows(self, keys: np.ndarray, server: int, out: np.ndarray | None = None) -> np.ndarray:
         """Local row index of each key on ``server``, int64 (one pass over the keys).

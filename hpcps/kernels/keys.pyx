@@ -630,6 +630,57 @@ def sort_u64(values, int bits=64):
     return values
 
 
+def group_order(groups, bounds):
+    """The stable order that groups ``groups`` by value: ``np.argsort(groups, kind="stable")``
+    in one counting pass (Knuth, TAOCP vol. 3, §5.2, distribution counting) instead of a
+    comparison sort (numpy's stable sort ran at 34 ns per value for 8,100 int64 values on the
+    test machine). Local; no MPI.
+
+    Parameters
+    ----------
+    groups : int64 array (n,)
+        Group (server, owner) of each position, in ``[0, bounds.size - 1)``.
+    bounds : int64 array (g + 1,)
+        ``bounds[s]`` = the positions of groups below ``s`` (the prefix sums of the counts,
+        ``bounds[0]`` = 0, ``bounds[g]`` = n).
+
+    Returns
+    -------
+    order : int64 array (n,)
+        ``order[bounds[s]:bounds[s + 1]]`` are the positions of group ``s``, ascending.
+
+    Raises
+    ------
+    ValueError
+        For a group outside ``[0, g)`` or bounds that do not fit the groups' counts.
+    """
+    cdef const int64_t[::1] gv = np.ascontiguousarray(groups, dtype=np.int64).reshape(-1)
+    ends = np.ascontiguousarray(bounds, dtype=np.int64).reshape(-1)
+    nxt = ends.copy()
+    cdef const int64_t[::1] ev = ends
+    cdef int64_t[::1] nv = nxt
+    cdef Py_ssize_t i, n = gv.shape[0], g = ev.shape[0] - 1, bad = -1
+    cdef int64_t s
+    if g < 1 or ev[0] != 0 or ev[g] != n:
+        raise ValueError(f"group_order: bounds {ends[:8]} do not fit {n} positions")
+    order = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] ov = order
+    with nogil:
+        for i in range(n):
+            s = gv[i]
+            if s < 0 or s >= g or nv[s] >= ev[s + 1]:
+                bad = i
+                break
+            ov[nv[s]] = i
+            nv[s] += 1
+    if bad >= 0:
+        raise ValueError(f"group_order: group {int(gv[bad])} at position {bad} is outside "
+                         f"[0, {g}) or over its count in bounds")
+    if not np.array_equal(nxt[:-1], ends[1:]):
+        raise ValueError("group_order: bounds do not fit the groups' counts")
+    return order
+
+
 def unique_inverse(cols, marks):
     """Distinct keys of a minibatch and its columns renumbered into them, in two linear
     passes over ``cols`` instead of a sort of them (``np.unique(cols, return_inverse=True)``

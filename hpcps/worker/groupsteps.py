@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcps.kernels.keys import group_order
 from hpcps.worker.steps import OK, SyncSteps, _as_rows
 
 
@@ -74,9 +75,10 @@ class GroupSteps(SyncSteps):
             order, bounds = self.client.routing.group(t, k)
             pos = np.arange(k.size, dtype=np.int64) if order is None else order
             owner = np.repeat(np.arange(bounds.size - 1, dtype=np.int64) % G, np.diff(bounds))
-            by = np.argsort(owner, kind="stable")
-            idx.append(pos[by])
             counts[:, t] = np.bincount(owner, minlength=G)
+            ends = np.zeros(G + 1, dtype=np.int64)
+            np.cumsum(counts[:, t], out=ends[1:])
+            idx.append(pos[group_order(owner, ends)])
         return idx, counts
 
     def _send_parts(self, arrays: list, idx: list, counts: np.ndarray) -> list:
