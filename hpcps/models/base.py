@@ -97,6 +97,24 @@ class Model:
         """
         raise NotImplementedError
 
+    def localize(self, X):
+        """The rows a worker trains on, made ready for its steps; optional (default: ``X``).
+
+        Called by the worker with the matrix its minibatches are sliced from, once per
+        epoch (a model should keep the result for the same ``X`` rather than redo it); the
+        minibatches of the epoch are sliced from what it returns, and :meth:`batch_keys` of
+        each must give the same keys as for the same rows of ``X``. The logistic model
+        renumbers the columns of the worker's partition into its distinct features
+        (:class:`hpcps.models.logistic_math.LocalizedCSR`), so that a step's distinct keys
+        are found in a scratch array the size of the partition's features (kept in cache)
+        instead of one the size of the whole feature space (or a sort, for 64-bit ids).
+
+        Returns
+        -------
+        indexable by an int64 row array, with ``X.shape[0]`` rows (or None for None)
+        """
+        return X
+
     def batch_keys(self, X) -> dict:
         """Keys each table needs for the examples ``X``.
 

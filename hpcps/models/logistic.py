@@ -34,10 +34,25 @@ class LogisticRegression(Model):
         return load_split(self.cfg.data, split, part, n_parts,
                           cache_dir=self.cfg.output.dir / "line-index")
 
+    def localize(self, X):
+        # the worker's partition with its columns renumbered (kept for the next epochs)
+        kept = getattr(self, "_localized", None)
+        if kept is None or kept[0] is not X:
+            kept = self._localized = (X, lr.localize(X))
+        return kept[1]
+
     def batch_keys(self, X) -> dict:
-        if getattr(self, "_marks", None) is None or self._marks.size != X.shape[1]:
-            self._marks = lr.new_marks(X.shape[1])
-        keys, local = lr.batch_keys(X, self._marks)
+        # scratch of one int32 per column: the test rows' (the whole feature space) and the
+        # localized training rows' (their distinct features) are kept apart
+        n = X.shape[1] if getattr(X, "global_keys", None) is None else X.global_keys.size
+        marks = getattr(self, "_marks", None)
+        if marks is None:
+            marks = self._marks = {}
+        if n not in marks:
+            if len(marks) >= 4:
+                marks.clear()
+            marks[n] = lr.new_marks(n)
+        keys, local = lr.batch_keys(X, marks[n])
         # loss_grad/predict of this batch reuse the renumbering; the one before's is kept
         # too (the worker asks for the next batch's keys before this one's loss_grad)
         self._last = [(X, local)] + getattr(self, "_last", [])[:1]
@@ -47,7 +62,8 @@ class LogisticRegression(Model):
         for x, local in getattr(self, "_last", ()):
             if x is X:
                 return local
-        return np.searchsorted(keys[lr.WEIGHTS], X.indices).astype(np.int64, copy=False)
+        cols = X.indices if getattr(X, "global_keys", None) is None else X.global_keys[X.indices]
+        return np.searchsorted(keys[lr.WEIGHTS], cols).astype(np.int64, copy=False)
 
     def loss_grad(self, X, y, keys, params):
         w = params[lr.WEIGHTS][:, 0]

@@ -160,6 +160,9 @@ class SyncSteps:
         self._next = None            # (rows, Xb, yb, keys) of the next step, pulls sent
 
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
+        """Start an epoch of ``steps`` minibatches of ``batch_size`` rows ``order`` of ``X``
+        (as the model's :meth:`~hpcps.models.base.Model.localize` returns it)."""
+        X = self.model.localize(X)
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
         self._next = None
 
@@ -323,6 +326,7 @@ class DownpourSteps:
         self.acc_versions = None
 
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
+        X = self.model.localize(X)        # as SyncSteps.begin_epoch
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
         self.cache_keys = None            # the first step of an epoch (or of a resume) fetches
         self._fetched = None              # (step, rows' matrix) of a fetch for one step

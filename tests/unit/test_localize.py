@@ -1,0 +1,106 @@
+"""Key localization of a worker's partition (``hpcps.models.logistic_math.localize``): the
+minibatches of the localized rows give the same keys, renumbering, loss and gradient as
+those of the original rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from hpcps.models import logistic_math as lr
+from hpcps.models.logistic import LogisticRegression
+
+
+def _matrix(n_rows, n_features, per_row, seed, index_dtype=np.int32, ids=None):
+    """CSR rows of ``per_row`` distinct columns each (of ``ids`` when given), values 1..3."""
+    rng = np.random.default_rng(seed)
+    space = n_features if ids is None else ids.size
+    cols = np.concatenate([np.sort(rng.choice(space, per_row, replace=False)) for _ in range(n_rows)])
+    if ids is not None:               # columns are 64-bit feature ids
+        cols = ids[cols]
+    indptr = np.arange(n_rows + 1, dtype=np.int64) * per_row
+    data = rng.integers(1, 4, cols.size).astype(np.float64)
+    return sp.csr_matrix((data, cols.astype(index_dtype if ids is None else np.int64), indptr),
+                         shape=(n_rows, n_features))
+
+
+def _same_batch(a, b):
+    ka, la = lr.batch_keys(a, lr.new_marks(a.shape[1]))
+    kb, lb = lr.batch_keys(b, None)
+    np.testing.assert_array_equal(ka, kb)
+    np.testing.assert_array_equal(ka[la], kb[lb])
+    return kb, lb
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_minibatches_of_localized_rows_have_the_same_keys(index_dtype):
+    X = _matrix(300, 1 << 20, 100, 1, index_dtype)
+    L = lr.localize(X)
+    assert isinstance(L, lr.LocalizedCSR)
+    assert L.shape == (300, L.global_keys.size) and L.global_keys.size < 1 << 20
+    np.testing.assert_array_equal(L.global_keys, np.unique(X.indices))
+    assert np.shares_memory(L.data, X.data)          # shared, not copied
+    rng = np.random.default_rng(2)
+    for rows in (rng.permutation(300)[:64], np.arange(10, 50), np.array([7]), rng.integers(0, 300, 40)):
+        b = L[rows]
+        assert isinstance(b, lr.LocalizedCSR) and b.global_keys is L.global_keys
+        kl, ll = lr.batch_keys(b, lr.new_marks(L.shape[1]))
+        ko, lo = _same_batch(X[rows], X[rows])
+        np.testing.assert_array_equal(kl, ko)
+        np.testing.assert_array_equal(ll, lo)
+    s = L[20:30]                                     # a row slice keeps the keys too
+    assert s.global_keys is L.global_keys
+    np.testing.assert_array_equal(lr.batch_keys(s)[0], lr.batch_keys(X[20:30])[0])
+
+
+def test_64_bit_feature_ids_take_the_linear_path_once_localized():
+    """Ids over MARKS_MAX_FEATURES are sorted per minibatch unless localized; after it the
+    minibatch renumbering uses a scratch array of the partition's distinct ids."""
+    ids = np.random.default_rng(5).choice(1 << 62, 4000, replace=False).astype(np.int64)
+    X = _matrix(200, 1 << 62, 40, 6, ids=ids)
+    assert lr.new_marks(X.shape[1]) is None
+    L = lr.localize(X)
+    assert isinstance(L, lr.LocalizedCSR) and L.global_keys.max() >= 1 << 31
+    rows = np.random.default_rng(7).permutation(200)[:50]
+    kl, ll = lr.batch_keys(L[rows], lr.new_marks(L.shape[1]))
+    ko, lo = lr.batch_keys(X[rows])
+    np.testing.assert_array_equal(kl, ko)
+    np.testing.assert_array_equal(ll, lo)
+
+
+def test_what_is_not_localized_comes_back_unchanged():
+    full = sp.csr_matrix(np.ones((4, 6)))                 # every column occurs
+    assert lr.localize(full) is full
+    empty = sp.csr_matrix((0, 10))
+    assert lr.localize(empty) is empty
+    dense = np.ones((3, 3))
+    assert lr.localize(dense) is dense
+    assert lr.localize(None) is None
+    L = lr.localize(_matrix(50, 1000, 10, 8))
+    assert lr.localize(L) is L
+
+
+def test_model_keeps_one_localization_and_trains_the_same():
+    """``LogisticRegression.localize`` returns the same localized rows for the same matrix;
+    loss and gradient on its minibatches equal those on the original rows bit for bit, with
+    test-row minibatches (the whole feature space) in between."""
+    X = _matrix(400, 1 << 16, 130, 9)
+    Xt = _matrix(100, 1 << 16, 130, 10)
+    y = (np.random.default_rng(11).random(400) < 0.4).astype(np.float64)
+    m = LogisticRegression.__new__(LogisticRegression)       # no job: the methods need none
+    ref = LogisticRegression.__new__(LogisticRegression)
+    L = m.localize(X)
+    assert m.localize(X) is L and isinstance(L, lr.LocalizedCSR)
+    w = np.random.default_rng(12).standard_normal((1 << 16, 1))
+    for i, rows in enumerate(np.array_split(np.random.default_rng(13).permutation(400), 8)):
+        got_keys = m.batch_keys(L[rows])
+        want_keys = ref.batch_keys(X[rows])
+        np.testing.assert_array_equal(got_keys["weights"], want_keys["weights"])
+        params = {"weights": w[want_keys["weights"]], "bias": np.array([[0.1]])}
+        got = m.loss_grad(L[rows], y[rows], got_keys, params)    # another object: searched
+        want = ref.loss_grad(X[rows], y[rows], want_keys, params)
+        assert got[0] == want[0]
+        np.testing.assert_array_equal(got[1]["weights"], want[1]["weights"])
+        tk = m.batch_keys(Xt[i * 10:(i + 1) * 10])               # a test minibatch between
+        np.testing.assert_array_equal(tk["weights"], np.unique(Xt[i * 10:(i + 1) * 10].indices))
