@@ -42,6 +42,13 @@ def _as_rows(grad, n: int) -> np.ndarray:
     return g.reshape(n, -1)
 
 
+def localized(model, X):
+    """``model.localize(X)`` (:meth:`hpcps.models.base.Model.localize`), or ``X`` for a model
+    class that does not have the optional method."""
+    f = getattr(model, "localize", None)
+    return X if f is None else f(X)
+
+
 #: Codes of a step's outcome in the vote: fine, non-finite loss, non-finite gradient.
 OK, BAD_LOSS, BAD_GRADIENT = 0, 1, 2
 _WHAT = {BAD_LOSS: "loss", BAD_GRADIENT: "gradient"}
@@ -162,7 +169,7 @@ class SyncSteps:
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
         """Start an epoch of ``steps`` minibatches of ``batch_size`` rows ``order`` of ``X``
         (as the model's :meth:`~hpcps.models.base.Model.localize` returns it)."""
-        X = self.model.localize(X)
+        X = localized(self.model, X)
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
         self._next = None
 
@@ -326,7 +333,7 @@ class DownpourSteps:
         self.acc_versions = None
 
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
-        X = self.model.localize(X)        # as SyncSteps.begin_epoch
+        X = localized(self.model, X)        # as SyncSteps.begin_epoch
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
         self.cache_keys = None            # the first step of an epoch (or of a resume) fetches
         self._fetched = None              # (step, rows' matrix) of a fetch for one step
