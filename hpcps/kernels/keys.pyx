@@ -86,7 +86,7 @@ cdef extern from *:
     void hpcps_keys_prefetch_span(const void* p, Py_ssize_t n) noexcept nogil
 
 __all__ = ["permute_keys", "permute_keys_into", "choose_multiplier", "inverse_multiplier",
-           "route_keys", "local_rows_into", "unique_inverse"]
+           "route_keys", "local_rows_into", "unique_inverse", "take_csr_rows"]
 
 _INT64_MAX = (1 << 63) - 1
 # 1 / phi = 0.6180339887498948482045868343656..., scaled by 10**19 (rounded down).
@@ -679,6 +679,82 @@ def group_order(groups, bounds):
     if not np.array_equal(nxt[:-1], ends[1:]):
         raise ValueError("group_order: bounds do not fit the groups' counts")
     return order
+
+
+def take_csr_rows(rows, indptr, indices, data, out_indptr, out_indices, out_data):
+    """Rows ``rows`` of a CSR matrix, one after the other, copied into buffers the caller
+    keeps (a minibatch's rows without a new matrix per step). Local; no MPI.
+
+    Parameters
+    ----------
+    rows : int64 array (n,)
+        Rows to take, in ``[0, indptr.size - 1)``, in the order wanted (repeats allowed).
+    indptr : int64 array (R + 1,)
+        Row pointers of the matrix (ascending, ``indptr[0]`` = 0).
+    indices, data : C-contiguous arrays (nnz,), any fixed-size dtypes
+        Column indices and values of the matrix.
+    out_indptr : int64 array (>= n + 1,), writeable
+        Receives the row pointers of the rows taken (``out_indptr[0]`` = 0).
+    out_indices, out_data : writeable C-contiguous arrays, the dtypes of ``indices`` and
+        ``data``
+        Receive the rows' entries when they are long enough.
+
+    Returns
+    -------
+    int
+        The entries of the rows taken, ``m``; they were copied when ``out_indices`` and
+        ``out_data`` hold at least ``m`` items, else nothing but ``out_indptr`` was written
+        (grow them and call again).
+
+    Raises
+    ------
+    IndexError
+        For a row outside the matrix (naming it and its position).
+    ValueError
+        For mismatched dtypes, arrays that are not C-contiguous, or ``out_indptr`` too short.
+    """
+    cdef const int64_t[::1] rv = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+    cdef const int64_t[::1] pv = indptr
+    cdef int64_t[::1] ov = out_indptr
+    cdef Py_ssize_t n = rv.shape[0], R = pv.shape[0] - 1, i, bad = -1
+    cdef int64_t r, a, m = 0
+    if (indices.dtype != out_indices.dtype or data.dtype != out_data.dtype
+            or not (indices.flags.c_contiguous and data.flags.c_contiguous
+                    and out_indices.flags.c_contiguous and out_data.flags.c_contiguous)):
+        raise ValueError("take_csr_rows: indices/data and their buffers need the same dtypes, "
+                         "C-contiguous")
+    if ov.shape[0] < n + 1 or R < 0:
+        raise ValueError(f"take_csr_rows: out_indptr holds {ov.shape[0]} values, {n + 1} needed")
+    with nogil:
+        ov[0] = 0
+        for i in range(n):
+            r = rv[i]
+            if r < 0 or r >= R:
+                bad = i
+                break
+            m += pv[r + 1] - pv[r]
+            ov[i + 1] = m
+    if bad >= 0:
+        raise IndexError(f"take_csr_rows: row {int(rv[bad])} at position {bad} is outside "
+                         f"[0, {R})")
+    if m > out_indices.shape[0] or m > out_data.shape[0] or m == 0:
+        return m
+    cdef Py_ssize_t isz = indices.itemsize, dsz = data.itemsize
+    cdef const unsigned char[::1] src_i = indices.reshape(-1).view(np.uint8)
+    cdef const unsigned char[::1] src_d = data.reshape(-1).view(np.uint8)
+    cdef unsigned char[::1] dst_i = out_indices.reshape(-1).view(np.uint8)
+    cdef unsigned char[::1] dst_d = out_data.reshape(-1).view(np.uint8)
+    cdef const unsigned char* si = &src_i[0]
+    cdef const unsigned char* sd = &src_d[0]
+    cdef unsigned char* di = &dst_i[0]
+    cdef unsigned char* dd = &dst_d[0]
+    with nogil:
+        for i in range(n):
+            r = rv[i]
+            a = pv[r]
+            memcpy(di + ov[i] * isz, si + a * isz, (ov[i + 1] - ov[i]) * isz)
+            memcpy(dd + ov[i] * dsz, sd + a * dsz, (ov[i + 1] - ov[i]) * dsz)
+    return m
 
 
 def unique_inverse(cols, marks):

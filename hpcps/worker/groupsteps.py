@@ -141,7 +141,7 @@ class GroupSteps(SyncSteps):
             raise RuntimeError(f"worker {self.index}: step {i}'s rows are not those it "
                                "announced to its group")
         if rows.size:
-            Xb, yb, keys = self._batch(rows)
+            Xb, yb, keys = self._batch(i, rows)
             self.last_n = int(Xb.shape[0])
         mine = self._key_arrays(keys)
         idx, counts = self._route(mine)
@@ -182,9 +182,9 @@ class GroupSteps(SyncSteps):
         if announce:
             nrows = self.order[(i + 1) * self.B:(i + 2) * self.B]
             if nrows.size:
-                nX = self.X[nrows]
+                nX, ny = self._rows_of(i + 1, nrows)
                 nkeys = self.model.batch_keys(nX)
-                self._next = (nrows, nX, self.y[nrows], nkeys)
+                self._next = (nrows, nX, ny, nkeys)
         # 4. gradients, next keys and examples to the owners
         vals = [np.empty((0, spec.dim), dtype=spec.dtype) if spec.name not in grads else
                 np.ascontiguousarray(_as_rows(grads[spec.name], k.size), dtype=spec.dtype)

@@ -31,6 +31,7 @@ import numpy as np
 
 from hpcps.kernels.optim import merge_duplicates
 from hpcps.core.optim import NonFiniteError, check_finite
+from hpcps.worker.batches import EpochBatches
 
 
 def _as_rows(grad, n: int) -> np.ndarray:
@@ -172,14 +173,22 @@ class SyncSteps:
         X = localized(self.model, X)
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
         self._next = None
+        # CSR rows: the minibatches are taken a chunk of steps at a time (hpcps.worker.batches)
+        self._rows = EpochBatches(X, y, order, batch_size) if EpochBatches.fits(X, y, order) else None
 
-    def _batch(self, rows):
-        """``(Xb, yb, keys)`` of ``rows``: those of the step before's :meth:`_announce` when
-        they are the same rows, else sliced now."""
+    def _rows_of(self, i: int, rows):
+        """``(Xb, yb)``: the examples of step ``i``, whose rows are ``rows``."""
+        if self._rows is not None and self._rows.same_rows(i, rows):
+            return self._rows.batch(i)
+        return self.X[rows], self.y[rows]
+
+    def _batch(self, i: int, rows):
+        """``(Xb, yb, keys)`` of step ``i``'s ``rows``: those of the step before's
+        :meth:`_announce` when they are the same rows, else sliced now."""
         nxt, self._next = self._next, None
         if nxt is not None and (nxt[0] is rows or np.array_equal(nxt[0], rows)):
             return nxt[1:]
-        Xb, yb = self.X[rows], self.y[rows]
+        Xb, yb = self._rows_of(i, rows)
         return Xb, yb, self.model.batch_keys(Xb)
 
     def _slice_next(self, i: int):
@@ -195,10 +204,10 @@ class SyncSteps:
         rows = self.order[(i + 1) * self.B:(i + 2) * self.B]
         if not rows.size:
             return None
-        Xb = self.X[rows]
+        Xb, yb = self._rows_of(i + 1, rows)
         if not Xb.shape[0]:
             return None
-        sliced = [rows, Xb, self.y[rows], None]
+        sliced = [rows, Xb, yb, None]
         if getattr(self.model, "keys_ahead", False):
             self._announce(sliced)
         return sliced
@@ -224,7 +233,7 @@ class SyncSteps:
         keys, grads, code, loss = {}, {}, OK, 0.0
         sliced = None
         if rows.size:
-            Xb, yb, keys = self._batch(rows)
+            Xb, yb, keys = self._batch(i, rows)
             self.last_n = int(Xb.shape[0])
             sliced = self._slice_next(i)
             params = self.client.pull_many(keys)     # one round trip for every table

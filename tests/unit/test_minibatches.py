@@ -1,6 +1,7 @@
-"""Key localization of a worker's partition (``hpcps.models.logistic_math.localize``): the
-minibatches of the localized rows give the same keys, renumbering, loss and gradient as
-those of the original rows."""
+"""A worker's minibatches: key localization of its partition
+(``hpcps.models.logistic_math.localize``: the minibatches of the localized rows give the same
+keys, renumbering, loss and gradient as those of the original rows) and the rows of its steps
+taken a chunk at a time (``hpcps.worker.batches.EpochBatches``: the same rows as ``X[rows]``)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,58 @@ def test_model_keeps_one_localization_and_trains_the_same():
         np.testing.assert_array_equal(got[1]["weights"], want[1]["weights"])
         tk = m.batch_keys(Xt[i * 10:(i + 1) * 10])               # a test minibatch between
         np.testing.assert_array_equal(tk["weights"], np.unique(Xt[i * 10:(i + 1) * 10].indices))
+
+
+# ------------------------------------------------ minibatches taken a chunk at a time
+
+@pytest.mark.parametrize("localized", [False, True])
+@pytest.mark.parametrize("batch_size", [1, 7, 256])
+def test_epoch_batches_equal_fancy_row_slices(localized, batch_size, monkeypatch):
+    """Every step's rows from :class:`EpochBatches` equal ``X[rows]``, ``y[rows]`` (values,
+    columns, class and keys), across chunk boundaries and with both buffers in use, and a
+    step's matrix stays whole while the next step's is taken."""
+    from hpcps.worker import batches
+
+    monkeypatch.setattr(batches, "CHUNK_ROWS", 3 * batch_size + 1)   # several chunks
+    X = _matrix(1000, 1 << 14, 12, 21)
+    X.indptr = X.indptr.astype(np.int32)
+    X.indices = X.indices.astype(np.int32)
+    if localized:
+        X = lr.localize(X)
+    y = np.random.default_rng(22).random(1000)
+    order = np.random.default_rng(23).permutation(1000).astype(np.int64)[:950]
+    eb = batches.EpochBatches(X, y, order, batch_size)
+    steps = -(-order.size // batch_size)
+    prev = None
+    for i in range(steps):
+        rows = order[i * batch_size:(i + 1) * batch_size]
+        assert eb.same_rows(i, rows)
+        Xb, yb = eb.batch(i)
+        assert type(Xb) is type(X) and Xb.shape == (rows.size, X.shape[1])
+        assert (Xb != X[rows]).nnz == 0
+        np.testing.assert_array_equal(Xb.indices, X[rows].indices)
+        np.testing.assert_array_equal(yb, y[rows])
+        if localized:
+            assert Xb.global_keys is X.global_keys
+        if prev is not None:                     # the step before's rows are still whole
+            assert (prev[0] != X[prev[1]]).nnz == 0
+        prev = (Xb, rows)
+    assert not eb.same_rows(0, order[1:batch_size + 1])
+
+
+def test_take_csr_rows_checks_rows_and_buffers():
+    from hpcps.kernels.keys import take_csr_rows
+
+    X = _matrix(10, 100, 3, 24)
+    ip = X.indptr.astype(np.int64)
+    out_ip = np.empty(4, dtype=np.int64)
+    small = np.empty(2, X.indices.dtype), np.empty(2, X.data.dtype)
+    assert take_csr_rows(np.array([1, 1, 9]), ip, X.indices, X.data, out_ip, *small) == 9
+    np.testing.assert_array_equal(out_ip, [0, 3, 6, 9])                # sizes, nothing copied
+    with pytest.raises(IndexError, match="row 10 at position 1"):
+        take_csr_rows(np.array([0, 10]), ip, X.indices, X.data, out_ip, *small)
+    with pytest.raises(ValueError, match="same dtypes"):
+        take_csr_rows(np.array([0]), ip, X.indices, X.data, out_ip, np.empty(9, np.int64),
+                      np.empty(9, X.data.dtype))
+    with pytest.raises(ValueError, match="out_indptr holds 4"):
+        take_csr_rows(np.arange(5), ip, X.indices, X.data, out_ip, *small)
