@@ -797,7 +797,7 @@ def unique_inverse(cols, marks):
             or marks.shape[0] >= 2**31):
         raise ValueError("marks must be a writeable C-contiguous int32 vector of fewer than "
                          "2**31 entries (all zeros)")
-    uniq = np.empty(cols.shape[0], dtype=np.int64)
+    uniq = np.empty(min(cols.shape[0], marks.shape[0]), dtype=np.int64)   # the distinct ones
     cdef Py_ssize_t u
     if cols.dtype == np.int32:
         u = _collect[int32_t](cols, marks, uniq)

@@ -81,6 +81,15 @@ class LocalizedCSR(csr_matrix):
 
     global_keys = None
 
+    def prune(self):
+        """As scipy's ``prune`` (drop the space after the ``nnz`` entries), but arrays of
+        exactly ``nnz`` entries are kept as they are: a minibatch's are slices of the
+        worker's batch buffers (:mod:`hpcps.worker.batches`), which scipy's would copy
+        (small views of a large array) when the matrix is made."""
+        n = self.nnz
+        if self.indices.shape[0] != n or self.data.shape[0] != n:
+            super().prune()
+
     def __getitem__(self, key):
         out = super().__getitem__(key)
         if isinstance(out, LocalizedCSR):

@@ -138,6 +138,8 @@ def test_epoch_batches_equal_fancy_row_slices(localized, batch_size, monkeypatch
         np.testing.assert_array_equal(yb, y[rows])
         if localized:
             assert Xb.global_keys is X.global_keys
+            buf = eb.slots[(i // eb.per_chunk) % 2][3]
+            assert np.shares_memory(Xb.data, buf)       # a slice of the buffer, not a copy
         if prev is not None:                     # the step before's rows are still whole
             assert (prev[0] != X[prev[1]]).nnz == 0
         prev = (Xb, rows)
