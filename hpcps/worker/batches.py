@@ -92,3 +92,12 @@ class EpochBatches:
         if keys is not None:
             out.global_keys = keys
         return out, yc[a:b]
+
+
+def step_rows(batches, X, y, i: int, rows):
+    """``(Xb, yb)``: the examples of step ``i``, whose rows of ``X`` are ``rows``; from
+    ``batches`` (an :class:`EpochBatches` of ``X`` and ``y``, or None) when they are its
+    step ``i``'s, else ``X[rows], y[rows]``."""
+    if batches is not None and batches.same_rows(i, rows):
+        return batches.batch(i)
+    return X[rows], y[rows]

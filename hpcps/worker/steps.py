@@ -31,7 +31,7 @@ import numpy as np
 
 from hpcps.kernels.optim import merge_duplicates
 from hpcps.core.optim import NonFiniteError, check_finite
-from hpcps.worker.batches import EpochBatches
+from hpcps.worker.batches import EpochBatches, step_rows
 
 
 def _as_rows(grad, n: int) -> np.ndarray:
@@ -178,9 +178,7 @@ class SyncSteps:
 
     def _rows_of(self, i: int, rows):
         """``(Xb, yb)``: the examples of step ``i``, whose rows are ``rows``."""
-        if self._rows is not None and self._rows.same_rows(i, rows):
-            return self._rows.batch(i)
-        return self.X[rows], self.y[rows]
+        return step_rows(self._rows, self.X, self.y, i, rows)
 
     def _batch(self, i: int, rows):
         """``(Xb, yb, keys)`` of step ``i``'s ``rows``: those of the step before's
@@ -344,12 +342,16 @@ class DownpourSteps:
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
         X = localized(self.model, X)        # as SyncSteps.begin_epoch
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
+        self._rows = EpochBatches(X, y, order, batch_size) if EpochBatches.fits(X, y, order) else None
         self.cache_keys = None            # the first step of an epoch (or of a resume) fetches
         self._fetched = None              # (step, rows' matrix) of a fetch for one step
 
     def _fetch(self, i: int) -> None:
         span = self.order[i * self.B:min(i + self.policy.n_fetch, self.steps) * self.B]
-        Xs = self.X[span] if span.size else None
+        if self.policy.n_fetch == 1 and span.size:
+            Xs = step_rows(self._rows, self.X, self.y, i, span)[0]
+        else:
+            Xs = self.X[span] if span.size else None
         keys = self.model.batch_keys(Xs) if span.size else {}
         # n_fetch = 1: the fetch read exactly step i's rows; the step reuses them and their keys
         self._fetched = (i, Xs) if self.policy.n_fetch == 1 and span.size else None
@@ -366,11 +368,11 @@ class DownpourSteps:
         self.last_rejected = False
         self.last_n = int(rows.size)
         if rows.size:
-            yb = self.y[rows]
             if self._fetched is not None and self._fetched[0] == i:
                 Xb, keys, params = self._fetched[1], self.cache_keys, self.cache
+                yb = self.y[rows]
             else:
-                Xb = self.X[rows]
+                Xb, yb = step_rows(self._rows, self.X, self.y, i, rows)
                 keys = self.model.batch_keys(Xb)
                 params = {t: self.cache[t][np.searchsorted(self.cache_keys[t], k)]
                           for t, k in keys.items()}
