@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.sparse import csr_matrix
 
+from hpcps.core.resources import available_memory
 from hpcps.kernels.keys import unique_inverse
 from hpcps.kernels.logistic import logistic_loss_grad, logistic_predict
 from hpcps.core.optim import Optimizer
@@ -69,6 +70,13 @@ def batch_keys(X, marks=None):
     return (keys if cols is None else cols[keys]), local
 
 
+#: :func:`localize`: bytes per entry it needs while it renumbers (an int64 renumbering and
+#: the int32 column indices kept), and the share of the node's available memory
+#: (``MemAvailable``) it may take; beyond that the partition is not localized.
+LOCALIZE_BYTES_PER_ENTRY = 12
+LOCALIZE_MEMORY_SHARE = 0.25
+
+
 class LocalizedCSR(csr_matrix):
     """A CSR matrix whose column ``j`` is feature ``global_keys[j]`` (:func:`localize`); a
     row slice or selection of it is one too, with the same ``global_keys``.
@@ -112,7 +120,10 @@ def localize(X):
     ``m`` = the number of distinct columns of ``X``, ``global_keys`` the sorted distinct
     columns; or ``X`` itself when it is not a CSR matrix, is a :class:`LocalizedCSR`
     already, has every column (nothing to gain) or more than ``MARKS_MAX_FEATURES``
-    distinct ones (its minibatches would be sorted either way).
+    distinct ones (its minibatches would be sorted either way), or when the renumbering
+    (``LOCALIZE_BYTES_PER_ENTRY`` bytes per entry while it is made, 4 kept) would take more
+    than ``LOCALIZE_MEMORY_SHARE`` of the node's available memory (a partition that fills
+    the node's memory is trained as it is).
 
     Notes
     -----
@@ -120,6 +131,9 @@ def localize(X):
     columns (a sort, ``np.unique``, for feature spaces over ``MARKS_MAX_FEATURES``).
     """
     if not isinstance(X, csr_matrix) or isinstance(X, LocalizedCSR) or X.nnz == 0:
+        return X
+    have = available_memory()
+    if have is not None and LOCALIZE_BYTES_PER_ENTRY * X.nnz > have * LOCALIZE_MEMORY_SHARE:
         return X
     keys, local = batch_keys(X, new_marks(X.shape[1]))
     if keys.size == X.shape[1] or keys.size > MARKS_MAX_FEATURES:

@@ -82,6 +82,17 @@ def test_what_is_not_localized_comes_back_unchanged():
     assert lr.localize(L) is L
 
 
+def test_a_partition_too_large_for_the_memory_left_is_not_localized(monkeypatch):
+    X = _matrix(100, 1 << 20, 20, 30)
+    need = lr.LOCALIZE_BYTES_PER_ENTRY * X.nnz
+    monkeypatch.setattr(lr, "available_memory", lambda: int(need / lr.LOCALIZE_MEMORY_SHARE) - 1)
+    assert lr.localize(X) is X
+    monkeypatch.setattr(lr, "available_memory", lambda: int(need / lr.LOCALIZE_MEMORY_SHARE) + 8)
+    assert isinstance(lr.localize(X), lr.LocalizedCSR)
+    monkeypatch.setattr(lr, "available_memory", lambda: None)       # unknown: localized
+    assert isinstance(lr.localize(X), lr.LocalizedCSR)
+
+
 def test_model_keeps_one_localization_and_trains_the_same():
     """``LogisticRegression.localize`` returns the same localized rows for the same matrix;
     loss and gradient on its minibatches equal those on the original rows bit for bit, with
