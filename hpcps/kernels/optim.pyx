@@ -111,6 +111,14 @@ _DENSE_SPAN_SLACK = 1 << 16
 # scatter wins up to tables far larger than the push (measured: 10 M keys into 64 M rows,
 # scatter + walk ~0.1 s, packed sort ~0.5-0.9 s on a loaded 2-core VM).
 _SCATTER_ROWS_PER_KEY = 64
+# ... and up to _SCATTER_ROWS_PER_KEY_CACHED rows per key when the (R, dim) buffer takes at
+# most _SCATTER_CACHED_BYTES (it stays in cache; the radix merge of 4cf9635 costs ~15 ns per
+# key): AdaGrad, float32, dim 1, 2026-12-04 on the 2-core test VM, merge / scatter time
+# 1.51 at 8,100 keys into 2^20 rows (R/n 129; a BSP step of 3 Adult workers), 1.35 at R/n
+# 258 (2^21 rows), 1.30 at 262 (2^19), 1.13 at 388, 0.96 at 517; 16 MiB and larger buffers
+# kept the rule above (0.89 at R/n 51 with 2^22 rows, 0.44 at 2^24 rows and R/n 2,071).
+_SCATTER_ROWS_PER_KEY_CACHED = 256
+_SCATTER_CACHED_BYTES = 8 << 20
 # apply_sparse: pushes of at most this many keys are checked for duplicates by comparing every
 # pair (n^2 / 2 compares, ~1 us at 64) and, when distinct, stepped without the merge's sort and
 # temporaries (issue 20: ~10 us of a small push's apply)
@@ -1685,7 +1693,8 @@ def apply_sparse(name, w, slots, keys, grads, lr, l2=0.0, scale=1.0, eps=1e-8, *
     (Duchi, Hazan & Singer, JMLR 2011; Dean et al., NIPS 2012, §4.1), :func:`sparse_adam`
     (Kingma & Ba, ICLR 2015, Algorithm 1, lazy, per-row step counts) and
     :func:`sparse_ftrl` (McMahan et al., KDD 2013, Algorithm 1). Summation: when the table
-    has at most about ``64 n`` rows (and the buffer below fits in 1 GiB) the gradient rows
+    has at most about ``64 n`` rows, or ``256 n`` while the buffer below takes at most 8 MiB
+    (and in any case it fits in 1 GiB), the gradient rows
     are added, in input order, into a zeroed ``(R, dim)`` buffer while a bitmap marks the
     touched rows; a walk of the bitmap (``R / 64`` words) then takes every touched row, in
     ascending order, with its sum, and clears both for the next push (the buffers are kept
@@ -1703,8 +1712,10 @@ def apply_sparse(name, w, slots, keys, grads, lr, l2=0.0, scale=1.0, eps=1e-8, *
     if n == 0 or w.shape[1] == 0:
         _check_rows(keys, R, "keys")
         return
-    if (R <= _SCATTER_ROWS_PER_KEY * n + _DENSE_SPAN_SLACK
-            and R * w.shape[1] * w.itemsize <= _SCRATCH_MAX_BYTES):
+    scratch = R * w.shape[1] * w.itemsize
+    per_key = (_SCATTER_ROWS_PER_KEY_CACHED if scratch <= _SCATTER_CACHED_BYTES
+               else _SCATTER_ROWS_PER_KEY)
+    if R <= per_key * n + _DENSE_SPAN_SLACK and scratch <= _SCRATCH_MAX_BYTES:
         # Table not much larger than the push: scatter the sums in input order (bitwise the
         # same as merge_duplicates), then step every touched row, in ascending order.
         _scatter_path(w, keys, grads, state, p)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from hpcps.kernels import keys as kkeys
 from hpcps.kernels import logistic as klog
+from hpcps.core.optim import Optimizer
 from hpcps.kernels import optim as kopt
 from hpcps.kernels.keys import choose_multiplier, inverse_multiplier, permute_keys, permute_keys_into
 from hpcps.kernels.logistic import logistic_loss_grad, logistic_predict
@@ -1034,3 +1035,33 @@ def test_small_push_out_of_range_is_named_and_nothing_modified():
         apply_sparse("sgd", w, None, np.array([5, 3_000_000], np.int64),
                      np.ones((2, 1), np.float32), 0.1)
     assert not w.any()
+
+
+@pytest.mark.parametrize("name", ["adagrad", "ftrl"])
+def test_apply_sparse_cached_scatter_regime_equals_the_merge(name, monkeypatch):
+    """A table 64-256 rows per pushed key whose sum buffer fits in 8 MiB (3 Adult workers'
+    pushes into 2^20 rows) takes the scatter path since 2026-12-04; the weights and slots
+    equal the merge path's bit for bit."""
+    R = 1 << 20
+    assert R * 4 <= kopt._SCATTER_CACHED_BYTES
+    rng = np.random.default_rng(41)
+    pool = rng.choice(R, 9000, replace=False)
+    keys = np.concatenate([np.sort(rng.choice(pool, 2700, replace=False)) for _ in range(3)])
+    n = keys.size
+    assert kopt._SCATTER_ROWS_PER_KEY * n + kopt._DENSE_SPAN_SLACK < R
+    assert R <= kopt._SCATTER_ROWS_PER_KEY_CACHED * n + kopt._DENSE_SPAN_SLACK
+    grads = rng.standard_normal((n, 1)).astype(np.float32)
+    out = []
+    for cached in (kopt._SCATTER_ROWS_PER_KEY_CACHED, 0):
+        monkeypatch.setattr(kopt, "_SCATTER_ROWS_PER_KEY_CACHED", cached)
+        w = np.full((R, 1), 0.01, np.float32)
+        opt = Optimizer(name, 0.1, l2=0.001)
+        slots = opt.init_slots((R, 1), np.float32, w)
+        for _ in range(2):
+            opt.apply(w, slots, keys, grads, 1.0 / 768)
+        out.append((w, slots))
+    np.testing.assert_array_equal(out[0][0], out[1][0])
+    slots = [s if isinstance(s, dict) else {"acc": s} for _, s in out]
+    assert slots[0].keys() == slots[1].keys()
+    for k in slots[0]:
+        np.testing.assert_array_equal(slots[0][k], slots[1][k])
