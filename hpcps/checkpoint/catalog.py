@@ -204,8 +204,8 @@ def choose_start(run_dir, resume: str, job_text: str, epochs: int) -> Start:
         if st.manifest.get("config", job_text) != job_text:
             st.refuse = (f"{st.directory} is the end of a finished run of another job file (its "
                         "job text differs from this one's); not resuming it. Train afresh "
-                        "with --resume never (the old checkpoints are moved aside), or use "
-                        "another [output] dir")
+                        "with --resume never (the old checkpoints are moved aside), or give "
+                        "this job file its own name (outputs go to runs/<name>) or [output] dir")
         else:
             st.finished = True
     return st
