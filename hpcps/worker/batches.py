@@ -6,7 +6,7 @@ new arrays and runs scipy's index checks every step: on ``jobs/adult_lr.toml`` w
 workers and 1 server on 2 cores it took 310-330 us of a 2.1 ms step (traced 2026-12-04),
 more than the gradient. :class:`EpochBatches` copies the rows of the next ``chunk`` steps
 with one compiled call (:func:`hpcps.kernels.keys.take_csr_rows`) into one of two buffers
-kept for the run, and hands out each step's rows as a matrix over a slice of them (no copy).
+kept from epoch to epoch, and hands out each step's rows as a matrix over a slice of them (no copy).
 Two buffers: a step's rows stay whole while the next step's are taken (the fused BSP step
 slices the next minibatch before this one's gradient).
 """
@@ -49,6 +49,12 @@ class EpochBatches:
     def fits(X, y, order) -> bool:
         """Whether the rows can be taken this way: a CSR matrix and an order."""
         return isinstance(X, csr_matrix) and order is not None and y is not None
+
+    def start(self, order) -> None:
+        """A new epoch's ``order`` of the same rows: the buffers (and ``X``'s int64 row
+        pointers) are kept, their chunks taken again."""
+        self.order = order
+        self.slots = [None if s is None else (-1,) + s[1:] for s in self.slots]
 
     def same_rows(self, i: int, rows) -> bool:
         """Whether ``rows`` are step ``i``'s (the first and last of them, and their number)."""
@@ -101,3 +107,15 @@ def step_rows(batches, X, y, i: int, rows):
     if batches is not None and batches.same_rows(i, rows):
         return batches.batch(i)
     return X[rows], y[rows]
+
+
+def epoch_batches(prev, X, y, order, batch_size: int):
+    """The :class:`EpochBatches` of an epoch: ``prev`` (the one of the epoch before, or
+    None) started on ``order`` when it is of the same ``X``, ``y`` and batch size, else a
+    new one; None when the rows cannot be taken this way (not a CSR matrix, no order)."""
+    if not EpochBatches.fits(X, y, order):
+        return None
+    if prev is not None and prev.X is X and prev.y is y and prev.B == int(batch_size):
+        prev.start(order)
+        return prev
+    return EpochBatches(X, y, order, batch_size)

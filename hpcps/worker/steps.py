@@ -31,7 +31,7 @@ import numpy as np
 
 from hpcps.kernels.optim import merge_duplicates
 from hpcps.core.optim import NonFiniteError, check_finite
-from hpcps.worker.batches import EpochBatches, step_rows
+from hpcps.worker.batches import epoch_batches, step_rows
 
 
 def _as_rows(grad, n: int) -> np.ndarray:
@@ -166,6 +166,7 @@ class SyncSteps:
         self.last_rejected = False
         self.fuse = bool(fuse)
         self._next = None            # (rows, Xb, yb, keys) of the next step, pulls sent
+        self._rows = None            # hpcps.worker.batches.EpochBatches, kept from epoch to epoch
 
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
         """Start an epoch of ``steps`` minibatches of ``batch_size`` rows ``order`` of ``X``
@@ -174,7 +175,7 @@ class SyncSteps:
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
         self._next = None
         # CSR rows: the minibatches are taken a chunk of steps at a time (hpcps.worker.batches)
-        self._rows = EpochBatches(X, y, order, batch_size) if EpochBatches.fits(X, y, order) else None
+        self._rows = epoch_batches(self._rows, X, y, order, batch_size)
 
     def _rows_of(self, i: int, rows):
         """``(Xb, yb)``: the examples of step ``i``, whose rows are ``rows``."""
@@ -331,6 +332,7 @@ class DownpourSteps:
         if policy.push_threshold > 0:
             self.filters = {s.name: PushFilter(s.num_keys, policy.push_threshold, s.dim)
                             for s in client.specs if s.sparse}
+        self._rows = None                 # as SyncSteps
         self._reset()
 
     def _reset(self):
@@ -342,7 +344,7 @@ class DownpourSteps:
     def begin_epoch(self, X, y, order, steps: int, batch_size: int) -> None:
         X = localized(self.model, X)        # as SyncSteps.begin_epoch
         self.X, self.y, self.order, self.steps, self.B = X, y, order, steps, batch_size
-        self._rows = EpochBatches(X, y, order, batch_size) if EpochBatches.fits(X, y, order) else None
+        self._rows = epoch_batches(self._rows, X, y, order, batch_size)
         self.cache_keys = None            # the first step of an epoch (or of a resume) fetches
         self._fetched = None              # (step, rows' matrix) of a fetch for one step
 

@@ -173,3 +173,29 @@ def test_take_csr_rows_checks_rows_and_buffers():
                       np.empty(9, X.data.dtype))
     with pytest.raises(ValueError, match="out_indptr holds 4"):
         take_csr_rows(np.arange(5), ip, X.indices, X.data, out_ip, *small)
+
+
+def test_epoch_batches_keep_their_buffers_from_one_epoch_to_the_next():
+    """A new epoch of the same rows starts the same EpochBatches on the new order: its
+    buffers are kept, and its steps give the new order's rows."""
+    from hpcps.worker import batches
+
+    X = lr.localize(_matrix(600, 1 << 14, 9, 31))
+    y = np.arange(600, dtype=np.float64)
+    rng = np.random.default_rng(32)
+    eb = batches.epoch_batches(None, X, y, rng.permutation(600), 64)
+    eb.batch(0)
+    buf = eb.slots[0][2]
+    for epoch in range(2):
+        order = rng.permutation(600)
+        again = batches.epoch_batches(eb, X, y, order, 64)
+        assert again is eb
+        for i in range(-(-600 // 64)):
+            rows = order[i * 64:(i + 1) * 64]
+            Xb, yb = batches.step_rows(eb, X, y, i, rows)
+            assert (Xb != X[rows]).nnz == 0
+            np.testing.assert_array_equal(yb, y[rows])
+        assert eb.slots[0][2] is buf                        # the same buffer, refilled
+    assert batches.epoch_batches(eb, X, y.copy(), order, 64) is not eb   # other rows: new
+    assert batches.epoch_batches(eb, X, y, order, 32) is not eb
+    assert batches.epoch_batches(eb, X.toarray(), y, order, 64) is None  # not CSR
