@@ -19,7 +19,7 @@ from hpcps.kernels.optim import take_rows
 #: 9.8-11.6 ms of CPU against 11.6-14.1 ms for local rows then the prefetching
 #: :func:`hpcps.kernels.optim.take_rows`, 5 alternating runs on a loaded machine).
 DIRECT_GATHER_MAX = 4096
-GATHER_AHEAD = 32
+GATHER_AHEAD = 63
 
 def touched_rows(rows: np.ndarray, n_rows: int) -> np.ndarray:
     """Distinct local rows of an update, ascending int64. Local.
