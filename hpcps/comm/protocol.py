@@ -24,8 +24,8 @@ when the policy allows the read, with each pull's rows and shard clock header in
 order (as P PULL replies, which the worker's receives, posted in that order, match: MPI keeps
 the messages of one tag in order).
 
-``PUSH_CLOCK_PULL`` is a BSP worker's whole step for one key range *and* its next step's
-pulls in one request (issue 20: one request per worker, server and step;
+``PUSH_CLOCK_PULL`` is a BSP or async worker's whole step for one key range *and* its next
+step's pulls in one request (issue 20: one request per worker, server and step;
 :meth:`hpcps.worker.client.PSClient.pull_next`). Its header is the ``PUSH_CLOCK``'s
 (``clock`` = the step, ``n_examples``, ``aux`` = epoch, ``table`` = the number of pushes
 ``P >= 0``, ``n_keys`` their total) with ``dim`` = the number of pulls ``Q >= 1``; then an

@@ -224,13 +224,14 @@ class ServerEndpoint:
         self.stats.add(PULL, inn=8 * n, out=nbytes, seconds=time.perf_counter() - t0)
         return True
 
-    def step_parts(self, n_push: int, n_pull: int, shards, shard_type):
+    def step_parts(self, n_push: int, n_pull: int, shards, shard_type, examples: bool = False):
         """The parts of the ``PUSH_CLOCK_PULL`` just polled, taken apart in one compiled call
         (:func:`hpcps.comm.fastpath.step_parts`) when every part came with its header and is
         of the plain form, outside continue mode: ``(pushes, pulls)`` (``pushes``: ``(table,
         local rows, values, version)``; ``pulls``: ``(shard, local rows)``), counted as
-        :meth:`recv_keys` and :meth:`recv_push` would have counted them. None leaves the
-        request to them (the general path, which names any error). Local."""
+        :meth:`recv_keys` and :meth:`recv_push` would have counted them; with ``examples``
+        also the pushes' examples (int64 ``(n_push,)``, each push description's). None
+        leaves the request to them (the general path, which names any error). Local."""
         inl = self._inline
         if not self.compiled or inl is None or _core.WATCH:
             return None
@@ -241,6 +242,9 @@ class ServerEndpoint:
         pushes, pulls, pull_keys = got
         self.stats.add(PUSH_CLOCK_PULL, inn=inl.size - 8 * pull_keys)
         self.stats.add(PULL, inn=8 * pull_keys, keys=pull_keys)
+        if examples:      # the descriptions lead the parts (step_parts checked their size)
+            metas = np.frombuffer(inl, dtype=np.int64, count=PART_LEN * n_push)
+            return pushes, pulls, metas.reshape(n_push, PART_LEN)[:, 2].copy()
         return pushes, pulls
 
     def reply_rows(self, dest: int, w: np.ndarray, rows: np.ndarray, op: int,

@@ -32,18 +32,20 @@ class StepRequests:
                                               rng=int(h[tp.H_RANGE])))
 
     def _on_push_clock_pull(self, source: int, h: np.ndarray) -> None:
-        """A BSP worker's step ``c`` (pushes and CLOCK, as a ``PUSH_CLOCK``) and its step
-        ``c + 1``'s pulls (a ``PULL_MANY`` at clock ``c + 1``, held in :attr:`waiting_pulls`
-        until step ``c`` is applied): the rows its next ``PULL_MANY`` would have got.
-        RuntimeError under a policy other than BSP (workers fuse only under BSP)."""
-        if not self.policy.aggregate or self.policy.staleness != 0:
+        """A BSP or async worker's step ``c`` (pushes and CLOCK, as a ``PUSH_CLOCK``) and its
+        step ``c + 1``'s pulls (a ``PULL_MANY`` at clock ``c + 1``; under BSP held in
+        :attr:`waiting_pulls` until step ``c`` is applied, under async answered now, after
+        the pushes): the rows its next ``PULL_MANY`` would have got. RuntimeError under SSP
+        with staleness > 0 (its workers do not fuse)."""
+        bsp = self.policy.aggregate and self.policy.staleness == 0
+        if self.policy.aggregate and not bsp:
             raise RuntimeError(f"server {self.index}: PUSH_CLOCK_PULL from rank {source} "
-                               f"under {self.policy.describe()} (only BSP fuses)")
+                               f"under {self.policy.describe()} (only BSP and async fuse)")
         n_push, n_pull = int(h[tp.H_TABLE]), int(h[tp.H_DIM])
         if self.ft is None:
-            got = self.ep.step_parts(n_push, n_pull, self.shards, Shard)
+            got = self.ep.step_parts(n_push, n_pull, self.shards, Shard, examples=not bsp)
             if got is not None:            # taken apart in one compiled call
-                self._on_step(source, h, *got)
+                (self._on_step if bsp else self._on_step_async)(source, h, *got)
                 return
         metas = self.ep.recv_keys(source, tp.PART_LEN * (n_push + n_pull),
                                   tp.PUSH_CLOCK_PULL).reshape(-1, tp.PART_LEN)
@@ -70,6 +72,32 @@ class StepRequests:
                                                 f"worker {w} expected at clock "
                                                 f"{self.worker_clock[w]}"))
         self._after_clock()
+
+    def _on_step_async(self, source: int, h: np.ndarray, pushes, pulls, examples) -> None:
+        """An async ``PUSH_CLOCK_PULL`` ``h`` from ``source`` whose parts came taken apart
+        (:meth:`~hpcps.comm.transport.ServerEndpoint.step_parts`; ``examples``: each push's):
+        what the general path does with it — each push applied now, in order
+        (:meth:`_apply_now`), the CLOCK, then the pulls of step ``c + 1`` answered — without
+        a Python call per part to receive and check it. RuntimeError for a rank that is not
+        one of its workers."""
+        w = self.worker_of_rank.get(source)
+        if w is None:
+            raise RuntimeError(f"server {self.index}: step {int(h[tp.H_CLOCK])} from rank "
+                               f"{source}: not one of its workers")
+        c = int(h[tp.H_CLOCK])
+        hp = h.copy()                      # the push header _apply_now reads
+        for (tid, rows, vals, version), n_ex in zip(pushes, examples.tolist()):
+            hp[tp.H_NEX], hp[tp.H_AUX] = n_ex, version
+            self.pushes_applied[w] += 1
+            self._apply_now(self.shards[tid], rows, vals, hp)
+        self._clocked(w, c, int(h[tp.H_NEX]), int(h[tp.H_AUX]))
+        hm = tp.make_header(tp.PULL_MANY, len(pulls), c + 1,
+                            sum(int(r.shape[0]) for _, r in pulls), seq=int(h[tp.H_SEQ]),
+                            rng=int(h[tp.H_RANGE]))
+        if self._pull_ready(hm):
+            self._reply_many(source, pulls)
+        else:
+            self.waiting_pulls.append((source, hm, pulls))
 
     def _on_pull_many(self, source: int, h: np.ndarray, metas=None) -> None:
         """A PULL_MANY (header ``h``) from ``source``: the pulls of several tables in one

@@ -1,4 +1,4 @@
-"""The next step's pulls sent with a BSP step's clock (issue 20): :class:`NextPull`, the part
+"""The next step's pulls sent with a BSP or async step's clock (issue 20): :class:`NextPull`, the part
 of :class:`hpcps.worker.client.PSClient` that makes a step one request per server."""
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ class NextPull:
     @property
     def fusable(self) -> bool:
         """Whether :meth:`pull_next` may send the next step's pulls with the clock: p2p
-        pulls under BSP (or SSP with staleness 0), pushes not kept (continue mode)."""
-        return (not self.windows and self.policy.aggregate and self.policy.staleness == 0
-                and self.kept is None)
+        pulls under BSP (or SSP with staleness 0) or async, pushes not kept (continue mode)."""
+        p = self.policy
+        return (not self.windows and self.kept is None
+                and (not p.aggregate or p.staleness == 0))
 
     def pull_next(self, requests: dict) -> bool:
         """Send the next step's pulls ``{table: keys}`` with this step's :meth:`clock` (issue
@@ -40,11 +41,14 @@ class NextPull:
         The rows are the same bit for bit as a separate pull's: under BSP a pull at clock
         ``c + 1`` is answered once every worker's step ``c`` is applied and before this
         worker's step ``c + 1`` can be (it has not clocked it), so at server clock exactly
-        ``c + 1`` — whenever it is sent. Hence only where :attr:`fusable` (not under SSP
-        with staleness > 0 or async, whose reads may be older when asked earlier; not with
-        RMA pulls, which send no request; not in continue mode, whose kept pushes are
-        resent after a failure and whose servers answer up to the clock their backups
-        hold). Nothing else is held: a pull of other keys, another clock or ``fresh``
+        ``c + 1`` — whenever it is sent. Under async (Downpour fetching every step) a
+        server answers them as soon as it has applied this step's pushes, as it would a
+        pull sent right after the clock (one sender's messages arrive in order): what
+        other workers pushed in between is in the rows either way. Hence only where
+        :attr:`fusable` (not under SSP with staleness > 0, whose reads may be older when
+        asked earlier; not with RMA pulls, which send no request; not in continue mode,
+        whose kept pushes are resent after a failure and whose servers answer up to the
+        clock their backups hold). Nothing else is held: a pull of other keys, another clock or ``fresh``
         (evaluation), a checkpoint, a growth, ``STOP`` or a new layout (:meth:`follow`)
         first waits for the replies (every worker clocks its step, so they come) and
         drops them.

@@ -10,7 +10,9 @@ needs and computes the loss and gradient sums; these runners move the rows.
     every ``n_fetch`` steps fetch the rows the next ``n_fetch`` minibatches need (one pull),
     compute gradients on that local copy, accumulate them and push every ``n_push`` steps
     (and at the end of every epoch), with duplicate keys merged on the worker.
-    With ``push_threshold > 0`` the push goes through :class:`PushFilter`.
+    With ``push_threshold > 0`` the push goes through :class:`PushFilter`. Fetching and
+    pushing every step (the defaults) with p2p pulls, a step's push, its clock and the next
+    step's fetch go to each server as one request.
 
 Both check the loss and gradients for NaN/inf — after the cast to the table dtype, so a
 float64 gradient that overflows float32 counts too — before anything is pushed, through a
@@ -314,12 +316,20 @@ class DownpourSteps:
     policy : hpcps.core.consistency.Async
     step_hook : callable(worker_index, clock) or None
         See :class:`SyncSteps`.
+    fuse : bool
+        With ``n_fetch = n_push = 1``, send the next step's fetch with this step's push and
+        clock (:meth:`hpcps.worker.client.PSClient.pull_next`) where the client can
+        (:attr:`~hpcps.worker.client.PSClient.fusable`): one request per server and step
+        instead of two; not at the last step of an epoch (its evaluation pulls come next),
+        not after a rejected step. The server answers it once it has applied the push, as
+        it would a fetch sent right after the clock.
 
     With ``push_threshold > 0`` every sparse table's pushes go through a :class:`PushFilter`;
     dense tables are pushed unfiltered.
     """
 
-    def __init__(self, client, model, index: int, policy, step_hook=None, guard=None):
+    def __init__(self, client, model, index: int, policy, step_hook=None, guard=None,
+                 fuse=False):
         self.client = client
         self.model = model
         self.index = index
@@ -333,6 +343,7 @@ class DownpourSteps:
             self.filters = {s.name: PushFilter(s.num_keys, policy.push_threshold, s.dim)
                             for s in client.specs if s.sparse}
         self._rows = None                 # as SyncSteps
+        self.fuse = bool(fuse) and policy.n_fetch == 1 and policy.n_push == 1
         self._reset()
 
     def _reset(self):
@@ -347,8 +358,20 @@ class DownpourSteps:
         self._rows = epoch_batches(self._rows, X, y, order, batch_size)
         self.cache_keys = None            # the first step of an epoch (or of a resume) fetches
         self._fetched = None              # (step, rows' matrix) of a fetch for one step
+        self._ahead = None                # (step, rows' matrix, keys) whose pulls went ahead
+        self._next = None                 # [step, rows' matrix, keys] sliced ahead (_slice)
 
     def _fetch(self, i: int) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == i:      # sliced, and its pulls sent, by _announce
+            _, Xs, keys = ahead
+            self._fetched = (i, Xs)
+            self.cache_keys = keys
+            self._next = self._slice(i + 1)     # while the server applies and gathers
+            self.cache = self.client.pull_many(keys)      # the replies of those pulls
+            self.cache_versions = {t: self.client.read_version[self.client.ids[t]].copy()
+                                   for t in keys}
+            return
         span = self.order[i * self.B:min(i + self.policy.n_fetch, self.steps) * self.B]
         if self.policy.n_fetch == 1 and span.size:
             Xs = step_rows(self._rows, self.X, self.y, i, span)[0]
@@ -395,7 +418,39 @@ class DownpourSteps:
             self.acc_n += self.last_n
         if self.policy.push_due(i) or i == self.steps - 1 or final:
             self._push(final, defer=True)      # sent with the step's clock
+        if not self.last_rejected:
+            self._announce(i)
         return loss
+
+    def _slice(self, i: int):
+        """With :attr:`fuse`, ``[i, rows' matrix, keys or None]`` of step ``i`` when its fetch
+        can go with step ``i - 1``'s clock (there is such a step with rows in this segment;
+        the keys found now when the model's ``keys_ahead`` allows it); else None."""
+        if not self.fuse or i >= self.steps or not getattr(self.client, "fusable", False):
+            return None
+        rows = self.order[i * self.B:(i + 1) * self.B]
+        if not rows.size:
+            return None
+        Xs = step_rows(self._rows, self.X, self.y, i, rows)[0]
+        if not Xs.shape[0]:
+            return None
+        return [i, Xs, self.model.batch_keys(Xs) if getattr(self.model, "keys_ahead", False)
+                else None]
+
+    def _announce(self, i: int) -> None:
+        """With :attr:`fuse`: hold step ``i + 1``'s pulls for this step's clock (its rows
+        sliced while this step waited for its own, or now; its keys found then when the
+        model's ``keys_ahead`` allows, else now, after this step's ``loss_grad``, as the model
+        protocol has it); its :meth:`_fetch` then takes the replies."""
+        nxt, self._next = self._next, None
+        if nxt is None or nxt[0] != i + 1:
+            nxt = self._slice(i + 1)
+        if nxt is None:
+            return
+        if nxt[2] is None:
+            nxt[2] = self.model.batch_keys(nxt[1])
+        if self.client.pull_next(nxt[2]):
+            self._ahead = tuple(nxt)
 
     def _push(self, final: bool, defer: bool = False) -> None:
         if self.acc_n == 0 and not (final and self.filters):
@@ -448,4 +503,4 @@ def make_steps(policy, client, model, index: int, step_hook=None, guard=None, fu
     :class:`SyncSteps`."""
     if policy.aggregate:
         return SyncSteps(client, model, index, step_hook, guard, fuse)
-    return DownpourSteps(client, model, index, policy, step_hook, guard)
+    return DownpourSteps(client, model, index, policy, step_hook, guard, fuse)

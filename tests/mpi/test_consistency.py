@@ -104,17 +104,28 @@ def test_async_with_one_worker_is_bit_identical_to_bsp(mpi_tmp_path):
     """One worker (every other rank a server): async Downpour with n_fetch = n_push = 1
     reads, before each step, every update of the steps before it (its pushes leave with its clock, ahead of
     the next fetch), so it is BSP. The step reuses the fetch's rows and keys and pushes its
-    gradient unmerged: the model must be the same bit for bit (AdaGrad, float64)."""
+    gradient unmerged: the model must be the same bit for bit (AdaGrad, float64). So must it
+    with each step's push, clock and next fetch in one request per server (the default) and
+    with the fetch apart (``fuse_steps = false``), which costs each server one request more
+    per step but the last of each epoch."""
     servers = MPI.COMM_WORLD.size - 1
     ref, m_ref = _run(mpi_tmp_path, "bsp1", 'model = "bsp"', servers=servers, opt="adagrad",
                       lr=0.1)
-    s, m = _run(mpi_tmp_path, "async1", 'model = "async"', servers=servers, opt="adagrad", lr=0.1)
-    assert s["consistency"]["staleness"]["max"] == 0
-    assert s["examples"] == ref["examples"] > 0
-    if MPI.COMM_WORLD.rank == 0:
-        assert np.abs(m["weights"]).max() > 1e-3
-        for name in ("weights", "bias"):
-            assert np.array_equal(m[name], m_ref[name]), name
+    for tag, cons in (("async1", 'model = "async"'),
+                      ("async1_apart", 'model = "async"\n[comm]\nfuse_steps = false')):
+        s, m = _run(mpi_tmp_path, tag, cons, servers=servers, opt="adagrad", lr=0.1)
+        assert s["consistency"]["staleness"]["max"] == 0
+        assert s["examples"] == ref["examples"] > 0
+        if MPI.COMM_WORLD.rank == 0:
+            assert np.abs(m["weights"]).max() > 1e-3
+            for name in ("weights", "bias"):
+                assert np.array_equal(m[name], m_ref[name]), (tag, name)
+        if tag == "async1":
+            fused = s
+    saved = s["steps"] - s["epochs"]               # one worker
+    for a, f in zip(s["servers"], fused["servers"]):
+        assert a["requests"] - f["requests"] == saved > 0, (a, f)
+        assert a["keys_pulled"] == f["keys_pulled"] and a["keys_pushed"] == f["keys_pushed"]
 
 
 def _slow_worker_1(index, clock):
