@@ -315,9 +315,10 @@ class CommConfig:
     max_message_bytes : int
         Messages larger than this are split into chunks (>= 1024).
     fuse_steps : bool
-        Under BSP with p2p pulls a worker sends each server one request per step: its
-        pushes, its clock and the next step's pulls (:meth:`hpcps.worker.client.PSClient.pull_next`;
-        the same model bit for bit). False: two (the pulls apart), as before issue 20.
+        Under BSP, and async fetching and pushing every step, with p2p pulls a worker sends
+        each server one request per step: its pushes, its clock and the next step's pulls
+        (:meth:`hpcps.worker.client.PSClient.pull_next`; under BSP the same model bit for
+        bit). False: two (the pulls apart), as before issue 20.
     aggregate : str
         ``"off"``, or ``"node"``: the workers of one node form groups that send their steps
         together, one member of each group to each server (:mod:`hpcps.comm.group`), so that
