@@ -586,7 +586,7 @@ class Trainer:
             if Xc.shape[0] == 0:
                 continue
             keys = self.model.batch_keys(Xc)
-            params = {t: self.client.pull(t, k, fresh=True) for t, k in keys.items()}
+            params = self.client.pull_many(keys, fresh=True)    # every table: one round trip
             preds.append(np.asarray(self.model.predict(Xc, keys, params), dtype=np.float64).reshape(-1))
         p = np.concatenate(preds) if preds else np.empty(0)
         all_p = gatherv(self.comm, p)
