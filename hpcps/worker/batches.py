@@ -19,12 +19,8 @@ from scipy.sparse import csr_matrix
 from hpcps.kernels.keys import take_csr_rows
 
 #: Rows gathered per chunk (its steps: this many rows over the batch size, at least one):
-#: each of the two buffers holds about this many rows' entries (Adult: ~2.5 MB, so a chunk is
-#: still in the caches when its steps read it, and an epoch's first step copies 8 steps'
-#: rows, not the whole partition). 2-epoch Adult runs, 3 workers + 1 server on 2 cores, 10
-#: alternating runs each (2026-12-04): 16,384 rows 332 k examples/s median, 1,024 355 k;
-#: 256 and 2,048 365-367 k (within the spread of the runs).
-CHUNK_ROWS = 2048
+#: each of the two buffers holds about this many rows' entries.
+CHUNK_ROWS = 16384
 
 
 class EpochBatches:
