@@ -35,6 +35,7 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 from mpi4py cimport MPI
 from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Comm, MPI_Get_count, MPI_Iprobe, MPI_Irecv,
+                            MPI_Isend,
                             MPI_Recv, MPI_Request, MPI_REQUEST_NULL, MPI_Send, MPI_Status,
                             MPI_STATUS_IGNORE, MPI_SUCCESS, MPI_Test, MPI_Wait)
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime, nanosleep, time_t, timespec
@@ -180,6 +181,35 @@ def pull_inline(MPI.Comm comm, int dest, int tag, request, Py_ssize_t offset, Py
     return total
 
 
+cdef Py_ssize_t _pack(header, parts, Py_buffer* sb) except -1:
+    """Copy ``header`` and each array of ``parts`` (``None`` skipped) back to back into
+    ``sb``; the bytes written. BufferError for a part that is not C-contiguous, ValueError
+    when they do not fit (nothing sent by the callers)."""
+    cdef Py_buffer hb, pb
+    cdef Py_ssize_t pos
+    PyObject_GetBuffer(header, &hb, PyBUF_C_CONTIGUOUS)
+    try:
+        if hb.len > sb.len:
+            raise ValueError(f"send_packed: a {hb.len}-byte header in a {sb.len}-byte "
+                             "buffer")
+        memcpy(sb.buf, hb.buf, hb.len)
+        pos = hb.len
+    finally:
+        PyBuffer_Release(&hb)
+    for a in parts:
+        if a is None:
+            continue
+        PyObject_GetBuffer(a, &pb, PyBUF_C_CONTIGUOUS)
+        try:
+            if pos + pb.len > sb.len:
+                raise ValueError(f"send_packed: more than {sb.len} bytes")
+            memcpy(<char*>sb.buf + pos, pb.buf, pb.len)
+            pos += pb.len
+        finally:
+            PyBuffer_Release(&pb)
+    return pos
+
+
 def send_packed(MPI.Comm comm, int dest, int tag, header, parts, sendbuf):
     """Send ``header``, then each array of ``parts`` (a sequence; each C-contiguous, native
     byte order; ``None`` entries skipped), back to back as one message of bytes to ``dest``
@@ -194,32 +224,12 @@ def send_packed(MPI.Comm comm, int dest, int tag, header, parts, sendbuf):
     ValueError
         When the message does not fit in ``sendbuf`` (nothing sent).
     """
-    cdef Py_buffer hb, pb, sb
-    cdef Py_ssize_t pos, total
+    cdef Py_buffer sb
+    cdef Py_ssize_t total
     cdef int ierr = MPI_SUCCESS
     PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
     try:
-        PyObject_GetBuffer(header, &hb, PyBUF_C_CONTIGUOUS)
-        try:
-            if hb.len > sb.len:
-                raise ValueError(f"send_packed: a {hb.len}-byte header in a {sb.len}-byte "
-                                 "buffer")
-            memcpy(sb.buf, hb.buf, hb.len)
-            pos = hb.len
-        finally:
-            PyBuffer_Release(&hb)
-        for a in parts:
-            if a is None:
-                continue
-            PyObject_GetBuffer(a, &pb, PyBUF_C_CONTIGUOUS)
-            try:
-                if pos + pb.len > sb.len:
-                    raise ValueError(f"send_packed: more than {sb.len} bytes")
-                memcpy(<char*>sb.buf + pos, pb.buf, pb.len)
-                pos += pb.len
-            finally:
-                PyBuffer_Release(&pb)
-        total = pos
+        total = _pack(header, parts, &sb)
         with nogil:
             ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi)
     finally:
@@ -227,6 +237,28 @@ def send_packed(MPI.Comm comm, int dest, int tag, header, parts, sendbuf):
     if ierr != MPI_SUCCESS:
         raise MPIException(ierr)
     return total
+
+
+def isend_packed(MPI.Comm comm, int dest, int tag, first, parts, sendbuf):
+    """As :func:`send_packed` (``first`` in the place of ``header``), but started with
+    ``MPI_Isend``: the :class:`mpi4py.MPI.Request` (the caller keeps ``sendbuf`` alive and
+    unchanged until it completes). For a server's replies to several pulls of one request
+    in one message (:func:`hpcps.comm.protocol.one_reply`), sent without waiting for the
+    worker. The message is ``sendbuf``'s first bytes. Errors as :func:`send_packed`
+    (nothing sent). Point-to-point."""
+    cdef Py_buffer sb
+    cdef Py_ssize_t total
+    cdef int ierr = MPI_SUCCESS
+    cdef MPI.Request req = MPI.Request.__new__(MPI.Request)
+    PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        total = _pack(first, parts, &sb)
+        ierr = MPI_Isend(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi, &req.ob_mpi)
+    finally:
+        PyBuffer_Release(&sb)
+    if ierr != MPI_SUCCESS:
+        raise MPIException(ierr)
+    return req
 
 
 def irecv_bytes(MPI.Comm comm, int source, int tag, buf):

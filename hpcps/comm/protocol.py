@@ -48,7 +48,10 @@ Outside continue mode these messages are received, packed and sent by compiled c
 (:mod:`hpcps.comm.fastpath`; the Python path when it is not built). A ``PULL`` reply whose rows and shard
 clock header fit in ``INLINE_BYTES`` (and ``max_message_bytes``) is one message of bytes
 (rows, then header) on the reply tag; both sides know from the number of keys, the header
-length and ``max_message_bytes`` which form a reply takes (:func:`one_message`).
+length and ``max_message_bytes`` which form a reply takes (:func:`one_message`). The replies
+to the pulls of a ``PULL_MANY`` or a ``PUSH_CLOCK_PULL`` with two parts or more whose rows and
+headers fit in ``DEFER_MAX_BYTES`` (and ``max_message_bytes``) are one message too: each
+part's rows then its shard clock header, in the request's order (:func:`one_reply`).
 
 ``range`` (``H_RANGE``) is the key range the request is for: the server index of the job's
 key partition. It equals the index of the server rank that receives it, except after a
@@ -121,6 +124,15 @@ REQUEST_BYTES = 1 << 18
 #: replies are waited for: the copy costs more than it saves (a 512 KiB dense pull took
 #: 191-249 us copied, 126-147 us waited for, bench_pushpull, load 1.0-1.2).
 DEFER_MAX_BYTES = 1 << 16
+
+
+def one_reply(nbytes: int, n_parts: int, max_bytes: int) -> bool:
+    """Whether the replies to the ``n_parts`` pulls of a ``PULL_MANY`` or a
+    ``PUSH_CLOCK_PULL``, ``nbytes`` of rows and shard clock headers in all, travel as one
+    message (issue 20: a BSP step's weights and bias, one message instead of three): two
+    parts or more, at most ``DEFER_MAX_BYTES`` (a server sends them without waiting) and not
+    split by ``max_message_bytes``."""
+    return n_parts > 1 and nbytes <= DEFER_MAX_BYTES and nbytes <= max_bytes
 
 
 def one_message(nbytes: int, max_bytes: int) -> bool:

@@ -20,7 +20,7 @@ from hpcps.comm.protocol import (  # noqa: F401  (re-exported: the protocol's na
     PULL, PUSH, CLOCK, PULL_SHARD, STOP, CHECKPOINT, GROW, PUSH_CLOCK, PULL_MANY,
     PUSH_CLOCK_PULL, REPLICATE, REPL_CLOCK, REPL_ACK, REPL_DONE, OP_NAMES, TAG_SNAP, TAG_REQ,
     TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR, HEADER_LEN, HEADER_BYTES, INLINE_BYTES,
-    REQUEST_BYTES, DEFER_MAX_BYTES, one_message, one_request, H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX,
+    REQUEST_BYTES, DEFER_MAX_BYTES, one_message, one_reply, one_request, H_OP, H_TABLE, H_CLOCK, H_NKEYS, H_NEX, H_SEQ, H_DIM, H_AUX,
     H_RANGE, KEY_FMT, buffer_format, make_header, PART_LEN, part_of, part_header, reply_tag,
     max_ranges, check_ranges, TrafficStats)
 
@@ -29,7 +29,7 @@ __all__ = [
     "PULL_MANY", "PUSH_CLOCK_PULL", "REPLICATE", "REPL_CLOCK", "REPL_ACK", "REPL_DONE",
     "OP_NAMES", "TAG_SNAP", "TAG_REQ", "TAG_KEYS", "TAG_VALS", "TAG_REPLY", "TAG_RHDR",
     "HEADER_LEN", "HEADER_BYTES", "INLINE_BYTES", "REQUEST_BYTES", "DEFER_MAX_BYTES",
-    "one_message", "one_request", "H_OP",
+    "one_message", "one_reply", "one_request", "H_OP",
     "H_TABLE", "H_CLOCK", "H_NKEYS", "H_NEX", "H_SEQ", "H_DIM", "H_AUX", "H_RANGE", "KEY_FMT",
     "buffer_format", "make_header", "PART_LEN", "part_of", "part_header", "reply_tag",
     "max_ranges", "check_ranges", "TrafficStats", "POOL_MAX_FREE_BYTES", "POOL_MIN_BYTES",
@@ -383,6 +383,40 @@ class ServerEndpoint:
                                                          self.max_bytes, reqs)
         waitall(reqs, keep, keep_h)
         del keep, keep_h
+        self.stats.add(op, out=nbytes, seconds=time.perf_counter() - t0)
+
+    def reply_many(self, dest: int, parts, op: int, rng: int = 0) -> None:
+        """Send the replies to the pulls of one ``PULL_MANY`` or ``PUSH_CLOCK_PULL`` for key
+        range ``rng`` to ``dest``: ``parts``, ``(rows, shard clock header)`` pairs in the
+        request's order. One message (each part's rows, then its header), packed into a
+        pooled buffer and not waited for, when :func:`one_reply` (as the worker's
+        :meth:`WorkerEndpoint.expect_replies` expects it); else each as :meth:`reply`. The
+        caller may change the arrays once this returns. Point-to-point."""
+        nbytes = sum(v.nbytes + h.nbytes for v, h in parts)
+        if not one_reply(nbytes, len(parts), self.max_bytes):
+            for v, h in parts:
+                self.reply(dest, v, op, h, rng)
+            return
+        t0 = time.perf_counter()
+        tag = reply_tag(rng)
+        buf = self.pool.take((nbytes,), np.uint8)
+        flat = [a for v, h in parts for a in (v, h)]
+        reqs: list = []
+        if (self.compiled and not _core.WATCH
+                and all(a.dtype.isnative and a.flags.c_contiguous for a in flat)):
+            reqs.append(_fast.isend_packed(self.comm, dest, tag, flat[0], flat[1:], buf))
+        else:
+            pos = 0
+            for a in flat:
+                a = native_contiguous(a)
+                buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
+                pos += a.nbytes
+            isend_array(self.comm, buf, dest, tag, self.max_bytes, reqs)
+        if _core.WATCH:                    # continue mode: a wait that notices failures
+            waitall(reqs, buf)
+            self.pool.give(buf)
+        else:
+            self._inflight.append((reqs, buf, None))
         self.stats.add(op, out=nbytes, seconds=time.perf_counter() - t0)
 
     def progress(self) -> None:

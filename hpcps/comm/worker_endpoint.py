@@ -14,7 +14,7 @@ from hpcps.comm.compiled import _fast
 from hpcps.comm.core import cores_dedicated, irecv_array, isend_array, native_contiguous, waitall
 from hpcps.comm.protocol import (H_NKEYS, H_OP, INLINE_BYTES, KEY_FMT, PULL, PUSH, TAG_KEYS,
                                  TAG_REPLY, TAG_REQ, TAG_VALS, TrafficStats, one_message,
-                                 one_request, reply_tag)
+                                 one_reply, one_request, reply_tag)
 
 class WorkerEndpoint:
     """A worker's side of the protocol: send requests to servers, receive replies.
@@ -183,6 +183,32 @@ class WorkerEndpoint:
             self.expect_header(server, header, op)
             return
         stage = np.empty(rows.nbytes + header.nbytes, dtype=np.uint8)
+        self._post_stage(server, stage)
+        self._unpack.append((stage, rows, header))
+        self.stats.add(op, inn=stage.nbytes)
+
+    def expect_replies(self, server: int, parts, op: int = PULL) -> None:
+        """Post the receives of the replies to the pulls of a ``PULL_MANY`` or a
+        ``PUSH_CLOCK_PULL`` for key range ``server``: ``parts``, ``(rows, header)`` pairs
+        (C-contiguous) in the request's order. One message for all of them when
+        :func:`one_reply` (unpacked by :meth:`complete`), else each as :meth:`expect_rows`."""
+        nbytes = sum(rows.nbytes + header.nbytes for rows, header in parts)
+        if not one_reply(nbytes, len(parts), self.max_bytes):
+            for rows, header in parts:
+                self.expect_rows(server, rows, header, op)
+            return
+        stage = np.empty(nbytes, dtype=np.uint8)
+        self._post_stage(server, stage)
+        pos = 0
+        for rows, header in parts:
+            n = rows.nbytes + header.nbytes
+            self._unpack.append((stage[pos:pos + n], rows, header))
+            pos += n
+        self.stats.add(op, inn=nbytes)
+
+    def _post_stage(self, server: int, stage: np.ndarray) -> None:
+        """Post the receive of one reply message for key range ``server`` into ``stage``
+        (kept alive until :meth:`complete`)."""
         if self.compiled and not _core.WATCH:
             self._reqs.append(_fast.irecv_bytes(self.comm, self.server_ranks[server],
                                                 reply_tag(server), stage))
@@ -190,8 +216,6 @@ class WorkerEndpoint:
             irecv_array(self.comm, stage, self.server_ranks[server], reply_tag(server),
                         self.max_bytes, self._reqs)
         self._keep.append(stage)
-        self._unpack.append((stage, rows, header))
-        self.stats.add(op, inn=stage.nbytes)
 
     @property
     def pending(self) -> int:

@@ -118,8 +118,15 @@ class StepRequests:
             self.waiting_pulls.append((source, h, parts))
 
     def _reply_many(self, source: int, parts) -> None:
-        """Answer a PULL_MANY: each part's rows and shard header, in order; the rows' pooled
-        buffers go back to the pool."""
+        """Answer a PULL_MANY: each part's rows and shard header, in order (one message for
+        several when they fit: :meth:`hpcps.comm.transport.ServerEndpoint.reply_many`); the
+        rows' pooled buffers go back to the pool."""
+        if len(parts) > 1:
+            vals = [(shard.gather(rows, self.ep.pool), shard.hdr) for shard, rows in parts]
+            self.ep.reply_many(source, vals, tp.PULL, self.index)
+            for (v, _), (_, rows) in zip(vals, parts):
+                self.ep.pool.give(v, rows)
+            return
         for shard, rows in parts:
             self._reply_rows(source, shard, rows, tp.PULL)
             self.ep.pool.give(rows)

@@ -263,8 +263,8 @@ class PSClient(NextPull, KeptPushes):
         for s, parts in enumerate(by_server):
             if not parts:
                 continue
-            for _, _, rows, hdr in parts:          # replies come in the request's order
-                self.ep.expect_rows(s, rows, hdr, tp.PULL)
+            # replies come in the request's order (one message for several when they fit)
+            self.ep.expect_replies(s, [(rows, hdr) for _, _, rows, hdr in parts], tp.PULL)
             if len(parts) == 1:
                 tid, k, _, _ = parts[0]
                 self.ep.send(s, tp.make_header(tp.PULL, tid, c, k.size, seq=self.seq,

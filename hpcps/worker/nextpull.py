@@ -116,8 +116,8 @@ class NextPull:
         """Start one ``PUSH_CLOCK_PULL`` to range ``s``: this step's held pushes ``parts``
         (maybe none), its CLOCK, and the next step's pulls ``pulls`` (see
         :meth:`pull_next`), whose replies' receives are posted first."""
-        for _, _, rows, hdr in pulls:              # replies come in the request's order
-            self.ep.expect_rows(s, rows, hdr, tp.PULL)
+        # replies come in the request's order (one message for several when they fit)
+        self.ep.expect_replies(s, [(rows, hdr) for _, _, rows, hdr in pulls], tp.PULL)
         desc = np.array([tp.part_of(h) for h, _, _ in parts]
                         + [[tid, k.size, 0, self.specs[tid].dim, 0] for tid, k, _, _ in pulls],
                         dtype=np.int64).reshape(-1, tp.PART_LEN)

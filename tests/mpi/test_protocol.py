@@ -505,6 +505,44 @@ def test_requests_and_replies_at_the_one_message_limit(max_bytes):
 
 
 @pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("max_bytes", [1 << 30, 1024])
+def test_replies_to_several_pulls_at_the_one_message_limit(max_bytes):
+    """A PULL_MANY of two tables whose replies (rows and shard clock headers) total just
+    under, at and just over ``DEFER_MAX_BYTES`` — one message for both, then one per part
+    (``one_reply``; also when ``max_message_bytes`` splits messages) — gives the rows of
+    single pulls of each table, on one server and across servers."""
+    from hpcps.comm.transport import DEFER_MAX_BYTES
+
+    comm = MPI.COMM_WORLD
+    num_keys = 1 << 16
+    w = TableSpec("w", num_keys, 1, "float64", sparse=False)
+    b = TableSpec("b", 4, 1, "float64", sparse=False)
+    tables = [(w, Optimizer("sgd", 1.0)), (b, Optimizer("sgd", 1.0))]
+    n_servers = comm.size // 2
+
+    def work(client, roles):
+        at = (DEFER_MAX_BYTES - 2 * 8 * client.header_len - 8) // 8   # w rows: exactly the limit
+        allk = np.arange(num_keys, dtype=np.int64)
+        client.push("w", allk, (allk + 1.0).reshape(-1, 1) * (roles.index + 1))
+        client.push("b", np.array([0]), np.array([[3.0]]))
+        client.clock(1)
+        got = []
+        for n in (1, at - 1, at, at + 1):
+            keys = np.arange(n, dtype=np.int64) * n_servers          # all on server 0 (dense)
+            many = client.pull_many({"w": keys, "b": np.array([0])})
+            got.append((many["w"].copy(), many["b"].copy(), client.pull("w", keys).copy(),
+                        client.pull("b", np.array([0])).copy()))
+        return got
+
+    roles, got = _ps(comm, n_servers, tables, work, max_bytes=max_bytes)
+    if roles.role == core.WORKER:
+        for mw, mb, sw, sb in got:
+            np.testing.assert_array_equal(mw, sw)
+            np.testing.assert_array_equal(mb, sb)
+            assert np.all(mw != 0) and mb[0, 0] != 0
+
+
+@pytest.mark.mpi(min_size=3)
 def test_bsp_pull_sees_exactly_previous_clock():
     """Under BSP the pull at clock t shows all workers' updates of clocks < t, none newer."""
     comm = MPI.COMM_WORLD
