@@ -40,6 +40,9 @@ def test_quickstart_subset_trains_and_writes_outputs(tmp_path):
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     assert metrics["epochs"][-1]["test_auc"] > 0.85
+    # each epoch's time at the end of its steps, then once its test metrics were known
+    e1, e2 = metrics["epochs"]
+    assert 0 < e1["seconds"] < e1["evaluated_seconds"] <= e2["seconds"] < e2["evaluated_seconds"]
     assert metrics["summary"]["servers"][0]["bytes_in"] > 0
     with h5py.File(tmp_path / "out" / "model.h5", "r") as f:
         assert f["weights"].shape == (2**20, 1) and f["bias"].shape == (1, 1)
