@@ -605,8 +605,7 @@ class Trainer:
                f"train_{ln}": train}
         rec.update({f"test_{k}": float(v) for k, v in m.items() if k != "n"})
         rec["test_rows"] = int(m.get("n", all_y.size))
-        # and once the metrics are known (seconds: the epoch's steps only)
-        rec["evaluated_seconds"] = round(time.perf_counter() - self._t0, 3)
+        rec["evaluated_seconds"] = round(time.perf_counter() - self._t0, 3)   # metrics known
         self.say(f"epoch {epoch + 1}: train {self.model.loss_label} {rec[f'train_{ln}']:.4f}  "
                   f"{self.model.describe(m)}  (at {elapsed:.1f} s)")
         return rec
