@@ -54,8 +54,10 @@ def suite(quick: bool, tmp: Path) -> list[dict]:
         {"name": "reader", "ranks": 0, "script": "bench_reader.py", "args": q + j("reader")},
         {"name": "checkpoint", "ranks": 0, "script": "bench_checkpoint.py",
          "args": q + ([] if quick else ["--run"]) + j("checkpoint")},
+        # 4 rounds: with 2, identical suites read hpcps BSP / torch 3.74-4.90 (2026-12-04)
         {"name": "e2e", "ranks": 0, "script": "bench_e2e.py",
-         "args": q + j("e2e") + ([] if quick else ["--baseline-commit", E2E_BASELINE_COMMIT])},
+         "args": q + j("e2e") + ([] if quick else ["--reps", "4", "--baseline-commit",
+                                                   E2E_BASELINE_COMMIT])},
         {"name": "scaling", "ranks": 0, "script": "bench_scaling.py",
          "args": q + j("scaling") + ["--pushpull-json", str(tmp / "pushpull.json")]},
         {"name": "recovery", "ranks": 0, "script": "bench_recovery.py",
