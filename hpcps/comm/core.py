@@ -359,6 +359,19 @@ def native_contiguous(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
 
 
+def pack_into(buf: np.ndarray, arrays) -> int:
+    """Copy each array of ``arrays`` (``None`` skipped; byte-swapped or strided ones as
+    :func:`native_contiguous` makes them) back to back into the uint8 ``buf``; the bytes
+    written. Local (the Python form of :func:`hpcps.comm.fastpath.send_packed`'s packing)."""
+    pos = 0
+    for a in arrays:
+        if a is not None:
+            a = native_contiguous(a)
+            buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
+            pos += a.nbytes
+    return pos
+
+
 _MPI_TYPES: dict = {}
 
 

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 from hpcps.comm import core as _core
-from hpcps.comm.core import isend_array, native_contiguous, recv_array, waitall
+from hpcps.comm.core import isend_array, native_contiguous, pack_into, recv_array, waitall
 from hpcps.comm.worker_endpoint import WAIT_SPIN, WorkerEndpoint  # noqa: F401  (re-exported)
 
 
@@ -406,11 +406,7 @@ class ServerEndpoint:
                 and all(a.dtype.isnative and a.flags.c_contiguous for a in flat)):
             reqs.append(_fast.isend_packed(self.comm, dest, tag, flat[0], flat[1:], buf))
         else:
-            pos = 0
-            for a in flat:
-                a = native_contiguous(a)
-                buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
-                pos += a.nbytes
+            pack_into(buf, flat)
             isend_array(self.comm, buf, dest, tag, self.max_bytes, reqs)
         if _core.WATCH:                    # continue mode: a wait that notices failures
             waitall(reqs, buf)

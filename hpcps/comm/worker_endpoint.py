@@ -11,7 +11,7 @@ from mpi4py import MPI
 from hpcps.comm import core as _core
 from hpcps.comm.buffers import BufferPool
 from hpcps.comm.compiled import _fast
-from hpcps.comm.core import cores_dedicated, irecv_array, isend_array, native_contiguous, waitall
+from hpcps.comm.core import cores_dedicated, irecv_array, isend_array, pack_into, waitall
 from hpcps.comm.protocol import (H_NKEYS, H_OP, INLINE_BYTES, KEY_FMT, PULL, PUSH, TAG_KEYS,
                                  TAG_REPLY, TAG_REQ, TAG_VALS, TrafficStats, one_message,
                                  one_reply, one_request, reply_tag)
@@ -100,13 +100,7 @@ class WorkerEndpoint:
                 pass
         buf = self._packs.take((nbytes,), np.uint8)     # back to the pool once sent
         self._packed.append(buf)
-        buf[:header.nbytes] = header.view(np.uint8)
-        pos = header.nbytes
-        for a in arrays:
-            if a is not None:
-                a = native_contiguous(a)
-                buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
-                pos += a.nbytes
+        pack_into(buf, (header,) + tuple(arrays))
         self._keep.append(isend_array(self.comm, buf, dest, TAG_REQ, self.max_bytes, self._reqs))
         self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
 

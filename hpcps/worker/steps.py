@@ -57,6 +57,23 @@ OK, BAD_LOSS, BAD_GRADIENT = 0, 1, 2
 _WHAT = {BAD_LOSS: "loss", BAD_GRADIENT: "gradient"}
 
 
+def _rows_ahead(runner, j: int):
+    """``(rows, Xb, yb)`` of step ``j`` of a step runner (:class:`SyncSteps`,
+    :class:`DownpourSteps`: its ``fuse``, ``client``, ``order``, ``B``, ``steps`` and
+    minibatch buffers) when its pulls can go with step ``j - 1``'s clock: fusing, a client
+    that can (:attr:`~hpcps.worker.client.PSClient.fusable`), and such a step with rows in
+    this segment; else None."""
+    if not runner.fuse or j >= runner.steps or not getattr(runner.client, "fusable", False):
+        return None
+    rows = runner.order[j * runner.B:(j + 1) * runner.B]
+    if not rows.size:
+        return None
+    Xb, yb = step_rows(runner._rows, runner.X, runner.y, j, rows)
+    if not Xb.shape[0]:
+        return None
+    return rows, Xb, yb
+
+
 class NonFiniteGuard:
     """Reject steps whose loss or gradient is NaN/inf; stop after too many (no MPI of its own).
 
@@ -200,15 +217,10 @@ class SyncSteps:
         the step before instead of delaying this step's push; with a model whose
         ``keys_ahead`` allows it the keys are found and their pulls announced then too
         (``keys`` set), else after this step's ``loss_grad`` (:meth:`_announce`)."""
-        if not self.fuse or i + 1 >= self.steps or not getattr(self.client, "fusable", False):
+        got = _rows_ahead(self, i + 1)
+        if got is None:
             return None
-        rows = self.order[(i + 1) * self.B:(i + 2) * self.B]
-        if not rows.size:
-            return None
-        Xb, yb = self._rows_of(i + 1, rows)
-        if not Xb.shape[0]:
-            return None
-        sliced = [rows, Xb, yb, None]
+        sliced = [*got, None]
         if getattr(self.model, "keys_ahead", False):
             self._announce(sliced)
         return sliced
@@ -426,14 +438,10 @@ class DownpourSteps:
         """With :attr:`fuse`, ``[i, rows' matrix, keys or None]`` of step ``i`` when its fetch
         can go with step ``i - 1``'s clock (there is such a step with rows in this segment;
         the keys found now when the model's ``keys_ahead`` allows it); else None."""
-        if not self.fuse or i >= self.steps or not getattr(self.client, "fusable", False):
+        got = _rows_ahead(self, i)
+        if got is None:
             return None
-        rows = self.order[i * self.B:(i + 1) * self.B]
-        if not rows.size:
-            return None
-        Xs = step_rows(self._rows, self.X, self.y, i, rows)[0]
-        if not Xs.shape[0]:
-            return None
+        Xs = got[1]
         return [i, Xs, self.model.batch_keys(Xs) if getattr(self.model, "keys_ahead", False)
                 else None]
 
