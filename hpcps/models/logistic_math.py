@@ -237,7 +237,3 @@ def binary_metrics(y, p) -> dict:
         res["auc"] = (float(auc(*roc_curve(y, p)[:2])) if 0 < y.sum() < y.size
                       else float("nan"))
     return res
-    res["logloss"] = float(log_loss(y, p, labels=[0, 1]))
-    res["accuracy"] = float(accuracy_score(y, p >= 0.5))
-    res["auc"] = float(roc_auc_score(y, p)) if 0 < y.sum() < y.size else float("nan")
-    return res
