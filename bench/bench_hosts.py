@@ -58,6 +58,10 @@ GOAL = 0.8
 TIMEOUT = 900.0
 QUICK_TIMEOUT = 300.0
 HEADLINE = "push/pull across 2 hosts (TCP), large messages"
+#: The stated rate of the shaped end-to-end runs (``--shape-mbit``; the second at half of it),
+#: Mbit/s each way: slow links, so that bytes / rate dominate a step and the cost model's
+#: network term shows.
+SHAPE_MBIT = 50.0
 
 JOB = """
 name = "hosts_e2e"
@@ -222,24 +226,52 @@ def pushpull(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
     rep.ratio(f"{HEADLINE}{worst}: raw / hpcps", head["value"], GOAL, headline=True)
 
 
-def e2e(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
-    job = tmp / "hosts_e2e.toml"
-    rows, epochs = (2000, 1) if args.quick else (16000, 2)
+def shape(hs, mbit: float) -> str:
+    """Limit both directions of every test host's link to ``mbit`` Mbit/s with a token bucket
+    (``tc`` tbf on the egress of the host's ``eth0`` and of its veth on the machine; removed
+    with the hosts); '' or why it could not. Latency cannot be added here: this kernel has no
+    netem."""
+    if not shutil.which("tc"):
+        return "no tc (apt: iproute2)"
+    tbf = ["root", "tbf", "rate", f"{mbit:g}mbit", "burst", "4kb", "latency", "500ms"]
+    for h in hs:
+        for cmd in (h.cmd("tc", "qdisc", "replace", "dev", "eth0", *tbf),
+                    ["tc", "qdisc", "replace", "dev", h.veth, *tbf]):
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode:
+                return f"{' '.join(cmd[cmd.index('tc'):])}: {p.stderr.strip()}"
+    return ""
+
+
+def run_job(hs, mca, env, args, tmp: Path, rows: int, epochs: int, out: str, what: str):
+    """``hpcps run`` of the e2e job across the hosts (worker on the first, server on the
+    second); its metrics summary."""
+    job = tmp / f"{out}.toml"
     job.write_text(JOB.format(data=ROOT / "data" / "adult.csv.gz", rows=rows, epochs=epochs,
-                              out=tmp / "e2e"))
-    print(f"bench_hosts: end to end, hpcps run of {job.name} ({rows} rows, {epochs} epoch(s), "
-          f"worker on {hs[0].name}, server on {hs[1].name})", flush=True)
+                              out=tmp / out))
+    print(f"bench_hosts: end to end{what}, hpcps run of {job.name} ({rows} rows, {epochs} "
+          f"epoch(s), worker on {hs[0].name}, server on {hs[1].name})", flush=True)
     cmd = hs[0].cmd(sys.executable, "-m", "hpcps", "run", "-n", "2", str(job), "--",
                     "--map-by", "node", *mca)
-    p = run_across(cmd, env, tmp, args.timeout, "hpcps run across the hosts", hs,
+    p = run_across(cmd, env, tmp, args.timeout, f"hpcps run across the hosts{what}", hs,
                    capture=True)
     print("\n".join(line for line in p.stdout.splitlines()
                     if line.startswith(("done:", "  workers:", "  hosts:"))), flush=True)
-    metrics = tmp / "e2e" / "metrics.json"
+    metrics = tmp / out / "metrics.json"
     if p.returncode or not metrics.exists():
-        raise RuntimeError(f"hpcps run across the hosts failed (exit {p.returncode}):\n"
+        raise RuntimeError(f"hpcps run across the hosts{what} failed (exit {p.returncode}):\n"
                            + (p.stdout + p.stderr)[-3000:])
-    s = json.loads(metrics.read_text())["summary"]
+    return json.loads(metrics.read_text())["summary"]
+
+
+def moved_bytes(w: dict) -> int:
+    """Bytes a worker's summary says it moved over its link: keys and rows each way."""
+    return 8 * int(w["keys_pulled"]) + int(w["bytes_pulled"]) + int(w["bytes_pushed"])
+
+
+def e2e(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
+    rows, epochs = (2000, 1) if args.quick else (16000, 2)
+    s = run_job(hs, mca, env, args, tmp, rows, epochs, "e2e", "")
     w = s["workers"][0]
     steps = int(s["steps"])
     comm_s = float(w["pull_seconds"]) + float(w["push_seconds"])
@@ -269,6 +301,44 @@ def e2e(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
               "seconds", raw_s / comm_s if comm_s > 0 else None, None)
     rep.ratio("end to end across 2 hosts: examples/s", float(s["examples_per_second"]), None,
               unit=" ex/s")
+    if args.shape_mbit > 0:
+        shaped(rep, hs, mca, env, args, tmp, rows, epochs)
+
+
+def shaped(rep, hs, mca, env, args, tmp: Path, rows: int, epochs: int) -> None:
+    """The same job twice more over links limited (:func:`shape`, both directions of both
+    links) to ``--shape-mbit`` and to half that rate, checked against the cost model's network
+    term (docs/cost_model.md §3, assumption 4: every byte also costs ``1 / β`` on the link):
+    the bytes the worker moved over the link times the difference of ``1 / β`` between the
+    two rates, against the difference of the two runs' training seconds. The difference, not
+    each run against the unshaped one: across these test hosts an unshaped round trip takes
+    ~8 ms (raw MPI too), a wait that a slow link's transfers absorb."""
+    mbit = float(args.shape_mbit)
+    what = (f"end to end across 2 hosts at {mbit:g} and {mbit / 2:g} Mbit/s (tbf, both ways): "
+            "cost model (bytes moved x (1/rate2 - 1/rate1)) / measured (training seconds at "
+            "rate2 - at rate1)")
+    runs = []
+    for rate in (mbit, mbit / 2):
+        why = shape(hs, rate)
+        if why:
+            rep.ratio(what, None, None)
+            rep.note(f"shaped links: skipped: {why}")
+            print(f"bench_hosts: shaped links: skipped: {why}", flush=True)
+            return
+        s = run_job(hs, mca, env, args, tmp, rows, epochs, f"e2e_{rate:g}mbit",
+                    f" over links shaped to {rate:g} Mbit/s")
+        runs.append({"mbit": rate, "bytes": moved_bytes(s["workers"][0]),
+                     "train_seconds": float(s["train_seconds"]), "steps": int(s["steps"])})
+    (r1, r2) = runs
+    model = r2["bytes"] * 8 * (1 / (r2["mbit"] * 1e6) - 1 / (r1["mbit"] * 1e6))
+    measured = r2["train_seconds"] - r1["train_seconds"]
+    rep.details["e2e_shaped"] = {"runs": runs, "model_seconds": model,
+                                 "measured_seconds": measured}
+    print(f"bench_hosts: shaped links: {r1['bytes'] / 1e6:.2f} / {r2['bytes'] / 1e6:.2f} MB "
+          f"over the link; training {r1['train_seconds']:.2f} s at {r1['mbit']:g} Mbit/s, "
+          f"{r2['train_seconds']:.2f} s at {r2['mbit']:g}: {measured:.2f} s more, the model "
+          f"says {model:.2f} s", flush=True)
+    rep.ratio(what, model / measured if measured > 0 else None, None)
 
 
 def main(argv=None) -> int:
@@ -277,6 +347,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH", help="the report as JSON (for hpcps bench)")
     ap.add_argument("--reps", type=int, default=None, help="bench_pushpull.py's --reps")
     ap.add_argument("--no-e2e", action="store_true", help="push/pull only")
+    ap.add_argument("--shape-mbit", type=float, default=SHAPE_MBIT, metavar="MBIT",
+                    help=f"also run the end-to-end job over links shaped to MBIT and MBIT/2 "
+                         f"Mbit/s both ways (tc tbf), against the cost model's network term "
+                         f"(default {SHAPE_MBIT:g}; 0: not)")
     ap.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                     help=f"kill a launch across the hosts still running after SECONDS and fail "
                          f"(default {TIMEOUT:g}; {QUICK_TIMEOUT:g} with --quick)")

@@ -284,10 +284,18 @@ def hostfile(path, hs, slots: int) -> Path:
 
 
 def mpirun_args(hostfile_path) -> list[str]:
-    """mpirun options for a launch across the test hosts (TCP over the bridge's subnet)."""
+    """mpirun options for a launch across the test hosts (TCP over the bridge's subnet).
+
+    ``mpi_yield_when_idle``: the hosts share this machine's cores, which Open MPI cannot see
+    (one slot per host looks like a core per rank), so its waits busy-poll without yielding,
+    and the kernel's delivery of a veth packet, deferred behind them, came ~8 ms later: a
+    64-byte MPI round trip between two hosts took 7,998 us (median of 300), 29 us with
+    yielding (2026-12-04; a TCP socket's own round trip: 44 us). Open MPI yields by itself
+    when it knows a node is oversubscribed."""
     return ["--hostfile", str(hostfile_path), "--mca", "plm_rsh_agent", str(AGENT),
             "--mca", "pml", "ob1", "--mca", "btl", "tcp,self,sm",
-            "--mca", "btl_tcp_if_include", str(SUBNET), "--mca", "oob_tcp_if_include", str(SUBNET)]
+            "--mca", "btl_tcp_if_include", str(SUBNET), "--mca", "oob_tcp_if_include", str(SUBNET),
+            "--mca", "mpi_yield_when_idle", "1"]
 
 
 def main(argv=None) -> int:
