@@ -393,6 +393,12 @@ def main() -> int:
             run_group(group, Path(tmp))
         beside.join()
     elapsed = time.time() - t_start
+    if not walls:          # nothing selected: say so, not "0 passed" and success
+        print(f"tests/run.py: no launch matches (--group {args.group or 'all'}, --file "
+              f"{args.file!r}): --file matches a launch's label, a file of tests/mpi or "
+              "tests/e2e; the unit tests are one launch, select them with --group unit -k "
+              "EXPR", file=sys.stderr)
+        return 5
     if total.skips:
         print(f"\nskipped ({total.skipped}):")
         for label, test, reason in total.skips:

@@ -15,6 +15,7 @@ invalid job, malformed data) prints one line ``hpcps: error: ...`` and exits wit
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -36,6 +37,11 @@ def _guard(func):
     def run(args) -> int:
         try:
             return func(args)
+        except BrokenPipeError:
+            # the reader went away (``hpcps inspect ... | head``): stop quietly, as a shell
+            # tool does; stdout to /dev/null so that the exit's flush does not complain
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         except _errors() as e:
             msg = " ".join(str(e).split())
             sys.stderr.write(f"hpcps {args.command}: error: {msg}\n")

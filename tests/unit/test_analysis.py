@@ -643,3 +643,21 @@ def test_diff_of_dynamic_tables_compares_by_key(tmp_path):
     c = _dyn_model(tmp_path / "c.h5", [big, 7, 3], [3.0, 2.0, 1.0])
     w = {r["name"]: r for r in analysis.diff(a, c)["rows"]}["weights"]
     assert w["differing"] == 0 and w["size"] == 3, w
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``hpcps inspect ... | head``: the closed pipe ends the command with status 0 and nothing
+    on stderr (found by a trial: "hpcps inspect: error: [Errno 32] Broken pipe")."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom hpcps.cli.analysis import _guard\n"
+            "@_guard\ndef f(args):\n    for i in range(200000):\n        print('x' * 80)\n"
+            "    return 0\nclass A:\n    command = 'inspect'\nsys.exit(f(A()))\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0, err
+    assert err == ""

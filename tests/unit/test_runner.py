@@ -131,3 +131,13 @@ def test_every_launch_shares_one_cache_dir_not_the_users(monkeypatch, tmp_path):
     assert run.mpi_env()["HPCPS_CACHE_DIR"] == str(tmp_path)
     monkeypatch.setenv("HPCPS_CACHE_DIR", "off")
     assert run.mpi_env()["HPCPS_CACHE_DIR"] == "off"
+
+
+def test_a_selection_that_matches_no_launch_fails_and_says_why(monkeypatch, capsys):
+    """``--file test_config.py`` matched no launch (the unit tests are one) and printed
+    "0 passed, 0 failed" with status 0 (found by a trial): now status 5 and what --file
+    matches."""
+    monkeypatch.setattr(sys, "argv", ["run.py", "--file", "test_config.py", "--group", "unit"])
+    assert run.main() == 5
+    err = capsys.readouterr().err
+    assert "no launch matches" in err and "--group unit -k" in err
