@@ -311,8 +311,9 @@ def shaped(rep, hs, mca, env, args, tmp: Path, rows: int, epochs: int) -> None:
     term (docs/cost_model.md §3, assumption 4: every byte also costs ``1 / β`` on the link):
     the bytes the worker moved over the link times the difference of ``1 / β`` between the
     two rates, against the difference of the two runs' training seconds. The difference, not
-    each run against the unshaped one: across these test hosts an unshaped round trip takes
-    ~8 ms (raw MPI too), a wait that a slow link's transfers absorb."""
+    each run against the unshaped one: the training seconds also hold the ranks' compute and
+    the link's latency, which the term does not describe and which a slow link's transfers
+    partly hide."""
     mbit = float(args.shape_mbit)
     what = (f"end to end across 2 hosts at {mbit:g} and {mbit / 2:g} Mbit/s (tbf, both ways): "
             "cost model (bytes moved x (1/rate2 - 1/rate1)) / measured (training seconds at "
