@@ -22,7 +22,8 @@ import math
 import numpy as np
 
 __all__ = ["epoch_order", "epoch_rows", "done_max", "steps_for", "capped_steps",
-           "examples_per_step", "resume_position", "segment_done", "rows_reassigned"]
+           "examples_per_step", "resume_position", "segment_done", "segment_steps",
+           "rows_reassigned"]
 
 
 def epoch_order(n_rows: int, seed: int, worker: int, epoch: int, shuffle: bool,
@@ -111,6 +112,17 @@ def steps_for(n_rows: int, batch_size: int) -> int:
     over the workers (:meth:`hpcps.worker.trainer.Trainer.max_steps`).
     """
     return math.ceil(n_rows / batch_size)
+
+
+def segment_steps(lists, batch_size: int, max_steps: int, plan=()) -> int:
+    """Steps of a re-planned segment whose workers read ``lists`` (every worker's rows, as
+    :func:`epoch_rows` gives them) after the epoch's earlier segments ``plan``: the longest
+    list's count (under BSP every worker runs it), capped by ``[train] max_steps``. The same on
+    every worker, with no collective: a worker that must know the segment's steps without
+    having finished its re-plan (:meth:`hpcps.resilience.supervisor.Supervisor.regroup_or_recover`)
+    gets what the others use."""
+    longest = max((steps_for(int(r.size), batch_size) for r in lists), default=0)
+    return capped_steps(longest, max_steps, plan)
 
 
 def capped_steps(steps: int, max_steps: int, plan=()) -> int:

@@ -23,7 +23,8 @@ import numpy as np
 
 from hpcps.comm.collectives import allreduce_max
 from hpcps.comm.ft import is_peer_failure
-from hpcps.core.planning import capped_steps, epoch_rows, rows_reassigned, segment_done
+from hpcps.core.planning import (capped_steps, epoch_rows, rows_reassigned, segment_done,
+                                 segment_steps)
 from hpcps.resilience.elastic import JoinPlan
 from hpcps.resilience.recovery import WorkerReport, recover
 from hpcps.worker.events import GrowthRequested, PeerLost, StopRequested
@@ -38,19 +39,20 @@ def supervise(trainer, restore=None, checkpointer=None, join=None) -> dict:
     return Supervisor(trainer, checkpointer).run(restore=restore, join=join)
 
 
-def regroup(tr, epoch, plan) -> Segment:
+def regroup(tr, epoch, plan, clock0) -> Segment:
     """The rest of ``epoch`` for this worker after the layout changed: the rows no earlier
     segment of ``plan`` reached, split over the current workers (:func:`~hpcps.core.planning.epoch_rows`),
-    and this worker's partition for the later epochs. Collective over the workers — old and
-    added ones alike, in this order: the catch-up to the largest clock (after a loss), the
-    steps of the rest of the epoch, the steps of a whole epoch, the new vote."""
+    and this worker's partition for the later epochs. ``clock0``: the clock the segment
+    starts at, the same on every worker (the growth's clock, or the largest clock the
+    survivors of a failure agreed on); a worker behind catches up to it with empty steps
+    first. Collective over the workers — old and added ones alike: the steps of a whole
+    epoch (the segment's own steps are computed locally, from every worker's rows)."""
     t = tr.cfg.train
-    target = int(allreduce_max(tr.comm, np.array([tr.client.clock_value], dtype=np.int64))[0])
-    while tr.client.clock_value < target:       # survivors behind catch up, empty steps
+    while tr.client.clock_value < clock0:       # survivors behind catch up, empty steps
         tr.client.clock(0, epoch)
     X_all, y_all, sizes, lists = tr.rest_of_epoch(epoch, plan)
     order = lists[tr.index]
-    steps = capped_steps(tr.max_steps(order.size), t.max_steps, plan)
+    steps = segment_steps(lists, t.batch_size, t.max_steps, plan)
     if tr.blocks():                              # this worker's block: no second read
         a, b = tr.part_bounds(X_all.shape[0], tr.index, tr.n_workers)
         X, y = X_all[a:b], y_all[a:b]
@@ -104,7 +106,7 @@ class Supervisor:
             start_epoch, start_step, plan = join.epoch, 0, join.plan
             if tr.guard.agree is not None:       # the voted count is the same on every worker
                 tr.guard.rejected = join.nonfinite_rejected
-            seg = self.regroup_or_recover(join.epoch, join.plan)
+            seg = self.regroup_or_recover(join.epoch, join.plan, join.clock)
             tr.adopt(seg)
         else:
             start_epoch, start_step, plan = tr.prepare(restore, self.ckpt)
@@ -164,19 +166,29 @@ class Supervisor:
                 cur.resegment(seg, tr.client.clock_value)
                 tr.adopt(seg)
 
-    def regroup_or_recover(self, epoch, plan) -> Segment:
-        """:func:`regroup` at the first clock of a segment (a growth); a worker lost meanwhile
-        (continue mode) is recovered from as lost at that clock, before any step of the
-        segment, so the rows are re-planned from ``plan``. Collective as :func:`regroup`."""
+    def regroup_or_recover(self, epoch, plan, clock0) -> Segment:
+        """:func:`regroup` at the first clock of a segment, ``clock0`` (a growth, a recovery
+        from a lost worker); a peer lost meanwhile (continue mode) is recovered from here.
+
+        A failure is noticed where each rank waits: the others may have finished their
+        re-plan (its last collective completed for them) and taken steps of the segment
+        while this worker was still in it. So this worker recovers as one of the segment
+        that had taken no step yet — the segment as the others run it (its first clock
+        ``clock0``, its steps computed from ``plan`` as :func:`regroup` does) — and every
+        survivor re-plans from the same steps done. Collective as :func:`regroup`."""
         tr = self.tr
         try:
-            return regroup(tr, epoch, plan)
+            return regroup(tr, epoch, plan, clock0)
         except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
             if tr.ft is None or not is_peer_failure(e):
                 raise
-            seg, _, _ = self._recover(epoch, tr.client.clock_value, 0, plan)
-            # a server only: the same workers regroup as planned
-            return seg if seg is not None else self.regroup_or_recover(epoch, plan)
+            t = tr.cfg.train
+            steps = segment_steps(tr.rest_of_epoch(epoch, plan)[3], t.batch_size, t.max_steps,
+                                  plan)
+            seg, _, _ = self._recover(epoch, clock0, steps, plan)
+            # a server only: this worker regroups as planned and then catches up with the
+            # others' steps (tr.catch_up_to), having taken none of the segment's
+            return seg if seg is not None else self.regroup_or_recover(epoch, plan, clock0)
 
     def recover(self, cur):
         """:meth:`_recover` in the middle of ``cur``'s segment."""
@@ -225,7 +237,9 @@ class Supervisor:
         if rec.dead_workers:
             # what each old worker finished of this segment; the survivors re-plan the rest
             done = segment_done(rec.clocks, seg_clock0, steps)
-            seg = self.regroup_or_recover(epoch, plan + [[n_old, done]])
+            # the survivors' largest clock: where the re-planned segment starts
+            clock0 = max(int(rec.clocks[rec.old_index[i]]) for i in range(tr.n_workers))
+            seg = self.regroup_or_recover(epoch, plan + [[n_old, done]], clock0)
             prev = epoch_rows(seg.sizes, plan, n_old, tr.cfg.seed, epoch, t.shuffle, t.batch_size,
                               tr.shuffle_block)
             reassigned = rows_reassigned(prev, done, rec.dead_workers, t.batch_size)
@@ -304,7 +318,7 @@ class Supervisor:
             tr.vote = tr.make_vote()                # on the unchanged workers' communicator
             return None
         tr.follow(self.ckpt)                        # the membership the growth changed
-        seg = self.regroup_or_recover(epoch, plan_next)
+        seg = self.regroup_or_recover(epoch, plan_next, clock)
         if tr.is_chief:
             event.update(epoch=epoch + 1, examples_replanned=int(sum(seg.remaining)),
                          examples_to_new_workers=int(sum(seg.remaining[n_old:])),

@@ -23,7 +23,7 @@ from hpcps.comm.collectives import Vote, allgather_rows, allreduce_max, allreduc
 from hpcps.comm.ft import is_peer_failure
 from hpcps.core.consistency import BSP
 from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples_per_step,
-                                 resume_position, steps_for)
+                                 resume_position, segment_steps, steps_for)
 from hpcps.data import DataError
 from hpcps.data.partition_rows import block_bounds
 from hpcps.data.source import block_partitioned, stream_index, streamed
@@ -307,7 +307,7 @@ class Trainer:
             plan = list(plan)
             Xe, ye, _, lists = self.rest_of_epoch(epoch, plan)
             order = lists[self.index]
-            steps = capped_steps(self.max_steps(order.size), t.max_steps, plan)
+            steps = segment_steps(lists, t.batch_size, t.max_steps, plan)
         else:
             plan = []
             order = epoch_order(self.X.shape[0], self.cfg.seed, self.index, epoch, t.shuffle,

@@ -17,12 +17,16 @@ can land after the last step of a fast run.
 
 import json
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from hpcps.core.exitcodes import restartable
-from tests.helpers import hpcps, kill_while_paused, write_continue_job
+from tests.helpers import (ROOT, finish, hpcps, kill_rank, kill_session, kill_while_paused,
+                           mpi_env, mpirun, write_continue_job)
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
@@ -87,3 +91,44 @@ def test_worker_then_server_lost_server_loss_restarts_from_checkpoint(tmp_path):
     assert "resumed from checkpoint step" in proc.stdout, proc.stdout[-3000:]
     m = metrics(tmp_path, "two")
     assert [r["epoch"] for r in m["epochs"]][-1] == 2 and m["epochs"][-1]["test_auc"] > 0.88
+
+
+def test_second_worker_lost_while_a_survivor_is_still_replanning_every_example_once(tmp_path):
+    """Two workers lost one after the other, the second while one survivor of the first is
+    still inside the re-plan (``regroup``) and the others have taken the new segment's first
+    step: every survivor must plan the rest of the epoch from the same steps done (in the
+    clean-clone CI of 5c893d3 they did not: 10 examples of an epoch applied twice).
+    ``tests/tools/replan_race_driver.py`` holds survivor 2 there."""
+    job = write(tmp_path, "race")
+    flag = tmp_path / "go"
+    driver = ROOT / "tests" / "tools" / "replan_race_driver.py"
+    # 4 workers (ranks 0-3) and the server (rank 4); worker 3 lost at clock 20, worker 1 while
+    # survivor 2 waits inside its re-plan (workers 0 and 1 then have taken step 20)
+    cmd = [mpirun(), "-n", "5", "--with-ft", "ulfm",
+           sys.executable, str(driver), str(job), "20", "2", str(flag)]
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        for name, alive, victim in ((flag, 4, 3), (Path(f"{flag}-regroup"), 1, 1)):
+            deadline = time.time() + 180
+            while len(list(tmp_path.glob(f"{name.name}.*"))) < alive:
+                if time.time() > deadline or p.poll() is not None:
+                    kill_session(p.pid)
+                    raise AssertionError(f"no pause at {name.name} (exit {p.poll()}):\n"
+                                         f"{p.communicate()[0][-4000:]}")
+                time.sleep(0.05)
+            time.sleep(1.0)             # the others take their step and wait for the next pull
+            kill_rank(job, victim, b"replan_race_driver.py")
+            name.touch()
+        out = finish(p, timeout=300)
+    finally:
+        if p.poll() is None:
+            kill_session(p.pid)
+            p.wait()
+    assert p.returncode == 0, out[-3000:]
+    s = metrics(tmp_path, "race")["summary"]
+    first, second = s["failures"]
+    assert first["dead_workers"] == [3] and second["dead_workers"] == [1], s["failures"]
+    # workers 0 and 1 took the segment's first step, survivor 2 none
+    assert second["worker_steps_done"] == [1, 1, 0], second
+    assert s["servers"][0]["examples_per_epoch"] == [9600, 9600]     # 12000 rows, 20% test

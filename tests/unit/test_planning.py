@@ -7,7 +7,7 @@ import pytest
 
 from hpcps.core.planning import (capped_steps, done_max, epoch_order, epoch_rows,
                                  examples_per_step, resume_position, rows_reassigned,
-                                 segment_done, steps_for)
+                                 segment_done, segment_steps, steps_for)
 
 
 def test_epoch_order_is_a_seeded_permutation():
@@ -79,3 +79,14 @@ def test_segment_done_and_rows_reassigned():
     prev = [np.arange(7), np.arange(4), np.arange(10)]
     assert rows_reassigned(prev, done, [1], 2) == 4
     assert rows_reassigned(prev, done, [0, 2], 2) == 3 + 0
+
+
+def test_segment_steps_is_the_longest_lists_count_capped():
+    # what every worker agreed on with an Allreduce(MAX) before: the same value locally
+    lists = epoch_rows([3200, 3200, 3200], [[3, 40], [5, [6, 6, 6, 5, 6]], [4, [1, 0, 0, 0]]], 3,
+                       0, 0, True, 32)
+    assert [r.size for r in lists] == [1600, 1600, 1600]
+    assert segment_steps(lists, 32, 0) == 50
+    assert segment_steps([np.arange(65), np.arange(3)], 32, 0) == 3     # the last step short
+    assert segment_steps([np.arange(65)], 32, 10, [[2, 4], [3, [5, 2, 1]]]) == 1   # 10 - 4 - 5
+    assert segment_steps([], 32, 0) == 0
