@@ -6,7 +6,8 @@ hands over (outside continue mode; everything else keeps the Python path).
   ``MPI_Recv`` in one call (the poll).
 * :func:`pull_inline`: a ready ``PULL`` whose keys came with the request and whose reply is
   one message — keys to local rows, the rows gathered into the reply buffer with the shard's
-  clock header after them, and the blocking ``MPI_Send`` — in one call.
+  clock header after them, and the blocking ``MPI_Send`` — in one call; :func:`pull_isend`
+  the same for a reply of one message above the eager limit, started with ``MPI_Isend``.
 * :func:`step_parts`: a BSP worker's fused step (``PUSH_CLOCK_PULL``) of one message taken
   apart — each push's keys turned into local rows and its values checked, each pull's keys
   turned into local rows — in one call.
@@ -130,24 +131,11 @@ cdef inline Py_ssize_t _row_bytes(w) except -1:
     return (w.shape[1] if w.ndim == 2 else 1) * w.itemsize
 
 
-def pull_inline(MPI.Comm comm, int dest, int tag, request, Py_ssize_t offset, Py_ssize_t n,
-                int64_t num_keys, int64_t multiplier, int64_t lo, int64_t hi, w, header,
-                sendbuf):
-    """Answer a ready PULL of ``n`` keys that came in ``request`` (bytes, int64 keys from
-    ``offset``) with one message to ``dest`` on ``tag``: the rows ``w[p(key) - lo]`` (``w``:
-    the shard's rows, C-contiguous, any dtype) followed by ``header`` (the shard's int64
-    clock header), built in ``sendbuf`` and sent with a blocking ``MPI_Send`` (the worker
-    has posted its receive; the caller sends this way only replies of one eager message).
-    Returns the bytes sent.
-
-    Raises
-    ------
-    ValueError
-        For a key outside the key space or the range ``[lo, hi)`` (nothing sent; the
-        message of :func:`hpcps.kernels.keys.local_rows_into`), or buffers too small.
-    mpi4py.MPI.Exception
-        If the send fails.
-    """
+cdef Py_ssize_t _pull_reply(int dest, int tag, request, Py_ssize_t offset, Py_ssize_t n,
+                            int64_t num_keys, int64_t multiplier, int64_t lo, int64_t hi, w,
+                            header, sendbuf, MPI_Comm comm, MPI_Request* req) except -1:
+    """:func:`pull_inline`'s work: the reply built in ``sendbuf`` and sent, with a blocking
+    ``MPI_Send`` (``req`` NULL) or started with ``MPI_Isend`` into ``req``. The bytes sent."""
     cdef Py_buffer rq, wb, hb, sb
     cdef Py_ssize_t nv, total = 0, bad = -1
     cdef int ierr = MPI_SUCCESS, outside = 0
@@ -166,8 +154,11 @@ def pull_inline(MPI.Comm comm, int dest, int tag, request, Py_ssize_t offset, Py
                       <const char*>wb.buf, wb.len, rowb, <char*>sb.buf, 0, &outside)
         if bad < 0:
             memcpy(<char*>sb.buf + nv, hb.buf, hb.len)
-            with nogil:
-                ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi)
+            if req == NULL:
+                with nogil:
+                    ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm)
+            else:
+                ierr = MPI_Isend(sb.buf, <int>total, MPI_BYTE, dest, tag, comm, req)
     finally:
         PyBuffer_Release(&sb)
         PyBuffer_Release(&hb)
@@ -179,6 +170,42 @@ def pull_inline(MPI.Comm comm, int dest, int tag, request, Py_ssize_t offset, Py
     if ierr != MPI_SUCCESS:
         raise MPIException(ierr)
     return total
+
+
+def pull_inline(MPI.Comm comm, int dest, int tag, request, Py_ssize_t offset, Py_ssize_t n,
+                int64_t num_keys, int64_t multiplier, int64_t lo, int64_t hi, w, header,
+                sendbuf):
+    """Answer a ready PULL of ``n`` keys that came in ``request`` (bytes, int64 keys from
+    ``offset``) with one message to ``dest`` on ``tag``: the rows ``w[p(key) - lo]`` (``w``:
+    the shard's rows, C-contiguous, any dtype) followed by ``header`` (the shard's int64
+    clock header), built in ``sendbuf`` and sent with a blocking ``MPI_Send`` (the worker
+    has posted its receive; the caller sends this way only replies of one eager message).
+    Returns the bytes sent.
+
+    Raises
+    ------
+    ValueError
+        For a key outside the key space or the range ``[lo, hi)`` (nothing sent; the
+        message of :func:`hpcps.kernels.keys.local_rows_into`), or buffers too small.
+    mpi4py.MPI.Exception
+        If the send fails.
+    """
+    return _pull_reply(dest, tag, request, offset, n, num_keys, multiplier, lo, hi, w, header,
+                       sendbuf, comm.ob_mpi, NULL)
+
+
+def pull_isend(MPI.Comm comm, int dest, int tag, request, Py_ssize_t offset, Py_ssize_t n,
+               int64_t num_keys, int64_t multiplier, int64_t lo, int64_t hi, w, header,
+               sendbuf):
+    """As :func:`pull_inline`, but the reply (one message larger than the eager limit,
+    :func:`hpcps.comm.protocol.one_reply`) started with ``MPI_Isend``, so that the server
+    does not wait for the worker's side of the rendezvous: ``(bytes, request)`` — the
+    :class:`mpi4py.MPI.Request`; the caller keeps ``sendbuf`` alive and unchanged until it
+    completes. Errors as :func:`pull_inline` (nothing sent). Point-to-point."""
+    cdef MPI.Request req = MPI.Request.__new__(MPI.Request)
+    total = _pull_reply(dest, tag, request, offset, n, num_keys, multiplier, lo, hi, w, header,
+                        sendbuf, comm.ob_mpi, &req.ob_mpi)
+    return total, req
 
 
 cdef Py_ssize_t _pack(header, parts, Py_buffer* sb) except -1:
@@ -337,7 +364,8 @@ def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t
             int64_t n_examples, int64_t seq, int64_t dim, int64_t aux, int64_t rng,
             keys, const char* key_fmt, int64_t num_keys, values, rows, const char* fmt,
             int64_t width, Py_ssize_t limit, sendbuf, recvbuf=None, header=None, int reply_tag=0,
-            double spin=-1.0, double sleep_min=2e-6, double sleep_max=2e-4):
+            double spin=-1.0, double sleep_min=2e-6, double sleep_max=2e-4,
+            Py_ssize_t reply_limit=-1):
     """A worker's PUSH or PULL of one message to one server, in one call with the GIL
     released around MPI (issue 20: the small request's Python work on the worker).
 
@@ -356,8 +384,9 @@ def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t
     -------
     int
         The bytes sent (> 0); -1 when a key is outside ``[0, num_keys)`` (``num_keys`` < 0:
-        not checked); -2 when the request (header, keys, values) or the reply (rows and
-        header) is larger than ``limit`` bytes or its buffer; -3 when ``keys`` is not a
+        not checked); -2 when the request (header, keys, values) is larger than ``limit``
+        bytes or its buffer, or the reply (rows and header) larger than ``reply_limit``
+        (< 0: ``limit``) or its buffer; -3 when ``keys`` is not a
         C-contiguous array of format ``key_fmt`` (int64), ``values`` not C-contiguous
         ``fmt`` data of ``n * width`` items (``width``: the table's dim), or ``rows`` not a
         writeable C-contiguous ``(n, width)`` array of format ``fmt``.
@@ -414,7 +443,7 @@ def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t
             PyObject_GetBuffer(recvbuf, &qb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
             got_q = True
             reply = rb.len + hb.len
-            if reply > limit or reply > qb.len:
+            if reply > (reply_limit if reply_limit >= 0 else limit) or reply > qb.len:
                 return -2
         PyObject_GetBuffer(sendbuf, &sb, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         got_s = True

@@ -45,13 +45,14 @@ the server's receives of the request's parts (:meth:`ServerEndpoint.recv_keys`,
 :meth:`ServerEndpoint.recv_values`) take them from that message in order. A larger request
 goes as its header with its first parts when they fit, and the rest as messages of their own.
 Outside continue mode these messages are received, packed and sent by compiled calls
-(:mod:`hpcps.comm.fastpath`; the Python path when it is not built). A ``PULL`` reply whose rows and shard
-clock header fit in ``INLINE_BYTES`` (and ``max_message_bytes``) is one message of bytes
-(rows, then header) on the reply tag; both sides know from the number of keys, the header
-length and ``max_message_bytes`` which form a reply takes (:func:`one_message`). The replies
-to the pulls of a ``PULL_MANY`` or a ``PUSH_CLOCK_PULL`` with two parts or more whose rows and
-headers fit in ``DEFER_MAX_BYTES`` (and ``max_message_bytes``) are one message too: each
-part's rows then its shard clock header, in the request's order (:func:`one_reply`).
+(:mod:`hpcps.comm.fastpath`; the Python path when it is not built). A reply to pulls — the
+rows and shard clock header of a ``PULL``, those of every pull of a ``PULL_MANY`` or a
+``PUSH_CLOCK_PULL`` in the request's order, or a ``PULL_SHARD`` chunk's rows and keys — that
+fits in ``DEFER_MAX_BYTES`` (and ``max_message_bytes``) is one message of bytes on the reply
+tag: each part's rows, then its header (:func:`one_reply`); both sides know from the numbers
+of keys, the header length and ``max_message_bytes`` which form a reply takes. Up to
+``INLINE_BYTES`` the server sends it at once (eager), larger from a pooled copy without waiting.
+A larger reply is the rows and then the header, as messages of their own.
 
 ``range`` (``H_RANGE``) is the key range the request is for: the server index of the job's
 key partition. It equals the index of the server rank that receives it, except after a
@@ -107,38 +108,41 @@ OP_NAMES = {PULL: "pull", PUSH: "push", CLOCK: "clock", PULL_SHARD: "pull_shard"
 TAG_SNAP, TAG_REQ, TAG_KEYS, TAG_VALS, TAG_REPLY, TAG_RHDR = 9, 11, 12, 13, 14, 15
 HEADER_LEN = 9
 HEADER_BYTES = 8 * HEADER_LEN
-#: Bytes up to which a request (header and the parts sent with it) or a PULL reply (rows and
-#: shard clock header) is one message (see the module docstring); Open MPI's shared-memory
-#: eager limit is 4 KiB.
+#: Bytes up to which a request (header and the parts sent with it) or a reply to pulls is one
+#: message sent at once with a blocking send (see the module docstring); Open MPI's
+#: shared-memory eager limit is 4 KiB.
 INLINE_BYTES = 4096
 #: Bytes up to which a request of more than ``INLINE_BYTES`` is still one message: packed by
 #: the worker and sent without waiting, received by the server in one call into a buffer of
 #: this size, so that its parts are taken apart as a small one's are (a BSP step of Adult's
-#: e2e job, ~53 KB, was 7 messages and a Python call for each). Replies keep
-#: ``INLINE_BYTES``: a server's blocking send of a larger reply would wait for the worker.
-#: Above this size the copies into and out of one message cost more than the messages saved.
+#: e2e job, ~53 KB, was 7 messages and a Python call for each). Above this size the copies
+#: into and out of one message cost more than the messages saved.
 REQUEST_BYTES = 1 << 18
-#: A PULL reply of more than ``INLINE_BYTES`` and at most this many bytes is sent from a copy
-#: without waiting (:meth:`ServerEndpoint.reply`): its rendezvous completes only once the
-#: worker is inside MPI, which a worker that has just sent its step is not yet. Larger
-#: replies are waited for: the copy costs more than it saves (a 512 KiB dense pull took
-#: 191-249 us copied, 126-147 us waited for, bench_pushpull, load 1.0-1.2).
-DEFER_MAX_BYTES = 1 << 16
+#: A reply to pulls of more than ``INLINE_BYTES`` and at most this many bytes is one message
+#: (:func:`one_reply`), sent from a pooled copy without waiting (:meth:`ServerEndpoint.reply`):
+#: its rendezvous completes only once the worker is inside MPI, which a worker that has just
+#: sent its step is not yet. Larger replies are waited for: the copy costs more than it saves
+#: (a 512 KiB dense pull took 191-249 us copied, 126-147 us waited for, bench_pushpull, load
+#: 1.0-1.2). Until 2026-12-04 a single pull's reply of more than ``INLINE_BYTES`` was two
+#: messages (rows, header) through the Python paths of both sides, and this limit 64 KiB:
+#: bench_pushpull on one host, dense pull 8 KiB 87 -> 23-27 us (raw MPI 8), 64 KiB 111-147 ->
+#: 54-66 us (raw 10); across the two test hosts 8 KiB 275 -> 93 us (raw 62).
+DEFER_MAX_BYTES = 1 << 18
 
 
-def one_reply(nbytes: int, n_parts: int, max_bytes: int) -> bool:
-    """Whether the replies to the ``n_parts`` pulls of a ``PULL_MANY`` or a
-    ``PUSH_CLOCK_PULL``, ``nbytes`` of rows and shard clock headers in all, travel as one
-    message (issue 20: a BSP step's weights and bias, one message instead of three): two
-    parts or more, at most ``DEFER_MAX_BYTES`` (a server sends them without waiting) and not
-    split by ``max_message_bytes``."""
-    return n_parts > 1 and nbytes <= DEFER_MAX_BYTES and nbytes <= max_bytes
+def one_reply(nbytes: int, max_bytes: int) -> bool:
+    """Whether a reply to pulls (``nbytes`` of rows and shard clock headers in all: one
+    ``PULL``'s, or every pull's of a ``PULL_MANY`` or ``PUSH_CLOCK_PULL``) travels as one
+    message: at most ``DEFER_MAX_BYTES`` and not split by ``max_message_bytes`` (issue 20:
+    a BSP step's weights and bias in one message instead of three; a mid-size pull in one
+    message instead of two, both sides in compiled code)."""
+    return nbytes <= DEFER_MAX_BYTES and nbytes <= max_bytes
 
 
 def one_message(nbytes: int, max_bytes: int) -> bool:
-    """Whether a request (header and parts) or a PULL reply (rows and shard clock header) of
-    ``nbytes`` in all travels as one message: at most ``INLINE_BYTES`` and not split by the
-    endpoints' ``max_message_bytes`` (both sides apply the same rule)."""
+    """Whether a request (header and parts) or a reply to pulls of ``nbytes`` in all travels
+    as one message sent at once (eager, with a blocking send): at most ``INLINE_BYTES`` and
+    not split by the endpoints' ``max_message_bytes`` (both sides apply the same rule)."""
     return nbytes <= INLINE_BYTES and nbytes <= max_bytes
 
 

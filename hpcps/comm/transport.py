@@ -199,13 +199,14 @@ class ServerEndpoint:
     def pull_inline(self, dest: int, n: int, num_keys: int, multiplier: int, lo: int, hi: int,
                     w: np.ndarray, header: np.ndarray, rng: int) -> bool:
         """Answer the PULL just polled from ``dest``, ready to be read, in one compiled call
-        (:func:`hpcps.comm.fastpath.pull_inline`) when its ``n`` keys came with it and its
-        reply (rows of ``w``, then the shard clock ``header``) is one message
-        (:func:`one_message`), outside continue mode: keys to rows ``w[p(key) - lo]`` (the
-        permutation ``num_keys``, ``multiplier`` of the range ``[lo, hi)``), the rows and
-        header packed and sent to ``dest`` for key range ``rng``. Returns whether it did;
-        False leaves the request to :meth:`recv_keys` and :meth:`reply`. Counted as they
-        would have counted it.
+        when its ``n`` keys came with it and its reply (rows of ``w``, then the shard clock
+        ``header``) is one message (:func:`one_reply`), outside continue mode: keys to rows
+        ``w[p(key) - lo]`` (the permutation ``num_keys``, ``multiplier`` of the range
+        ``[lo, hi)``), the rows and header packed and sent to ``dest`` for key range ``rng``
+        — at once (:func:`hpcps.comm.fastpath.pull_inline`) up to ``INLINE_BYTES``, else from
+        a pooled buffer without waiting (:func:`hpcps.comm.fastpath.pull_isend`, as
+        :meth:`reply` sends it). Returns whether it did; False leaves the request to
+        :meth:`recv_keys` and :meth:`reply`. Counted as they would have counted it.
 
         Raises
         ------
@@ -214,13 +215,28 @@ class ServerEndpoint:
         """
         inl = self._inline
         if (not self.compiled or inl is None or inl.size != 8 * n or _core.WATCH
-                or w.ndim != 2 or not w.flags.c_contiguous
-                or not one_message(n * w.shape[1] * w.itemsize + header.nbytes, self.max_bytes)):
+                or w.ndim != 2 or not w.flags.c_contiguous):
+            return False
+        nbytes = n * w.shape[1] * w.itemsize + header.nbytes
+        if not one_reply(nbytes, self.max_bytes):
             return False
         t0 = time.perf_counter()
-        self._inline = None
-        nbytes = _fast.pull_inline(self.comm, dest, reply_tag(rng), self._request, HEADER_BYTES,
-                                   n, num_keys, multiplier, lo, hi, w, header, self._reply_buf)
+        if one_message(nbytes, self.max_bytes):
+            self._inline = None
+            nbytes = _fast.pull_inline(self.comm, dest, reply_tag(rng), self._request,
+                                       HEADER_BYTES, n, num_keys, multiplier, lo, hi, w, header,
+                                       self._reply_buf)
+        else:
+            buf = self.pool.take((nbytes,), np.uint8)
+            try:
+                nbytes, req = _fast.pull_isend(self.comm, dest, reply_tag(rng), self._request,
+                                               HEADER_BYTES, n, num_keys, multiplier, lo, hi, w,
+                                               header, buf)
+            except BaseException:
+                self.pool.give(buf)
+                raise
+            self._inline = None
+            self._inflight.append(([req], buf, None))
         self.stats.add(PULL, inn=8 * n, out=nbytes, seconds=time.perf_counter() - t0)
         return True
 
@@ -337,16 +353,22 @@ class ServerEndpoint:
         """Send reply rows for key range ``rng`` to ``dest`` (which has posted the receive with
         ``expect``), then, if given, the shard clock ``header`` (``expect_header``).
 
-        The caller may change ``values`` and ``header`` once this returns. A PULL reply of
-        one message (:func:`one_message`) is sent at once (eager); one of more bytes, up to
-        ``DEFER_MAX_BYTES`` (64 KiB), is sent from copies and not waited for (its sends complete
-        while :meth:`poll` runs; :meth:`flush` waits for them), so that the server does not
-        wait for a worker that is not inside MPI yet (a rendezvous needs it); other replies,
-        and every reply in continue mode (whose waits notice failed ranks), are waited for.
-        MPI keeps the messages of one tag to one rank in the order they were sent."""
+        The caller may change ``values`` and ``header`` once this returns. A reply with a
+        ``header`` of one message (:func:`one_reply`) is sent at once (eager) up to
+        ``INLINE_BYTES`` (:func:`one_message`), larger from a pooled copy and not waited for
+        (:meth:`_send_deferred`); a PULL reply of two messages up to ``DEFER_MAX_BYTES`` of
+        rows from copies, not waited for either (their sends complete while :meth:`poll`
+        runs; :meth:`flush` waits for them), so that the server does not wait for a worker
+        that is not inside MPI yet (a rendezvous needs it); other replies, and every reply
+        in continue mode (whose waits notice failed ranks), are waited for. MPI keeps the
+        messages of one tag to one rank in the order they were sent."""
         t0 = time.perf_counter()
         reqs: list = []
         tag = reply_tag(rng)
+        if header is not None and not one_message(values.nbytes + header.nbytes, self.max_bytes) \
+                and one_reply(values.nbytes + header.nbytes, self.max_bytes):
+            self._send_deferred(dest, tag, [values, header], op, t0)
+            return
         if header is not None and one_message(values.nbytes + header.nbytes, self.max_bytes):
             if self.compiled and not _core.WATCH and values.dtype.isnative:
                 try:          # packed and sent (eager MPI_Send) in one compiled call
@@ -385,22 +407,13 @@ class ServerEndpoint:
         del keep, keep_h
         self.stats.add(op, out=nbytes, seconds=time.perf_counter() - t0)
 
-    def reply_many(self, dest: int, parts, op: int, rng: int = 0) -> None:
-        """Send the replies to the pulls of one ``PULL_MANY`` or ``PUSH_CLOCK_PULL`` for key
-        range ``rng`` to ``dest``: ``parts``, ``(rows, shard clock header)`` pairs in the
-        request's order. One message (each part's rows, then its header), packed into a
-        pooled buffer and not waited for, when :func:`one_reply` (as the worker's
-        :meth:`WorkerEndpoint.expect_replies` expects it); else each as :meth:`reply`. The
-        caller may change the arrays once this returns. Point-to-point."""
-        nbytes = sum(v.nbytes + h.nbytes for v, h in parts)
-        if not one_reply(nbytes, len(parts), self.max_bytes):
-            for v, h in parts:
-                self.reply(dest, v, op, h, rng)
-            return
-        t0 = time.perf_counter()
-        tag = reply_tag(rng)
+    def _send_deferred(self, dest: int, tag: int, flat: list, op: int, t0: float) -> None:
+        """Send the arrays ``flat`` back to back as one message to ``dest`` on ``tag``, packed
+        into a pooled buffer (by one compiled call when they are native C-contiguous data)
+        and not waited for (:meth:`progress` gives the buffer back once sent; in continue
+        mode waited for, so that the wait notices a failed rank). Point-to-point."""
+        nbytes = sum(a.nbytes for a in flat)
         buf = self.pool.take((nbytes,), np.uint8)
-        flat = [a for v, h in parts for a in (v, h)]
         reqs: list = []
         if (self.compiled and not _core.WATCH
                 and all(a.dtype.isnative and a.flags.c_contiguous for a in flat)):
@@ -414,6 +427,24 @@ class ServerEndpoint:
         else:
             self._inflight.append((reqs, buf, None))
         self.stats.add(op, out=nbytes, seconds=time.perf_counter() - t0)
+
+    def reply_many(self, dest: int, parts, op: int, rng: int = 0) -> None:
+        """Send the replies to the pulls of one ``PULL_MANY`` or ``PUSH_CLOCK_PULL`` for key
+        range ``rng`` to ``dest``: ``parts``, ``(rows, shard clock header)`` pairs in the
+        request's order. One message (each part's rows, then its header), packed into a
+        pooled buffer and not waited for, when :func:`one_reply` (as the worker's
+        :meth:`WorkerEndpoint.expect_replies` expects it); else each as :meth:`reply`. The
+        caller may change the arrays once this returns. Point-to-point."""
+        nbytes = sum(v.nbytes + h.nbytes for v, h in parts)
+        if not one_reply(nbytes, self.max_bytes):
+            for v, h in parts:
+                self.reply(dest, v, op, h, rng)
+            return
+        if len(parts) == 1:               # one pull: as reply sends it (eager when it fits)
+            self.reply(dest, parts[0][0], op, parts[0][1], rng)
+            return
+        self._send_deferred(dest, reply_tag(rng), [a for v, h in parts for a in (v, h)], op,
+                            time.perf_counter())
 
     def progress(self) -> None:
         """Release the replies in flight (:meth:`reply`) whose sends have completed. Local."""

@@ -12,9 +12,10 @@ from hpcps.comm import core as _core
 from hpcps.comm.buffers import BufferPool
 from hpcps.comm.compiled import _fast
 from hpcps.comm.core import cores_dedicated, irecv_array, isend_array, pack_into, waitall
-from hpcps.comm.protocol import (H_NKEYS, H_OP, INLINE_BYTES, KEY_FMT, PULL, PUSH, TAG_KEYS,
-                                 TAG_REPLY, TAG_REQ, TAG_VALS, TrafficStats, one_message,
-                                 one_reply, one_request, reply_tag)
+from hpcps.comm.protocol import (DEFER_MAX_BYTES, H_NKEYS, H_OP, HEADER_BYTES, INLINE_BYTES,
+                                 KEY_FMT, PULL, PUSH, REQUEST_BYTES, TAG_KEYS, TAG_REPLY, TAG_REQ,
+                                 TAG_VALS, TrafficStats, one_message, one_reply, one_request,
+                                 reply_tag)
 
 class WorkerEndpoint:
     """A worker's side of the protocol: send requests to servers, receive replies.
@@ -39,13 +40,19 @@ class WorkerEndpoint:
         #: message, when it is built; used outside continue mode only
         self.compiled = _fast is not None
         self._send_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
-        self._recv_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
+        #: the reply of a pull done by :meth:`request` (one message, :func:`one_reply`)
+        self._reply_limit = min(DEFER_MAX_BYTES, self.max_bytes)
+        self._recv_buf = np.empty(-(-self._reply_limit // 8), dtype=np.int64).view(np.uint8)
         if wait_spin is not None and wait_spin < 0:      # default: as the server loop does
             wait_spin = None if cores_dedicated() else WAIT_SPIN
         #: None: :meth:`complete` waits in ``MPI_Waitall``; else it polls for this many
         #: seconds, then sleeps between polls (:func:`hpcps.comm.core.waitall`)
         self.wait_spin = wait_spin
         self._limit = min(INLINE_BYTES, self.max_bytes)      # one message (one_message)
+        #: a pull's request of more than ``_limit`` bytes, sent by :meth:`request` (allocated
+        #: at its first use): up to ``REQUEST_BYTES`` (:func:`one_request`)
+        self._big_limit = min(REQUEST_BYTES, self.max_bytes)
+        self._big_send: np.ndarray | None = None
         #: buffers of requests packed here (_send_one), reused once complete() sent them
         self._packs = BufferPool()
         self._packed: list = []
@@ -112,14 +119,15 @@ class WorkerEndpoint:
         range ``server``, done in one compiled call (:func:`hpcps.comm.fastpath.request`,
         the GIL released around MPI): the header ``[op, table, clock, keys.size,
         n_examples, seq, dim, aux, server]``, the int64 ``keys`` and the ``values`` packed
-        and sent; for a PULL the one-message reply received (waited for as :meth:`complete`
-        waits) into ``rows`` and the shard clock ``header``. Nothing else may be pending
+        and sent; for a PULL the one-message reply (:func:`one_reply`) received (waited for
+        as :meth:`complete` waits) into ``rows`` and the shard clock ``header``. Nothing else may be pending
         (:attr:`pending`). Counted as :meth:`send`, :meth:`expect_rows` and
         :meth:`complete` count the same request.
 
         Returns whether it did. False — nothing sent — without the compiled path, in
-        continue mode, with requests pending, when the request or the reply is more than one
-        message (:func:`one_message`), for a key outside ``[0, num_keys)`` (``num_keys`` <
+        continue mode, with requests pending, when the request is more than one eager message
+        (:func:`one_message`; a PULL's: more than one message, :func:`one_request`) or the
+        reply more than one message (:func:`one_reply`), for a key outside ``[0, num_keys)`` (``num_keys`` <
         0: any key), for ``keys`` not C-contiguous int64, ``values`` not C-contiguous data
         of format ``fmt`` (the table dtype's buffer format) with ``keys.size * width`` items
         (``width``: the table's dim), or ``rows`` not a writeable C-contiguous ``(keys.size,
@@ -128,12 +136,21 @@ class WorkerEndpoint:
         if not self.compiled or self._reqs or _core.WATCH:
             return False
         t0 = time.perf_counter()
+        sendbuf, limit = self._send_buf, self._limit
+        if rows is not None and HEADER_BYTES + keys.nbytes > limit:
+            # a pull's request of one message above the eager limit: the blocking send
+            # waits for the server to take it in, as the worker waits for the reply anyway
+            if HEADER_BYTES + keys.nbytes > self._big_limit:
+                return False
+            if self._big_send is None:
+                self._big_send = np.empty(-(-self._big_limit // 8), np.int64).view(np.uint8)
+            sendbuf, limit = self._big_send, self._big_limit
         nb = _fast.request(self.comm, self.server_ranks[server], TAG_REQ, op, table, clock,
                            n_examples, seq, dim, aux, server, keys, KEY_FMT, num_keys, values,
-                           rows, fmt, width, self._limit, self._send_buf, self._recv_buf, header,
+                           rows, fmt, width, limit, sendbuf, self._recv_buf, header,
                            TAG_REPLY + 2 * server,       # reply_tag(server)
                            -1.0 if self.wait_spin is None else self.wait_spin,
-                           _core.POLL_SLEEP_MIN, _core.POLL_SLEEP_MAX)
+                           _core.POLL_SLEEP_MIN, _core.POLL_SLEEP_MAX, self._reply_limit)
         if nb < 0:
             return False
         self.stats.add(op, messages=1, out=nb,
@@ -171,8 +188,8 @@ class WorkerEndpoint:
                     op: int = PULL) -> None:
         """Post the receives of a PULL reply for key range ``server``: the rows into ``rows``
         and the shard clock header into ``header`` (C-contiguous; one packed message when
-        :func:`one_message`, unpacked by :meth:`complete`)."""
-        if not one_message(rows.nbytes + header.nbytes, self.max_bytes):
+        :func:`one_reply`, unpacked by :meth:`complete`)."""
+        if not one_reply(rows.nbytes + header.nbytes, self.max_bytes):
             self.expect(server, rows, op)
             self.expect_header(server, header, op)
             return
@@ -187,7 +204,7 @@ class WorkerEndpoint:
         (C-contiguous) in the request's order. One message for all of them when
         :func:`one_reply` (unpacked by :meth:`complete`), else each as :meth:`expect_rows`."""
         nbytes = sum(rows.nbytes + header.nbytes for rows, header in parts)
-        if not one_reply(nbytes, len(parts), self.max_bytes):
+        if not one_reply(nbytes, self.max_bytes):
             for rows, header in parts:
                 self.expect_rows(server, rows, header, op)
             return

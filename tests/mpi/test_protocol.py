@@ -465,12 +465,13 @@ def test_server_does_not_wait_for_a_worker_outside_mpi():
 @pytest.mark.parametrize("max_bytes", [1 << 30, 1024])
 def test_requests_and_replies_at_the_one_message_limit(max_bytes):
     """Pushes and pulls whose request (header and keys, or header, keys and values) or reply
-    (rows and shard clock header) is just under, at and just over ``INLINE_BYTES``, requests
-    just under, at and just over ``REQUEST_BYTES``, and a PUSH_CLOCK whose description rides
+    (rows and shard clock header) is just under, at and just over ``INLINE_BYTES``, replies
+    just under, at and just over ``DEFER_MAX_BYTES`` (one message, sent without waiting, up
+    to it), requests just under, at and just over ``REQUEST_BYTES``, and a PUSH_CLOCK whose description rides
     with its header: every size gives the values of ``np.add.at`` (so both sides agree on
     which form each message takes), in one server and across servers, also when
     ``max_message_bytes`` splits messages below that limit."""
-    from hpcps.comm.transport import HEADER_BYTES, INLINE_BYTES, REQUEST_BYTES
+    from hpcps.comm.transport import DEFER_MAX_BYTES, HEADER_BYTES, INLINE_BYTES, REQUEST_BYTES
 
     comm = MPI.COMM_WORLD
     num_keys = 1 << 18
@@ -480,10 +481,12 @@ def test_requests_and_replies_at_the_one_message_limit(max_bytes):
     kmax = (INLINE_BYTES - HEADER_BYTES) // 8            # keys that fit with a pull header
     pmax = (INLINE_BYTES - HEADER_BYTES) // 16           # keys + float64 values with a push
     rmax = (INLINE_BYTES - 8 * 8) // 8                   # float64 rows with an 8-entry header
+    dmax = (DEFER_MAX_BYTES - 8 * 8) // 8                # the same at the deferred limit
     qp = (REQUEST_BYTES - HEADER_BYTES) // 16            # keys + values in one request
     qk = (REQUEST_BYTES - HEADER_BYTES) // 8             # keys of a pull in one request
     sizes = sorted({1, pmax - 1, pmax, pmax + 1, kmax - 1, kmax, kmax + 1, rmax - 1, rmax,
-                    rmax + 1, 3000, qp - 1, qp, qp + 1, qk - 1, qk, qk + 1})
+                    rmax + 1, 3000, dmax - 1, dmax, dmax + 1, qp - 1, qp, qp + 1, qk - 1, qk,
+                    qk + 1})
 
     def work(client, roles):
         got = []
