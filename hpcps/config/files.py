@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from hpcps.config.errors import ConfigError
+from hpcps.config.errors import ConfigError, file_and_line
 from hpcps.config.schema import Checker
 
 _UNPACK = {".gz": "gunzip", ".bz2": "bunzip2", ".xz": "unxz", ".zst": "unzstd"}
@@ -171,11 +171,12 @@ def output_note(cfg, cwd: str | os.PathLike | None = None) -> str | None:
     Returns
     -------
     str or None
-        ``"<job>: output.dir: writing to <dir>, outside the working directory <cwd>"``.
+        ``"<job>:<line>: output.dir: writing to <dir>, outside the working directory <cwd>"``
+        (``<line>``: where ``[output] dir`` is written).
     """
     here = Path(cwd if cwd is not None else Path.cwd()).resolve()
     d = cfg.output.dir.resolve()
     if d == here or here in d.parents:
         return None
-    return (f"{display_path(cfg.path)}: output.dir: writing to {d}, outside the working "
-            f"directory {here}")
+    return (f"{file_and_line(display_path(cfg.path), cfg.path, 'output.dir')}: output.dir: "
+            f"writing to {d}, outside the working directory {here}")

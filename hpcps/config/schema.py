@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from hpcps.config.errors import ConfigError
+from hpcps.config.errors import _HEADER_RE, _KEY_RE, ConfigError, _dotted, key_lines
 from hpcps.config.sections import REQUIRED, SECTIONS, TOP, Rule
 
 _INT64_MAX = 2**63 - 1
@@ -25,33 +25,6 @@ _TOML_TYPE_NAMES = {
     dict: "table",
     list: "array",
 }
-
-_HEADER_RE = re.compile(r"^\[\[?\s*([^\]]+?)\s*\]\]?")
-_KEY_RE = re.compile(r"""^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
-
-
-def _dotted(raw: str) -> str:
-    return ".".join(p.strip().strip("\"'") for p in raw.split("."))
-
-
-def key_lines(text: str) -> dict[str, int]:
-    """The line (1-based) where each dotted key and each ``[table]`` header first appears,
-    read line by line (approximate inside multi-line strings, exact for job files)."""
-    out: dict[str, int] = {}
-    prefix = ""
-    for n, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        m = _HEADER_RE.match(s)
-        if m:
-            prefix = _dotted(m.group(1))
-            out.setdefault(prefix, n)
-            continue
-        m = _KEY_RE.match(s)
-        if m:
-            k = _dotted(m.group(1))
-            out.setdefault(f"{prefix}.{k}" if prefix else k, n)
-    return out
-
 
 def toml_error(path: Path, text: str, e: tomllib.TOMLDecodeError) -> ConfigError:
     """The :class:`ConfigError` of a TOML syntax error, with the text of the line it is on
@@ -75,10 +48,10 @@ def toml_error(path: Path, text: str, e: tomllib.TOMLDecodeError) -> ConfigError
                 first = key_lines(text).get(name)
                 where = f" (first set at line {first})" if first and first != n else ""
                 return ConfigError(path, name, f"invalid TOML: key set twice{where}: line {n}: "
-                                               f"{line} ({msg})")
+                                               f"{line} ({msg})", line=n)
         if line:
             msg = f"{msg}: {line}"
-    return ConfigError(path, None, f"invalid TOML: {msg}")
+    return ConfigError(path, None, f"invalid TOML: {msg}", line=0)
 
 
 def type_name(value: Any) -> str:
@@ -122,7 +95,7 @@ class Checker:
         self.bad: set[str] = set()
 
     def error(self, key: str | None, message: str) -> ConfigError:
-        return ConfigError(self.path, key, message)
+        return ConfigError(self.path, key, message, line=self.lines.get(key or "", 0))
 
     def fail(self, key: str | None, message: str) -> None:
         """Record a problem with ``key`` (and mark the key bad: rules that need its value

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcps.config import ConfigError, check_world
+from hpcps.config.errors import file_and_line
 from hpcps.config.files import display_path
 from hpcps.core.resources import available_memory
 
@@ -86,7 +87,8 @@ def memory_message(cfg, need: int, parts: list, here: int, have: int | None) -> 
         # a fixed table is sized by its key space; a dynamic one by the keys that occur
         cures.insert(-1, '[model] storage = "hash" (a dynamic table: memory for the ids that '
                          'occur, not the whole id space; docs/dynamic_tables.md)')
-    return (f"{display_path(cfg.path)}: {size_key(cfg)}: the tables do not fit the servers' "
+    return (f"{file_and_line(display_path(cfg.path), cfg.path, size_key(cfg))}: {size_key(cfg)}: "
+            "the tables do not fit the servers' "
             f"memory: per server {detail}; {where}. Use {', '.join(cures[:-1])} or "
             f"{cures[-1]}.")
 

@@ -1,5 +1,5 @@
 """The job-file corpus in tests/data/bad/jobs/, each run under ``mpirun -n 3``: every rank
-prints the same error naming the file and the key before any MPI traffic, and the job exits
+prints the same error naming the file, the key's line and the key before any MPI traffic, and the job exits
 with status 2 (never relaunched) within seconds."""
 
 import os
@@ -14,15 +14,15 @@ pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytes
 JOBS = ROOT / "tests" / "data" / "bad" / "jobs"
 
 CASES = {
-    "unknown_key.toml": "unknown_key.toml: train.epoch: unknown key (did you mean 'epochs'?)",
-    "wrong_type.toml": "wrong_type.toml: train.batch_size: expected integer, got string '64'",
-    "negative_learning_rate.toml": "negative_learning_rate.toml: optimizer.learning_rate: must be > 0, got -0.1",
-    "negative_staleness.toml": "negative_staleness.toml: consistency.staleness: must be in [0, 1000000], got -1",
-    "servers_ge_ranks.toml": "servers_ge_ranks.toml: cluster.servers: 3 server(s) in a world of 3 ranks leave 3 - 3 = 0 workers",
-    "data_path_missing.toml": "data_path_missing.toml: data.path: file not found: {dir}/no_such_file.csv (relative paths are resolved against the job file's directory {dir})",
-    "output_not_writable.toml": "output_not_writable.toml: output.dir: cannot create directory {ro}/run: Read-only file system",
+    "unknown_key.toml": "unknown_key.toml:9: train.epoch: unknown key (did you mean 'epochs'?)",
+    "wrong_type.toml": "wrong_type.toml:9: train.batch_size: expected integer, got string '64'",
+    "negative_learning_rate.toml": "negative_learning_rate.toml:9: optimizer.learning_rate: must be > 0, got -0.1",
+    "negative_staleness.toml": "negative_staleness.toml:10: consistency.staleness: must be in [0, 1000000], got -1",
+    "servers_ge_ranks.toml": "servers_ge_ranks.toml:9: cluster.servers: 3 server(s) in a world of 3 ranks leave 3 - 3 = 0 workers",
+    "data_path_missing.toml": "data_path_missing.toml:4: data.path: file not found: {dir}/no_such_file.csv (relative paths are resolved against the job file's directory {dir})",
+    "output_not_writable.toml": "output_not_writable.toml:7: output.dir: cannot create directory {ro}/run: Read-only file system",
     "not_toml.toml": "not_toml.toml: invalid TOML: Invalid statement (at line 1, column 1)",
-    "model_not_importable.toml": "model_not_importable.toml: model.type: cannot import module 'nosuchpkg.mod'",
+    "model_not_importable.toml": "model_not_importable.toml:9: model.type: cannot import module 'nosuchpkg.mod'",
 }
 
 
@@ -79,13 +79,13 @@ dir = "out"
 BEFORE_LAUNCH = {
     # issue 21, item 6: found only after MPI started (10-27 s), with an empty run directory
     "servers": ("[cluster]\nservers = 3\n",
-                "s.toml: cluster.servers: 3 server(s) in a world of 3 ranks leave"),
+                "s.toml:10: cluster.servers: 3 server(s) in a world of 3 ranks leave"),
     "memory": ("[data]\nhash_bits = 36\n",
-               "s.toml: data.hash_bits: the tables do not fit the servers' memory: per server "
+               "s.toml:7: data.hash_bits: the tables do not fit the servers' memory: per server "
                "weights: 68,719,476,736 rows x (1 x 4 B weights + 4 B accumulator) = 512.00 GiB"),
     # issue 22, item 9: found only after launch, once per rank, under an MPI abort banner
     "model": ('[model]\ntype = "nosuchpkg.mod:Model"\n',
-              "s.toml: model.type: cannot import module 'nosuchpkg.mod'"),
+              "s.toml:10: model.type: cannot import module 'nosuchpkg.mod'"),
 }
 
 

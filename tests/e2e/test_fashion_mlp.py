@@ -127,4 +127,4 @@ def test_mlp_on_unprepared_data_is_a_job_error_on_every_rank(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     for r in range(3):
         assert f"rank {r}: error: " in proc.stderr
-    assert "bad.toml: data.format: model type 'mlp' needs a prepared data set" in proc.stderr
+    assert "bad.toml:3: data.format: model type 'mlp' needs a prepared data set" in proc.stderr

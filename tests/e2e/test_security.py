@@ -65,7 +65,7 @@ def test_run_directory_outside_the_working_directory_is_announced(tmp_path):
     job = write_job(work / "j.toml", JOB.format(out="../elsewhere"))
     proc, _ = launch(3, ["train", job], cwd=work, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    note = (f"hpcps: note: j.toml: output.dir: writing to {tmp_path / 'elsewhere'}, outside "
+    note = (f"hpcps: note: j.toml:14: output.dir: writing to {tmp_path / 'elsewhere'}, outside "
             f"the working directory {work}")
     assert proc.stdout.count("hpcps: note: ") == 1 and note in proc.stdout, proc.stdout[:2000]
     assert proc.stdout.index(note) < proc.stdout.index("epoch 1")

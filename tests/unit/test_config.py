@@ -266,17 +266,38 @@ def test_parse_job_uses_path_for_relative_paths(jobdir):
 
 def test_config_error_format_and_attributes(jobdir, monkeypatch):
     monkeypatch.chdir(jobdir)
-    (jobdir / "jobs" / "x.toml").write_text(with_key(ADULT, "optimizer.learning_rate", "-0.1"))
+    text = with_key(ADULT, "optimizer.learning_rate", "-0.1")
+    (jobdir / "jobs" / "x.toml").write_text(text)
+    line = 1 + [n for n, t in enumerate(text.splitlines()) if "-0.1" in t][0]
     with pytest.raises(ConfigError) as ei:
         load_job("jobs/x.toml")
     e = ei.value
     assert isinstance(e, ValueError)
-    assert str(e) == "jobs/x.toml: optimizer.learning_rate: must be > 0, got -0.1"
+    # path:line: key: message (the compilers' form: editors jump to the line)
+    assert str(e) == f"jobs/x.toml:{line}: optimizer.learning_rate: must be > 0, got -0.1"
     assert e.path == Path("jobs/x.toml")
     assert e.key == "optimizer.learning_rate"
     assert e.message == "must be > 0, got -0.1"
+    assert e.line == line
     e2 = pickle.loads(pickle.dumps(e))
-    assert (str(e2), e2.path, e2.key, e2.message) == (str(e), e.path, e.key, e.message)
+    assert (str(e2), e2.path, e2.key, e2.message, e2.line) == (str(e), e.path, e.key, e.message,
+                                                              e.line)
+
+
+def test_config_error_line_found_in_the_file_or_left_out(jobdir, monkeypatch):
+    """An error raised after the checker (here: the layout, ``check_world``) finds its key's
+    line in the file itself; a key the file does not write, or a job given as text only,
+    has none."""
+    monkeypatch.chdir(jobdir)
+    text = ADULT + "\n[cluster]\nservers = 4\n"
+    (jobdir / "jobs" / "w.toml").write_text(text)
+    e = ConfigError(Path("jobs/w.toml"), "cluster.servers", "too many")
+    assert str(e) == f"jobs/w.toml:{len(text.splitlines())}: cluster.servers: too many"
+    assert str(ConfigError(Path("jobs/w.toml"), "train.max_steps", "x")) == \
+        "jobs/w.toml: train.max_steps: x"
+    assert str(ConfigError(Path("jobs/none.toml"), "cluster.servers", "x")) == \
+        "jobs/none.toml: cluster.servers: x"
+    assert str(ConfigError(Path("jobs/w.toml"), None, "invalid")) == "jobs/w.toml: invalid"
 
 
 def test_unknown_key_suggests_closest(jobdir, monkeypatch):
@@ -284,8 +305,9 @@ def test_unknown_key_suggests_closest(jobdir, monkeypatch):
     (jobdir / "jobs" / "x.toml").write_text(with_key(ADULT, "train.batchsize", "3"))
     with pytest.raises(ConfigError) as ei:
         load_job("jobs/x.toml")
-    assert str(ei.value) == ("jobs/x.toml: train.batchsize: unknown key "
+    assert str(ei.value) == (f"jobs/x.toml:{ei.value.line}: train.batchsize: unknown key "
                              "(did you mean 'batch_size'?)")
+    assert ei.value.line > 0
     assert ei.value.key == "train.batchsize"
 
 
@@ -568,6 +590,7 @@ def test_toml_duplicate_key(jobdir):
     assert "invalid TOML" in e.message and "line 8" in e.message
     assert e.key == "train.epochs", str(e)
     assert "epochs = 2" in e.message and "first set at line 7" in e.message
+    assert e.line == 8 and str(e).split(": ")[0].endswith(".toml:8")     # where it is set again
     # a dotted key at the top level, and a key of an inline table set twice
     e = error(jobdir, ADULT + "\n[optimizer]\nname = 'sgd'\nlearning_rate = 0.1\n"
                               "learning_rate = 0.2\n")

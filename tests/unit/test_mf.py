@@ -171,7 +171,7 @@ def test_prepared_file_of_another_kind_is_a_job_error(tmp_path):
     path = write_prepared(tmp_path / "img.h5", {"train": (np.zeros((2, 4)), np.zeros(2)),
                                                 "test": (np.zeros((1, 4)), np.zeros(1))},
                           {"dataset": "images", "task": "classification", "n_features": 4})
-    with pytest.raises(ConfigError, match=r"job.toml: data.path: .*img.h5: attribute 'n_users' missing"):
+    with pytest.raises(ConfigError, match=r"job.toml:\d+: data.path: .*img.h5: attribute 'n_users' missing"):
         load_model(job(tmp_path, path))
 
 

@@ -209,7 +209,7 @@ def test_mlp_needs_a_prepared_classification_set(tmp_path):
     svm.write_text("1 1:0.5\n0 2:1\n")
     cfg = make_job(tmp_path, svm, fmt="svmlight",
                    extra_data=f'test_path = "{svm}"\nindex_base = 1\nn_features = 4')
-    with pytest.raises(ConfigError, match=r"job\.toml: data\.format: model type 'mlp' needs a "
+    with pytest.raises(ConfigError, match=r"job\.toml:\d+: data\.format: model type 'mlp' needs a "
                                           r"prepared data set"):
         MLP(cfg)
     reg = tmp_path / "reg.h5"
