@@ -226,6 +226,20 @@ def finish(p, lines=(), timeout=300) -> str:
     return "".join(lines) + out
 
 
+def wait_paused(p, flag: Path, alive: int, where: str, timeout: float = 180) -> None:
+    """Wait until ``alive`` ranks of the launch ``p`` (a Popen in a session of its own) have
+    created ``FLAG.<index>`` (a test driver's pause, ``tests/tools``); on timeout or the
+    launch's end every process of its session is killed and AssertionError raised with the
+    output's tail."""
+    deadline = time.time() + timeout
+    while len(list(flag.parent.glob(f"{flag.name}.*"))) < alive:
+        if time.time() > deadline or p.poll() is not None:
+            kill_session(p.pid)
+            raise AssertionError(f"the workers did not pause {where} (exit {p.poll()}):\n"
+                                 f"{p.communicate()[0][-4000:]}")
+        time.sleep(0.05)
+
+
 def kill_while_paused(tmp_path: Path, job: Path, ranks: int, kills, timeout=300):
     """Run ``job`` on ``ranks`` ranks under ``mpirun --with-ft ulfm`` and
     ``tests/tools/pause_driver.py``: at each ``(clock, world rank, workers alive)`` of ``kills``
@@ -247,13 +261,7 @@ def kill_while_paused(tmp_path: Path, job: Path, ranks: int, kills, timeout=300)
     try:
         for i, (clock, victim, alive) in enumerate(kills):
             name = flag if i == 0 else Path(f"{flag}-{clock}")
-            deadline = time.time() + 180
-            while len(list(tmp_path.glob(f"{name.name}.*"))) < alive:
-                if time.time() > deadline or p.poll() is not None:
-                    kill_session(p.pid)
-                    raise AssertionError(f"the workers did not pause at clock {clock} (exit "
-                                         f"{p.poll()}):\n{p.communicate()[0][-4000:]}")
-                time.sleep(0.05)
+            wait_paused(p, name, alive, f"at clock {clock}")
             time.sleep(0.5)                            # the servers apply the last CLOCKs
             kill_rank(job, victim, b"pause_driver.py")
             times.append(time.time())

@@ -92,9 +92,10 @@ class WorkerEndpoint:
     def _send_one(self, server: int, op: int, header, arrays, nbytes: int, out: int) -> None:
         """Send a request of one message (``nbytes``: ``header`` and the ``arrays``, None
         skipped): packed and sent by one blocking eager ``MPI_Send`` in a compiled call
-        (:func:`hpcps.comm.fastpath.send_packed`) when it fits in ``INLINE_BYTES``, or packed
-        here and sent without waiting (larger, continue mode, no compiled path, or a part not
-        C-contiguous native data). ``out``: the bytes counted for ``op`` (the caller counts
+        (:func:`hpcps.comm.fastpath.send_packed`) when it fits in ``INLINE_BYTES``, else
+        packed into a pooled buffer and sent without waiting (by one compiled call,
+        :func:`hpcps.comm.fastpath.isend_packed`, outside continue mode for C-contiguous
+        native data). ``out``: the bytes counted for ``op`` (the caller counts
         the rest under the parts' ops)."""
         dest = self.server_ranks[server]
         if self.compiled and not _core.WATCH and one_message(nbytes, self.max_bytes) and all(
@@ -107,6 +108,15 @@ class WorkerEndpoint:
                 pass
         buf = self._packs.take((nbytes,), np.uint8)     # back to the pool once sent
         self._packed.append(buf)
+        if self.compiled and not _core.WATCH and all(a is None or a.dtype.isnative
+                                                     for a in arrays):
+            try:            # packed and started (MPI_Isend) in one compiled call
+                self._reqs.append(_fast.isend_packed(self.comm, dest, TAG_REQ, header, arrays,
+                                                     buf))
+                self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
+                return
+            except BufferError:        # not C-contiguous: packed below
+                pass
         pack_into(buf, (header,) + tuple(arrays))
         self._keep.append(isend_array(self.comm, buf, dest, TAG_REQ, self.max_bytes, self._reqs))
         self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))

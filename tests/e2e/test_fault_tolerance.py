@@ -26,7 +26,7 @@ import pytest
 
 from hpcps.core.exitcodes import restartable
 from tests.helpers import (ROOT, finish, hpcps, kill_rank, kill_session, kill_while_paused,
-                           mpi_env, mpirun, write_continue_job)
+                           mpi_env, mpirun, wait_paused, write_continue_job)
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
@@ -110,13 +110,7 @@ def test_second_worker_lost_while_a_survivor_is_still_replanning_every_example_o
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         for name, alive, victim in ((flag, 4, 3), (Path(f"{flag}-regroup"), 1, 1)):
-            deadline = time.time() + 180
-            while len(list(tmp_path.glob(f"{name.name}.*"))) < alive:
-                if time.time() > deadline or p.poll() is not None:
-                    kill_session(p.pid)
-                    raise AssertionError(f"no pause at {name.name} (exit {p.poll()}):\n"
-                                         f"{p.communicate()[0][-4000:]}")
-                time.sleep(0.05)
+            wait_paused(p, name, alive, f"at {name.name}")
             time.sleep(1.0)             # the others take their step and wait for the next pull
             kill_rank(job, victim, b"replan_race_driver.py")
             name.touch()
