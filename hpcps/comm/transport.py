@@ -221,8 +221,8 @@ class ServerEndpoint:
         if not one_reply(nbytes, self.max_bytes):
             return False
         t0 = time.perf_counter()
+        self._inline = None
         if one_message(nbytes, self.max_bytes):
-            self._inline = None
             nbytes = _fast.pull_inline(self.comm, dest, reply_tag(rng), self._request,
                                        HEADER_BYTES, n, num_keys, multiplier, lo, hi, w, header,
                                        self._reply_buf)
@@ -235,7 +235,6 @@ class ServerEndpoint:
             except BaseException:
                 self.pool.give(buf)
                 raise
-            self._inline = None
             self._inflight.append(([req], buf, None))
         self.stats.add(PULL, inn=8 * n, out=nbytes, seconds=time.perf_counter() - t0)
         return True

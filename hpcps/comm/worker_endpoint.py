@@ -130,18 +130,18 @@ class WorkerEndpoint:
         the GIL released around MPI): the header ``[op, table, clock, keys.size,
         n_examples, seq, dim, aux, server]``, the int64 ``keys`` and the ``values`` packed
         and sent; for a PULL the one-message reply (:func:`one_reply`) received (waited for
-        as :meth:`complete` waits) into ``rows`` and the shard clock ``header``. Nothing else may be pending
-        (:attr:`pending`). Counted as :meth:`send`, :meth:`expect_rows` and
+        as :meth:`complete` waits) into ``rows`` and the shard clock ``header``. Nothing else
+        may be pending (:attr:`pending`). Counted as :meth:`send`, :meth:`expect_rows` and
         :meth:`complete` count the same request.
 
         Returns whether it did. False — nothing sent — without the compiled path, in
-        continue mode, with requests pending, when the request is more than one eager message
-        (:func:`one_message`; a PULL's: more than one message, :func:`one_request`) or the
-        reply more than one message (:func:`one_reply`), for a key outside ``[0, num_keys)`` (``num_keys`` <
-        0: any key), for ``keys`` not C-contiguous int64, ``values`` not C-contiguous data
-        of format ``fmt`` (the table dtype's buffer format) with ``keys.size * width`` items
-        (``width``: the table's dim), or ``rows`` not a writeable C-contiguous ``(keys.size,
-        width)`` array of format ``fmt``: the caller then takes the general path (which
+        continue mode, with requests pending, when the request is more than one eager
+        message (:func:`one_message`; a PULL's: more than one message, :func:`one_request`)
+        or the reply more than one message (:func:`one_reply`), for a key outside
+        ``[0, num_keys)`` (``num_keys`` < 0: any key), for ``keys`` not C-contiguous int64,
+        ``values`` not C-contiguous data of format ``fmt`` (the table dtype's buffer format)
+        with ``keys.size * width`` items (``width``: the table's dim), or ``rows`` not a
+        writeable C-contiguous ``(keys.size, width)`` array of format ``fmt``: the caller then takes the general path (which
         converts, or raises naming the problem)."""
         if not self.compiled or self._reqs or _core.WATCH:
             return False
