@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tomllib
+
 import h5py
 import numpy as np
 
@@ -151,8 +153,10 @@ def format_inspect(report: dict) -> str:
             f"workers      {m.get('n_workers')}",
             f"clocks       {_clocks(m['workers'].get('clock', []))}",
         ]
-        if "last_push_seq" in m["workers"]:
-            lines.append(f"last push    {_clocks(m['workers']['last_push_seq'])}")
+        seqs = m["workers"].get("last_push_seq")
+        if seqs is not None and _consistency(m) == "async":   # counted by async cuts only
+            lines.append(f"pushes sent  {_clocks(seqs)}  (per worker, all applied in this "
+                         "checkpoint: async cut)")
         hist = m.get("history") or []
         if hist:
             h = hist[-1]
@@ -203,3 +207,15 @@ def format_inspect(report: dict) -> str:
             lines.append("    hot keys (updates): "
                          + ", ".join(f"{k} ({n:,})" for k, n in st["hot_keys"]))
     return "\n".join(lines)
+
+
+def _consistency(manifest) -> str:
+    """The consistency model of the job a checkpoint's manifest holds (its ``config`` text;
+    ``"bsp"`` when absent or unreadable)."""
+    try:
+        doc = tomllib.loads(manifest.get("config") or "")
+    except tomllib.TOMLDecodeError:
+        return "bsp"
+    section = doc.get("consistency")
+    model = section.get("model", "bsp") if isinstance(section, dict) else "bsp"
+    return model if isinstance(model, str) else "bsp"

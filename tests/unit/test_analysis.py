@@ -231,6 +231,11 @@ def test_inspect_checkpoint_statistics(svm_run):
                  "integrity    OK: manifest and 3 shard(s)", f"weights: shape ({NF}, 1) float32",
                  "slot accumulator: min", "hpcps 0.1.0", "job          tiny", "created"):
         assert want in text, (want, text)
+    # a BSP cut: no async push counts (read as "the workers never pushed", found by a trial)
+    assert "last push" not in text and "pushes sent" not in text, text
+    meta = rep["source"].meta
+    meta["config"] = meta["config"] + '\n[consistency]\nmodel = "async"\n'    # an async cut
+    assert "pushes sent  20 (all 2 workers)" in analysis.format_inspect(rep)
 
 
 def test_inspect_run_lists_invalid_checkpoints_and_uses_newest_valid(svm_run):
