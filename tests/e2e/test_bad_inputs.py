@@ -196,5 +196,5 @@ def test_prepared_path_that_is_not_hdf5_is_a_job_error_on_every_rank(tmp_path):
     proc, _ = launch(3, ["train", job], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     for r in range(3):
-        assert f"hpcps: rank {r}: error: {job}: data.path: {path}: not a readable HDF5 file" \
+        assert f"hpcps: rank {r}: error: {job}:5: data.path: {path}: not a readable HDF5 file" \
             in proc.stderr, proc.stderr[-2000:]
