@@ -24,7 +24,7 @@ import numpy as np
 from hpcps.comm.collectives import allreduce_max
 from hpcps.comm.ft import is_peer_failure
 from hpcps.core.planning import (capped_steps, epoch_rows, rows_reassigned, segment_done,
-                                 segment_steps)
+                                 segment_steps, steps_for)
 from hpcps.resilience.elastic import JoinPlan
 from hpcps.resilience.recovery import WorkerReport, recover
 from hpcps.worker.events import GrowthRequested, PeerLost, StopRequested
@@ -45,8 +45,12 @@ def regroup(tr, epoch, plan, clock0) -> Segment:
     and this worker's partition for the later epochs. ``clock0``: the clock the segment
     starts at, the same on every worker (the growth's clock, or the largest clock the
     survivors of a failure agreed on); a worker behind catches up to it with empty steps
-    first. Collective over the workers — old and added ones alike: the steps of a whole
-    epoch (the segment's own steps are computed locally, from every worker's rows)."""
+    first. No collective (the catch-up's CLOCKs are point-to-point; outside continue mode an
+    SSP/async job's new vote is a ``Dup`` over the workers, :meth:`make_vote`): the steps
+    of the segment and of a whole epoch are computed from every worker's rows, the values an
+    Allreduce(MAX) gave, so that a worker re-planning after a failure while the others
+    already run the segment (:meth:`Supervisor.regroup_or_recover`) cannot meet their
+    collectives with its own."""
     t = tr.cfg.train
     while tr.client.clock_value < clock0:       # survivors behind catch up, empty steps
         tr.client.clock(0, epoch)
@@ -59,7 +63,9 @@ def regroup(tr, epoch, plan, clock0) -> Segment:
     else:
         X, y = tr.model.load("train", tr.index, tr.n_workers)
     Xt, yt = tr.model.load("test", tr.index, tr.n_workers)
-    steps_full = capped_steps(tr.max_steps(X.shape[0]), t.max_steps)
+    parts = tr.part_sizes(X_all.shape[0], tr.n_workers)   # every worker's partition
+    steps_full = capped_steps(max((steps_for(n, t.batch_size) for n in parts), default=0),
+                              t.max_steps)
     tr.vote = tr.make_vote()
     return Segment(Xe=X_all, ye=y_all, order=order, steps=steps, plan=plan, X=X, y=y, Xt=Xt,
                    yt=yt, steps_full=steps_full, sizes=sizes,
@@ -175,7 +181,8 @@ class Supervisor:
         while this worker was still in it. So this worker recovers as one of the segment
         that had taken no step yet — the segment as the others run it (its first clock
         ``clock0``, its steps computed from ``plan`` as :func:`regroup` does) — and every
-        survivor re-plans from the same steps done. Collective as :func:`regroup`."""
+        survivor re-plans from the same steps done. As :func:`regroup`; after a lost peer,
+        collective over every survivor (the recovery)."""
         tr = self.tr
         try:
             return regroup(tr, epoch, plan, clock0)

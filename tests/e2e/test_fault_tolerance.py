@@ -93,23 +93,19 @@ def test_worker_then_server_lost_server_loss_restarts_from_checkpoint(tmp_path):
     assert [r["epoch"] for r in m["epochs"]][-1] == 2 and m["epochs"][-1]["test_auc"] > 0.88
 
 
-def test_second_worker_lost_while_a_survivor_is_still_replanning_every_example_once(tmp_path):
-    """Two workers lost one after the other, the second while one survivor of the first is
-    still inside the re-plan (``regroup``) and the others have taken the new segment's first
-    step: every survivor must plan the rest of the epoch from the same steps done (in the
-    clean-clone CI of 5c893d3 they did not: 10 examples of an epoch applied twice).
-    ``tests/tools/replan_race_driver.py`` holds survivor 2 there."""
-    job = write(tmp_path, "race")
+def _replan_race(tmp_path, job, ranks: int, second_victim: int):
+    """Run ``job`` on ``ranks`` ranks (4 workers first) under
+    ``tests/tools/replan_race_driver.py``: worker 3 killed at clock 20, then world rank
+    ``second_victim`` while survivor 2 waits inside its re-plan (workers 0 and 1 then have
+    taken step 20). Returns the run's metrics summary (the job must end with status 0)."""
     flag = tmp_path / "go"
     driver = ROOT / "tests" / "tools" / "replan_race_driver.py"
-    # 4 workers (ranks 0-3) and the server (rank 4); worker 3 lost at clock 20, worker 1 while
-    # survivor 2 waits inside its re-plan (workers 0 and 1 then have taken step 20)
-    cmd = [mpirun(), "-n", "5", "--with-ft", "ulfm",
+    cmd = [mpirun(), "-n", str(ranks), "--with-ft", "ulfm",
            sys.executable, str(driver), str(job), "20", "2", str(flag)]
     p = subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        for name, alive, victim in ((flag, 4, 3), (Path(f"{flag}-regroup"), 1, 1)):
+        for name, alive, victim in ((flag, 4, 3), (Path(f"{flag}-regroup"), 1, second_victim)):
             wait_paused(p, name, alive, f"at {name.name}")
             time.sleep(1.0)             # the others take their step and wait for the next pull
             kill_rank(job, victim, b"replan_race_driver.py")
@@ -120,9 +116,35 @@ def test_second_worker_lost_while_a_survivor_is_still_replanning_every_example_o
             kill_session(p.pid)
             p.wait()
     assert p.returncode == 0, out[-3000:]
-    s = metrics(tmp_path, "race")["summary"]
+    return metrics(tmp_path, job.stem)["summary"]
+
+
+def test_second_worker_lost_while_a_survivor_is_still_replanning_every_example_once(tmp_path):
+    """Two workers lost one after the other, the second while one survivor of the first is
+    still inside the re-plan (``regroup``) and the others have taken the new segment's first
+    step: every survivor must plan the rest of the epoch from the same steps done (in the
+    clean-clone CI of 5c893d3 they did not: 10 examples of an epoch applied twice).
+    ``tests/tools/replan_race_driver.py`` holds survivor 2 there."""
+    # 4 workers (ranks 0-3) and the server (rank 4); the second loss: worker 1
+    s = _replan_race(tmp_path, write(tmp_path, "race"), 5, 1)
     first, second = s["failures"]
     assert first["dead_workers"] == [3] and second["dead_workers"] == [1], s["failures"]
     # workers 0 and 1 took the segment's first step, survivor 2 none
     assert second["worker_steps_done"] == [1, 1, 0], second
     assert s["servers"][0]["examples_per_epoch"] == [9600, 9600]     # 12000 rows, 20% test
+
+
+def test_server_lost_while_a_survivor_is_still_replanning_job_finishes_every_example_once(
+        tmp_path):
+    """A worker lost, then a server (replicas 2: its range goes on from its backup) while one
+    survivor is still inside its re-plan and the others run the new segment: that survivor
+    re-plans again and catches up with no collective of its own (before, it re-ran the
+    re-plan's Allreduce while the others were in their per-step votes)."""
+    job = write_continue_job(tmp_path, "srace", servers=2,
+                             fault_tolerance='replicas = 2\non_server_loss = "restart"')
+    # 4 workers (ranks 0-3), servers 0 and 1 (ranks 4, 5); the second loss: server 1
+    s = _replan_race(tmp_path, job, 6, 5)
+    first, second = s["failures"]
+    assert first["dead_workers"] == [3] and second["dead_servers"] == [1], s["failures"]
+    assert not second["dead_workers"]
+    assert s["servers"][0]["examples_per_epoch"] == [9600, 9600]
