@@ -63,7 +63,8 @@ def regroup(tr, epoch, plan, clock0) -> Segment:
     else:
         X, y = tr.model.load("train", tr.index, tr.n_workers)
     Xt, yt = tr.model.load("test", tr.index, tr.n_workers)
-    parts = tr.part_sizes(X_all.shape[0], tr.n_workers)   # every worker's partition
+    # every worker's partition (the split's, when the epoch began on as many workers)
+    parts = sizes if len(sizes) == tr.n_workers else tr.part_sizes(X_all.shape[0], tr.n_workers)
     steps_full = capped_steps(max((steps_for(n, t.batch_size) for n in parts), default=0),
                               t.max_steps)
     tr.vote = tr.make_vote()
