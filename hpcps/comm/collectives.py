@@ -7,6 +7,8 @@ that notices failures (:func:`hpcps.comm.core.collective`).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from mpi4py import MPI
 
@@ -156,8 +158,23 @@ def bcast_array(comm: MPI.Intracomm, values, dtype, root: int = 0) -> np.ndarray
     n = bcast_int(comm, a.size if a is not None else 0, root)
     if a is None:
         a = np.empty(n, dtype=dtype)
-    comm.Bcast(a, root=root)
+    collective(lambda: comm.Ibcast(a, root=root), lambda: comm.Bcast(a, root=root), a)
     return a
+
+
+def bcast_json(comm: MPI.Intracomm, obj, root: int = 0):
+    """Broadcast ``obj`` (JSON-serialisable, given at ``root`` only) as UTF-8 JSON text, no
+    pickle; returns it on every rank. Collective.
+
+    Raises
+    ------
+    TypeError
+        At ``root``, when ``obj`` is not JSON-serialisable.
+    """
+    text = json.dumps(obj).encode() if comm.Get_rank() == root else None
+    buf = bcast_array(comm, np.frombuffer(text, dtype=np.uint8) if text is not None else None,
+                      np.uint8, root)
+    return json.loads(buf.tobytes().decode())
 
 
 def barrier(comm: MPI.Intracomm) -> None:

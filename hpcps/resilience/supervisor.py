@@ -33,10 +33,10 @@ from hpcps.worker.trainer import Cursor, Segment
 __all__ = ["supervise", "Supervisor", "regroup"]
 
 
-def supervise(trainer, restore=None, checkpointer=None, join=None) -> dict:
+def supervise(trainer, restore=None, checkpointer=None, join=None, wrap_up=None) -> dict:
     """Train for ``cfg.train.epochs`` epochs: :meth:`Supervisor.run`. Collective over the
     workers' communicator (and, for a recovery or a growth, every rank of the job)."""
-    return Supervisor(trainer, checkpointer).run(restore=restore, join=join)
+    return Supervisor(trainer, checkpointer).run(restore=restore, join=join, wrap_up=wrap_up)
 
 
 def regroup(tr, epoch, plan, clock0) -> Segment:
@@ -86,8 +86,10 @@ class Supervisor:
     def __init__(self, trainer, checkpointer=None):
         self.tr = trainer
         self.ckpt = checkpointer
+        self.last = None            # the last epoch's cursor, once its steps ran
+        self._end = None            # (steps, plan, examples, wrap_up) of the end of the run
 
-    def run(self, restore=None, join=None) -> dict:
+    def run(self, restore=None, join=None, wrap_up=None) -> dict:
         """Train for ``cfg.train.epochs`` epochs. Collective over the workers' communicator.
 
         Parameters
@@ -102,6 +104,10 @@ class Supervisor:
             This worker was added to the running job (``hpcps join``): it starts at the plan's
             clock, in its epoch, on its share of the rows nobody has read yet — the same
             re-plan the other workers make at that clock (:meth:`grow`).
+        wrap_up : callable(dict) or None
+            Called with the totals after :meth:`~hpcps.worker.trainer.Trainer.finish`: the
+            rest of this worker's part in the end of the run (the model's export, STOP to the
+            servers), which :meth:`finish` runs again after a recovery.
 
         Returns
         -------
@@ -130,11 +136,51 @@ class Supervisor:
                 cur = tr.epoch_cursor(epoch, start_step if epoch == start_epoch else 0,
                                       plan if epoch == start_epoch else ())
             self._run_epoch(cur)
+            self.last = cur
             steps, plan = cur.steps, cur.plan
             local_examples += cur.n_ex
             if tr.stopped_by_signal:
                 break
-        return tr.finish(steps, plan, local_examples, self.ckpt)
+        self._end = [steps, plan, local_examples, wrap_up]
+        return self.finish()
+
+    def finish(self, recover: bool = False) -> dict:
+        """The end of the run after the last step: :meth:`~hpcps.worker.trainer.Trainer.finish`
+        (the final checkpoint, the totals) and :meth:`run`'s ``wrap_up``. In continue mode a
+        peer lost meanwhile is recovered (:meth:`recover_at_end`) and both run again on the
+        survivors — also when the job's wiring caught the loss later (``recover``: recover
+        first), while the survivors gathered the report. Collective over the workers (after a
+        loss: every survivor)."""
+        tr = self.tr
+        while True:
+            try:
+                if recover:
+                    self.recover_at_end()
+                    recover = False
+                steps, plan, examples, wrap_up = self._end
+                result = tr.finish(steps, plan, examples, self.ckpt)
+                if wrap_up is not None:
+                    wrap_up(result)
+                return result
+            except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
+                if not (self.last is not None and self.lost_peer(e)):
+                    raise
+                recover = True
+
+    def lost_peer(self, e: BaseException) -> bool:
+        """Whether ``e`` reports a lost peer that continue mode recovers from. Local."""
+        return isinstance(e, PeerLost) or (self.tr.ft is not None and is_peer_failure(e))
+
+    def recover_at_end(self) -> None:
+        """Recover from a peer lost after the last step (:meth:`_recover` in the last epoch,
+        which every survivor had finished: nothing is re-planned). The totals count the
+        examples of steps found finished; the final checkpoint is written again by the
+        survivors' chief (the chief may be the worker lost). Collective over every survivor."""
+        cur = self.last
+        _, _, done_ex = self.recover(cur)
+        self._end[2] += done_ex
+        if self.ckpt is not None:
+            self.ckpt.last_step = None
 
     def _run_epoch(self, cur) -> None:
         """Run ``cur``'s epoch to its end (or to a stop), handling every event on the way."""
@@ -155,7 +201,7 @@ class Supervisor:
                     tr.stop_here(cur, self.ckpt)
                 return
             except Exception as e:      # noqa: BLE001 - only a lost peer is recovered
-                if not (isinstance(e, PeerLost) or (tr.ft is not None and is_peer_failure(e))):
+                if not self.lost_peer(e):
                     raise
                 resume = False
                 seg, first_after, done_ex = self.recover(cur)
@@ -242,7 +288,7 @@ class Supervisor:
         if rec.dead_servers or rec.plan.lost_ranges:
             event.update(_range_event(rec))
         seg, first = None, 0
-        if rec.dead_workers:
+        if rec.dead_workers and rec.plan.epochs <= epoch:
             # what each old worker finished of this segment; the survivors re-plan the rest
             done = segment_done(rec.clocks, seg_clock0, steps)
             # the survivors' largest clock: where the re-planned segment starts

@@ -32,7 +32,7 @@ from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.resilience.elastic import Elastic
 from hpcps.resilience.recovery import FTState
 from hpcps.resilience.replica import ServerGroup
-from hpcps.resilience.supervisor import supervise
+from hpcps.resilience.supervisor import Supervisor
 from hpcps.runtime import metrics
 from hpcps.runtime.allreduce import run_allreduce
 from hpcps.runtime.output import write_model
@@ -154,8 +154,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     try:
         if roles.is_chief:
             elastic.mark_running()
-        server = client = trainer = group = None
-        ranges = None
+        server = client = trainer = group = supervisor = None
         served = roles.worker_ranks          # a server's workers
         if cfg.comm.aggregate == "node":     # one per group and server (collective)
             group, served = form_groups(roles, cfg.comm.group_workers)
@@ -174,11 +173,6 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             if windows:
                 barrier(roles.ps)                    # windows initialised before any read
             server.serve()
-            roles, windows = elastic.roles, elastic.windows
-            if ft_state is not None:
-                ranges = server.range_rows()
-            load = server.load()
-            mine = RankStats.of_server(load, cfg.train.epochs)
         else:
             # the rank holding each key range: the membership's (an added worker after a
             # server loss: from the join plan)
@@ -208,45 +202,28 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 earlier, this_launch = launch_records(restore, restart)
                 launches = earlier + [this_launch]
                 checkpointer.more = {"launches": json.dumps(launches)}
-            result = supervise(trainer, restore=restore[1] if restore else None,
-                               checkpointer=checkpointer, join=join)
-            roles, windows = elastic.roles, elastic.windows
+            supervisor = Supervisor(trainer, checkpointer)
+            result = supervisor.run(restore=restore[1] if restore else None, join=join,
+                                    wrap_up=lambda res: _wrap_up(cfg, res, client, model, elastic,
+                                                                 group, checkpointer))
+        while True:
+            try:
+                # the totals of every rank; a peer lost now (continue mode) is recovered, then
+                # the servers serve and the workers finish again (STOP) on the survivors
+                report = _report(cfg, elastic, server, client, trainer, result, mine, len(specs))
+                break
+            except Exception as e:           # noqa: BLE001 - only a lost peer is recovered
+                if ft_state is None or not ft.is_peer_failure(e):
+                    raise
+                if server is not None:
+                    server.recover()
+                    server.serve()
+                else:
+                    result = supervisor.finish(recover=True)
+        roles, windows, ranges, rows, hosts, stopped, crows, survived = report
+        if trainer is not None:
             history[:] = trainer.history
-            result["checkpoints"] = {"count": checkpointer.count if checkpointer else 0,
-                                     "seconds": checkpointer.seconds if checkpointer else 0.0,
-                                     "bytes": checkpointer.bytes if checkpointer else 0}
-            mine.stopped = bool(result["stopped_by_signal"])
-            if roles.is_chief and not result["stopped_by_signal"]:
-                # streamed from the servers in chunks while it is written (hpcps.worker.export):
-                # the chief never holds a whole table
-                path = write_model(RunDir(cfg.output.dir).model, model_tables(client), cfg,
-                                   step=result["clock"], epoch=result["epochs"])
-                result["model_path"] = str(path)
-            if group is not None:
-                # a server's workers are one per group: the chief's last requests (the final
-                # checkpoint, the model's PULL_SHARDs) to a server it does not own must be
-                # answered before that server's own workers tell it to stop
-                barrier(roles.role_comm)
-            client.stop()
-            if group is not None:
-                group.free()
-            mine.add_client(client.ep.stats)
-        world = roles.ps                     # the job's ranks now (after failures, growths)
-        if roles.role != core.SERVER:            # servers: their original index (above)
-            mine.index = roles.index
-        if ft_state is not None:
-            if ranges is None:
-                ranges = np.full((ft_state.n_ranges, 5), -1, dtype=np.int64)
-            ranges = allreduce_max(world, ranges)
-        rows = gather_rows(world, mine.to_row(cfg.train.epochs, len(specs)))
-        hosts = core.allgather_hostnames(world)      # rows[i] ran on hosts[i]
-        stopped = bool(any_rank_failed(world, mine.stopped))
-        crows = gather_rows(world, consistency_report.local_row(
-            server is not None, roles.index, server.staleness if server else None, client,
-            trainer.steps if trainer else None, windows))
         free_windows(windows)                        # collective; normal exit path
-        # any rank (workers added after a failure never saw it): all leave the same way
-        survived = any_rank_failed(world, survived_failure(ft_state))
         if survived:
             _closing_barrier(roles.ps)               # every survivor is done with MPI
     finally:
@@ -295,6 +272,59 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     print_summary(summary, history, out)
     summary["skip_finalize"] = survived
     return summary
+
+
+def _wrap_up(cfg, result, client, model, elastic, group, checkpointer) -> None:
+    """A worker's part in the end of the run after its totals (``result``, completed here): the
+    chief exports the model, then STOP to the servers. Collective over the workers; run again
+    after a peer lost meanwhile (continue mode: :meth:`~hpcps.resilience.supervisor.Supervisor.finish`)."""
+    roles = elastic.roles
+    result["checkpoints"] = {"count": checkpointer.count, "seconds": checkpointer.seconds,
+                             "bytes": checkpointer.bytes}
+    if roles.is_chief and not result["stopped_by_signal"]:
+        # streamed from the servers in chunks while it is written (hpcps.worker.export):
+        # the chief never holds a whole table
+        path = write_model(RunDir(cfg.output.dir).model, model_tables(client), cfg,
+                           step=result["clock"], epoch=result["epochs"])
+        result["model_path"] = str(path)
+    if group is not None:
+        # a server's workers are one per group: the chief's last requests (the final
+        # checkpoint, the model's PULL_SHARDs) to a server it does not own must be
+        # answered before that server's own workers tell it to stop
+        barrier(roles.role_comm)
+    client.stop()
+    if group is not None:
+        group.free()
+
+
+def _report(cfg, elastic, server, client, trainer, result, mine, n_tables) -> tuple:
+    """Every rank's totals, gathered on the job's ranks of now (after failures, growths):
+    ``(roles, windows, ranges, rows, hosts, stopped, consistency rows, survived)``.
+    Collective over every rank of the job."""
+    roles, windows, ft_state = elastic.roles, elastic.windows, elastic.ft
+    world = roles.ps
+    ranges = None
+    if server is not None:                   # servers: their original index
+        if ft_state is not None:
+            ranges = server.range_rows()
+        mine = RankStats.of_server(server.load(), cfg.train.epochs)
+    else:
+        mine.index = roles.index
+        mine.stopped = bool(result["stopped_by_signal"])
+        mine.add_client(client.ep.stats)
+    if ft_state is not None:
+        if ranges is None:
+            ranges = np.full((ft_state.n_ranges, 5), -1, dtype=np.int64)
+        ranges = allreduce_max(world, ranges)
+    rows = gather_rows(world, mine.to_row(cfg.train.epochs, n_tables))
+    hosts = core.allgather_hostnames(world)      # rows[i] ran on hosts[i]
+    stopped = bool(any_rank_failed(world, mine.stopped))
+    crows = gather_rows(world, consistency_report.local_row(
+        server is not None, roles.index, server.staleness if server else None, client,
+        trainer.steps if trainer else None, windows))
+    # any rank (workers added after a failure never saw it): all leave the same way
+    survived = any_rank_failed(world, survived_failure(ft_state))
+    return roles, windows, ranges, rows, hosts, stopped, crows, survived
 
 
 def _closing_barrier(comm) -> None:

@@ -5,10 +5,8 @@ Under BSP every worker runs the same number of steps per epoch (the largest part
 with zero examples, so no server waits for it.
 
 The trainer runs one planned segment of an epoch at a time (:meth:`Trainer.run_segment`) and
-raises what ends it early — a stop signal, a growth, a lost peer
-(:mod:`hpcps.worker.events`); the epoch loop that handles them, re-plans and resumes is
-:mod:`hpcps.resilience.supervisor`. The rows each segment reads are planned by
-:mod:`hpcps.core.planning` (no MPI).
+raises what ends it early (:mod:`hpcps.worker.events`); the epoch loop that handles them is
+:mod:`hpcps.resilience.supervisor`; the rows are planned by :mod:`hpcps.core.planning`.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcps.comm.collectives import Vote, allgather_rows, allreduce_max, allreduce_sum, barrier, gatherv
+from hpcps.comm.collectives import (Vote, allgather_rows, allreduce_max, allreduce_sum, barrier,
+                                    bcast_json, gatherv)
 from hpcps.comm.ft import is_peer_failure
 from hpcps.core.consistency import BSP
 from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples_per_step,
@@ -36,8 +35,7 @@ from hpcps.worker.steps import NonFiniteGuard, localized, make_steps
 
 __all__ = ["Trainer", "Segment", "Cursor", "epoch_order", "epoch_rows", "EVAL_CHUNK"]
 
-#: Test rows evaluated per pull when the model is evaluated at the end of an epoch.
-EVAL_CHUNK = 8192
+EVAL_CHUNK = 8192    #: test rows evaluated per pull (the evaluation at the end of an epoch)
 
 
 @dataclass
@@ -403,12 +401,14 @@ class Trainer:
 
     def _close_epoch(self, cur: Cursor) -> None:
         """Evaluate the epoch and keep its record; in continue mode every worker then passes a
-        barrier (the epoch is done everywhere). Collective over the workers."""
+        barrier (the epoch is done everywhere) and keeps the record too (any survivor may
+        become the chief, who writes the metrics). Collective over the workers."""
         cur.rec = self._evaluate(cur.epoch, self.Xt, self.yt, cur.loss_sum, cur.n_ex,
                                  time.perf_counter() - self._t0)
         if self.ft is not None:
             barrier(self.comm)     # every worker finished the epoch
             self.epochs_done = cur.epoch + 1
+            cur.rec = bcast_json(self.comm, cur.rec)
         self.record(cur.rec)
 
     def _progress(self, cur: Cursor, step: int) -> None:
@@ -513,10 +513,10 @@ class Trainer:
         return [self.model.load("train", p, n_parts)[0].shape[0] for p in range(n_parts)]
 
     def record(self, rec) -> None:
-        """Keep an epoch's metrics record (the chief's; None elsewhere) and report it."""
+        """Keep an epoch's metrics record (None: none here); the chief reports it."""
         if rec is not None:
             self.history.append(rec)
-            if self.on_epoch:
+            if self.on_epoch and self.is_chief:
                 self.on_epoch(rec)
 
     def make_vote(self):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcps import checkpoint as ckpt
 from hpcps.core.exitcodes import restartable
 from tests.helpers import (ROOT, finish, hpcps, kill_rank, kill_session, kill_while_paused,
                            mpi_env, mpirun, wait_paused, write_continue_job)
@@ -148,3 +149,59 @@ def test_server_lost_while_a_survivor_is_still_replanning_job_finishes_every_exa
     assert first["dead_workers"] == [3] and second["dead_servers"] == [1], s["failures"]
     assert not second["dead_workers"]
     assert s["servers"][0]["examples_per_epoch"] == [9600, 9600]
+
+
+def _lost_at_end(tmp_path, job, ranks: int, where: str, victim: int):
+    """Run ``job`` on ``ranks`` ranks under ``tests/tools/end_loss_driver.py``: world rank
+    ``victim`` killed after the last step, where it enters ``where``. Returns the run's
+    metrics (the job must end with status 0) and its output."""
+    driver = ROOT / "tests" / "tools" / "end_loss_driver.py"
+    cmd = [mpirun(), "-n", str(ranks), "--with-ft", "ulfm",
+           sys.executable, str(driver), str(job), where, str(victim)]
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out = finish(p, timeout=300)
+    finally:
+        if p.poll() is None:
+            kill_session(p.pid)
+            p.wait()
+    assert p.returncode == 0, out[-3000:]
+    return metrics(tmp_path, job.stem), out
+
+
+@pytest.mark.parametrize("where,victim", [("finish", 2), ("finish", 0), ("report", 1)])
+def test_worker_lost_after_the_last_step_job_finishes_from_the_survivors(tmp_path, where,
+                                                                         victim):
+    """A worker lost after the last step (found in the CI of 9a7fe05: MPI_ERR_PROC_FAILED out of
+    the final checkpoint): while the survivors write the final checkpoint and add up the
+    totals (``finish``; worker 0 is the chief, who writes it), or after every worker sent STOP
+    while the ranks gather the report (``report``). The survivors recover and finish: status 0,
+    every example of both epochs applied once, the final checkpoint and the model written."""
+    job = write(tmp_path, f"end{where}{victim}")
+    # 4 workers (ranks 0-3) and the server (rank 4)
+    m, out = _lost_at_end(tmp_path, job, 5, where, victim)
+    s = m["summary"]
+    (event,) = s["failures"]
+    assert event["dead_workers"] == [victim] and event["examples_reassigned"] == 0, event
+    assert s["servers"][0]["examples_per_epoch"] == [9600, 9600]     # 12000 rows, 20% test
+    assert s["examples"] == 19200 and s["steps"] == 2 * 75, s
+    run = tmp_path / job.stem
+    ckpt.verify(ckpt.step_dir(run, 150))              # the final checkpoint, complete
+    assert ckpt.read_manifest(ckpt.step_dir(run, 150))["step"] == 150
+    assert (run / "model.h5").is_file(), sorted(p.name for p in run.iterdir())
+    assert [r["epoch"] for r in m["epochs"]] == [1, 2]
+
+
+def test_server_lost_after_the_last_step_job_finishes_from_its_backup(tmp_path):
+    """A server lost (replicas 2) after every worker sent STOP, while the ranks gather the
+    report: its range goes on from its backup, the workers finish again on the survivors."""
+    job = write_continue_job(tmp_path, "endsrv", servers=2,
+                             fault_tolerance='replicas = 2\non_server_loss = "restart"')
+    # 4 workers (ranks 0-3), servers 0 and 1 (ranks 4, 5)
+    m, out = _lost_at_end(tmp_path, job, 6, "report", 5)
+    s = m["summary"]
+    (event,) = s["failures"]
+    assert event["dead_servers"] == [1] and not event["dead_workers"], event
+    assert s["servers"][0]["examples_per_epoch"] == [9600, 9600]
+    assert (tmp_path / "endsrv" / "model.h5").is_file()
