@@ -53,8 +53,12 @@ def file_and_line(shown, path: Path | None, key: str | None) -> str:
     """``"<shown>:<line>"`` with the line of ``key`` in the job file ``path``
     (:func:`line_of`), or ``"<shown>"`` when it has none: how a message names where a key is
     (``shown``: the path as the message shows it)."""
-    n = line_of(Path(path) if path is not None else None, key)
-    return f"{shown}:{n}" if n else str(shown)
+    return _at(shown, line_of(Path(path) if path is not None else None, key))
+
+
+def _at(shown, line: int) -> str:
+    """``"<shown>:<line>"``, or ``"<shown>"`` for line 0 (none)."""
+    return f"{shown}:{line}" if line else str(shown)
 
 
 class ConfigError(ValueError):
@@ -99,8 +103,7 @@ class ConfigError(ValueError):
         self.key = key
         self.message = message
         self.line = line_of(self.path, key) if line is None else int(line)
-        where = None if self.path is None else (
-            f"{self.path}:{self.line}" if self.line else str(self.path))
+        where = None if self.path is None else _at(self.path, self.line)
         parts = [p for p in (where, key) if p is not None]
         super().__init__(": ".join(parts + [message]))
 
