@@ -38,6 +38,7 @@ from mpi4py cimport MPI
 from mpi4py.libmpi cimport (MPI_ANY_SOURCE, MPI_BYTE, MPI_Comm, MPI_Get_count, MPI_Iprobe, MPI_Irecv,
                             MPI_Isend,
                             MPI_Recv, MPI_Request, MPI_REQUEST_NULL, MPI_Send, MPI_Status,
+                            MPI_COMM_NULL, MPI_Cancel, MPI_Request_free,
                             MPI_STATUS_IGNORE, MPI_SUCCESS, MPI_Test, MPI_Wait)
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime, nanosleep, time_t, timespec
 
@@ -330,12 +331,20 @@ cdef inline double _clock(int which) noexcept nogil:
     return t.tv_sec + 1e-9 * t.tv_nsec
 
 
+cdef inline double _nap(double sleep, double sleep_max) noexcept nogil:
+    """Sleep ``sleep`` seconds; returns the next sleep (doubled, at most ``sleep_max``)."""
+    cdef timespec ts
+    ts.tv_sec = <time_t>sleep
+    ts.tv_nsec = <long>((sleep - ts.tv_sec) * 1e9)
+    nanosleep(&ts, NULL)
+    return sleep * 2 if sleep * 2 < sleep_max else sleep_max
+
+
 cdef int _wait(MPI_Request *req, double spin, double sleep_min, double sleep_max) noexcept nogil:
     """``MPI_Wait`` (``spin`` < 0), or ``MPI_Test`` for ``spin`` seconds, then between tests
     sleeps doubling from ``sleep_min`` to ``sleep_max`` (as :func:`hpcps.comm.core.waitall`)."""
     cdef int flag = 0, ierr
     cdef double t0, sleep = sleep_min
-    cdef timespec ts
     if spin < 0:
         return MPI_Wait(req, MPI_STATUS_IGNORE)
     t0 = _clock(CLOCK_MONOTONIC)
@@ -344,10 +353,38 @@ cdef int _wait(MPI_Request *req, double spin, double sleep_min, double sleep_max
         if ierr != MPI_SUCCESS or flag:
             return ierr
         if _clock(CLOCK_MONOTONIC) - t0 >= spin:
-            ts.tv_sec = <time_t>sleep
-            ts.tv_nsec = <long>((sleep - ts.tv_sec) * 1e9)
-            nanosleep(&ts, NULL)
-            sleep = sleep * 2 if sleep * 2 < sleep_max else sleep_max
+            sleep = _nap(sleep, sleep_max)
+
+
+cdef int _wait_watched(MPI_Request* sreq, MPI_Request* rreq, MPI_Comm watch, int watch_tag,
+                       double spin, double sleep_min, double sleep_max) noexcept nogil:
+    """Complete ``sreq`` and ``rreq`` (either may be ``MPI_REQUEST_NULL``) by tests, probing
+    ``watch`` from any source on ``watch_tag`` (a tag no message carries) between them: in
+    continue mode MPI reports a failed rank of ``watch`` there (as
+    :func:`hpcps.comm.core.waitall` does). Sleeps between tests after ``spin`` seconds
+    (``spin`` < 0: never). Returns the MPI error code; on an error the requests left are
+    cancelled (a receive) and freed, their buffers to be abandoned by the caller."""
+    cdef int flag = 0, ierr = MPI_SUCCESS
+    cdef double t0 = _clock(CLOCK_MONOTONIC), sleep = sleep_min
+    cdef MPI_Status st
+    while True:
+        if sreq[0] != MPI_REQUEST_NULL:
+            ierr = MPI_Test(sreq, &flag, MPI_STATUS_IGNORE)
+        if ierr == MPI_SUCCESS and rreq[0] != MPI_REQUEST_NULL:
+            ierr = MPI_Test(rreq, &flag, MPI_STATUS_IGNORE)
+        if ierr == MPI_SUCCESS and sreq[0] == MPI_REQUEST_NULL and rreq[0] == MPI_REQUEST_NULL:
+            return MPI_SUCCESS
+        if ierr == MPI_SUCCESS:
+            ierr = MPI_Iprobe(MPI_ANY_SOURCE, watch_tag, watch, &flag, &st)
+        if ierr != MPI_SUCCESS:
+            if rreq[0] != MPI_REQUEST_NULL:
+                MPI_Cancel(rreq)
+                MPI_Request_free(rreq)
+            if sreq[0] != MPI_REQUEST_NULL:
+                MPI_Request_free(sreq)
+            return ierr
+        if spin >= 0 and _clock(CLOCK_MONOTONIC) - t0 >= spin:
+            sleep = _nap(sleep, sleep_max)
 
 
 cdef inline bint _is_fmt(const char* got, const char* want) noexcept:
@@ -365,7 +402,7 @@ def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t
             keys, const char* key_fmt, int64_t num_keys, values, rows, const char* fmt,
             int64_t width, Py_ssize_t limit, sendbuf, recvbuf=None, header=None, int reply_tag=0,
             double spin=-1.0, double sleep_min=2e-6, double sleep_max=2e-4,
-            Py_ssize_t reply_limit=-1):
+            Py_ssize_t reply_limit=-1, MPI.Comm watch=None, int watch_tag=8):
     """A worker's PUSH or PULL of one message to one server, in one call with the GIL
     released around MPI (issue 20: the small request's Python work on the worker).
 
@@ -376,6 +413,10 @@ def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t
     clock ``header``, int64) is posted into ``recvbuf`` first, waited for after the send
     (``MPI_Wait``, or with ``spin`` >= 0 tested for ``spin`` seconds and then between sleeps
     doubling from ``sleep_min`` to ``sleep_max``) and copied into ``rows`` and ``header``.
+    With ``watch`` (continue mode) the request is started with ``MPI_Isend`` and both are
+    completed by tests that probe ``watch`` on ``watch_tag`` for a failed rank; on an MPI
+    error the requests are cancelled and freed, and the caller must never reuse
+    ``sendbuf`` and ``recvbuf`` (MPI may still use them).
 
     The caller gives the arrays as they are; what this call does not take is left to the
     Python path (nothing sent, a code returned):
@@ -405,7 +446,8 @@ def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t
     cdef uint64_t un = <uint64_t>num_keys
     cdef int64_t* hd
     cdef int ierr = MPI_SUCCESS, code = 0
-    cdef MPI_Request req = MPI_REQUEST_NULL
+    cdef MPI_Request req = MPI_REQUEST_NULL, sreq = MPI_REQUEST_NULL
+    cdef MPI_Comm wc = MPI_COMM_NULL if watch is None else watch.ob_mpi
     try:
         try:
             PyObject_GetBuffer(keys, &kb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
@@ -467,7 +509,14 @@ def request(MPI.Comm comm, int dest, int tag, int64_t op, int64_t table, int64_t
             if has_r:
                 ierr = MPI_Irecv(qb.buf, <int>reply, MPI_BYTE, dest, reply_tag, comm.ob_mpi,
                                  &req)
-            if ierr == MPI_SUCCESS:
+            if ierr == MPI_SUCCESS and wc != MPI_COMM_NULL:
+                ierr = MPI_Isend(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi, &sreq)
+                if ierr == MPI_SUCCESS:
+                    ierr = _wait_watched(&sreq, &req, wc, watch_tag, spin, sleep_min, sleep_max)
+                elif req != MPI_REQUEST_NULL:
+                    MPI_Cancel(&req)
+                    MPI_Request_free(&req)
+            elif ierr == MPI_SUCCESS:
                 ierr = MPI_Send(sb.buf, <int>total, MPI_BYTE, dest, tag, comm.ob_mpi)
                 if ierr == MPI_SUCCESS and has_r:
                     ierr = _wait(&req, spin, sleep_min, sleep_max)

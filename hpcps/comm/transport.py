@@ -60,8 +60,8 @@ class ServerEndpoint:
         self._request_header = self._request[:HEADER_BYTES].view(np.int64)
         self._inline = None       # the parts sent with the request just polled (bytes view)
         self._reply_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
-        #: the compiled request path (:mod:`hpcps.comm.fastpath`) when it is built; it is
-        #: used outside continue mode only (whose waits must notice failed ranks)
+        #: the compiled request path (:mod:`hpcps.comm.fastpath`) when it is built; in
+        #: continue mode only its parts that do not wait (whose waits must notice failed ranks)
         self.compiled = _fast is not None
         self._scratch = np.empty(0, dtype=np.int64)      # reused by recv_keys(scratch=True)
         self.pool = BufferPool()                         # recv_keys/recv_values(pooled=True)
@@ -83,8 +83,10 @@ class ServerEndpoint:
         request (None: not counted)."""
         if self._inflight:
             self.progress()
-        if self.compiled and not _core.WATCH:
-            # Iprobe, and the receive of a request of one message, in one compiled call
+        if self.compiled and (pulls is None or not _core.WATCH):
+            # Iprobe, and the receive of a request of one message, in one compiled call (also
+            # in continue mode: MPI_Iprobe from any source reports a failed rank as the
+            # Python path does; answering pulls here is not, its sends are not watched)
             if pulls is None:
                 got = _fast.probe_recv(self.comm, TAG_REQ, self._request, self._limit)
             else:
@@ -242,13 +244,14 @@ class ServerEndpoint:
     def step_parts(self, n_push: int, n_pull: int, shards, shard_type, examples: bool = False):
         """The parts of the ``PUSH_CLOCK_PULL`` just polled, taken apart in one compiled call
         (:func:`hpcps.comm.fastpath.step_parts`) when every part came with its header and is
-        of the plain form, outside continue mode: ``(pushes, pulls)`` (``pushes``: ``(table,
+        of the plain form: ``(pushes, pulls)`` (``pushes``: ``(table,
         local rows, values, version)``; ``pulls``: ``(shard, local rows)``), counted as
-        :meth:`recv_keys` and :meth:`recv_push` would have counted them; with ``examples``
+        :meth:`recv_keys` and :meth:`recv_push` would have counted them (no MPI: also in
+        continue mode); with ``examples``
         also the pushes' examples (int64 ``(n_push,)``, each push description's). None
         leaves the request to them (the general path, which names any error). Local."""
         inl = self._inline
-        if not self.compiled or inl is None or _core.WATCH:
+        if not self.compiled or inl is None:
             return None
         got = _fast.step_parts(inl, n_push, n_pull, shards, shard_type)
         if got is None:
@@ -357,10 +360,11 @@ class ServerEndpoint:
         ``INLINE_BYTES`` (:func:`one_message`), larger from a pooled copy and not waited for
         (:meth:`_send_deferred`); a PULL reply of two messages up to ``DEFER_MAX_BYTES`` of
         rows from copies, not waited for either (their sends complete while :meth:`poll`
-        runs; :meth:`flush` waits for them), so that the server does not wait for a worker
-        that is not inside MPI yet (a rendezvous needs it); other replies, and every reply
-        in continue mode (whose waits notice failed ranks), are waited for. MPI keeps the
-        messages of one tag to one rank in the order they were sent."""
+        runs; :meth:`flush` waits for them; in continue mode, after a failed peer,
+        :meth:`abandon` gives them up), so that the server does not wait for a worker that is
+        not inside MPI yet (a rendezvous needs it); other replies are waited for (in continue
+        mode by a wait that notices failed ranks). MPI keeps the messages of one tag to one
+        rank in the order they were sent."""
         t0 = time.perf_counter()
         reqs: list = []
         tag = reply_tag(rng)
@@ -389,8 +393,7 @@ class ServerEndpoint:
             self.stats.add(op, out=buf.nbytes, seconds=time.perf_counter() - t0)
             return
         nbytes = values.nbytes + (0 if header is None else header.nbytes)
-        if (op == PULL and header is not None and values.nbytes <= DEFER_MAX_BYTES
-                and not _core.WATCH):
+        if op == PULL and header is not None and values.nbytes <= DEFER_MAX_BYTES:
             rows = self.pool.take(values.shape, values.dtype)
             np.copyto(rows, values)
             hdr = header.copy()
@@ -409,22 +412,17 @@ class ServerEndpoint:
     def _send_deferred(self, dest: int, tag: int, flat: list, op: int, t0: float) -> None:
         """Send the arrays ``flat`` back to back as one message to ``dest`` on ``tag``, packed
         into a pooled buffer (by one compiled call when they are native C-contiguous data)
-        and not waited for (:meth:`progress` gives the buffer back once sent; in continue
-        mode waited for, so that the wait notices a failed rank). Point-to-point."""
+        and not waited for (:meth:`progress` gives the buffer back once sent; after a failed
+        peer, :meth:`abandon`). Point-to-point."""
         nbytes = sum(a.nbytes for a in flat)
         buf = self.pool.take((nbytes,), np.uint8)
         reqs: list = []
-        if (self.compiled and not _core.WATCH
-                and all(a.dtype.isnative and a.flags.c_contiguous for a in flat)):
+        if self.compiled and all(a.dtype.isnative and a.flags.c_contiguous for a in flat):
             reqs.append(_fast.isend_packed(self.comm, dest, tag, flat[0], flat[1:], buf))
         else:
             pack_into(buf, flat)
             isend_array(self.comm, buf, dest, tag, self.max_bytes, reqs)
-        if _core.WATCH:                    # continue mode: a wait that notices failures
-            waitall(reqs, buf)
-            self.pool.give(buf)
-        else:
-            self._inflight.append((reqs, buf, None))
+        self._inflight.append((reqs, buf, None))
         self.stats.add(op, out=nbytes, seconds=time.perf_counter() - t0)
 
     def reply_many(self, dest: int, parts, op: int, rng: int = 0) -> None:
@@ -454,6 +452,14 @@ class ServerEndpoint:
             else:
                 still.append((reqs, rows, hdr))
         self._inflight = still
+
+    def abandon(self) -> None:
+        """Give up the replies in flight after a peer failed (continue mode): their requests
+        and buffers are kept alive, never reused (:func:`hpcps.comm.core.abandon`; the
+        recovery cancels what it can). Local."""
+        for reqs, rows, hdr in self._inflight:
+            _core.abandon(reqs, rows, hdr)
+        self._inflight = []
 
     def flush(self) -> None:
         """Wait for every reply in flight (before the server stops or replaces this endpoint).

@@ -37,7 +37,7 @@ class WorkerEndpoint:
         self._keep: list = []
         self._unpack: list = []        # (stage, rows, header) of packed replies (expect_rows)
         #: the compiled path (:mod:`hpcps.comm.fastpath`) for requests and replies of one
-        #: message, when it is built; used outside continue mode only
+        #: message, when it is built (in continue mode with waits that notice failed ranks)
         self.compiled = _fast is not None
         self._send_buf = np.empty(INLINE_BYTES // 8, dtype=np.int64).view(np.uint8)
         #: the reply of a pull done by :meth:`request` (one message, :func:`one_reply`)
@@ -94,8 +94,8 @@ class WorkerEndpoint:
         skipped): packed and sent by one blocking eager ``MPI_Send`` in a compiled call
         (:func:`hpcps.comm.fastpath.send_packed`) when it fits in ``INLINE_BYTES``, else
         packed into a pooled buffer and sent without waiting (by one compiled call,
-        :func:`hpcps.comm.fastpath.isend_packed`, outside continue mode for C-contiguous
-        native data). ``out``: the bytes counted for ``op`` (the caller counts
+        :func:`hpcps.comm.fastpath.isend_packed`, for C-contiguous native data; in continue
+        mode every request this way). ``out``: the bytes counted for ``op`` (the caller counts
         the rest under the parts' ops)."""
         dest = self.server_ranks[server]
         if self.compiled and not _core.WATCH and one_message(nbytes, self.max_bytes) and all(
@@ -108,11 +108,11 @@ class WorkerEndpoint:
                 pass
         buf = self._packs.take((nbytes,), np.uint8)     # back to the pool once sent
         self._packed.append(buf)
-        if self.compiled and not _core.WATCH and all(a is None or a.dtype.isnative
-                                                     for a in arrays):
+        if self.compiled and all(a is None or a.dtype.isnative for a in arrays):
             try:            # packed and started (MPI_Isend) in one compiled call
                 self._reqs.append(_fast.isend_packed(self.comm, dest, TAG_REQ, header, arrays,
                                                      buf))
+                self._keep.append(buf)          # alive while MPI may read it (a failed wait)
                 self.stats.add(op, messages=1, out=out, keys=int(header[H_NKEYS]))
                 return
             except BufferError:        # not C-contiguous: packed below
@@ -134,8 +134,11 @@ class WorkerEndpoint:
         may be pending (:attr:`pending`). Counted as :meth:`send`, :meth:`expect_rows` and
         :meth:`complete` count the same request.
 
-        Returns whether it did. False — nothing sent — without the compiled path, in
-        continue mode, with requests pending, when the request is more than one eager
+        In continue mode the waits notice a failed rank (:func:`hpcps.comm.core.waitall`);
+        MPI may then still use the buffers, which are abandoned (new ones made).
+
+        Returns whether it did. False — nothing sent — without the compiled path, with
+        requests pending, when the request is more than one eager
         message (:func:`one_message`; a PULL's: more than one message, :func:`one_request`)
         or the reply more than one message (:func:`one_reply`), for a key outside
         ``[0, num_keys)`` (``num_keys`` < 0: any key), for ``keys`` not C-contiguous int64,
@@ -143,7 +146,7 @@ class WorkerEndpoint:
         with ``keys.size * width`` items (``width``: the table's dim), or ``rows`` not a
         writeable C-contiguous ``(keys.size, width)`` array of format ``fmt``: the caller then takes the general path (which
         converts, or raises naming the problem)."""
-        if not self.compiled or self._reqs or _core.WATCH:
+        if not self.compiled or self._reqs:
             return False
         t0 = time.perf_counter()
         sendbuf, limit = self._send_buf, self._limit
@@ -155,18 +158,35 @@ class WorkerEndpoint:
             if self._big_send is None:
                 self._big_send = np.empty(-(-self._big_limit // 8), np.int64).view(np.uint8)
             sendbuf, limit = self._big_send, self._big_limit
-        nb = _fast.request(self.comm, self.server_ranks[server], TAG_REQ, op, table, clock,
-                           n_examples, seq, dim, aux, server, keys, KEY_FMT, num_keys, values,
-                           rows, fmt, width, limit, sendbuf, self._recv_buf, header,
-                           TAG_REPLY + 2 * server,       # reply_tag(server)
-                           -1.0 if self.wait_spin is None else self.wait_spin,
-                           _core.POLL_SLEEP_MIN, _core.POLL_SLEEP_MAX, self._reply_limit)
+        watch = _core.WATCH[0] if _core.WATCH else None
+        try:
+            nb = _fast.request(self.comm, self.server_ranks[server], TAG_REQ, op, table, clock,
+                               n_examples, seq, dim, aux, server, keys, KEY_FMT, num_keys,
+                               values, rows, fmt, width, limit, sendbuf, self._recv_buf, header,
+                               TAG_REPLY + 2 * server,       # reply_tag(server)
+                               -1.0 if self.wait_spin is None else self.wait_spin,
+                               _core.POLL_SLEEP_MIN, _core.POLL_SLEEP_MAX, self._reply_limit,
+                               watch, _core.WATCH_TAG)
+        except MPI.Exception:
+            if watch is not None:      # a failed peer: MPI may still use both buffers
+                self._abandon_buffers(sendbuf)
+            raise
         if nb < 0:
             return False
         self.stats.add(op, messages=1, out=nb,
                        inn=0 if rows is None else rows.nbytes + header.nbytes,
                        keys=keys.size, seconds=time.perf_counter() - t0)
         return True
+
+    def _abandon_buffers(self, sendbuf) -> None:
+        """After a failed watched :meth:`request`: keep its buffers alive for ever
+        (:func:`hpcps.comm.core.abandon`) and use new ones. Local."""
+        _core.abandon([], sendbuf, self._recv_buf)
+        self._recv_buf = np.empty_like(self._recv_buf)
+        if sendbuf is self._send_buf:
+            self._send_buf = np.empty_like(sendbuf)
+        else:
+            self._big_send = None
 
     def send_parts(self, server: int, keys=None, values=None, op: int = PUSH) -> None:
         """Start sending ``keys`` (tag ``TAG_KEYS``) and ``values`` (tag ``TAG_VALS``) to
@@ -230,7 +250,7 @@ class WorkerEndpoint:
     def _post_stage(self, server: int, stage: np.ndarray) -> None:
         """Post the receive of one reply message for key range ``server`` into ``stage``
         (kept alive until :meth:`complete`)."""
-        if self.compiled and not _core.WATCH:
+        if self.compiled:
             self._reqs.append(_fast.irecv_bytes(self.comm, self.server_ranks[server],
                                                 reply_tag(server), stage))
         else:

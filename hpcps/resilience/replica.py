@@ -384,6 +384,7 @@ class ServerGroup:
             for _, reqs, keep in entries:
                 core.abandon(reqs, *keep)
         self.inflight = {}
+        self.ep.abandon()                                # replies in flight, likewise
         rec = recover(self.ft, self._report(), reload_step_of=self._reload_step)
         t0 = time.perf_counter()
         plan = rec.plan

@@ -205,3 +205,18 @@ def test_server_lost_after_the_last_step_job_finishes_from_its_backup(tmp_path):
     assert event["dead_servers"] == [1] and not event["dead_workers"], event
     assert s["servers"][0]["examples_per_epoch"] == [9600, 9600]
     assert (tmp_path / "endsrv" / "model.h5").is_file()
+
+
+def test_compiled_request_notices_a_failed_server_and_abandons_its_buffers():
+    """Continue mode runs the compiled request path (one call: pack, send, wait for the
+    reply) with a wait that probes the watched communicator: a worker waiting there for a
+    server that died raises a peer failure (the recovery's cue) within seconds instead of
+    waiting for ever, and never reuses the buffers MPI may still hold."""
+    driver = ROOT / "tests" / "tools" / "watched_request_driver.py"
+    p = subprocess.run([mpirun(), "-n", "2", "--with-ft", "ulfm", sys.executable, str(driver)],
+                       env=mpi_env(), capture_output=True, text=True, timeout=120)
+    line = [x for x in p.stdout.splitlines() if x.startswith(("FAILED", "NO-FAILURE"))]
+    assert line, (p.stdout + p.stderr)[-3000:]
+    word, peer, seconds, fresh, orphans = line[0].split()
+    assert word == "FAILED" and peer == "True", line
+    assert float(seconds) < 30 and fresh == "True" and int(orphans) >= 1, line
