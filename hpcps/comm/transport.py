@@ -357,10 +357,10 @@ class ServerEndpoint:
 
         The caller may change ``values`` and ``header`` once this returns. A reply with a
         ``header`` of one message (:func:`one_reply`) is sent at once (eager) up to
-        ``INLINE_BYTES`` (:func:`one_message`), larger from a pooled copy and not waited for
-        (:meth:`_send_deferred`); a PULL reply of two messages up to ``DEFER_MAX_BYTES`` of
-        rows from copies, not waited for either (their sends complete while :meth:`poll`
-        runs; :meth:`flush` waits for them; in continue mode, after a failed peer,
+        ``INLINE_BYTES`` (:func:`one_message`), larger (and in continue mode every one) from
+        a pooled copy and not waited for (:meth:`_send_deferred`); a PULL reply of two
+        messages up to ``DEFER_MAX_BYTES`` of rows from copies, not waited for either (their
+        sends complete while :meth:`poll` runs; :meth:`flush` waits for them; in continue mode, after a failed peer,
         :meth:`abandon` gives them up), so that the server does not wait for a worker that is
         not inside MPI yet (a rendezvous needs it); other replies are waited for (in continue
         mode by a wait that notices failed ranks). MPI keeps the messages of one tag to one
@@ -368,8 +368,10 @@ class ServerEndpoint:
         t0 = time.perf_counter()
         reqs: list = []
         tag = reply_tag(rng)
-        if header is not None and not one_message(values.nbytes + header.nbytes, self.max_bytes) \
+        if header is not None and (_core.WATCH or not one_message(values.nbytes + header.nbytes,
+                                                                  self.max_bytes)) \
                 and one_reply(values.nbytes + header.nbytes, self.max_bytes):
+            # continue mode: every reply of one message so (a wait would have to notice failures)
             self._send_deferred(dest, tag, [values, header], op, t0)
             return
         if header is not None and one_message(values.nbytes + header.nbytes, self.max_bytes):
@@ -386,10 +388,7 @@ class ServerEndpoint:
             buf = np.empty(nv + header.nbytes, dtype=np.uint8)
             buf[:nv] = values.reshape(-1).view(np.uint8)
             buf[nv:] = header.view(np.uint8)
-            if _core.WATCH:                    # continue mode: a wait that notices failures
-                waitall(reqs, isend_array(self.comm, buf, dest, tag, self.max_bytes, reqs))
-            else:                              # the worker has posted the receive
-                self.comm.Send([buf, buf.size, MPI.BYTE], dest=dest, tag=tag)
+            self.comm.Send([buf, buf.size, MPI.BYTE], dest=dest, tag=tag)   # receive posted
             self.stats.add(op, out=buf.nbytes, seconds=time.perf_counter() - t0)
             return
         nbytes = values.nbytes + (0 if header is None else header.nbytes)

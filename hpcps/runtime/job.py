@@ -218,8 +218,10 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 if server is not None:
                     server.recover()
                     server.serve()
-                else:
+                elif supervisor.last is not None:
                     result = supervisor.finish(recover=True)
+                else:                      # no step ran here: nothing to finish again
+                    raise
         roles, windows, ranges, rows, hosts, stopped, crows, survived = report
         if trainer is not None:
             history[:] = trainer.history
