@@ -94,29 +94,41 @@ def test_worker_then_server_lost_server_loss_restarts_from_checkpoint(tmp_path):
     assert [r["epoch"] for r in m["epochs"]][-1] == 2 and m["epochs"][-1]["test_auc"] > 0.88
 
 
-def _replan_race(tmp_path, job, ranks: int, second_victim: int):
-    """Run ``job`` on ``ranks`` ranks (4 workers first) under
-    ``tests/tools/replan_race_driver.py``: worker 3 killed at clock 20, then world rank
-    ``second_victim`` while survivor 2 waits inside its re-plan (workers 0 and 1 then have
-    taken step 20). Returns the run's metrics summary (the job must end with status 0)."""
-    flag = tmp_path / "go"
-    driver = ROOT / "tests" / "tools" / "replan_race_driver.py"
-    cmd = [mpirun(), "-n", str(ranks), "--with-ft", "ulfm",
-           sys.executable, str(driver), str(job), "20", "2", str(flag)]
+def _ulfm_driver(tmp_path, ranks: int, driver: str, args, during=None) -> str:
+    """Launch ``tests/tools/DRIVER`` with ``args`` on ``ranks`` ranks under ``mpirun --with-ft
+    ulfm`` in ``tmp_path``, call ``during(p)`` while it runs, and return its output (the
+    launch must end with status 0 within 300 s; its processes are killed otherwise)."""
+    cmd = [mpirun(), "-n", str(ranks), "--with-ft", "ulfm", sys.executable,
+           str(ROOT / "tests" / "tools" / driver)] + [str(a) for a in args]
     p = subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        for name, alive, victim in ((flag, 4, 3), (Path(f"{flag}-regroup"), 1, second_victim)):
-            wait_paused(p, name, alive, f"at {name.name}")
-            time.sleep(1.0)             # the others take their step and wait for the next pull
-            kill_rank(job, victim, b"replan_race_driver.py")
-            name.touch()
+        if during is not None:
+            during(p)
         out = finish(p, timeout=300)
     finally:
         if p.poll() is None:
             kill_session(p.pid)
             p.wait()
     assert p.returncode == 0, out[-3000:]
+    return out
+
+
+def _replan_race(tmp_path, job, ranks: int, second_victim: int):
+    """Run ``job`` on ``ranks`` ranks (4 workers first) under
+    ``tests/tools/replan_race_driver.py``: worker 3 killed at clock 20, then world rank
+    ``second_victim`` while survivor 2 waits inside its re-plan (workers 0 and 1 then have
+    taken step 20). Returns the run's metrics summary (the job must end with status 0)."""
+    flag = tmp_path / "go"
+
+    def kills(p):
+        for name, alive, victim in ((flag, 4, 3), (Path(f"{flag}-regroup"), 1, second_victim)):
+            wait_paused(p, name, alive, f"at {name.name}")
+            time.sleep(1.0)             # the others take their step and wait for the next pull
+            kill_rank(job, victim, b"replan_race_driver.py")
+            name.touch()
+
+    _ulfm_driver(tmp_path, ranks, "replan_race_driver.py", [job, 20, 2, flag], during=kills)
     return metrics(tmp_path, job.stem)["summary"]
 
 
@@ -155,18 +167,7 @@ def _lost_at_end(tmp_path, job, ranks: int, where: str, victim: int):
     """Run ``job`` on ``ranks`` ranks under ``tests/tools/end_loss_driver.py``: world rank
     ``victim`` killed after the last step, where it enters ``where``. Returns the run's
     metrics (the job must end with status 0) and its output."""
-    driver = ROOT / "tests" / "tools" / "end_loss_driver.py"
-    cmd = [mpirun(), "-n", str(ranks), "--with-ft", "ulfm",
-           sys.executable, str(driver), str(job), where, str(victim)]
-    p = subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out = finish(p, timeout=300)
-    finally:
-        if p.poll() is None:
-            kill_session(p.pid)
-            p.wait()
-    assert p.returncode == 0, out[-3000:]
+    out = _ulfm_driver(tmp_path, ranks, "end_loss_driver.py", [job, where, victim])
     return metrics(tmp_path, job.stem), out
 
 
