@@ -300,10 +300,17 @@ class ServerGroup:
         survivor)."""
         # asked after each request: a growth that oversubscribes the node lowers the
         # ranges' idle_spin (ParameterServer.add_workers) while this loop runs
-        serve_requests(lambda: self.ep.poll(), self.handle, self._finished,
-                       lambda: min(ps.idle_spin for ps in self.primaries.values()),
-                       recover=self.recover, recoverable=is_peer_failure)
-        self.ep.flush()
+        while True:
+            serve_requests(lambda: self.ep.poll(), self.handle, self._finished,
+                           lambda: min(ps.idle_spin for ps in self.primaries.values()),
+                           recover=self.recover, recoverable=is_peer_failure)
+            try:
+                self.ep.flush()              # the last replies, sent without waiting
+                break
+            except Exception as e:          # noqa: BLE001 - only a lost peer is recovered
+                if not is_peer_failure(e):
+                    raise
+                self.recover()               # then serve the survivors until they stop again
         for ps in self.primaries.values():
             ps.check_done()
 

@@ -94,4 +94,6 @@ def test_stop_signal_under_ssp_and_async_without_lockstep(tmp_path, model):
     p, lines = start(job, tmp_path, wait_for="resumed from checkpoint step")
     assert f"resumed from checkpoint step {clock} " in lines[-1], "".join(lines)[-3000:]
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=300) == 75
+    out = "".join(lines) + p.communicate(timeout=300)[0]
+    # status 1 once in the clean-clone CI of 6f59b37 (0 of 30 local runs): the output says why
+    assert p.returncode == 75, out[-3000:]
