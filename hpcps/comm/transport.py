@@ -360,11 +360,11 @@ class ServerEndpoint:
         ``INLINE_BYTES`` (:func:`one_message`), larger (and in continue mode every one) from
         a pooled copy and not waited for (:meth:`_send_deferred`); a PULL reply of two
         messages up to ``DEFER_MAX_BYTES`` of rows from copies, not waited for either (their
-        sends complete while :meth:`poll` runs; :meth:`flush` waits for them; in continue mode, after a failed peer,
-        :meth:`abandon` gives them up), so that the server does not wait for a worker that is
-        not inside MPI yet (a rendezvous needs it); other replies are waited for (in continue
-        mode by a wait that notices failed ranks). MPI keeps the messages of one tag to one
-        rank in the order they were sent."""
+        sends complete while :meth:`poll` runs; :meth:`flush` waits for them; in continue
+        mode, after a failed peer, :meth:`abandon` gives them up), so that the server does not
+        wait for a worker that is not inside MPI yet (a rendezvous needs it); other replies
+        are waited for (in continue mode by a wait that notices failed ranks). MPI keeps the
+        messages of one tag to one rank in the order they were sent."""
         t0 = time.perf_counter()
         reqs: list = []
         tag = reply_tag(rng)

@@ -33,10 +33,10 @@ from hpcps.worker.trainer import Cursor, Segment
 __all__ = ["supervise", "Supervisor", "regroup"]
 
 
-def supervise(trainer, restore=None, checkpointer=None, join=None, wrap_up=None) -> dict:
+def supervise(trainer, restore=None, checkpointer=None, join=None) -> dict:
     """Train for ``cfg.train.epochs`` epochs: :meth:`Supervisor.run`. Collective over the
     workers' communicator (and, for a recovery or a growth, every rank of the job)."""
-    return Supervisor(trainer, checkpointer).run(restore=restore, join=join, wrap_up=wrap_up)
+    return Supervisor(trainer, checkpointer).run(restore=restore, join=join)
 
 
 def regroup(tr, epoch, plan, clock0) -> Segment:

@@ -204,8 +204,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 checkpointer.more = {"launches": json.dumps(launches)}
             supervisor = Supervisor(trainer, checkpointer)
             result = supervisor.run(restore=restore[1] if restore else None, join=join,
-                                    wrap_up=lambda res: _wrap_up(cfg, res, client, model, elastic,
-                                                                 group, checkpointer))
+                                    wrap_up=lambda res: _wrap_up(cfg, res, client, elastic, group,
+                                                                 checkpointer))
         while True:
             try:
                 # the totals of every rank; a peer lost now (continue mode) is recovered, then
@@ -276,7 +276,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     return summary
 
 
-def _wrap_up(cfg, result, client, model, elastic, group, checkpointer) -> None:
+def _wrap_up(cfg, result, client, elastic, group, checkpointer) -> None:
     """A worker's part in the end of the run after its totals (``result``, completed here): the
     chief exports the model, then STOP to the servers. Collective over the workers; run again
     after a peer lost meanwhile (continue mode: :meth:`~hpcps.resilience.supervisor.Supervisor.finish`)."""
