@@ -279,16 +279,32 @@ def run(cmd: list[str], env_extra: dict, abort_exit_seconds: float = ABORT_EXIT_
     return rc
 
 
+def _sweep(sid: int, rc: int) -> None:
+    """Kill (SIGKILL) what is left of session ``sid`` after its leader, mpirun, exited with
+    status ``rc``, saying so on stderr: a process it started and did not end (seen once in CI:
+    an added worker held before ``MPI_Init`` outlived the aborted launch) would hold its cores
+    during a relaunch. Local."""
+    pids = kill_session(sid)
+    if pids:
+        status = 128 - rc if rc < 0 else rc
+        sys.stderr.write(f"hpcps run: mpirun exited with status {status} and left {len(pids)} "
+                         "process(es) of its session; killed them\n")
+        sys.stderr.flush()
+
+
 def _wait(proc: subprocess.Popen, mark: Path, grace: float) -> int:
-    """``proc.wait()``, but once ``mark`` exists (a rank aborted the job) for ``grace``
+    """``proc.wait()`` (then any process left in its session killed, :func:`_sweep`), but once ``mark`` exists (a rank aborted the job) for ``grace``
     seconds without ``proc`` exiting: kill every process of its session and return the
     status in ``mark``. Local."""
     t_abort = None
     while True:
         try:
-            return proc.wait(timeout=0.25)
+            rc = proc.wait(timeout=0.25)
         except subprocess.TimeoutExpired:
             pass
+        else:
+            _sweep(proc.pid, rc)
+            return rc
         if t_abort is None:
             if read_abort_mark(mark) is not None:
                 t_abort = time.monotonic()

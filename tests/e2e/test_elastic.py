@@ -359,7 +359,10 @@ def test_added_worker_stuck_while_the_job_aborts_is_killed_by_hpcps_run(tmp_path
             read_until(p, "restart 1/1", lines, timeout=timeout + 150)
         finally:
             stop.cancel()
-        assert not _alive(held), "the held process outlived the launch"
+        deadline = time.time() + 5          # SIGKILLed as "restart 1/1" is printed
+        while _alive(held) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not _alive(held), "the held process outlived the launch:\n" + "".join(lines)[-3000:]
         flag.touch()                                        # the relaunch's added worker goes on
         out = finish(p, lines, timeout=240)
         left = session_pids(p.pid)
@@ -368,7 +371,9 @@ def test_added_worker_stuck_while_the_job_aborts_is_killed_by_hpcps_run(tmp_path
             kill_session(p.pid)
             p.wait()
     assert not left, f"processes of the job left: {left}"
-    assert "killed the" in out and "process(es) of its session" in out, out[-3000:]
+    # killed after ABORT_EXIT_SECONDS, or (if mpirun exited meanwhile) as what it left behind
+    assert re.search(r"killed the \d+ process\(es\) of its session|left \d+ process\(es\) "
+                     r"of its session; killed them", out), out[-3000:]
     assert p.returncode == 0, out[-3000:]
     s = metrics(tmp_path / "stuck")["summary"]
     relaunched = datetime.fromisoformat(s["launches"][1]["started"]).timestamp()

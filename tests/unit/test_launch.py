@@ -174,6 +174,31 @@ def test_a_launch_that_exits_0_without_the_jobs_summary_did_not_finish(tmp_path)
     assert not _unfinished(cfg, since)
 
 
+def _wait_gone(pid, what):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:                                # gone, or a zombie (killed, not reaped yet)
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except OSError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} {pid} is still alive")
+
+
+def test_run_kills_what_an_exited_mpirun_left_in_its_session(tmp_path, capfd):
+    """Found in CI (e8318f9): an added worker held before MPI_Init outlived its aborted launch.
+    A fake mpirun starts a child in its session and exits 3: run() returns 3, the child is
+    killed, and stderr says so."""
+    pidfile = tmp_path / "child.pid"
+    fake = ("import subprocess, sys; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+            f"open({str(pidfile)!r}, 'w').write(str(c.pid)); sys.exit(3)")
+    assert launch.run([sys.executable, "-c", fake], {}, abort_exit_seconds=1.0) == 3
+    _wait_gone(int(pidfile.read_text()), "the exited fake mpirun's child")
+    assert "mpirun exited with status 3 and left 1 process(es)" in capfd.readouterr().err
+
+
 def test_run_kills_the_session_of_an_mpirun_that_outlives_an_abort(tmp_path):
     """Issue 22.1: a rank aborted the job (it wrote HPCPS_ABORT_MARK) but mpirun — here a
     Python standing in for it, with a child of its own in its session — does not exit:
@@ -187,17 +212,7 @@ def test_run_kills_the_session_of_an_mpirun_that_outlives_an_abort(tmp_path):
     t0 = time.monotonic()
     assert launch.run([sys.executable, "-c", fake], {}, abort_exit_seconds=1.0) == 7
     assert time.monotonic() - t0 < 30
-    child = int(pidfile.read_text())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:                                # gone, or a zombie (killed, not reaped yet)
-            if open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-        except OSError:
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError(f"the fake mpirun's child {child} is still alive")
+    _wait_gone(int(pidfile.read_text()), "the fake mpirun's child")
 
 
 def test_run_without_abort_waits_for_mpirun():
