@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcps.core.procs import ABORT_MARK_ENV, kill_session, read_abort_mark
+from hpcps.core.procs import ABORT_MARK_ENV, kill_session, libc_prctl, read_abort_mark
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -189,18 +189,6 @@ def clear_stale_session_dir(pid: int, environ=None) -> Path | None:
     return d
 
 
-def _libc_prctl():
-    """``prctl`` of the C library (Linux), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
 PR_SET_PDEATHSIG = 1
 
 
@@ -225,7 +213,7 @@ def run(cmd: list[str], env_extra: dict, abort_exit_seconds: float = ABORT_EXIT_
     env[ABORT_MARK_ENV] = str(mark)
     forwarded.clear()
     parent = os.getpid()
-    prctl = _libc_prctl()
+    prctl = libc_prctl()
 
     def before_exec():                # in the child: single-threaded, its pid is final
         if prctl is not None:

@@ -37,3 +37,29 @@ def test_backstop_ends_a_process_whose_main_thread_holds_the_gil():
     assert p.returncode == 1, p.stderr
     assert "Timeout" in p.stderr and "not joined in time" not in p.stderr
     assert secs < 20
+
+
+def test_set_timer_slack_sets_the_calling_threads_slack():
+    """The ranks' waits sleep between polls when cores are shared; their timer slack is set
+    (hpcps.comm.core.WAIT_TIMER_SLACK_NS) so that short sleeps are short. Read back with
+    PR_GET_TIMERSLACK in a thread of its own (the test's thread keeps its slack)."""
+    import ctypes
+    import threading
+
+    import pytest
+
+    from hpcps.core.procs import set_timer_slack
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_TIMERSLACK is Linux's")
+    got = []
+
+    def probe():
+        before = ctypes.CDLL(None).prctl(30, 0, 0, 0, 0)        # PR_GET_TIMERSLACK
+        ok = set_timer_slack(10_000)
+        got.extend([before, ok, ctypes.CDLL(None).prctl(30, 0, 0, 0, 0)])
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    assert got[1] is True and got[2] == 10_000 and got[0] != 10_000, got
