@@ -125,28 +125,34 @@ def barrier_before_exit(comm: MPI.Intracomm) -> None:
     comm.Barrier()
 
 
-#: Timer slack (ns) of a rank whose waits sleep between polls (the launcher put more ranks
-#: than cores on its node): the kernel's default, 50 us, made every short sleep of the
-#: waits (2 us at first, doubling) last ~55 us. With 10 us, ``hpcps train`` of the Adult job
-#: (jobs/adult_lr.toml, 30 epochs; 3 workers + 1 server on 2 cores) ran 470k examples/s async
-#: and 500k BSP (medians of 8 alternating launches; 444k and 484k with the default),
-#: 2026-12-05.
-WAIT_TIMER_SLACK_NS = 10_000
-
-
 def limit_threads(world, ranks_on_node: int | None = None) -> int | None:
     """Give each rank its share of its node's cores for BLAS (:mod:`hpcps.core.threads`), unless
-    the user set ``OMP_NUM_THREADS`` or the like; when its node's cores are shared
-    (:func:`~hpcps.comm.launcher.cores_dedicated` false: its waits sleep between polls), set
-    the calling thread's timer slack to :data:`WAIT_TIMER_SLACK_NS`. Collective over ``world``
-    (one ``Split_type``) unless the caller counted the node's ranks (``ranks_on_node``).
-    Returns the thread count set, or ``None``."""
-    if not cores_dedicated():
-        set_timer_slack(WAIT_TIMER_SLACK_NS)
+    the user set ``OMP_NUM_THREADS`` or the like. Collective over ``world`` (one
+    ``Split_type``) unless the caller counted the node's ranks (``ranks_on_node``). Returns the
+    thread count set, or ``None``."""
     n = blas_threads_for(node_size(world) if ranks_on_node is None else ranks_on_node)
     if n is not None:
         limit_blas_threads(n)
     return n
+
+
+#: Timer slack (ns) of a rank whose waits sleep between polls (its node's cores are shared)
+#: under a policy whose replies come soon after the request (async, SSP): the kernel's
+#: default, 50 us, made every short sleep of the waits (2 us at first, doubling) last
+#: ~55 us. ``bench/bench_e2e.py --no-torch --reps 6``, 3 alternating launches per setting
+#: (18 runs each; 3 workers + 1 server on 2 cores, 2026-12-05): async 473k examples/s with
+#: 10 us against 424k with the default; BSP 482k against 516k (its replies wait for the
+#: slowest worker's push, and the waiting ranks woke more often on the shared cores), so BSP
+#: keeps the default.
+WAIT_TIMER_SLACK_NS = 10_000
+
+
+def shorten_timer_slack() -> bool:
+    """Set the calling thread's timer slack to :data:`WAIT_TIMER_SLACK_NS` when the
+    launcher shares this node's cores among more ranks than it has
+    (:func:`~hpcps.comm.launcher.cores_dedicated` false: the waits sleep between polls;
+    threads started later inherit it). Returns whether it was set. Local."""
+    return not cores_dedicated() and set_timer_slack(WAIT_TIMER_SLACK_NS)
 
 
 @dataclass(frozen=True)
