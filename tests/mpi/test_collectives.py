@@ -1,10 +1,10 @@
-# mpi-ranks: 2 3
+# mpi-ranks: 3
 """The epoch evaluation's gather (:class:`hpcps.worker.evaluation.EpochGather`) and
 :func:`hpcps.comm.collectives.gatherv` with known counts, between real MPI ranks: every rank's
 loss sums, predictions and labels on rank 0 in rank order; the labels and counts gathered once
 per communicator; a rank whose predictions change size is told (ValueError naming its rank).
 
-Run: ``mpirun -n 2 python -m pytest --with-mpi tests/mpi/test_collectives.py`` (and ``-n 3``).
+Run: ``mpirun -n 3 python -m pytest --with-mpi tests/mpi/test_collectives.py``.
 """
 
 import numpy as np
