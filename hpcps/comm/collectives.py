@@ -33,23 +33,13 @@ def allreduce_max(comm: MPI.Intracomm, values) -> np.ndarray:
     return out
 
 
-def gatherv(comm: MPI.Intracomm, values: np.ndarray, root: int = 0, counts=None):
+def gatherv(comm: MPI.Intracomm, values: np.ndarray, root: int = 0):
     """Concatenate 1-D arrays of varying lengths on ``root`` (rank order). Collective.
-
-    ``counts``, every rank's number of values (the same sequence on every rank), when the
-    ranks know them already: then no ``Allgather`` of them first. ValueError (local) when
-    ``values`` is not of this rank's count.
 
     Returns the concatenation on ``root`` and ``None`` elsewhere.
     """
     a = native_contiguous(values).reshape(-1)
-    if counts is None:
-        counts = allgather_rows(comm, [a.size])[:, 0]
-    else:
-        counts = np.asarray(counts, dtype=np.int64)
-        if a.size != counts[comm.Get_rank()]:
-            raise ValueError(f"gatherv: {a.size} values on rank {comm.Get_rank()}, but its "
-                             f"count is {int(counts[comm.Get_rank()])}")
+    counts = allgather_rows(comm, [a.size])[:, 0]
     out = np.empty(int(counts.sum()), dtype=a.dtype) if comm.Get_rank() == root else None
     recv = [out, counts.tolist()] if out is not None else None
     collective(lambda: comm.Igatherv(a, recv, root=root),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcps.comm.collectives import (Vote, allgather_rows, allreduce_max, allreduce_sum, barrier,
-                                    bcast_json)
+                                    bcast_json, gatherv)
 from hpcps.comm.ft import is_peer_failure
 from hpcps.core.consistency import BSP
 from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples_per_step,
@@ -29,13 +29,13 @@ from hpcps.data.source import block_partitioned, stream_index, streamed
 from hpcps.models import make_model   # the model registry imports every model
 from hpcps.worker import streaming
 from hpcps.worker.banner import start_lines
-from hpcps.worker.evaluation import EVAL_CHUNK, EpochGather, predict_test
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
 from hpcps.worker.groupsteps import GroupSteps
 from hpcps.worker.steps import NonFiniteGuard, localized, make_steps
 
 __all__ = ["Trainer", "Segment", "Cursor", "epoch_order", "epoch_rows", "EVAL_CHUNK"]
 
+EVAL_CHUNK = 8192    #: test rows evaluated per pull (the evaluation at the end of an epoch)
 
 
 @dataclass
@@ -197,7 +197,6 @@ class Trainer:
         self.steps_full = 0
         self.n_train = 0
         self.restored: dict = {}          # a resumed checkpoint's epoch records, by epoch
-        self.eval_gather = EpochGather()  # the evaluations' Gatherv (labels, counts kept)
         self.part_rows: list = []         # every worker's training rows (prepare)
         self._t0 = self._last = 0.0       # progress lines: start of the run, last line
         self._clock0 = 0
@@ -291,7 +290,6 @@ class Trainer:
     def adopt(self, seg: Segment) -> None:
         """Take ``seg``'s partitions for the later epochs (after a re-plan). Local."""
         self.X, self.y, self.Xt, self.yt = seg.X, seg.y, seg.Xt, seg.yt
-        self.eval_gather.reset()
         self.steps_full = seg.steps_full
         # block partitions: the new sizes are known locally (others: taken as equal)
         self.part_rows = self.part_sizes(self.n_train, self.n_workers) if self.blocks() else []
@@ -575,11 +573,26 @@ class Trainer:
     def _evaluate(self, epoch, Xt, yt, loss_sum, n_ex, elapsed):
         """Epoch metrics: progressive training loss and the model's test metrics. Collective
         over the workers' communicator; the rows are pulled fresh (not from a stale cache)."""
-        p, y = predict_test(self.model, self.client, Xt, yt)
-        got = self.eval_gather.gather(self.comm, loss_sum, n_ex, p, y)
-        if got is None:
+        tr = allreduce_sum(self.comm, np.array([loss_sum, n_ex], dtype=np.float64))
+        preds, ys = [], []
+        streamed = hasattr(Xt, "start")          # streamed test lines: read in order
+        if streamed:
+            Xt.start(np.arange(Xt.shape[0], dtype=np.int64))
+        for a in range(0, Xt.shape[0], EVAL_CHUNK):
+            sel = (np.arange(a, min(a + EVAL_CHUNK, Xt.shape[0]), dtype=np.int64) if streamed
+                   else slice(a, a + EVAL_CHUNK))
+            Xc = Xt[sel]
+            ys.append(np.asarray(yt[sel], dtype=np.float64).reshape(-1))
+            if Xc.shape[0] == 0:
+                continue
+            keys = self.model.batch_keys(Xc)
+            params = self.client.pull_many(keys, fresh=True)    # every table: one round trip
+            preds.append(np.asarray(self.model.predict(Xc, keys, params), dtype=np.float64).reshape(-1))
+        p = np.concatenate(preds) if preds else np.empty(0)
+        all_p = gatherv(self.comm, p)
+        all_y = gatherv(self.comm, np.concatenate(ys) if ys else np.empty(0))
+        if not self.is_chief:
             return None
-        tr, all_p, all_y = got[:2], got[2], got[3]
         if all_y.size and all_p.size != all_y.size:
             all_p = all_p.reshape(all_y.size, -1)       # (n, k) predictions, e.g. class probabilities
         m = self.model.metrics(all_y, all_p)
