@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -45,6 +46,10 @@ def cmd_train(args) -> int:
     from hpcps.core.signals import EXIT_REQUEUE, StopRequest
 
     stop = StopRequest().install()      # first: a stop signal may come during start-up
+    # a rank that crashes (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL) prints every thread's
+    # Python stack on stderr first (a segfault of one rank at exit was seen once in CI, with
+    # nothing but its signal number to go on)
+    faulthandler.enable(all_threads=True)
     from hpcps.config import ConfigError, check_output_writable, load_job
     from hpcps.core import log
 

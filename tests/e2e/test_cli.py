@@ -101,7 +101,7 @@ def test_bad_job_file_fails_on_every_rank_fast(tmp_path):
 def test_too_many_servers_is_refused_before_communication(tmp_path):
     job = write_job(tmp_path / "s.toml", SMALL + "[cluster]\nservers = 2\n")
     proc, secs = launch(2, ["train", job], cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2, proc.returncode
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
     assert proc.stderr.count("cluster.servers") == 2, proc.stderr
 
 

@@ -127,7 +127,7 @@ def test_adam_and_ftrl_resume_on_another_server_count_is_bit_identical(tmp_path,
     other = job(tmp_path, "other", servers=3, epochs=2, out=tmp_path / "first",
                 opt="adagrad" if opt == "ftrl" else "ftrl")
     proc, _ = launch(5, ["train", other], cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2, proc.returncode
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
     assert proc.stderr.count("was another optimizer used?") == 1, proc.stderr[-2000:]
 
 

@@ -73,7 +73,7 @@ def test_checkpoint_of_another_model_shape_is_refused(tmp_path, one_epoch):
     j, _ = copy_run(one_epoch, tmp_path)
     other = write_job(tmp_path / "m2.toml", j.read_text().replace("hash_bits = 14", "hash_bits = 13"))
     proc, secs = launch(4, ["train", other], cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2, proc.returncode
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
     assert "table 'weights' has shape (16384, 1) in the checkpoint but (8192, 1)" in proc.stderr
 
 
