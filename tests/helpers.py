@@ -92,6 +92,15 @@ def _run(cmd, cwd, env, timeout):
     return proc, time.perf_counter() - t0
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie, killed and not reaped yet, does
+    not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def launch(n: int, args, cwd=None, timeout=300, env=None):
     """``mpirun -n N python -m hpcps ARGS``; returns (CompletedProcess, seconds). On timeout
     every process of the launch is killed and ``subprocess.TimeoutExpired`` raised."""

@@ -281,9 +281,9 @@ def _sweep(sid: int, rc: int) -> None:
 
 
 def _wait(proc: subprocess.Popen, mark: Path, grace: float) -> int:
-    """``proc.wait()`` (then any process left in its session killed, :func:`_sweep`), but once ``mark`` exists (a rank aborted the job) for ``grace``
-    seconds without ``proc`` exiting: kill every process of its session and return the
-    status in ``mark``. Local."""
+    """``proc.wait()`` (then any process left in its session killed, :func:`_sweep`), but
+    once ``mark`` exists (a rank aborted the job) for ``grace`` seconds without ``proc``
+    exiting: kill every process of its session and return the status in ``mark``. Local."""
     t_abort = None
     while True:
         try:

@@ -9,11 +9,10 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import hpcps
+from tests.helpers import alive, hpcps
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
@@ -74,14 +73,6 @@ json.dump({"name": "done", "ratios": [], "notes": []}, open(sys.argv[sys.argv.in
 '''
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def test_a_step_that_times_out_is_killed_with_its_mpirun_and_ranks_and_the_next_runs(tmp_path, monkeypatch):
     """A step that hangs under mpirun (2 ranks asleep) and one deaf to SIGTERM (and its
     child): after ``--step-timeout`` every process of their sessions is gone (the old runner
@@ -113,9 +104,9 @@ def test_a_step_that_times_out_is_killed_with_its_mpirun_and_ranks_and_the_next_
     procs = {int(p.name): int(p.read_text()) for d in pids.values() for p in d.iterdir()}
     assert len(procs) == 4, f"the steps did not start within the timeout: {out.getvalue()[-3000:]}"
     deadline = time.monotonic() + 5          # orphans are reaped by init
-    while time.monotonic() < deadline and any(_alive(p) for p in procs):
+    while time.monotonic() < deadline and any(alive(p) for p in procs):
         time.sleep(0.1)
-    left = [p for p in procs if _alive(p)]
+    left = [p for p in procs if alive(p)]
     for pid in left:                          # do not leave them to the next test
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes {left} still running after their step timed out"

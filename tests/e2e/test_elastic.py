@@ -37,14 +37,13 @@ import sys
 import threading
 import time
 from datetime import datetime
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hpcps.runtime.output import read_model
-from tests.helpers import (DATA, ROOT, finish, hpcps, kill_rank, kill_session, mpi_env, mpirun,
-                           read_until, run_in_session, session_pids, start_run)
+from tests.helpers import (DATA, ROOT, alive, finish, hpcps, kill_rank, kill_session, mpi_env,
+                           mpirun, read_until, run_in_session, session_pids, start_run)
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
@@ -310,14 +309,6 @@ def test_worker_killed_while_a_worker_is_added_job_ends_and_relaunches(tmp_path)
 JOIN_TIMEOUT = 45
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, killed and not reaped yet, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _start_paused_growth(tmp_path, name, timeout):
     """``hpcps run --max-restarts 1`` of a continue-mode job adding 1 worker at clock 30, the
     added process held before MPI_Init (tests/tools/join_pause); returns (job, flag, Popen)
@@ -360,9 +351,9 @@ def test_added_worker_stuck_while_the_job_aborts_is_killed_by_hpcps_run(tmp_path
         finally:
             stop.cancel()
         deadline = time.time() + 5          # SIGKILLed as "restart 1/1" is printed
-        while _alive(held) and time.time() < deadline:
+        while alive(held) and time.time() < deadline:
             time.sleep(0.05)
-        assert not _alive(held), "the held process outlived the launch:\n" + "".join(lines)[-3000:]
+        assert not alive(held), "the held process outlived the launch:\n" + "".join(lines)[-3000:]
         flag.touch()                                        # the relaunch's added worker goes on
         out = finish(p, lines, timeout=240)
         left = session_pids(p.pid)

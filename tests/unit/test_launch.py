@@ -6,6 +6,7 @@ import sys
 import time
 
 from hpcps.runtime import launch
+from tests.helpers import alive
 from hpcps.cli.main import QUICKSTART, build_parser
 
 
@@ -176,14 +177,10 @@ def test_a_launch_that_exits_0_without_the_jobs_summary_did_not_finish(tmp_path)
 
 def _wait_gone(pid, what):
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:                                # gone, or a zombie (killed, not reaped yet)
-            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
-                return
-        except OSError:
-            return
+    while alive(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} {pid} is still alive")
         time.sleep(0.05)
-    raise AssertionError(f"{what} {pid} is still alive")
 
 
 def test_run_kills_what_an_exited_mpirun_left_in_its_session(tmp_path, capfd):
