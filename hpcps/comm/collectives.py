@@ -97,9 +97,12 @@ class Vote:
 
     Rounds of ``Iallreduce(MAX)`` run on a private duplicate of ``comm``; a new round starts on
     a rank when its previous one completed, so no rank ever blocks in :meth:`poll`, and ranks'
-    numbers of started rounds differ by at most one. :meth:`finish` (collective over ``comm``)
-    evens them out and completes the last round. Every rank of ``comm`` must create the vote,
-    call :meth:`poll` and call :meth:`finish`.
+    numbers of started rounds differ by at most one. Every rank sees the same maxima for a
+    round. :meth:`decide` turns a round that shows a value into one clock at which every rank
+    acts on it; :meth:`settle` completes the rounds before a collective on ``comm`` that all
+    ranks make at the same clock. :meth:`finish` (collective over ``comm``) evens the rounds
+    out and completes the last one. Every rank of ``comm`` must create the vote, call
+    :meth:`poll` or :meth:`decide` and call :meth:`finish`.
 
     Parameters
     ----------
@@ -113,11 +116,16 @@ class Vote:
         self.comm = comm.Dup()
         self.req = None
         self.started = 0
-        self.send = np.zeros(int(width), dtype=np.int64)
-        self.recv = np.zeros(int(width), dtype=np.int64)
+        self.width = int(width)
+        # one more value per round: 1 while the rank is between sync points (see settle)
+        self.send = np.zeros(self.width + 1, dtype=np.int64)
+        self.recv = np.zeros(self.width + 1, dtype=np.int64)
+        self.target = None          # the clock agreed for the values in self.pending
+        self.pending = None
 
-    def _start(self, values) -> None:
-        self.send[:] = values
+    def _start(self, values, away: int = 1) -> None:
+        self.send[:-1] = values
+        self.send[-1] = away
         self.req = self.comm.Iallreduce(self.send, self.recv, op=MPI.MAX)
         self.started += 1
 
@@ -129,7 +137,41 @@ class Vote:
             self._start(values)
         if self.req.Test():
             self.req = None
-            return self.recv.copy()
+            return self.recv[:-1].copy()
+        return None
+
+    def settle(self, values) -> np.ndarray:
+        """At a sync point (a collective on ``comm`` that every rank makes at the same clock):
+        complete rounds, offering ``values``, until one shows a value or every rank started it
+        at the sync point. Returns that round's maxima (all zero: nothing was asked).
+
+        Blocking; every rank calls it at the same sync point, while the others still poll.
+        Without it a rank could enter the collective while another, seeing a round's value,
+        waits in :meth:`decide`'s clock agreement on ``comm`` (a mismatched collective)."""
+        while True:
+            if self.req is None:
+                self._start(values, away=0)
+            self.req.Wait()
+            self.req = None
+            if self.recv[:-1].any() or self.recv[-1] == 0:
+                return self.recv[:-1].copy()
+
+    def decide(self, values, clock: int, sync: bool = False) -> np.ndarray | None:
+        """Offer ``values`` after the step that ended at ``clock``; return the maxima on every
+        rank at one clock (the largest clock any rank had when it saw them, which the others
+        catch up to), else ``None``.
+
+        ``sync``: a collective on ``comm`` follows at this clock on every rank (:meth:`settle`).
+        Collective over ``comm`` when a round shows a value (an ``Allreduce`` of the clocks);
+        every rank makes it once for that round, before any later sync point."""
+        if self.target is None:
+            res = self.settle(values) if sync else self.poll(values)
+            if res is not None and res.any():
+                self.target = int(allreduce_max(self.owner, np.array([clock], dtype=np.int64))[0])
+                self.pending = res
+        if self.target is not None and clock >= self.target:
+            got, self.target, self.pending = self.pending, None, None
+            return got
         return None
 
     def finish(self) -> None:
@@ -138,7 +180,7 @@ class Vote:
         if self.started < most:
             if self.req is not None:       # cannot happen: a rank behind has no round open
                 self.req.Wait()
-            self._start(0)
+            self._start(np.zeros(self.width, dtype=np.int64))
         if self.req is not None:
             self.req.Wait()
             self.req = None

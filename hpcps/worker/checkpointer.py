@@ -77,6 +77,12 @@ class Checkpointer:
         if due:
             self.write(clock, epoch, step_in_epoch, plan, history)
 
+    def collective_at(self, clock) -> bool:
+        """Whether :meth:`after_step` at ``clock`` is collective over the workers (a time-based
+        decision every step, or a due checkpoint under async). Local."""
+        due = bool(self.c.every_steps) and clock % self.c.every_steps == 0
+        return bool(self.c.every_seconds) or (self.async_cut and due)
+
     def at_end(self, clock, epoch, step_in_epoch, plan, history) -> None:
         """Final checkpoint after the last step (if ``at_end`` and not already taken)."""
         if self.c.at_end and self.last_step != clock:

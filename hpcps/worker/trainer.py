@@ -153,8 +153,6 @@ class Trainer:
         self.ft = ft_state
         self.elastic = elastic
         self.vote = None                  # non-blocking vote on stops and growth (SSP/async)
-        self._stop_target = None          # clock at which the workers act on a vote
-        self._pending = None
         if model is None:
             model = make_model(cfg)
         self.model = model
@@ -280,7 +278,6 @@ class Trainer:
                 d = {"nonfinite_rejected": guard.rejected} if guard.agree is not None else {}
                 return {**d, **streaming.stream_extra(self)}
             checkpointer.extra = extra
-        self._stop_target = None
         self.epochs_done = start_epoch
         self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
                                                     self.n_workers, max(self.part_rows, default=0))
@@ -386,12 +383,17 @@ class Trainer:
             if self.gap_event is not None:      # first step after a recovery
                 ev, self.gap_event = self.gap_event, None
                 ev["gap_seconds"] = round(self.last_step_time - ev["last_step_time"], 3)
+            # decided before the checkpoint: a sync point (a collective of the workers at
+            # this clock) settles the vote first (Vote.settle)
+            sync = step == steps - 1 or (checkpointer is not None
+                                         and checkpointer.collective_at(self.client.clock_value))
+            decision = None if solo else self._decide(final=final, sync=sync)
             if checkpointer is not None:
                 checkpointer.after_step(self.client.clock_value, epoch, step + 1, cur.plan,
                                         self.history, collective=not solo)
-            if solo:
+            if decision is None:
                 continue
-            stop, grow, oversubscribe = self._decide(final=final)
+            stop, grow, oversubscribe = decision
             if stop:
                 raise StopRequested(step)
             if grow:
@@ -528,7 +530,7 @@ class Trainer:
             return Vote(self.comm, 3)
         return None
 
-    def _decide(self, final: bool = False) -> tuple[bool, int, bool]:
+    def _decide(self, final: bool = False, sync: bool = False) -> tuple[bool, int, bool]:
         """After a step: whether every worker stops (a stop signal reached one of them) and
         how many workers are added now (the job file's ``[elastic]``, or a ``hpcps grow``
         request the chief found), with their oversubscribe flag — the same on every worker.
@@ -536,7 +538,9 @@ class Trainer:
         Collective over the workers when stop signals or requests can arrive: under BSP one
         Allreduce per step; under SSP/async a non-blocking :class:`~hpcps.comm.collectives.Vote`,
         then one Allreduce of the clocks so that all act at the same clock (the largest; the
-        others catch up to it). Nothing is added after the last step (``final``).
+        others catch up to it); ``sync``: a collective of the workers follows at this clock
+        (the epoch's end, a checkpoint), the vote settles first. Nothing is added after the
+        last step (``final``).
         """
         el = self.elastic
         clock = self.client.clock_value
@@ -548,17 +552,8 @@ class Trainer:
         if el is not None and self.is_chief and not final:
             n, o = el.poll_request()
             want[1:] = (n, int(o))
-        if self.vote is None:
-            got = allreduce_max(self.comm, want)
-        else:
-            got = None
-            if self._stop_target is None:
-                res = self.vote.poll(want)
-                if res is not None and res.any():
-                    self._stop_target = int(allreduce_max(self.comm, np.array([clock], dtype=np.int64))[0])
-                    self._pending = res
-            if self._stop_target is not None and clock >= self._stop_target:
-                got, self._stop_target = self._pending, None
+        got = (allreduce_max(self.comm, want) if self.vote is None
+               else self.vote.decide(want, clock, sync=sync))
         if got is None:
             return False, add, over
         if got[1] and not final:
