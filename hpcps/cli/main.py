@@ -111,6 +111,7 @@ def cmd_join(args) -> int:
     from hpcps.core.signals import EXIT_REQUEUE, StopRequest
 
     stop = StopRequest().install(ignore_sigterm=True)   # see StopRequest.install
+    faulthandler.enable(all_threads=True)               # as hpcps train's ranks
     deadline = None
     if args.deadline is not None:    # before MPI_Init, which can wait forever (issue 22.1)
         from hpcps.core.procs import exit_after

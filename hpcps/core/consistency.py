@@ -80,6 +80,13 @@ class Policy:
     staleness_aware_lr = False
     push_threshold = 0.0
 
+    @property
+    def bsp(self) -> bool:
+        """True when the workers run in lockstep: pushes aggregated per clock and staleness 0
+        (BSP, or SSP with bound 0). The servers then answer a clock's pulls once it is
+        complete, and the workers may agree with a blocking collective every step."""
+        return bool(self.aggregate and self.staleness == 0)
+
     def read_floor(self, clock: int) -> int:
         """Smallest server clock a read made at worker clock ``clock`` may see."""
         raise NotImplementedError

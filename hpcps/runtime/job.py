@@ -145,7 +145,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     added worker when ``join`` is given), then gather the statistics and write the outputs.
     Collective over every rank of the job (which may change while it runs)."""
     roles, windows, ft_state = elastic.roles, elastic.windows, elastic.ft
-    if not (policy.aggregate and policy.staleness == 0):
+    if not policy.bsp:
         core.shorten_timer_slack()          # replies come soon after requests (not BSP)
     specs = [t[0] for t in tables]
     t_start = time.perf_counter()

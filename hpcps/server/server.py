@@ -165,7 +165,7 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
         self.step_busy = None
         self._lag = pull_lag(policy)
         #: BSP: fused steps taken in by the compiled loop (ServerEndpoint.take_steps)
-        self._bsp = bool(policy.aggregate and policy.staleness == 0)
+        self._bsp = policy.bsp
         self.requests_compiled = 0           # of them (the run summary's servers' lines)
 
     # ------------------------------------------------------------------ ways to start

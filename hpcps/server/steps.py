@@ -37,7 +37,7 @@ class StepRequests:
         :attr:`waiting_pulls` until step ``c`` is applied, under async answered now, after
         the pushes): the rows its next ``PULL_MANY`` would have got. RuntimeError under SSP
         with staleness > 0 (its workers do not fuse)."""
-        bsp = self.policy.aggregate and self.policy.staleness == 0
+        bsp = self.policy.bsp
         if self.policy.aggregate and not bsp:
             raise RuntimeError(f"server {self.index}: PUSH_CLOCK_PULL from rank {source} "
                                f"under {self.policy.describe()} (only BSP and async fuse)")

@@ -172,7 +172,7 @@ class Trainer:
         # non-finite steps: under BSP with a positive limit the workers vote every step (on
         # self.comm, which a recovery in continue mode replaces)
         limit = cfg.train.max_nonfinite_steps
-        vote = limit > 0 and self.policy.aggregate and self.policy.staleness == 0
+        vote = limit > 0 and self.policy.bsp
         agree = (lambda code: allgather_rows(self.comm, [code])[:, 0]) if vote else None
         self.guard = NonFiniteGuard(index, limit, agree, say=self._say_guard if vote else self.say)
         # BSP with p2p pulls: the next step's pulls ride with the clock (issue 20), where
@@ -525,8 +525,7 @@ class Trainer:
         """The non-blocking vote on stop signals and grow requests (SSP/async, not in
         continue mode), or None (BSP and continue mode vote with a blocking Allreduce).
         Collective over the workers when it makes one (``Dup``)."""
-        if ((self.stop is not None or self.elastic is not None) and self.policy.staleness != 0
-                and self.ft is None):
+        if (self.stop is not None or self.elastic is not None) and not self.policy.bsp and self.ft is None:
             return Vote(self.comm, 3)
         return None
 

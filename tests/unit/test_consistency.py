@@ -20,6 +20,11 @@ def test_read_floors():
     assert not SSP(1).pull_ready(3, 5) and SSP(1).pull_ready(4, 5)
 
 
+def test_bsp_means_lockstep_whatever_the_policy_is_called():
+    assert BSP().bsp and SSP(0).bsp
+    assert not SSP(2).bsp and not Async().bsp
+
+
 def test_fetch_and_push_schedule():
     a = Async(n_fetch=3, n_push=2)
     assert [a.fetch_due(i) for i in range(7)] == [1, 0, 0, 1, 0, 0, 1]
