@@ -248,6 +248,10 @@ def build_commit(commit: str, d: Path) -> Path:
     return src
 
 
+#: A run slower than this fraction of its row's median is reported with its epochs' times.
+STALLED = 0.5
+
+
 def time_to(epochs, target):
     for e in epochs:
         if e["test_logloss"] <= target:
@@ -277,11 +281,26 @@ def summarize(runs, target, unreached_as_bound=False):
             "server_requests_per_step": ([benchlib.median([q[i] for q in req])
                                           for i in range(len(req[0]))] if req else None),
             "examples_per_second_runs": [r["examples_per_second"] for r in runs],
+            # each run's epochs (seconds since its start): places a stall in one run
+            "epoch_seconds_runs": [[round(e["seconds"], 3) for e in r["epochs"]] for r in runs],
             "final_logloss": benchlib.median([r["epochs"][-1]["test_logloss"] for r in runs]),
             "final_auc": benchlib.median([r["epochs"][-1]["test_auc"] for r in runs]),
             "logloss_by_epoch": [benchlib.median([r["epochs"][i]["test_logloss"] for r in runs])
                                  for i in range(min(len(r["epochs"]) for r in runs))],
             "reps": len(runs)}
+
+
+def stalled_runs(rows) -> list[str]:
+    """A line for each run slower than :data:`STALLED` of its row's median examples/s (rows of
+    :func:`summarize`), with the times its epochs ended."""
+    out = []
+    for name, r in rows.items():
+        for i, (v, ep) in enumerate(zip(r["examples_per_second_runs"], r["epoch_seconds_runs"])):
+            if v < STALLED * r["examples_per_second"]:
+                out.append(f"{name}: run {i + 1} of {r['reps']} ran at {v:,.0f} examples/s, under "
+                           f"{STALLED:g} of the median (a stall); its epochs ended at "
+                           f"{', '.join(f'{x:.2f}' for x in ep)} s")
+    return out
 
 
 def main(argv=None) -> int:
@@ -403,6 +422,9 @@ def main(argv=None) -> int:
         print(f"{name:<16} {r['examples_per_second']:>10,.0f} {tt:>11} {r['final_logloss']:>13.4f} "
               f"{r['final_auc']:>7.4f}  {' '.join(f'{v:.4f}' for v in r['logloss_by_epoch'])}"
               + (f"  server requests/step {', '.join(f'{q:.2f}' for q in req)}" if req else ""))
+    for text in stalled_runs(rows):
+        print(text)
+        rep.note(text)
     if not ar:
         print("AllReduce: not available in this hpcps ([cluster] mode = \"allreduce\" is not "
               "implemented yet): no row")

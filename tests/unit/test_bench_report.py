@@ -137,3 +137,21 @@ def test_scaling_fits_the_group_collectives_per_key_of_a_member():
     assert abs(group["a_group_us"] - 20.0) < 1e-9 and abs(group["c_group_ns"] - 10.0) < 1e-6
     assert bench_scaling.fit_group([{"members": 2, "keys_per_member": 5,
                                      "member_us_per_step": 1.0}]) is None
+
+
+def test_e2e_summary_keeps_each_runs_epochs_and_names_a_stalled_run():
+    """A run far below its row's median (seen once: 38k examples/s among runs of ~500k) is
+    printed with the times its epochs ended, so the stall can be placed."""
+    import bench_e2e
+
+    def run(eps, ends):
+        return {"examples_per_second": eps,
+                "epochs": [{"epoch": i, "seconds": t, "test_logloss": 0.4 - 0.05 * i, "test_auc": 0.9}
+                           for i, t in enumerate(ends)]}
+
+    runs = [run(500e3, [0.9, 1.8]), run(38e3, [0.9, 23.4]), run(510e3, [0.88, 1.77])]
+    row = bench_e2e.summarize(runs, 0.34)
+    assert row["epoch_seconds_runs"] == [[0.9, 1.8], [0.9, 23.4], [0.88, 1.77]]
+    lines = bench_e2e.stalled_runs({"hpcps BSP": row})
+    assert len(lines) == 1 and "run 2 of 3" in lines[0] and "0.90, 23.40 s" in lines[0]
+    assert bench_e2e.stalled_runs({"hpcps BSP": bench_e2e.summarize(runs[::2], 0.34)}) == []
