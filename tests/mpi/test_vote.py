@@ -12,12 +12,15 @@ Run: ``mpirun -n 2 python -m pytest --with-mpi tests/mpi/test_vote.py`` (and ``-
 """
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from hpcps.comm.collectives import Vote, allgather_rows, allreduce_sum
+from hpcps.config.sections import CheckpointConfig
+from hpcps.worker.checkpointer import Checkpointer
 
 STEPS = 12          # steps per epoch
 
@@ -98,3 +101,28 @@ def test_no_value_offered_every_epoch_ends_in_its_collective():
     clock, got = run_epochs(vote, comm, 3, lambda c: [0, 0, 0], 0.003 * comm.rank)
     agreed = _finish(vote, comm, clock, got)
     assert agreed.tolist() == [[3 * STEPS, -1]] * comm.size
+
+
+# When a worker's checkpoint decision is a collective of the workers (Checkpointer.collective_at):
+# the trainer settles the vote before each such clock (local; no MPI traffic)
+
+
+def _ck(async_cut, **kw):
+    cfg = SimpleNamespace(checkpoint=CheckpointConfig(**kw))
+    return Checkpointer(cfg, None, None, True, 2, [], None, async_cut=async_cut)
+
+
+def test_a_time_based_decision_is_collective_at_every_clock():
+    for async_cut in (False, True):
+        ck = _ck(async_cut, every_seconds=30.0)
+        assert all(ck.collective_at(c) for c in range(1, 8))
+
+
+def test_step_count_checkpoints_are_collective_under_async_only_when_due():
+    ck = _ck(True, every_steps=5)
+    assert [c for c in range(1, 16) if ck.collective_at(c)] == [5, 10, 15]
+    assert not any(_ck(False, every_steps=5).collective_at(c) for c in range(1, 16))
+
+
+def test_without_periodic_checkpoints_no_clock_between_epochs_is_collective():
+    assert not any(_ck(True).collective_at(c) for c in range(1, 16))
