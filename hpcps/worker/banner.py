@@ -50,7 +50,8 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
                      f"{tr.n_workers} workers send their steps together; each server gets "
                      f"{g.n_groups} request(s) per step")
     if restore is not None:
-        where = (f"epoch {start_epoch + 1}, step {int(restore['step_in_epoch'])} of the epoch"
+        where = (f"epoch {start_epoch + 1}, after its step {int(restore['step_in_epoch'])} of "
+                 f"{steps_full}"
                  if start_epoch == int(restore["epoch"]) else
                  f"the end of epoch {start_epoch}; epoch {start_epoch + 1} starts")
         lines.append(f"resumed from checkpoint step {restore['step']} ({where}, written by "

@@ -431,7 +431,7 @@ class Trainer:
                          f"waited {st['wait_seconds']:.1f} s")
         self.say(f"epoch {cur.epoch + 1}/{t.epochs}  step {step + 1}/{cur.steps}  "
                   f"clock {self.client.clock_value}{self._worker_clocks_note()}  "
-                  f"{rate:,.0f} rows/s{mine}  ETA {_fmt_eta(eta)}")
+                  f"{rate:,.0f} examples/s{mine}  ETA {_fmt_eta(eta)}")
 
     def _worker_clocks_note(self) -> str:
         """`` (workers S..F)`` — the slowest and the fastest worker's clock, ``(workers C)``

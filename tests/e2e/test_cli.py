@@ -35,7 +35,7 @@ def test_quickstart_subset_trains_and_writes_outputs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "3 worker(s), 1 server(s)" in out
-    assert "ETA" in out and "rows/s" in out                   # progress lines
+    assert "ETA" in out and "examples/s" in out                   # progress lines
     assert "server 0:" in out and "keys" in out               # per-server load
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]

@@ -8,7 +8,9 @@ Found in CI (900446a): under async a worker that saw a stop round mid-epoch wait
 ``Allreduce`` while a faster worker, whose own round carried the stop, had gone on to the
 epoch's evaluation (``MPI_ERR_TRUNCATE``, a mismatched collective).
 
-Run: ``mpirun -n 2 python -m pytest --with-mpi tests/mpi/test_vote.py`` (and ``-n 3``).
+Run: ``python tests/run.py --group mpi --file test_vote.py`` (both sizes), or ``mpirun -n 2
+python -m pytest --with-mpi tests/mpi/test_vote.py`` (and ``-n 3``; with more ranks than cores
+``--map-by :OVERSUBSCRIBE``, as root the variables of the README's "Tests").
 """
 
 import time
