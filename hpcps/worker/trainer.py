@@ -551,8 +551,9 @@ class Trainer:
         if el is not None and self.is_chief and not final:
             n, o = el.poll_request()
             want[1:] = (n, int(o))
+        # a growth the job file plans at this clock is a collective of the workers too
         got = (allreduce_max(self.comm, want) if self.vote is None
-               else self.vote.decide(want, clock, sync=sync))
+               else self.vote.decide(want, clock, sync=sync or add > 0))
         if got is None:
             return False, add, over
         if got[1] and not final:

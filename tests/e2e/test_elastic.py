@@ -409,3 +409,16 @@ def test_spawn_two_workers_into_bsp_job_with_a_dynamic_table(tmp_path):
     assert np.array_equal(a["weights"][keys], b["weights"])
     assert np.count_nonzero(a["weights"]) == np.count_nonzero(b["weights"])   # no key missed
     assert np.array_equal(a["bias"], b["bias"])
+
+
+@pytest.mark.parametrize("model", ["async", "ssp"])
+def test_planned_growth_under_async_and_ssp_every_example_once(tmp_path, model):
+    """Under async/SSP the workers reach the planned clock at different times, each with its
+    non-blocking stop vote open (``hpcps train`` always has one); they settle the vote there
+    (the growth is a collective of the workers at that clock), add the workers at that
+    clock, and the server applies every example of each epoch once."""
+    out = run(tmp_path, write(tmp_path, "g", model=model, every=0, elastic=ADD), 4)
+    assert "2 worker(s) added at clock 40 (epoch 1): 5 workers" in out, out[-3000:]
+    s = metrics(tmp_path / "g")["summary"]
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
+    assert [w["index"] for w in s["workers"]] == [0, 1, 2, 3, 4]
