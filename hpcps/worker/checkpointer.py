@@ -70,7 +70,7 @@ class Checkpointer:
         """Called by every worker after each clock. Collective when ``every_seconds`` is set
         and ``collective`` (False: a worker catching up after a recovery, whose peers took
         this step's decision already; only ``every_steps`` applies)."""
-        due = bool(self.c.every_steps) and clock % self.c.every_steps == 0
+        due = self._due(clock)
         if self.c.every_seconds and collective:
             flag = int(self.is_chief and time.perf_counter() - self.last_time >= self.c.every_seconds)
             due = due or bool(bcast_int(self.comm, flag))
@@ -80,8 +80,11 @@ class Checkpointer:
     def collective_at(self, clock) -> bool:
         """Whether :meth:`after_step` at ``clock`` is collective over the workers (a time-based
         decision every step, or a due checkpoint under async). Local."""
-        due = bool(self.c.every_steps) and clock % self.c.every_steps == 0
-        return bool(self.c.every_seconds) or (self.async_cut and due)
+        return bool(self.c.every_seconds) or (self.async_cut and self._due(clock))
+
+    def _due(self, clock) -> bool:
+        """Whether ``every_steps`` asks for a checkpoint at ``clock``."""
+        return bool(self.c.every_steps) and clock % self.c.every_steps == 0
 
     def at_end(self, clock, epoch, step_in_epoch, plan, history) -> None:
         """Final checkpoint after the last step (if ``at_end`` and not already taken)."""

@@ -384,9 +384,10 @@ class Trainer:
                 ev, self.gap_event = self.gap_event, None
                 ev["gap_seconds"] = round(self.last_step_time - ev["last_step_time"], 3)
             # decided before the checkpoint: a sync point (a collective of the workers at
-            # this clock) settles the vote first (Vote.settle)
-            sync = step == steps - 1 or (checkpointer is not None
-                                         and checkpointer.collective_at(self.client.clock_value))
+            # this clock) settles the vote first (Vote.settle; no vote, nothing to settle)
+            sync = self.vote is not None and (
+                step == steps - 1 or (checkpointer is not None
+                                      and checkpointer.collective_at(self.client.clock_value)))
             decision = None if solo else self._decide(final=final, sync=sync)
             if checkpointer is not None:
                 checkpointer.after_step(self.client.clock_value, epoch, step + 1, cur.plan,
