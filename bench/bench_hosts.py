@@ -22,6 +22,11 @@ hosts' veth link (``--mca pml ob1 --mca btl tcp,self``).
   Ratio: raw seconds / the worker's communication seconds in hpcps (pull wait + push, which
   also include waiting for the server to apply the step); no goal (the job's messages are
   small: ~10-20 KB). The job's examples/s is reported too.
+* **the cost model's network terms**: the job again over links shaped to ``--shape-mbit`` and
+  half that (``tc`` tbf: bytes / bandwidth) and with every packet delayed by ``--delay-ms``
+  and twice that (``testhosts.delay``, an NFQUEUE delay: this kernel has no netem; the
+  latency); each pair's difference of training seconds against the model's (:func:`shaped`,
+  :func:`delayed`).
 
 On one machine the "link" is a veth pair through a bridge: kernel TCP, no wire, so the
 figures say what hpcps adds to a TCP transport, not what a real network gives.
@@ -62,6 +67,9 @@ HEADLINE = "push/pull across 2 hosts (TCP), large messages"
 #: Mbit/s each way: slow links, so that bytes / rate dominate a step and the cost model's
 #: network term shows.
 SHAPE_MBIT = 50.0
+#: The stated one-way delay of the delayed end-to-end runs (``--delay-ms``; the second at twice
+#: it), ms per packet each way (tests/hosts/delay.py): the cost model's latency term.
+DELAY_MS = 2.0
 
 JOB = """
 name = "hosts_e2e"
@@ -303,6 +311,8 @@ def e2e(rep, th, hs, mpirun, mca, env, args, tmp: Path) -> None:
               unit=" ex/s")
     if args.shape_mbit > 0:
         shaped(rep, hs, mca, env, args, tmp, rows, epochs)
+    if args.delay_ms > 0:
+        delayed(rep, th, hs, mca, env, args, tmp, rows, epochs)
 
 
 def shaped(rep, hs, mca, env, args, tmp: Path, rows: int, epochs: int) -> None:
@@ -342,6 +352,45 @@ def shaped(rep, hs, mca, env, args, tmp: Path, rows: int, epochs: int) -> None:
     rep.ratio(what, model / measured if measured > 0 else None, None)
 
 
+def delayed(rep, th, hs, mca, env, args, tmp: Path, rows: int, epochs: int) -> None:
+    """The same job twice more with every packet delayed (``testhosts.delay``: both ways, no
+    rate limit) by ``--delay-ms`` and by twice that, checked against the cost model's latency
+    term (docs/cost_model.md §3, assumption 4: every message also costs ``α``, the link's
+    one-way latency): a request the worker waits for is a round trip, two messages, so each
+    costs ``2 x`` the added delay; the server's requests (each answered: the BSP steps'
+    push-clock-pull requests and the evaluations' pulls) times that, against the difference of
+    the two runs' training seconds (which cancels what the delaying process adds to every
+    packet alike)."""
+    d = float(args.delay_ms)
+    what = (f"end to end across 2 hosts at {d:g} and {2 * d:g} ms one-way delay: cost model "
+            "(requests x 2 x added delay) / measured (training seconds at the larger - at the "
+            "smaller)")
+    runs = []
+    for ms in (d, 2 * d):
+        why = th.delay(hs, ms)
+        if why:
+            rep.ratio(what, None, None)
+            rep.note(f"delayed links: skipped: {why}")
+            print(f"bench_hosts: delayed links: skipped: {why}", flush=True)
+            return
+        try:
+            s = run_job(hs, mca, env, args, tmp, rows, epochs, f"e2e_{ms:g}ms",
+                        f" with a {ms:g} ms delay each way")
+        finally:
+            th.delay(hs, 0)
+        runs.append({"ms": ms, "requests": int(s["servers"][0]["requests"]),
+                     "train_seconds": float(s["train_seconds"]), "steps": int(s["steps"])})
+    (r1, r2) = runs
+    model = r2["requests"] * 2 * (r2["ms"] - r1["ms"]) / 1e3
+    measured = r2["train_seconds"] - r1["train_seconds"]
+    rep.details["e2e_delayed"] = {"runs": runs, "model_seconds": model,
+                                  "measured_seconds": measured}
+    print(f"bench_hosts: delayed links: {r2['requests']:,} requests; training "
+          f"{r1['train_seconds']:.2f} s at {r1['ms']:g} ms, {r2['train_seconds']:.2f} s at "
+          f"{r2['ms']:g} ms: {measured:.2f} s more, the model says {model:.2f} s", flush=True)
+    rep.ratio(what, model / measured if measured > 0 else None, None)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
@@ -352,6 +401,11 @@ def main(argv=None) -> int:
                     help=f"also run the end-to-end job over links shaped to MBIT and MBIT/2 "
                          f"Mbit/s both ways (tc tbf), against the cost model's network term "
                          f"(default {SHAPE_MBIT:g}; 0: not)")
+    ap.add_argument("--delay-ms", type=float, default=DELAY_MS, metavar="MS",
+                    help=f"also run the end-to-end job with every packet delayed by MS and 2 x MS "
+                         f"milliseconds each way (tests/hosts/delay.py: iptables and the "
+                         f"NetfilterQueue package), against the cost model's latency term "
+                         f"(default {DELAY_MS:g}; 0: not)")
     ap.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                     help=f"kill a launch across the hosts still running after SECONDS and fail "
                          f"(default {TIMEOUT:g}; {QUICK_TIMEOUT:g} with --quick)")

@@ -17,8 +17,10 @@ address a test uses belongs to a test host (or the bridge). Nothing is routed el
 ``python tests/hosts/testhosts.py up N`` makes the hosts (idempotent: what exists is kept,
 what is missing made, hosts beyond N removed); ``down`` removes everything (processes in the
 namespaces, UTS mounts, namespaces, veths, bridge, state); ``status`` prints it; ``run HOST
-CMD...`` runs CMD on HOST. ``tests/hosts/rsh-agent HOST CMD...`` is Open MPI's launch agent
-(``--mca plm_rsh_agent``). Needs root, iproute2 and util-linux (``nsenter``, ``unshare``).
+CMD...`` runs CMD on HOST; ``delay MS`` delays every packet the hosts send by MS milliseconds
+(:func:`delay`; ``delay 0`` ends it). ``tests/hosts/rsh-agent HOST CMD...`` is Open MPI's
+launch agent (``--mca plm_rsh_agent``). Needs root, iproute2 and util-linux (``nsenter``,
+``unshare``); the delay also iptables and the NetfilterQueue package.
 
 The names and the subnet are fixed: one set of test hosts per machine, so one user at a time
 (``up``/``down``, ``tests/multihost`` and ``bench/bench_hosts.py`` take them over and kill
@@ -48,6 +50,13 @@ UTS = STATE / "uts"
 NETNS = Path("/run/netns")
 HERE = Path(__file__).resolve().parent
 AGENT = HERE / "rsh-agent"
+DELAY = HERE / "delay.py"
+#: The netfilter queue a host's delaying process reads (queues are per network namespace)
+#: and the rule of the host's namespace that hands it every packet leaving eth0 (bypass:
+#: while nothing reads the queue, packets pass undelayed).
+DELAY_QUEUE = 0
+DELAY_RULE = ["INPUT", "-i", "eth0", "-j", "NFQUEUE", "--queue-num", str(DELAY_QUEUE),
+              "--queue-bypass"]
 
 
 @dataclass(frozen=True)
@@ -183,7 +192,7 @@ def down() -> None:
         _sh("ip", "link", "delete", BRIDGE, check=False)
     if UTS.is_dir() and not any(UTS.iterdir()):
         UTS.rmdir()
-    for f in (STATE / "hosts",):
+    for f in [STATE / "hosts", *STATE.glob("delay-*")] if STATE.is_dir() else []:
         if f.exists():
             f.unlink()
     if STATE.is_dir() and not any(STATE.iterdir()):
@@ -237,6 +246,80 @@ def up(n: int) -> list[Host]:
         down()
         raise
     return hosts(n)
+
+
+def delay_missing() -> str:
+    """Why packets cannot be delayed on this machine ('' when they can): :func:`delay` needs
+    ``iptables`` and the ``NetfilterQueue`` package."""
+    if not shutil.which("iptables"):
+        return "no iptables (apt: iptables)"
+    try:
+        import netfilterqueue  # noqa: F401
+    except ImportError:
+        return ("no NetfilterQueue package (apt: libnetfilter-queue-dev, then pip install "
+                "NetfilterQueue)")
+    return ""
+
+
+def delay(hs, ms: float, timeout: float = 10.0) -> str:
+    """Delay every packet each host of ``hs`` sends on ``eth0`` by ``ms`` milliseconds, so
+    that a round trip between two of them takes ``2 * ms`` longer: the latency of a link,
+    which ``tc netem`` would give where the kernel has it (this machine's has not).
+
+    On each host a :mod:`delay` process (its namespaces) holds the packets that the rule
+    ``DELAY_RULE`` of the host's ``iptables`` queues for it. Replaces an earlier delay;
+    ``ms`` <= 0 only removes it (:func:`undelay`); :func:`down` removes it with the hosts.
+    Returns '' or why it could not (then nothing is delayed)."""
+    undelay(hs)
+    if ms <= 0:
+        return ""
+    why = delay_missing()
+    if why:
+        return why
+    for h in hs:
+        log = STATE / f"delay-{h.name}.log"
+        with open(log, "w") as out:
+            p = subprocess.Popen(h.cmd(sys.executable, DELAY, "--ms", f"{ms:g}", "--queue",
+                                       DELAY_QUEUE), stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        (STATE / f"delay-{h.name}.pid").write_text(f"{p.pid}\n")
+        deadline = time.time() + timeout
+        while not log.read_text().startswith("bound") and p.poll() is None \
+                and time.time() < deadline:
+            time.sleep(0.05)
+        text = log.read_text().strip()
+        r = _sh(*h.cmd("iptables", "-I", *DELAY_RULE), check=False) \
+            if text.startswith("bound") else None
+        if r is None or r.returncode:
+            undelay(hs)
+            return (f"{h.name}: iptables -I {' '.join(DELAY_RULE)}: {r.stderr.strip()}" if r
+                    else f"{h.name}: {DELAY.name} did not start: {text[-500:] or 'no output'}")
+    return ""
+
+
+def undelay(hs) -> None:
+    """Remove :func:`delay`'s rules and processes from the hosts ``hs`` (the packets they hold
+    are let through)."""
+    for h in hs:
+        if h.netns.exists() and shutil.which("iptables"):
+            while _sh(*h.cmd("iptables", "-D", *DELAY_RULE), check=False).returncode == 0:
+                pass
+        pidfile = STATE / f"delay-{h.name}.pid"
+        if pidfile.exists():
+            pid = int(pidfile.read_text())
+            try:
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(100):          # until it is gone (reaped, if it is our child)
+                    try:
+                        os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+                    os.kill(pid, 0)
+                    time.sleep(0.02)
+            except ProcessLookupError:
+                pass
+            pidfile.unlink()
+        (STATE / f"delay-{h.name}.log").unlink(missing_ok=True)
 
 
 PROBE = """
@@ -308,6 +391,9 @@ def main(argv=None) -> int:
     u.add_argument("n", type=int)
     sub.add_parser("down", help="remove every test host, the bridge and the state")
     sub.add_parser("status", help="list the test hosts")
+    dl = sub.add_parser("delay", help="delay every packet the hosts send by MS milliseconds "
+                                      "(0: no delay)")
+    dl.add_argument("ms", type=float)
     r = sub.add_parser("run", help="run a command on a host")
     r.add_argument("host")
     r.add_argument("command", nargs=argparse.REMAINDER)
@@ -325,6 +411,11 @@ def main(argv=None) -> int:
             print(f"{h.name} {h.addr} netns={'yes' if h.netns.exists() else 'no'} "
                   f"uts={'yes' if _is_mount(h.uts) else 'no'} procs={len(pids_on(h))}")
         print(f"bridge {BRIDGE}: {'yes' if _link_exists(BRIDGE) else 'no'}")
+    elif args.cmd == "delay":
+        why = delay(existing(), args.ms)
+        if why:
+            print(f"testhosts: delay: {why}", file=sys.stderr)
+            return 1
     elif args.cmd == "run":
         h = lookup(args.host)
         os.execvp(h.prefix()[0], h.cmd(*args.command))

@@ -29,13 +29,19 @@ def _missing() -> str:
     return f"missing {', '.join(tools)} (apt: iproute2 util-linux)" if tools else ""
 
 
+def skip_or_fail(why: str) -> None:
+    """Skip the test for ``why`` (something this machine lacks), or fail it under ``CI``,
+    which installs everything."""
+    if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+        pytest.fail("CI is set but " + why, pytrace=False)
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def _hosts_session():
     why = _missing()
     if why:
-        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
-            pytest.fail("CI is set but " + why, pytrace=False)
-        pytest.skip(why)
+        skip_or_fail(why)
     th.down()                               # what a killed earlier session left
     shm_before = set(os.listdir("/dev/shm"))
     try:
@@ -54,12 +60,13 @@ def _hosts_session():
 
 @pytest.fixture
 def hosts(_hosts_session):
-    """The test hosts ``[Host(1), Host(2), Host(3)]``, whole (links up, no netem)."""
+    """The test hosts ``[Host(1), Host(2), Host(3)]``, whole (links up, no netem, no delay)."""
     hs = th.up(N_HOSTS)
     for h in hs:
         subprocess.run(["ip", "link", "set", h.veth, "up"], check=True)
         subprocess.run(["tc", "qdisc", "del", "dev", h.veth, "root"], capture_output=True)
     yield hs
+    th.undelay(hs)
     for h in hs:
         subprocess.run(["ip", "link", "set", h.veth, "up"], capture_output=True)
         subprocess.run(["tc", "qdisc", "del", "dev", h.veth, "root"], capture_output=True)
