@@ -46,7 +46,11 @@ class Checkpointer:
         self.n_workers = n_workers
         self.slot_names = slot_names
         self.out = out
-        self.last_time = time.perf_counter()
+        #: when the interval of ``every_seconds`` last started: at the first step (not here: a
+        #: data index pass or a resume's loading can outlast it, and a checkpoint at the first
+        #: step followed) and at the end of every checkpoint (not its start: a write that
+        #: outlasted the interval was followed by another at the next step)
+        self.last_time = None
         self.last_step = None
         self.seconds = 0.0
         self.bytes = 0
@@ -72,10 +76,19 @@ class Checkpointer:
         this step's decision already; only ``every_steps`` applies)."""
         due = self._due(clock)
         if self.c.every_seconds and collective:
-            flag = int(self.is_chief and time.perf_counter() - self.last_time >= self.c.every_seconds)
+            flag = int(self.is_chief and self._interval_over())
             due = due or bool(bcast_int(self.comm, flag))
         if due:
             self.write(clock, epoch, step_in_epoch, plan, history)
+
+    def _interval_over(self) -> bool:
+        """Whether ``every_seconds`` have passed since the first step or the end of the last
+        checkpoint (the first call starts the interval). Local."""
+        now = time.perf_counter()
+        if self.last_time is None:
+            self.last_time = now
+            return False
+        return now - self.last_time >= self.c.every_seconds
 
     def collective_at(self, clock) -> bool:
         """Whether :meth:`after_step` at ``clock`` is collective over the workers (a time-based
@@ -100,7 +113,6 @@ class Checkpointer:
         (a barrier) until the checkpoint is written, so that no push crosses the cut.
         """
         self.last_step = clock
-        self.last_time = time.perf_counter()
         pushes = None
         if self.async_cut:
             if self.flush is not None:
@@ -112,6 +124,7 @@ class Checkpointer:
         finally:
             if self.async_cut:
                 barrier(self.comm)
+            self.last_time = time.perf_counter()
 
     def _write(self, clock, epoch, step_in_epoch, plan, history, pushes) -> None:
         t0 = time.perf_counter()
