@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from hpcps import checkpoint as ckpt
+from hpcps.data import DataError
+from hpcps.data.textstream import data_files
 from hpcps.analysis.sources import (AnalysisError, Source, _one_line, metric_label,
                                     read_tables, resolve)
 
@@ -88,12 +91,16 @@ def toml_text(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Formats whose ``[data] path`` may be a file, a directory or a glob of files, each row scored
+STREAMED = ("svmlight", "criteo")
+
+
 def job_config(source, data, job=None):
     """The job configuration of a source, with its data redirected to ``data``.
 
     The job text is the ``config`` stored in the manifest or model file, or the file ``job``.
-    Its ``data.path`` (and for svmlight jobs ``data.test_path``) is replaced by the absolute
-    path of ``data`` and the result validated with :func:`hpcps.config.parse_job`, whose
+    Its ``data.path`` (and for svmlight and criteo jobs ``data.test_path``) is replaced by the
+    absolute path of ``data`` and the result validated with :func:`hpcps.config.parse_job`, whose
     ``path`` is the manifest (so other relative paths resolve against the checkpoint
     directory) or the job file.
 
@@ -102,8 +109,10 @@ def job_config(source, data, job=None):
     source : Source or path-like
         Anything :func:`resolve` accepts.
     data : path-like
-        Evaluation data: an svmlight file for svmlight jobs, the Adult CSV for adult_csv
-        jobs, a file written by ``hpcps data prepare`` for prepared jobs.
+        Evaluation data: for svmlight and criteo jobs a file, directory or glob pattern of
+        files in the job's format (:func:`hpcps.data.textstream.data_files`), every row
+        scored; the Adult CSV for adult_csv jobs; a file written by ``hpcps data prepare``
+        for prepared jobs.
     job : path-like, optional
         A job file to use instead of the stored configuration.
 
@@ -121,9 +130,6 @@ def job_config(source, data, job=None):
     from hpcps.config import parse_job
 
     src = source if isinstance(source, Source) else resolve(source)
-    data = Path(data)
-    if not data.is_file():
-        raise AnalysisError(f"{data}: no such data file")
     if job is not None:
         where = Path(job)
         try:
@@ -143,9 +149,16 @@ def job_config(source, data, job=None):
     section = doc.setdefault("data", {})
     if not isinstance(section, dict):
         raise AnalysisError(f"{where}: [data] is not a table")
-    section["path"] = str(data.resolve())
-    if section.get("format") == "svmlight":
-        section["test_path"] = str(data.resolve())
+    if section.get("format") in STREAMED:     # a file, directory or glob, as in the job
+        try:
+            data_files(data)
+        except DataError as e:
+            raise AnalysisError(str(e)) from None
+        section["path"] = section["test_path"] = os.path.abspath(data)
+    else:
+        if not Path(data).is_file():
+            raise AnalysisError(f"{data}: no such data file")
+        section["path"] = str(Path(data).resolve())
     return parse_job(toml_text(doc), where)
 
 
@@ -286,9 +299,10 @@ def evaluate(source, data, job=None) -> dict:
     if X.shape[0] == 0:
         raise AnalysisError(f"{data}: no test rows to evaluate")
     dyn = {s.name: (s, cfg.seed) for s, _ in model.tables() if s.dynamic}
-    m = dict(score(model, _Rows(tables, dyn), X, y))
-    n = int(m.pop("n", X.shape[0]))
-    yv = np.asarray(y)
+    scored = []
+    m = dict(score(model, _Rows(tables, dyn), X, y, labels=scored))
+    yv = scored[0]
+    n = int(m.pop("n", yv.shape[0]))
     binary = yv.ndim == 1 and bool(np.all((yv == 0) | (yv == 1)))
     return {"source": src, "data": Path(data), "format": cfg.data.format, "model": model.name,
             "primary": model.primary_metric, "rows": n,
@@ -296,7 +310,7 @@ def evaluate(source, data, job=None) -> dict:
             "metrics": {k: float(v) for k, v in m.items()}}
 
 
-_SPLIT = {"svmlight": "all rows", "adult_csv": "the job's test split",
+_SPLIT = {"svmlight": "all rows", "criteo": "all rows", "adult_csv": "the job's test split",
           "prepared": "the file's test split"}
 
 

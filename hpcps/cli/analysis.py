@@ -184,7 +184,8 @@ def register(subparsers) -> None:
                                           "imports it (set PYTHONPATH as for the run).")
     e.add_argument("source", help=SOURCE_HELP)
     e.add_argument("--data", required=True,
-                   help="svmlight file (svmlight jobs: every row is scored), the Adult CSV "
+                   help="svmlight or Criteo data, a file, directory or glob as the job's "
+                        "test_path (svmlight and criteo jobs: every row is scored), the Adult CSV "
                         "(adult_csv jobs: the job's test split is scored) or a file of "
                         "`hpcps data prepare` (prepared jobs: its test split is scored)")
     e.add_argument("--job", help="job file to use instead of the configuration stored with the model")

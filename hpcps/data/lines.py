@@ -82,6 +82,32 @@ def row_hashes(y, indptr, indices, data=None) -> np.ndarray:
 
 # -- the lazy rows a worker trains on ---------------------------------------------------------
 
+def in_chunks(X, y, chunk: int):
+    """The rows of ``X`` and their labels ``y`` in consecutive chunks of ``chunk`` rows, in
+    order: ``(X[a:a + chunk], y[a:a + chunk])``. A :class:`StreamedRows` (``X.start``) is
+    started once with every line in order and asked by line numbers; skipped bad lines make
+    its chunks shorter. Local.
+
+    Parameters
+    ----------
+    X : matrix of rows (CSR, a LocalizedCSR, an ndarray) or StreamedRows, shape (n, ...)
+    y : array-like (n, ...), indexable like ``X`` (``X.labels`` for a StreamedRows)
+    chunk : int
+        Rows per chunk (>= 1).
+
+    Yields
+    ------
+    (rows, labels)
+    """
+    n = X.shape[0]
+    streamed = hasattr(X, "start")
+    if streamed:
+        X.start(np.arange(n, dtype=np.int64))
+    for a in range(0, n, chunk):
+        sel = np.arange(a, min(a + chunk, n), dtype=np.int64) if streamed else slice(a, a + chunk)
+        yield X[sel], y[sel]
+
+
 class _Unit:
     """Parsed rows of one read unit: the lines ``covered`` (sorted, local numbers), the rows
     of those that hold one (``good``, sorted) and where each is in the CSR arrays.

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcps.data.lines import in_chunks
+
 
 class LocalTables:
     """Every table of a model, whole, in this process.
@@ -52,15 +54,22 @@ class LocalTables:
                                np.ascontiguousarray(g, dtype=self.specs[t].dtype), scale)
 
 
-def evaluate(model, tables: LocalTables, X, y, chunk: int = 8192) -> dict:
-    """``model.metrics`` of the predictions for ``X`` against ``y`` (in chunks of rows)."""
-    preds = []
-    for a in range(0, X.shape[0], chunk):
-        Xc = X[a:a + chunk]
+def evaluate(model, tables: LocalTables, X, y, chunk: int = 8192, labels: list | None = None) -> dict:
+    """``model.metrics`` of the predictions for ``X`` against ``y`` (in chunks of rows; a
+    streamed ``X`` is read once, in order: :func:`hpcps.data.lines.in_chunks`, so its labels
+    can be read only here: ``labels``, a list, receives the array of the labels scored)."""
+    preds, ys = [], []
+    for Xc, yc in in_chunks(X, y, chunk):
+        ys.append(np.asarray(yc, dtype=np.float64))
+        if Xc.shape[0] == 0:
+            continue
         keys = model.batch_keys(Xc)
         preds.append(np.asarray(model.predict(Xc, keys, tables.pull(keys)), dtype=np.float64))
     p = np.concatenate(preds) if preds else np.empty(0)
-    return model.metrics(np.asarray(y, dtype=np.float64), p)
+    yv = np.concatenate(ys) if ys else np.empty(0)
+    if labels is not None:
+        labels.append(yv)
+    return model.metrics(yv, p)
 
 
 def train_local(model, epochs: int, batch_size: int, seed: int = 0, shuffle: bool = True,

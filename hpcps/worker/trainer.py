@@ -24,6 +24,7 @@ from hpcps.core.consistency import BSP
 from hpcps.core.planning import (capped_steps, epoch_order, epoch_rows, examples_per_step,
                                  resume_position, segment_steps, steps_for)
 from hpcps.data import DataError
+from hpcps.data.lines import in_chunks
 from hpcps.data.partition_rows import block_bounds
 from hpcps.data.source import block_partitioned, stream_index, streamed
 from hpcps.models import make_model   # the model registry imports every model
@@ -571,14 +572,8 @@ class Trainer:
         over the workers' communicator; the rows are pulled fresh (not from a stale cache)."""
         tr = allreduce_sum(self.comm, np.array([loss_sum, n_ex], dtype=np.float64))
         preds, ys = [], []
-        streamed = hasattr(Xt, "start")          # streamed test lines: read in order
-        if streamed:
-            Xt.start(np.arange(Xt.shape[0], dtype=np.int64))
-        for a in range(0, Xt.shape[0], EVAL_CHUNK):
-            sel = (np.arange(a, min(a + EVAL_CHUNK, Xt.shape[0]), dtype=np.int64) if streamed
-                   else slice(a, a + EVAL_CHUNK))
-            Xc = Xt[sel]
-            ys.append(np.asarray(yt[sel], dtype=np.float64).reshape(-1))
+        for Xc, yc in in_chunks(Xt, yt, EVAL_CHUNK):     # streamed test lines: read in order
+            ys.append(np.asarray(yc, dtype=np.float64).reshape(-1))
             if Xc.shape[0] == 0:
                 continue
             keys = self.model.batch_keys(Xc)

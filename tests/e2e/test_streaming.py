@@ -208,6 +208,40 @@ def test_bad_line_mid_stream_stops_the_job_naming_file_and_line(tmp_path, data):
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN - 1, N_TRAIN - 1]
 
 
+def test_eval_of_a_criteo_run_scores_the_data_it_is_given(tmp_path, data):
+    """Found by a trial: ``hpcps eval RUN --data FILE`` of a Criteo job replaced only its
+    ``path``, so the stored relative ``test_path`` was looked for beside the checkpoint (an
+    error; with an absolute one the job's own test file would have been scored, not FILE);
+    and a directory or glob, which a Criteo ``test_path`` may be, was refused."""
+    from hpcps.analysis import offline as analysis
+
+    d, _ = data
+    (tmp_path / "crit").mkdir()
+    for f in d.glob("part-*"):
+        (tmp_path / "crit" / f.name).symlink_to(f)
+    job = write(tmp_path, "crit", "rel")
+    job.write_text(job.read_text().replace("epochs = 2", "epochs = 1"))
+    proc = subprocess.run([sys.executable, "-m", "hpcps", "run", "-n", "4", str(job)],
+                          cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    test = tmp_path / "crit" / "part-00003.tsv"
+    cli = subprocess.run([sys.executable, "-m", "hpcps", "eval", str(tmp_path / "rel"), "--data",
+                          str(test)], cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert "(criteo, all rows): 3,000 rows" in cli.stdout, cli.stdout
+    metrics = json.loads((tmp_path / "rel" / "metrics.json").read_text())
+    auc = metrics["epochs"][-1]["test_auc"]
+    assert f"AUC {auc:.6f}" in cli.stdout, (cli.stdout, metrics["epochs"])
+    train = analysis.evaluate(tmp_path / "rel", tmp_path / "crit" / "part-00000.tsv")
+    assert train["rows"] == 3000 and train["metrics"]["auc"] != auc
+    assert analysis.evaluate(tmp_path / "rel", tmp_path / "crit")["rows"] == ROWS     # a directory
+    assert analysis.evaluate(tmp_path / "rel", str(tmp_path / "crit" / "part-0000[0-2]*"))["rows"] == N_TRAIN
+    with pytest.raises(analysis.AnalysisError, match="no file matches this pattern"):
+        analysis.evaluate(tmp_path / "rel", str(tmp_path / "crit" / "nothing-*"))
+
+
 def test_gzip_and_zstd_svmlight_stream_every_row_once(tmp_path):
     """svmlight through the same streaming path: compressed files stream without a key."""
     import gzip

@@ -366,7 +366,7 @@ def test_eval_rejects_job_with_other_feature_count(svm_run, tmp_path):
                              r"\(64, 1\) \(n_features; wrong --job\?\)"):
         analysis.evaluate(svm_run["c2"], svm_run["test"], job=job)
     proc = run_cli(["eval", svm_run["c2"], "--data", tmp_path / "missing.svm"])
-    assert proc.returncode == 1 and "missing.svm: no such data file" in proc.stderr
+    assert proc.returncode == 1 and "missing.svm: no such file or directory" in proc.stderr
 
 
 def test_model_records_index_base_and_eval_refuses_another(svm_run):
