@@ -65,6 +65,32 @@ def _has(a) -> bool:
     return a is not None and bool(np.isfinite(a).any())
 
 
+def _run_seconds(epochs, launches) -> tuple[np.ndarray, str]:
+    """Each epoch record's ``seconds`` on one time axis for the whole run, and its label.
+
+    ``seconds`` counts from the start of training in the launch that wrote the record; a run
+    of several launches (a restart, a resume: ``summary.launches``, each with the clock it
+    resumed from) starts again from 0 in each. A record belongs to the last launch that
+    resumed below its clock; each launch's records are shifted by the last ``seconds`` of
+    the launches before it that wrote a record (one that ended before finishing an epoch
+    wrote none: its time is not on the axis)."""
+    sec = _col(epochs, "seconds")
+    starts = sorted(int(r["resumed_from_step"]) for r in launches or []
+                    if isinstance(r, dict) and isinstance(r.get("resumed_from_step"), int))
+    if not starts:
+        return sec, "wall time (s)"
+    clock = _col(epochs, "clock")
+    launch = np.searchsorted(np.array(starts, dtype=np.float64), clock, side="left")
+    out, offset, last = sec.copy(), 0.0, 0.0
+    for i in range(sec.size):
+        if i and launch[i] != launch[i - 1]:      # the first record of a later launch
+            offset, last = offset + last, 0.0
+        if np.isfinite(sec[i]):
+            last = sec[i]
+        out[i] = offset + sec[i]
+    return out, f"training time (s), {len(starts) + 1} launches joined"
+
+
 def _series(epochs) -> tuple[list, list]:
     """The curves the epoch records hold, whatever the model.
 
@@ -193,8 +219,9 @@ def plot_run(run, out=None) -> tuple[Path, list[str]]:
     panels = []
     losses, metrics = _series(epochs) if epochs else ([], [])
     if losses or metrics:
-        ep, sec = _col(epochs, "epoch"), _col(epochs, "seconds")
-        xs = [(ep, "epoch")] + ([(sec, "wall time (s)")] if _has(sec) else [])
+        ep = _col(epochs, "epoch")
+        sec, sec_label = _run_seconds(epochs, summary.get("launches"))
+        xs = [(ep, "epoch")] + ([(sec, sec_label)] if _has(sec) else [])
         for x, xl in xs:
             for label, tr, te in losses:
                 panels.append((f"{label} vs {xl}", "loss", x, xl, (label, tr, te)))

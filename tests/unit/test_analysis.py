@@ -488,6 +488,30 @@ def test_plot_panels(tmp_path, staleness, panels):
     assert img.shape[0] > 300 and img.shape[1] > 600 and img.std() > 0
 
 
+def test_wall_time_of_a_run_of_several_launches_runs_forward(tmp_path):
+    """Found by a trial (2026-12-05): each launch's epoch records count ``seconds`` from its
+    own start (4 launches: 66.5, 127.3, 67.6, 50.7 s), and the wall-time panels ran back in
+    time. Each launch is shifted by the last seconds of the launches before it (the first,
+    killed before an epoch ended, wrote no record)."""
+    from hpcps.analysis.plot import _run_seconds
+
+    epochs = [{"epoch": e, "clock": 100 * e, "seconds": s}
+              for e, s in ((1, 66.5), (2, 127.3), (3, 67.6), (4, 50.7))]
+    launches = [{"launch": 1, "resumed_from_step": None}, {"launch": 2, "resumed_from_step": 25},
+                {"launch": 3, "resumed_from_step": 200}, {"launch": 4, "resumed_from_step": 300}]
+    sec, label = _run_seconds(epochs, launches)
+    assert np.allclose(sec, [66.5, 127.3, 194.9, 245.6]) and "4 launches" in label
+    sec, label = _run_seconds(epochs[:2], [launches[0]])
+    assert np.allclose(sec, [66.5, 127.3]) and label == "wall time (s)"
+    rec = metrics_record()
+    rec["summary"]["launches"] = [launches[0], {"launch": 2, "resumed_from_step": 20}]
+    rec["epochs"][2]["seconds"] = 0.5               # epoch 3 (clock 30) in the second launch
+    run = tmp_path / "run"
+    write_metrics(run / "metrics.json", rec)
+    _, drawn = analysis.plot_run(run)
+    assert "log-loss vs training time (s), 2 launches joined" in drawn, drawn
+
+
 def test_one_staleness_value_is_ticked_with_whole_numbers():
     """Found by a trial (2026-12-04): a BSP run's histogram has one bar (staleness 0), whose
     axis matplotlib's integer locator ticked -0.60 ... 0.60."""
