@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hpcps.checkpoint.layout import CheckpointError, ckpt_root, list_steps, step_dir
 from hpcps.checkpoint.read import is_verified, verify
+from hpcps.config.parse import changed_keys
 
 #: the values of ``--resume`` besides a checkpoint directory
 RESUME_MODES = ("auto", "never", "require")
@@ -201,11 +202,15 @@ def choose_start(run_dir, resume: str, job_text: str, epochs: int) -> Start:
     st.warnings.extend(f"skipping checkpoint {name}: {why}" for name, why in tried)
     st.directory, st.manifest = found
     if finished(st.manifest, epochs):
-        if st.manifest.get("config", job_text) != job_text:
-            st.refuse = (f"{st.directory} is the end of a finished run of another job file (its "
-                        "job text differs from this one's); not resuming it. Train afresh "
-                        "with --resume never (the old checkpoints are moved aside), or give "
-                        "this job file its own name (outputs go to runs/<name>) or [output] dir")
+        keys = changed_keys(st.manifest.get("config", job_text), job_text)
+        if keys:                     # comments and layout of the text alone do not count
+            st.refuse = (f"{st.directory} is the end of a finished run of another job file "
+                         f"(keys that differ: {', '.join(keys)}); not "
+                         "resuming it. To train this run further (also on another layout), "
+                         "raise train.epochs: a run with epochs left resumes. Else train "
+                         "afresh with --resume never (the old checkpoints are moved aside), or "
+                         "give this job file its own name (outputs go to runs/<name>) or "
+                         "[output] dir")
         else:
             st.finished = True
     return st

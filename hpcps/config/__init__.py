@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from hpcps.config.errors import ConfigError, ConfigErrors
 from hpcps.config.files import check_output_writable, output_note
-from hpcps.config.parse import load_job, parse_job
+from hpcps.config.parse import changed_keys, load_job, parse_job
 from hpcps.config.sections import (CLUSTER_MODES, CONSISTENCY_MODELS, DATA_FORMATS, DTYPES,
                                    DUPLICATE_MODES, MODEL_TYPES, OPTIMIZERS, PULL_MODES,
                                    SECTIONS, CheckpointConfig, ClusterConfig, CommConfig,
@@ -64,6 +64,7 @@ __all__ = [
     "OutputConfig",
     "EvaluateConfig",
     "CheckpointConfig",
+    "changed_keys",
     "FaultToleranceConfig",
     "LbfgsConfig",
     "ElasticConfig",

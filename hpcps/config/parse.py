@@ -146,3 +146,24 @@ def load_job(path: str | os.PathLike) -> JobConfig:
     """
     path = Path(path)
     return parse_job(files.read_job_text(path), path)
+
+
+def changed_keys(old_text: str, new_text: str) -> list[str]:
+    """The dotted keys (``cluster.servers``) whose values differ between two job texts, set in
+    one and not the other included, sorted; comments and layout do not count. A text that is
+    not valid TOML is compared whole (``["<the job text>"]`` when they differ). Local."""
+    def flat(doc, pre=""):
+        out = {}
+        for k, v in doc.items():
+            if isinstance(v, dict):
+                out.update(flat(v, f"{pre}{k}."))
+            else:
+                out[pre + k] = v
+        return out
+
+    try:
+        a, b = flat(tomllib.loads(old_text)), flat(tomllib.loads(new_text))
+    except tomllib.TOMLDecodeError:
+        return [] if old_text == new_text else ["<the job text>"]
+    absent = object()
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, absent) != b.get(k, absent))

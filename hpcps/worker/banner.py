@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hpcps.config.parse import changed_keys
+
 
 def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan) -> list[str]:
     """The chief's start-up lines: layout, data, model, policy; the checkpoint resumed;
@@ -57,8 +59,10 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
         lines.append(f"resumed from checkpoint step {restore['step']} ({where}, written by "
                   f"{restore['n_workers']} worker(s) and {restore['n_servers']} server(s))")
         if restore.get("config", cfg.text) != cfg.text:
+            keys = changed_keys(restore["config"], cfg.text)
             lines.append("hpcps: warning: the job file differs from the one the checkpoint was "
-                      "written with; training continues with the new settings")
+                         f"written with (keys: {', '.join(keys) or 'none, only comments'}); "
+                         "training continues with the new settings")
         if (start_epoch == t.epochs - 1 and start_step >= steps_full and not plan):
             lines.append(f"hpcps: note: this job already finished (checkpoint at its last "
                       f"step, in {cfg.output.dir}); nothing is trained, the model is "

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from hpcps.analysis import offline as analysis
 from hpcps import checkpoint as ck
+from hpcps.config import changed_keys
 from hpcps.core.tables import KeyPartition
 from hpcps.core.planning import epoch_order, epoch_rows
 
@@ -254,6 +255,21 @@ def test_a_finished_checkpoint_of_another_job_text_is_not_taken_as_finished(tmp_
     assert st.error is None and st.finished
     st = ck.choose_start(tmp_path, "auto", 'name = "new"\n', epochs=3)     # one more epoch
     assert st.error is None and not st.finished and st.manifest["step"] == 10
+
+
+def test_the_refusal_of_another_finished_job_names_the_keys_that_differ(tmp_path):
+    """Found by a trial (2026-12-05): a finished run relaunched with only [cluster] servers
+    changed was refused as "another job file" without saying which keys differed, and the
+    advice was to train afresh; a comment alone made the text differ too."""
+    old = 'name = "old"\n[cluster]\nservers = 2\n[train]\nepochs = 2\n'
+    make_checkpoint(tmp_path, 10, 1, epoch=1, step_in_epoch=9, text=old)
+    st = ck.choose_start(tmp_path, "auto", old.replace("servers = 2", "servers = 3"), epochs=2)
+    assert "(keys that differ: cluster.servers)" in st.refuse and "raise train.epochs" in st.refuse
+    st = ck.choose_start(tmp_path, "auto", "# a note\n" + old.replace("= 2\n[train]", "= 2   # two\n[train]"),
+                         epochs=2)
+    assert st.refuse is None and st.finished
+    assert changed_keys(old, 'name = "new"\n[cluster]\nservers = 2\n[data]\nx = 1\n') == [
+        "data.x", "name", "train.epochs"]
 
 
 def test_write_error_names_the_file(tmp_path):
