@@ -251,6 +251,21 @@ def shape(hs, mbit: float) -> str:
     return ""
 
 
+def _skipped(rep, what: str, links: str, why: str) -> None:
+    """Report the ratio ``what`` as not measured: the ``links`` could not be made (``why``)."""
+    rep.ratio(what, None, None)
+    rep.note(f"{links} links: skipped: {why}")
+    print(f"bench_hosts: {links} links: skipped: {why}", flush=True)
+
+
+def unshape(hs) -> None:
+    """Remove :func:`shape`'s rate limits from every test host's link."""
+    for h in hs:
+        for cmd in (h.cmd("tc", "qdisc", "del", "dev", "eth0", "root"),
+                    ["tc", "qdisc", "del", "dev", h.veth, "root"]):
+            subprocess.run(cmd, capture_output=True)
+
+
 def run_job(hs, mca, env, args, tmp: Path, rows: int, epochs: int, out: str, what: str):
     """``hpcps run`` of the e2e job across the hosts (worker on the first, server on the
     second); its metrics summary."""
@@ -332,12 +347,13 @@ def shaped(rep, hs, mca, env, args, tmp: Path, rows: int, epochs: int) -> None:
     for rate in (mbit, mbit / 2):
         why = shape(hs, rate)
         if why:
-            rep.ratio(what, None, None)
-            rep.note(f"shaped links: skipped: {why}")
-            print(f"bench_hosts: shaped links: skipped: {why}", flush=True)
-            return
-        s = run_job(hs, mca, env, args, tmp, rows, epochs, f"e2e_{rate:g}mbit",
-                    f" over links shaped to {rate:g} Mbit/s")
+            unshape(hs)
+            return _skipped(rep, what, "shaped", why)
+        try:
+            s = run_job(hs, mca, env, args, tmp, rows, epochs, f"e2e_{rate:g}mbit",
+                        f" over links shaped to {rate:g} Mbit/s")
+        finally:
+            unshape(hs)            # the runs after this one (delayed links) at full rate
         runs.append({"mbit": rate, "bytes": moved_bytes(s["workers"][0]),
                      "train_seconds": float(s["train_seconds"]), "steps": int(s["steps"])})
     (r1, r2) = runs
@@ -360,35 +376,49 @@ def delayed(rep, th, hs, mca, env, args, tmp: Path, rows: int, epochs: int) -> N
     costs ``2 x`` the added delay; the server's requests (each answered: the BSP steps'
     push-clock-pull requests and the evaluations' pulls) times that, against the difference of
     the two runs' training seconds (which cancels what the delaying process adds to every
-    packet alike)."""
+    packet alike). Beside it, the same with ``α`` measured: plain TCP round trips between the
+    hosts (:func:`testhosts.tcp_round_trip`) of a step's bytes (the worker's mean bytes up and
+    down per request), whose cost grows by more than the two delays where a message is many
+    TCP segments (the kernel's congestion control paces them)."""
     d = float(args.delay_ms)
     what = (f"end to end across 2 hosts at {d:g} and {2 * d:g} ms one-way delay: cost model "
             "(requests x 2 x added delay) / measured (training seconds at the larger - at the "
             "smaller)")
+    what_tcp = (f"end to end across 2 hosts at {d:g} and {2 * d:g} ms one-way delay: requests "
+                "x the added time of a plain TCP round trip of a request's bytes / measured")
     runs = []
     for ms in (d, 2 * d):
         why = th.delay(hs, ms)
         if why:
-            rep.ratio(what, None, None)
-            rep.note(f"delayed links: skipped: {why}")
-            print(f"bench_hosts: delayed links: skipped: {why}", flush=True)
-            return
+            return _skipped(rep, what, "delayed", why)
         try:
             s = run_job(hs, mca, env, args, tmp, rows, epochs, f"e2e_{ms:g}ms",
                         f" with a {ms:g} ms delay each way")
+            n = int(s["servers"][0]["requests"])
+            w = s["workers"][0]
+            up = (8 * int(w["keys_pulled"]) + int(w["bytes_pushed"])) // n
+            down = int(w["bytes_pulled"]) // n
+            tcp = {b: th.tcp_round_trip(hs[0], hs[1], *b) for b in ((64, 64), (up, down))}
         finally:
             th.delay(hs, 0)
-        runs.append({"ms": ms, "requests": int(s["servers"][0]["requests"]),
-                     "train_seconds": float(s["train_seconds"]), "steps": int(s["steps"])})
+        runs.append({"ms": ms, "requests": n, "train_seconds": float(s["train_seconds"]),
+                     "steps": int(s["steps"]), "request_bytes": [up, down],
+                     "tcp_round_trip_64": tcp[(64, 64)], "tcp_round_trip": tcp[(up, down)]})
     (r1, r2) = runs
     model = r2["requests"] * 2 * (r2["ms"] - r1["ms"]) / 1e3
+    model_tcp = r2["requests"] * (r2["tcp_round_trip"] - r1["tcp_round_trip"])
     measured = r2["train_seconds"] - r1["train_seconds"]
     rep.details["e2e_delayed"] = {"runs": runs, "model_seconds": model,
-                                  "measured_seconds": measured}
+                                  "model_tcp_seconds": model_tcp, "measured_seconds": measured}
     print(f"bench_hosts: delayed links: {r2['requests']:,} requests; training "
           f"{r1['train_seconds']:.2f} s at {r1['ms']:g} ms, {r2['train_seconds']:.2f} s at "
-          f"{r2['ms']:g} ms: {measured:.2f} s more, the model says {model:.2f} s", flush=True)
+          f"{r2['ms']:g} ms: {measured:.2f} s more, the model says {model:.2f} s; plain TCP "
+          f"round trips, 64 B: {r1['tcp_round_trip_64'] * 1e3:.2f} / "
+          f"{r2['tcp_round_trip_64'] * 1e3:.2f} ms, a request's {up:,} B up + {down:,} B down: "
+          f"{r1['tcp_round_trip'] * 1e3:.2f} / {r2['tcp_round_trip'] * 1e3:.2f} ms "
+          f"(requests x their difference: {model_tcp:.2f} s)", flush=True)
     rep.ratio(what, model / measured if measured > 0 else None, None)
+    rep.ratio(what_tcp, model_tcp / measured if measured > 0 else None, None)
 
 
 def main(argv=None) -> int:

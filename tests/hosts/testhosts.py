@@ -322,6 +322,53 @@ def undelay(hs) -> None:
         (STATE / f"delay-{h.name}.log").unlink(missing_ok=True)
 
 
+#: TCP round trips between two test hosts: the echo side answers ``DOWN`` bytes to every ``UP``
+#: bytes; the calling side prints the median seconds of ``N`` round trips.
+ECHO = """
+import socket, statistics, sys
+from time import perf_counter
+role, addr, up, down, n = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+def recv(c, k):
+    while k > 0:
+        b = c.recv(min(k, 1 << 20))
+        if not b:
+            return False
+        k -= len(b)
+    return True
+if role == "echo":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 5599)); s.listen(1); print("listening", flush=True)
+    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while recv(c, up):
+        c.sendall(bytes(down))
+else:
+    c = socket.create_connection((addr, 5599)); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    ts = []
+    for _ in range(n):
+        t = perf_counter(); c.sendall(bytes(up)); recv(c, down); ts.append(perf_counter() - t)
+    print(statistics.median(ts))
+"""
+
+
+def tcp_round_trip(a: Host, b: Host, up: int, down: int, n: int = 30) -> float:
+    """Median seconds of ``n`` TCP round trips from host ``a`` to host ``b`` (``up`` bytes
+    there, ``down`` back; TCP_NODELAY, the kernel's congestion control)."""
+    echo = subprocess.Popen(b.cmd(sys.executable, "-c", ECHO, "echo", b.addr, up, down, n),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        if echo.stdout.readline().strip() != "listening":
+            raise RuntimeError(f"tcp_round_trip: the echo on {b.name} did not start")
+        p = subprocess.run(a.cmd(sys.executable, "-c", ECHO, "call", b.addr, up, down, n),
+                           capture_output=True, text=True, timeout=120)
+        if p.returncode:
+            raise RuntimeError(f"tcp_round_trip from {a.name}: {p.stderr.strip()[-500:]}")
+        return float(p.stdout.strip())
+    finally:
+        echo.kill()
+        echo.wait()
+
+
 PROBE = """
 import socket, sys
 for addr in sys.argv[1:]:

@@ -16,9 +16,7 @@
   word and nobody takes an exclusive lock.
 """
 
-import statistics
 import subprocess
-import sys
 import time
 
 from tests.helpers import log_lines
@@ -78,63 +76,18 @@ def test_rma_pulls_across_hosts_give_the_p2p_model(tmp_path, hosts, reference):
     assert same_weights(weights(tmp_path / "rma"), reference[0])
 
 
-#: Round trips between two test hosts: host 2 echoes ``DOWN`` bytes for every ``UP`` bytes
-#: host 1 sends; host 1 prints the median seconds of ``N`` round trips.
-ECHO = """
-import socket, statistics, sys, time
-role, addr, up, down, n = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
-def recv(c, k):
-    while k > 0:
-        b = c.recv(min(k, 1 << 20))
-        if not b:
-            return False
-        k -= len(b)
-    return True
-if role == "echo":
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((addr, 5599)); s.listen(1); print("listening", flush=True)
-    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while recv(c, up):
-        c.sendall(bytes(down))
-else:
-    c = socket.create_connection((addr, 5599)); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter(); c.sendall(bytes(up)); recv(c, down); ts.append(time.perf_counter() - t)
-    print(statistics.median(ts))
-"""
-
-
-def round_trip(hosts, up: int, down: int, n: int = 30) -> float:
-    """Median seconds of ``n`` TCP round trips from host 1 to host 2 (``up`` bytes there,
-    ``down`` back)."""
-    a, b = hosts[0], hosts[1]
-    echo = subprocess.Popen(b.cmd(sys.executable, "-c", ECHO, "echo", b.addr, up, down, n),
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert echo.stdout.readline().strip() == "listening"
-        p = subprocess.run(a.cmd(sys.executable, "-c", ECHO, "call", b.addr, up, down, n),
-                           capture_output=True, text=True, timeout=120)
-        assert p.returncode == 0, p.stderr
-        return float(p.stdout.strip())
-    finally:
-        echo.kill()
-        echo.wait()
-
-
 def test_delay_adds_its_latency_each_way(hosts):
     if th.delay_missing():           # CI installs iptables and NetfilterQueue (.ci/run)
         skip_or_fail(th.delay_missing())
     ms = 3.0
     assert th.delay(hosts, ms) == ""
     t0 = time.perf_counter()
-    small = round_trip(hosts, 64, 64)
-    large = round_trip(hosts, 70_000, 16_000)
+    small = th.tcp_round_trip(hosts[0], hosts[1], 64, 64)
+    large = th.tcp_round_trip(hosts[0], hosts[1], 70_000, 16_000)
     print(f"delay {ms:g} ms each way: 64 B round trip {small * 1e3:.2f} ms, 70 KB up + 16 KB "
           f"down {large * 1e3:.2f} ms ({time.perf_counter() - t0:.1f} s)")
     assert 2 * ms / 1e3 <= small < 2 * ms / 1e3 + 0.1      # both delays, not ten times them
     # 70 KB is ~48 segments: in one window it takes one round trip more than 64 B, not ~9
     assert large < 4 * 2 * ms / 1e3, large
     assert th.delay(hosts, 0) == ""
-    assert round_trip(hosts, 64, 64) < ms / 1e3              # gone
+    assert th.tcp_round_trip(hosts[0], hosts[1], 64, 64) < ms / 1e3              # gone
