@@ -120,6 +120,9 @@ class Listener:
 
     def __init__(self, comm: MPI.Intracomm, stream=None):
         self.comm = comm.Dup()
+        #: the communicators :func:`follow` replaced, freed by :meth:`stop` once the thread
+        #: that may still hold one has ended
+        self.retired: list = []
         self.rank = self.comm.Get_rank()
         self.host = _host()
         self.stream = stream
@@ -136,12 +139,25 @@ class Listener:
         return self
 
     def stop(self) -> None:
-        """End the thread (before ``MPI_Finalize``). Local."""
+        """End the thread (before ``MPI_Finalize``) and free its communicator and those
+        :func:`follow` replaced. Local.
+
+        Found by a trial (2026-12-05): the duplicates of the old and added ranks'
+        communicators that :func:`follow` made at each growth were never freed. At
+        ``MPI_Finalize`` Open MPI disconnects every communicator still connecting processes
+        of different launches (``ompi_dpm_dyn_finalize``); after two growths there were two,
+        taken in different orders by different ranks, and the job crashed (signal 11) or hung
+        there after training had finished."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
         if self._timer is not None:        # after the join: the thread may have just set it
             self._timer.cancel()
+        if not self._thread.is_alive():
+            for c in self.retired + [self.comm]:
+                c.Free()
+            self.retired = []
+            self.comm = MPI.COMM_NULL
 
     # ------------------------------------------------------------------ listening
     def _run(self) -> None:
@@ -262,10 +278,16 @@ def stop(listener: Listener | None) -> None:
 def follow(comm: MPI.Intracomm) -> None:
     """Listen and tell on (a duplicate of) ``comm`` from now on: the communicator of the old
     and the added ranks after a growth (:mod:`hpcps.resilience.elastic`), so that a notice
-    reaches both. Collective over ``comm``: every rank duplicates it, listening or not."""
+    reaches both. Collective over ``comm``: every rank duplicates it, listening or not (a rank
+    that does not listen frees its duplicate at once; a listener frees the one it replaces
+    when it stops, :meth:`Listener.stop`)."""
     new = comm.Dup()
     if _ACTIVE:
-        _ACTIVE[0].comm = new
+        listener = _ACTIVE[0]
+        listener.retired.append(listener.comm)
+        listener.comm = new
+    else:
+        new.Free()
 
 
 def tell_others(status: int, text: str) -> int | None:

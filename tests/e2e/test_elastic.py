@@ -141,18 +141,19 @@ def _n_train(text):
     return int(re.search(r"(\d+) train / \d+ test rows", text).group(1))
 
 
-def grow_while_running(tmp_path, job, n, epochs, workers, env=None, extra=()):
-    """Launch ``job`` on ``n`` ranks with ``hpcps run``; once it trains, ``hpcps grow`` its run
-    directory by ``workers``; returns (the grow command's CompletedProcess, the job's output,
-    the job's exit status)."""
+def grow_while_running(tmp_path, job, n, epochs, workers, env=None, extra=(), after=None,
+                       grow_extra=()):
+    """Launch ``job`` on ``n`` ranks with ``hpcps run``; once it trains (or once a line holds
+    ``after``), ``hpcps grow`` its run directory by ``workers``; returns (the grow command's
+    CompletedProcess, the job's output, the job's exit status)."""
     p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", str(n), str(job), *extra],
                          cwd=tmp_path, env=env or mpi_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, bufsize=1)
     lines: list = []
     try:
-        read_until(p, f"/{epochs}  step", lines)       # a progress line of any epoch
-        g, _ = hpcps(["grow", tmp_path / job.stem, "--workers", str(workers), "--wait", "240"],
-                     cwd=tmp_path)
+        read_until(p, after or f"/{epochs}  step", lines)     # a progress line of any epoch
+        g, _ = hpcps(["grow", tmp_path / job.stem, "--workers", str(workers), "--wait", "240",
+                      *grow_extra], cwd=tmp_path)
         out, _ = p.communicate(timeout=600)
     finally:
         if p.poll() is None:
@@ -172,6 +173,24 @@ def test_hpcps_grow_adds_a_worker_to_a_running_ssp_job(tmp_path):
     assert ev["trigger"] == "request" and ev["workers"] == 3
     assert s["servers"][0]["examples_per_epoch"] == [_n_train(out)] * 4
     assert not (tmp_path / "req" / "grow-request.json").exists()
+
+
+def test_two_growths_end_the_job_with_exit_0(tmp_path):
+    """Found by a trial (2026-12-05): after two growths training finished, but every launch
+    then crashed in MPI_Finalize (signal 11, exit 139: a relaunch by --max-restarts and the
+    Slurm scripts) or hung there for ever: the input-error listener's duplicates of the old
+    and added ranks' communicators (one per growth) were never freed, and Open MPI's
+    finalize disconnects what is left in an order of its own on each rank. A planned growth
+    (2 workers at clock 40), then a ``hpcps grow`` of 1 more."""
+    el = "[elastic]\nadd_workers = 2\nat_step = 40\noversubscribe = true\n"
+    job = write(tmp_path, "two", epochs=12, batch=8, every=0, elastic=el, progress=0.5)
+    g, out, rc = grow_while_running(tmp_path, job, 4, 12, 1, after="worker(s) added at clock 40",
+                                    grow_extra=("--oversubscribe",))
+    assert g.returncode == 0 and "grown: 1 worker(s) added" in g.stdout, g.stdout + g.stderr + out[-3000:]
+    assert rc == 0, out[-3000:]
+    s = metrics(tmp_path / "two")["summary"]
+    assert [ev["workers"] for ev in s["growth"]] == [5, 6]
+    assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN] * 12
 
 
 def test_hpcps_grow_without_free_slot_is_refused_and_the_job_finishes(tmp_path):

@@ -92,6 +92,31 @@ def test_only_input_errors_are_told():
     assert notices.tell_others(65, "DataError: x") is None     # no listener: nothing to tell
 
 
+@pytest.mark.mpi(min_size=2)
+def test_stop_frees_the_communicators_follow_made():
+    """Found by a trial (2026-12-05): each growth's ``follow`` left a duplicate of the old and
+    added ranks' communicator, and after two growths Open MPI's finalize, which disconnects
+    what is left, crashed or hung. A notice after ``follow`` goes over the new one."""
+    comm = MPI.COMM_WORLD
+    out = io.StringIO()
+    listener = notices.listen(comm, out)
+    first = listener.comm
+    notices.follow(comm)
+    notices.follow(comm)
+    old = list(listener.retired)
+    assert len(old) == 2 and old[0] is first and listener.comm not in old
+    comm.Barrier()
+    if comm.rank == 0:
+        assert notices.tell_others(65, "DataError: x:1: bad") == comm.size - 1
+    else:
+        assert _wait_for(lambda: out.getvalue().endswith("\n"))
+    comm.Barrier()
+    notices.stop(listener)
+    assert listener.retired == [] and listener.comm == MPI.COMM_NULL
+    assert all(c == MPI.COMM_NULL for c in old)
+    notices.follow(comm)                  # not listening: its duplicate is freed at once
+
+
 def test_a_notice_keeps_its_first_line_and_fits():
     raw = notices.encode_notice(65, 3, "node7", "DataError: " + "é" * 2000 + "\nmore")
     assert len(raw) <= notices.NOTICE_BYTES
