@@ -36,7 +36,7 @@ from hpcps.resilience.supervisor import Supervisor
 from hpcps.runtime import metrics
 from hpcps.runtime.allreduce import run_allreduce
 from hpcps.runtime.output import write_model
-from hpcps.runtime.rundir import RunDir, find_restore, launch_records
+from hpcps.runtime.rundir import RunDir, find_restore, growth_records, launch_records
 from hpcps.runtime.preflight import (  # noqa: F401 - importable from here as before
     ResourceError, available_memory, check_memory, check_rma_progress, limit_threads,
     load_model, server_bytes)
@@ -139,6 +139,11 @@ def join_job(out=None, stop=None, deadline=None) -> dict:
                       out, stop=stop, join=plan)
 
 
+def _plain(value):
+    """JSON for a numpy scalar in a growth record (``json.dumps(default=...)``)."""
+    return value.item() if hasattr(value, "item") else str(value)
+
+
 def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None,
                step_hook=None, join=None, restart=None) -> dict:
     """Serve or train on the layout of ``elastic`` (servers and workers of the launch, or an
@@ -203,7 +208,9 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             if join is None:
                 earlier, this_launch = launch_records(restore, restart)
                 launches = earlier + [this_launch]
-                checkpointer.more = {"launches": json.dumps(launches)}
+                elastic.events[:0] = growth_records(restore)      # earlier launches' growths
+                checkpointer.more = {"launches": json.dumps(launches),
+                                     "growth": lambda: json.dumps(elastic.events, default=_plain)}
             supervisor = Supervisor(trainer, checkpointer)
             result = supervisor.run(restore=restore[1] if restore else None, join=join,
                                     wrap_up=lambda res: _wrap_up(cfg, res, client, elastic, group,

@@ -225,6 +225,19 @@ def parse_restart(text: str | None) -> tuple[int, int] | None:
     return int(n), int(status)
 
 
+def growth_records(restore: Restore | None) -> list:
+    """The growths of this run's earlier launches (``summary.growth`` records, kept in the
+    checkpoint resumed; [] without one, or from a checkpoint written before they were kept).
+    Local."""
+    if restore is None:
+        return []
+    try:
+        got = json.loads(restore.manifest.get("growth", "[]"))
+    except (TypeError, ValueError):
+        return []
+    return [g for g in got if isinstance(g, dict)] if isinstance(got, list) else []
+
+
 def launch_records(restore: Restore | None, restart: tuple[int, int] | None):
     """The launches of this run so far (from the checkpoint resumed) and this launch's
     record. Local.
