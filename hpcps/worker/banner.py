@@ -52,8 +52,11 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
                      f"{tr.n_workers} workers send their steps together; each server gets "
                      f"{g.n_groups} request(s) per step")
     if restore is not None:
+        # the checkpoint's own steps per epoch: its step_in_epoch counts steps of the layout
+        # that wrote it (found by a trial: "step 61 of 245" mixed two layouts' counts)
+        per = int(restore.get("steps_per_epoch", 0)) or steps_full
         where = (f"epoch {start_epoch + 1}, after its step {int(restore['step_in_epoch'])} of "
-                 f"{steps_full}"
+                 f"{per}"
                  if start_epoch == int(restore["epoch"]) else
                  f"the end of epoch {start_epoch}; epoch {start_epoch + 1} starts")
         lines.append(f"resumed from checkpoint step {restore['step']} ({where}, written by "

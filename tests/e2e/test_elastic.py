@@ -41,6 +41,7 @@ from datetime import datetime
 import numpy as np
 import pytest
 
+from hpcps.checkpoint import verify
 from hpcps.runtime.output import read_model
 from tests.helpers import (DATA, ROOT, alive, finish, hpcps, kill_rank, kill_session, mpi_env,
                            mpirun, read_until, run_in_session, session_pids, start_run)
@@ -119,11 +120,16 @@ def test_spawn_two_workers_into_bsp_job_every_example_once(tmp_path):
 
     # resume from the checkpoint at clock 50 (10 steps after the growth, mid-epoch) ...
     ck = tmp_path / "grow" / "ckpt" / "step-00000050"
+    man = verify(ck)
     for name, n in (("same", 6), ("fewer", 4)):
         d = tmp_path / name
         shutil.copytree(ck, d / "ckpt" / ck.name)
-        run(tmp_path, write(tmp_path, "grow", out=name, elastic=ADD), n, "--resume",
-            d / "ckpt" / ck.name)
+        out = run(tmp_path, write(tmp_path, "grow", out=name, elastic=ADD), n, "--resume",
+                  d / "ckpt" / ck.name)
+        # its step in the epoch counted in the checkpoint's own layout (found by a trial:
+        # "step 61 of 245" gave the step of one worker count and the steps of another)
+        assert (f"after its step {man['step_in_epoch']} of {man['steps_per_epoch']}, written "
+                "by 5 worker(s)") in out, out[-3000:]
     # ... on 5 workers: the same run, bit for bit
     a = read_model(tmp_path / "grow" / "model.h5")["tables"]
     b = read_model(tmp_path / "same" / "model.h5")["tables"]
