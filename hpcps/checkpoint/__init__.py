@@ -97,12 +97,13 @@ from hpcps.checkpoint.layout import (CHECKSUM, DIGEST_FIELD, FORMAT, MANIFEST, R
                                      CheckpointError, ResumeError, ckpt_root, list_steps,
                                      shard_name, slot_specs, step_dir)
 from hpcps.checkpoint.read import (attr_value, check_compatible, is_verified, leftovers,
-                                   read_manifest, read_range, shard_examples, verify)
+                                   read_manifest, read_range, shard_examples,
+                                   shard_examples_per_epoch, verify)
 from hpcps.checkpoint.write import write_manifest, write_shard
 
 __all__ = ["CHECKSUM", "DIGEST_FIELD", "FORMAT", "H5_OVERHEAD", "MANIFEST", "READ_FORMATS",
            "RESUME_MODES", "CheckpointError", "ResumeError", "Start", "attr_value",
            "check_compatible", "choose_start", "ckpt_root", "finished", "is_verified",
            "latest_valid", "leftovers", "list_steps", "no_valid_line", "prune", "read_manifest",
-           "read_range", "scan", "set_aside", "shard_examples", "shard_name", "slot_specs",
+           "read_range", "scan", "set_aside", "shard_examples", "shard_examples_per_epoch", "shard_name", "slot_specs",
            "step_dir", "verify", "write_manifest", "write_shard"]

@@ -227,6 +227,23 @@ def is_verified(directory) -> bool:
 
 
 
+def shard_examples_per_epoch(directory) -> dict:
+    """Examples applied per epoch (0-based epoch -> count) over the run's launches up to the
+    checkpoint ``directory``, from its first shard's ``examples_per_epoch`` attribute (every
+    server applies every example's step: each shard holds the same counts); {} when absent
+    (checkpoints written before 2026-12-05). Local."""
+    try:
+        with h5py.File(Path(directory) / shard_name(0), "r") as f:
+            raw = f.attrs.get("examples_per_epoch", "{}")
+    except (OSError, KeyError) as e:
+        raise CheckpointError(f"{directory}: unreadable shard {shard_name(0)} ({e})") from e
+    try:
+        got = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
+        return {int(k): int(v) for k, v in got.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
 def shard_examples(directory, server: int) -> int:
     """The ``examples`` attribute of ``shard-SSSS.h5`` (0 when absent: older checkpoints).
     Local."""

@@ -19,7 +19,7 @@ from hpcps.checkpoint.read import leftovers, remember_good
 
 
 def write_shard(directory, server: int, n_servers: int, clock: int, tables: list,
-                examples: int = 0) -> tuple[int, str]:
+                examples: int = 0, examples_per_epoch: dict | None = None) -> tuple[int, str]:
     """Write one server's shard file atomically. Local (not collective).
 
     Parameters
@@ -30,6 +30,9 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
     examples : int
         Training examples whose updates the shard holds (the attribute ``examples``; a range
         reloaded in place by a continue-mode job counts on from it).
+    examples_per_epoch : dict of int -> int, optional
+        Examples applied per epoch (0-based) over the run's launches so far (the attribute
+        ``examples_per_epoch``, JSON ``{"epoch": count}``; :func:`shard_examples_per_epoch`).
     tables : list of dict
         Per table: ``name``, ``rows`` (n, dim) ndarray, ``keys`` (n,) int64, ``slots``
         (dict of name -> ndarray with n rows: (n, dim) or (n,), any numeric dtype; views
@@ -73,6 +76,8 @@ def write_shard(directory, server: int, n_servers: int, clock: int, tables: list
         f.attrs["n_servers"] = int(n_servers)
         f.attrs["clock"] = int(clock)
         f.attrs["examples"] = int(examples)
+        f.attrs["examples_per_epoch"] = json.dumps({str(int(e)): int(n) for e, n in
+                                                    sorted((examples_per_epoch or {}).items())})
         f.attrs["hpcps_version"] = __version__
         for t in tables:
             g = f.create_group(f"tables/{t['name']}")

@@ -158,6 +158,7 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
     result = None
     history: list = []
     launches = []                     # this run's launches, this one last (workers)
+    examples_before: dict = {}        # examples per epoch of the earlier launches (chief)
     try:
         if roles.is_chief:
             elastic.mark_running()
@@ -209,6 +210,8 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 earlier, this_launch = launch_records(restore, restart)
                 launches = earlier + [this_launch]
                 elastic.events[:0] = growth_records(restore)      # earlier launches' growths
+                if roles.is_chief and restore is not None:      # read now: it may be pruned
+                    examples_before.update(ckpt.shard_examples_per_epoch(restore.directory))
                 checkpointer.more = {"launches": json.dumps(launches),
                                      "growth": lambda: json.dumps(elastic.events, default=_plain)}
             supervisor = Supervisor(trainer, checkpointer)
@@ -271,6 +274,13 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
             summary["examples_per_second"] = applied / t if t else 0.0
     if elastic.events:
         summary["growth"] = list(elastic.events)
+    if summary["servers"]:
+        # every launch's examples per epoch (found by a trial: a run of several launches could
+        # be checked for "every example once per epoch" only from summary.launches): the
+        # earlier launches' up to the checkpoint resumed, then this launch's (servers' counts)
+        now = summary["servers"][0]["examples_per_epoch"]
+        summary["examples_per_epoch"] = [examples_before.get(e, 0) + int(n)
+                                         for e, n in enumerate(now)]
     if ft_state is not None:
         summary["ranges"] = [{"range": r, "server": int(v[0]), "clock": int(v[1]),
                               "examples": int(v[2]), "lost_steps": int(v[3])}

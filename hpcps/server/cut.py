@@ -31,7 +31,8 @@ class CheckpointCut:
         tables = [sh.checkpoint_entry(self.index) for sh in self.shards]
         nbytes, digest = ckpt.write_shard(ckpt.step_dir(self.run_dir, step), self.index,
                                           self.n_servers, self.clock, tables,
-                                          examples=self.examples_total)
+                                          examples=self.examples_total,
+                                          examples_per_epoch=self.examples_run())
         self.checkpoint_steps.append(step)
         reply = np.zeros(40, dtype=np.uint8)
         reply[:8] = np.frombuffer(np.array([nbytes], dtype="<i8").tobytes(), dtype=np.uint8)

@@ -115,6 +115,9 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
         start = int(clock)
         # examples of the steps applied (BSP/SSP) or of the CLOCKs received (async)
         self.examples_total = int(examples)
+        #: examples per epoch applied before this server's start by the run's earlier launches
+        #: (from the checkpoint resumed; its shards keep them with this launch's added)
+        self.examples_before: dict = {}
         for tid, (spec, opt) in enumerate(tables):
             if spec.dynamic:                 # a hash table: the keys pushed, any 64-bit id
                 sh = rows[tid]               # a DynamicShard, built by the named constructor
@@ -211,8 +214,10 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
                                        multiplier=part.multiplier, slots=opt.slot_names)
             rows.append((w, opt.slots_from_dict(saved) if saved else None))
         step = int(restore[1]["step"]) if clock is None else int(clock)
-        return cls(endpoint, index, n_servers, worker_ranks, tables, policy, rows, clock=step,
-                   checkpointed=True, **kw)
+        srv = cls(endpoint, index, n_servers, worker_ranks, tables, policy, rows, clock=step,
+                  checkpointed=True, **kw)
+        srv.examples_before = ckpt.shard_examples_per_epoch(restore[0])
+        return srv
 
     @classmethod
     def from_copy(cls, endpoint, index, n_servers, worker_ranks, tables, policy, *, state,
@@ -498,6 +503,14 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
         when its step is applied (BSP/SSP)."""
         self.examples_total += n_examples
         self.examples_epoch[epoch] = self.examples_epoch.get(epoch, 0) + n_examples
+
+    def examples_run(self) -> dict:
+        """Examples applied per epoch (0-based) over the run's launches: the earlier launches'
+        (:attr:`examples_before`) and this server's. Local."""
+        out = dict(self.examples_before)
+        for e, n in self.examples_epoch.items():
+            out[e] = out.get(e, 0) + n
+        return out
 
     def _pull_ready(self, h) -> bool:
         c = int(h[tp.H_CLOCK])

@@ -138,7 +138,8 @@ def test_spawn_two_workers_into_bsp_job_every_example_once(tmp_path):
     left = unread - 10 * 32 * 5
     for name in ("same", "fewer"):
         s = metrics(tmp_path / name)["summary"]
-        assert s["servers"][0]["examples_per_epoch"] == [left, N_TRAIN], name
+        assert s["servers"][0]["examples_per_epoch"] == [left, N_TRAIN], name   # this launch
+        assert s["examples_per_epoch"] == [N_TRAIN, N_TRAIN], name            # the run's
         # resumed after at_step: not grown again; the growth of the launch it resumed is kept
         # (found by a trial, 2026-12-05: a resumed run's summary.growth was empty)
         assert [(g["clock"], g["workers"]) for g in s["growth"]] == [(40, 5)], name

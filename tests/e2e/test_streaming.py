@@ -132,6 +132,10 @@ def test_restart_after_kill_9_reads_every_row_once(tmp_path, data):
     s = json.loads((tmp_path / "restart" / "metrics.json").read_text())["summary"]
     resumed = s["launches"][-1]["resumed_from_step"]
     assert resumed >= 80 and len(s["launches"]) == 2
+    # found by a trial: the run's examples per epoch over both launches (servers' counts up to
+    # the checkpoint resumed, then the second launch's), not only the last launch's
+    assert s["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
+    assert s["servers"][0]["examples_per_epoch"][0] < N_TRAIN
     # the first launch's rows count up to the checkpoint it resumed from (steps after it were
     # trained again by the second launch); each process logs to its own file
     first_launch = {f for f in logs.glob("rows-*.txt")
