@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcps import checkpoint as ckpt
+from hpcps.core.paths import CKPT
 from hpcps.data import DataError
 from hpcps.data.textstream import data_files
 from hpcps.analysis.sources import (AnalysisError, Source, _one_line, metric_label,
@@ -95,6 +96,16 @@ def toml_text(doc: dict) -> str:
 STREAMED = ("svmlight", "criteo")
 
 
+def _run_dir(src: Source) -> Path | None:
+    """The run directory a source belongs to (``runs/<name>``: given, the parent of a
+    checkpoint's ``ckpt``, or the directory of a ``model.h5``), or None."""
+    if src.run_dir is not None:
+        return Path(src.run_dir)
+    if src.kind == "checkpoint":
+        return src.path.parent.parent if src.path.parent.name == CKPT else None
+    return src.path.parent
+
+
 def job_config(source, data, job=None):
     """The job configuration of a source, with its data redirected to ``data``.
 
@@ -149,6 +160,12 @@ def job_config(source, data, job=None):
     section = doc.setdefault("data", {})
     if not isinstance(section, dict):
         raise AnalysisError(f"{where}: [data] is not a table")
+    run_dir = _run_dir(src)
+    out = doc.setdefault("output", {})
+    if run_dir is not None and isinstance(out, dict):
+        # a streamed data set's line index is cached in the output directory: the source's
+        # run, not a directory of that name under the current one (found 2026-12-05)
+        out["dir"] = str(run_dir.resolve())
     if section.get("format") in STREAMED:     # a file, directory or glob, as in the job
         try:
             data_files(data)

@@ -244,6 +244,9 @@ def test_eval_of_a_criteo_run_scores_the_data_it_is_given(tmp_path, data):
     assert analysis.evaluate(tmp_path / "rel", str(tmp_path / "crit" / "part-0000[0-2]*"))["rows"] == N_TRAIN
     with pytest.raises(analysis.AnalysisError, match="no file matches this pattern"):
         analysis.evaluate(tmp_path / "rel", str(tmp_path / "crit" / "nothing-*"))
+    # the line index of streamed data is cached in the run's directory, not under the current
+    # one (an eval from elsewhere left ./rel/line-index there)
+    assert not (elsewhere / "rel").exists() and (tmp_path / "rel" / "line-index").is_dir()
 
 
 def test_gzip_and_zstd_svmlight_stream_every_row_once(tmp_path):

@@ -76,6 +76,17 @@ def test_index_counts_lines_of_plain_gzip_zstd_and_empty_files(data, tmp_path):
     assert again.fingerprint == ix.fingerprint and again.lines.tolist() == ix.lines.tolist()
 
 
+def test_an_index_cache_that_cannot_be_written_is_skipped(data, tmp_path):
+    """The cache is an optimisation: ``hpcps eval`` of a run whose directory cannot be written
+    (an archive) still evaluates (the cache directory here lies under a regular file, which
+    no user, root included, can make a directory in)."""
+    (tmp_path / "afile").write_text("x")
+    ix = load_index(data, tmp_path / "afile" / "line-index")
+    assert ix.starts[-1] == load_index(data).starts[-1] > 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("afile")] == ["afile"]
+    assert (tmp_path / "afile").read_text() == "x"                     # nothing else written
+
+
 @pytest.mark.parametrize("n_workers", [1, 3, 4])
 def test_every_row_once_per_epoch_under_the_block_shuffle(data, n_workers):
     ref = reference(data)
