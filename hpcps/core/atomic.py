@@ -220,11 +220,13 @@ def write_streamed(final: Path, fill, need: int, refuse_below: int | None = None
     return final
 
 
-def _jsonable(x):
+def jsonable(x):
+    """``x`` with what ``json`` cannot write made plain: numpy scalars, paths, non-finite
+    floats (``None``), dict keys as strings; nested dicts and lists. Local."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, Path):
         return str(x)
     if isinstance(x, np.generic):
@@ -242,5 +244,5 @@ def write_metrics(path, record: dict) -> Path:
     OutputError
         As :func:`write_model`: naming the file, the bytes needed and free.
     """
-    text = json.dumps(_jsonable(record), indent=1, allow_nan=False) + "\n"
+    text = json.dumps(jsonable(record), indent=1, allow_nan=False) + "\n"
     return write_atomic(Path(path), text.encode())

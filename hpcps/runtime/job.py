@@ -27,6 +27,7 @@ from hpcps.comm.membership import Membership
 from hpcps.comm.transport import ServerEndpoint, check_ranges
 from hpcps.config import check_world
 from hpcps.core import log
+from hpcps.core.atomic import jsonable
 from hpcps.core.consistency import policy_from_config
 from hpcps.core.signals import EXIT_REQUEUE
 from hpcps.resilience.elastic import Elastic
@@ -139,11 +140,6 @@ def join_job(out=None, stop=None, deadline=None) -> dict:
                       out, stop=stop, join=plan)
 
 
-def _plain(value):
-    """JSON for a numpy scalar in a growth record (``json.dumps(default=...)``)."""
-    return value.item() if hasattr(value, "item") else str(value)
-
-
 def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None,
                step_hook=None, join=None, restart=None) -> dict:
     """Serve or train on the layout of ``elastic`` (servers and workers of the launch, or an
@@ -212,8 +208,9 @@ def _run_roles(cfg, elastic, model, tables, policy, out, restore=None, stop=None
                 elastic.events[:0] = growth_records(restore)      # earlier launches' growths
                 if roles.is_chief and restore is not None:      # read now: it may be pruned
                     examples_before.update(ckpt.shard_examples_per_epoch(restore.directory))
-                checkpointer.more = {"launches": json.dumps(launches),
-                                     "growth": lambda: json.dumps(elastic.events, default=_plain)}
+                known = json.dumps(launches)
+                checkpointer.more = lambda: {"launches": known,
+                                             "growth": json.dumps(jsonable(elastic.events))}
             supervisor = Supervisor(trainer, checkpointer)
             result = supervisor.run(restore=restore[1] if restore else None, join=join,
                                     wrap_up=lambda res: _wrap_up(cfg, res, client, elastic, group,

@@ -229,13 +229,16 @@ def growth_records(restore: Restore | None) -> list:
     """The growths of this run's earlier launches (``summary.growth`` records, kept in the
     checkpoint resumed; [] without one, or from a checkpoint written before they were kept).
     Local."""
-    if restore is None:
-        return []
+    return _records(restore.manifest, "growth") if restore is not None else []
+
+
+def _records(manifest: dict, key: str) -> list:
+    """The JSON list of dicts a manifest attribute holds ([] when absent or not one)."""
     try:
-        got = json.loads(restore.manifest.get("growth", "[]"))
+        got = json.loads(manifest.get(key, "[]"))
     except (TypeError, ValueError):
         return []
-    return [g for g in got if isinstance(g, dict)] if isinstance(got, list) else []
+    return [r for r in got if isinstance(r, dict)] if isinstance(got, list) else []
 
 
 def launch_records(restore: Restore | None, restart: tuple[int, int] | None):
@@ -258,10 +261,7 @@ def launch_records(restore: Restore | None, restart: tuple[int, int] | None):
     at = None
     if restore is not None:
         at = int(restore.manifest["step"])
-        try:
-            earlier = json.loads(restore.manifest.get("launches", "[]"))
-        except (TypeError, ValueError):
-            earlier = []
+        earlier = _records(restore.manifest, "launches")
         if not earlier:                      # a checkpoint written before launches were kept
             earlier = [{"launch": 1, "resumed_from_step": None}]
         last = earlier[-1]

@@ -61,10 +61,10 @@ class Checkpointer:
         #: () -> dict of more manifest attributes, set by the trainer (the voted count of
         #: rejected non-finite steps)
         self.extra = dict
-        #: more manifest attributes set by the job (``launches``: JSON list of this run's
-        #: launches, :func:`hpcps.runtime.rundir.launch_records`; ``growth``: a callable giving
-        #: the JSON list of its growths so far); a callable value is called at each write
-        self.more = {}
+        #: () -> dict of more manifest attributes, set by the job (``launches``: JSON list of
+        #: this run's launches, :func:`hpcps.runtime.rundir.launch_records`; ``growth``: JSON
+        #: list of its growths so far)
+        self.more = dict
 
     def follow(self, roles) -> None:
         """Work with the workers of a new layout ``roles`` (after a recovery or a growth,
@@ -150,7 +150,7 @@ class Checkpointer:
             last_push_seq=(pushes.sum(axis=1) if pushes is not None else [0] * self.n_workers),
             shards=shards, partitions=partitions, history=history,
             extra={"epoch_plan": json.dumps(plan), **self.extra(),
-                   **{k: v() if callable(v) else v for k, v in self.more.items()}})
+                   **self.more()})
         ckpt.prune(self.cfg.output.dir, self.c.keep, warn=self._say, current=clock)
         dt = time.perf_counter() - t0
         nbytes = sum(n for n, _ in shards) + path.stat().st_size

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Delay every packet a test host sends by a fixed time: the latency of a link, where the
+"""Delay every packet a test host receives by a fixed time: the latency of a link, where the
 kernel has no ``netem`` (``tc qdisc ... netem delay``; the test machine's kernel is built
 without it).
 
 Runs inside the host's network namespace (``testhosts.py delay HOST MS`` starts it there and
-adds the rule): an ``iptables`` rule of that namespace hands every packet leaving ``eth0`` to
+adds the rule): an ``iptables`` rule of that namespace hands every packet arriving on ``eth0`` to
 netfilter queue ``--queue`` (``NFQUEUE --queue-bypass``: while nothing listens the packets
 pass), and this program gives each its verdict (accept) ``--ms`` milliseconds after it was
 queued, in the order they came (a constant delay keeps the order). Packets are held by

@@ -17,7 +17,7 @@ address a test uses belongs to a test host (or the bridge). Nothing is routed el
 ``python tests/hosts/testhosts.py up N`` makes the hosts (idempotent: what exists is kept,
 what is missing made, hosts beyond N removed); ``down`` removes everything (processes in the
 namespaces, UTS mounts, namespaces, veths, bridge, state); ``status`` prints it; ``run HOST
-CMD...`` runs CMD on HOST; ``delay MS`` delays every packet the hosts send by MS milliseconds
+CMD...`` runs CMD on HOST; ``delay MS`` delays every packet the hosts receive by MS milliseconds
 (:func:`delay`; ``delay 0`` ends it). ``tests/hosts/rsh-agent HOST CMD...`` is Open MPI's
 launch agent (``--mca plm_rsh_agent``). Needs root, iproute2 and util-linux (``nsenter``,
 ``unshare``); the delay also iptables and the NetfilterQueue package.
@@ -52,7 +52,8 @@ HERE = Path(__file__).resolve().parent
 AGENT = HERE / "rsh-agent"
 DELAY = HERE / "delay.py"
 #: The netfilter queue a host's delaying process reads (queues are per network namespace)
-#: and the rule of the host's namespace that hands it every packet leaving eth0 (bypass:
+#: and the rule of the host's namespace that hands it every packet arriving on eth0 (on the
+#: way in: held on the sender's way out, TCP small queues throttled the flow; bypass:
 #: while nothing reads the queue, packets pass undelayed).
 DELAY_QUEUE = 0
 DELAY_RULE = ["INPUT", "-i", "eth0", "-j", "NFQUEUE", "--queue-num", str(DELAY_QUEUE),
@@ -262,7 +263,7 @@ def delay_missing() -> str:
 
 
 def delay(hs, ms: float, timeout: float = 10.0) -> str:
-    """Delay every packet each host of ``hs`` sends on ``eth0`` by ``ms`` milliseconds, so
+    """Delay every packet each host of ``hs`` receives on ``eth0`` by ``ms`` milliseconds, so
     that a round trip between two of them takes ``2 * ms`` longer: the latency of a link,
     which ``tc netem`` would give where the kernel has it (this machine's has not).
 
@@ -438,7 +439,7 @@ def main(argv=None) -> int:
     u.add_argument("n", type=int)
     sub.add_parser("down", help="remove every test host, the bridge and the state")
     sub.add_parser("status", help="list the test hosts")
-    dl = sub.add_parser("delay", help="delay every packet the hosts send by MS milliseconds "
+    dl = sub.add_parser("delay", help="delay every packet the hosts receive by MS milliseconds "
                                       "(0: no delay)")
     dl.add_argument("ms", type=float)
     r = sub.add_parser("run", help="run a command on a host")
