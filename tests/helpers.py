@@ -74,16 +74,51 @@ def run_in_session(cmd, cwd=None, env=None, timeout=None, **kw) -> subprocess.Co
     """``subprocess.run(cmd, capture_output=True, text=True)`` in a new session; on timeout
     every process of that session is killed — mpirun *and* its ranks, which prterun puts in
     process groups of their own, so neither ``subprocess.run(timeout=...)`` nor ``killpg``
-    reaches them — and ``subprocess.TimeoutExpired`` is raised with the output so far."""
+    reaches them — and ``subprocess.TimeoutExpired`` is raised with the output so far. Before
+    the kill, the Python stacks of the session's processes (:func:`python_stacks`) and the tails
+    of the output are printed: pytest shows them with the failure (a hang in CI is read there)."""
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True, **kw)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = python_stacks(p.pid)
         kill_session(p.pid)
         out, err = p.communicate()
+        print(f"=== {Path(str(cmd[0])).name} timed out after {timeout} s; stdout (tail):\n"
+              f"{(out or '')[-4000:]}\n=== stderr (tail):\n{(err or '')[-4000:]}\n{stacks}")
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def py_spy() -> str | None:
+    """The ``py-spy`` executable (the test extra installs it), or None."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return spy if Path(spy).exists() else None
+
+
+def python_stacks(sid: int) -> str:
+    """The ``py-spy dump`` of every Python process of session ``sid`` (each thread's stack,
+    with locals), for a launch that hangs; a note instead where py-spy is missing or fails."""
+    spy = py_spy()
+    if spy is None:
+        return "=== no py-spy: no stacks"
+    parts = []
+    for pid in session_pids(sid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not Path(cmdline[0].decode(errors="replace")).name.startswith("python"):
+            continue
+        try:
+            r = subprocess.run([spy, "dump", "--locals", "--pid", str(pid)], capture_output=True,
+                               text=True, timeout=30)
+            text = r.stdout + r.stderr
+        except (OSError, subprocess.TimeoutExpired) as e:
+            text = f"py-spy failed: {e}"
+        parts.append(f"=== stacks of pid {pid} ({b' '.join(cmdline[:6]).decode(errors='replace')}):\n{text}")
+    return "\n".join(parts) or "=== no Python process left in the session"
 
 
 def _run(cmd, cwd, env, timeout):

@@ -63,3 +63,20 @@ def test_set_timer_slack_sets_the_calling_threads_slack():
     t.start()
     t.join()
     assert got[1] is True and got[2] == 10_000 and got[0] != 10_000, got
+
+
+def test_a_launch_that_times_out_prints_its_python_stacks(capsys):
+    """tests.helpers.run_in_session on a hang: the stacks of the session's Python processes are
+    printed before the kill (a hang in CI was reported with no clue where it waited)."""
+    import pytest
+
+    from tests.helpers import py_spy, run_in_session
+
+    if py_spy() is None:
+        pytest.skip("py-spy is not installed (the test extra installs it)")
+    body = "import time\ndef waiting_here():\n    time.sleep(60)\nprint('started', flush=True)\nwaiting_here()\n"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_in_session([sys.executable, "-c", body], timeout=3)
+    out = capsys.readouterr().out
+    assert "timed out after 3 s" in out and "started" in out, out
+    assert "waiting_here" in out, out
