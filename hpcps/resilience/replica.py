@@ -75,13 +75,24 @@ class Replica:
         Clocks applied.
     examples : int
         Examples of the clocks applied.
+    examples_epoch : dict of int -> int, optional
+        Examples applied per epoch (0-based) by this launch, as the primary's
+        :attr:`~hpcps.server.server.ParameterServer.examples_epoch`.
+    examples_before : dict of int -> int, optional
+        Examples per epoch of the run's earlier launches (from the checkpoint resumed).
+
+    A backup that takes its range over carries all three on, so the range's checkpoint shards
+    keep the run's examples per epoch (a trial's gap: they restarted at the takeover).
     """
 
-    def __init__(self, rng: int, state: list, clock: int, examples: int = 0):
+    def __init__(self, rng: int, state: list, clock: int, examples: int = 0,
+                 examples_epoch: dict | None = None, examples_before: dict | None = None):
         self.rng = int(rng)
         self.state = state
         self.clock = int(clock)
         self.examples = int(examples)
+        self.examples_epoch = dict(examples_epoch or {})
+        self.examples_before = dict(examples_before or {})
 
     def copy_rows(self, tid: int, rows: np.ndarray, w: np.ndarray, slots) -> None:
         """Put the primary's new values of local ``rows`` (distinct) into table ``tid``."""
@@ -158,12 +169,14 @@ class ServerGroup:
                 self._attach_backup(ps, server_ranks[ch[1]])
             elif self.server_id in ch[1:]:
                 copy = self._new_range(r, restore=restore)
-                self.backups[r] = Replica(r, copy.state(), copy.clock)
+                self.backups[r] = Replica(r, copy.state(), copy.clock,
+                                          examples_before=copy.examples_before)
 
     # ------------------------------------------------------------------ ranges
     def _new_range(self, rng, restore=None, state=None, clock=None, examples=0,
                    worker_ranks=None, order_key=None) -> ParameterServer:
-        """Range ``rng`` served here: from ``state`` (a backup taking over), from the
+        """Range ``rng`` served here: from ``state`` (the :class:`Replica` of a backup taking
+    over: its rows, examples and examples per epoch), from the
         checkpoint ``restore`` (at ``clock``, when given), or at its initial values."""
         workers = self.worker_ranks if worker_ranks is None else worker_ranks
         keys = self.order_key if order_key is None else order_key
@@ -171,8 +184,11 @@ class ServerGroup:
                       staleness=self.staleness)            # one histogram for the rank
         args = (self.ep, rng, self.n_ranges, workers, self.tables, self.policy)
         if state is not None:
-            return ParameterServer.from_copy(*args, state=state, clock=clock, examples=examples,
-                                             order_key=keys, **common)
+            ps = ParameterServer.from_copy(*args, state=state.state, clock=clock,
+                                           examples=state.examples, order_key=keys, **common)
+            ps.examples_epoch = dict(state.examples_epoch)
+            ps.examples_before = dict(state.examples_before)
+            return ps
         if restore is not None:
             return ParameterServer.from_checkpoint(*args, restore=restore, clock=clock, seed=self.seed,
                                                    examples=examples, order_key=keys, **common)
@@ -189,7 +205,7 @@ class ServerGroup:
         ps.replicate(self._forward)
 
     # ------------------------------------------------------------------ replication
-    def _forward(self, rng: int, clock: int, touched: dict, n_ex: int) -> None:
+    def _forward(self, rng: int, clock: int, touched: dict, n_ex: int, epoch: int) -> None:
         """Send range ``rng``'s backup the rows clock ``clock`` changed (module docstring).
         Non-blocking; the buffers are kept until the backup acknowledges the clock."""
         dest = self.backup_rank.get(rng)
@@ -210,7 +226,7 @@ class ServerGroup:
             for a in parts[1:]:
                 keep.append(isend_array(self.ep.comm, a, dest, tp.TAG_VALS, mb, reqs))
             nbytes += sum(a.nbytes for a in parts) + h.nbytes
-        h = tp.make_header(tp.REPL_CLOCK, 0, clock + 1, 0, n_ex, rng=rng)
+        h = tp.make_header(tp.REPL_CLOCK, 0, clock + 1, 0, n_ex, aux=epoch, rng=rng)
         keep.append(isend_array(self.ep.comm, h, dest, tp.TAG_REQ, mb, reqs))
         nbytes += h.nbytes
         self.replicated_bytes += nbytes
@@ -241,7 +257,10 @@ class ServerGroup:
             raise RuntimeError(f"server {self.server_id}: backup of key range {rng} at clock "
                                f"{rep.clock} received clock {c}")
         rep.clock = c
-        rep.examples += int(h[tp.H_NEX])
+        n, epoch = int(h[tp.H_NEX]), int(h[tp.H_AUX])
+        rep.examples += n
+        if n:
+            rep.examples_epoch[epoch] = rep.examples_epoch.get(epoch, 0) + n
         send_array(self.ep.comm, tp.make_header(tp.REPL_ACK, 0, c, rng=rng), source, tp.TAG_REQ,
                    self.ep.max_bytes)
 
@@ -411,9 +430,8 @@ class ServerGroup:
                     ps = self.primaries[r]
                 elif r in self.backups:          # the backup takes the range over
                     rep = self.backups[r]
-                    ps = self._new_range(r, state=rep.state, clock=max(rep.clock, int(rec.base[r])),
-                                         examples=rep.examples, worker_ranks=old_workers,
-                                         order_key=old_keys)
+                    ps = self._new_range(r, state=rep, clock=max(rep.clock, int(rec.base[r])),
+                                         worker_ranks=old_workers, order_key=old_keys)
                     if rec.base[r] > rep.clock:  # never expected: the backup acknowledges
                         self.lost_steps[r] = int(rec.base[r]) - rep.clock   # before any read
                 else:                            # no copy left: reload from the checkpoint
@@ -460,9 +478,12 @@ class ServerGroup:
                 continue
             dest = rank_of[chain[1]]
             current = plan.holders[r].get(chain[1], -1) == ps.clock
-            head = np.array([r, 0 if current else 1, ps.clock, ps.examples_total], dtype=np.int64)
+            counts = _epoch_counts(ps.examples_epoch, ps.examples_before)
+            head = np.array([r, 0 if current else 1, ps.clock, ps.examples_total, counts.size],
+                            dtype=np.int64)
             keep.append(isend_array(self.ep.comm, head, dest, tp.TAG_SNAP, mb, reqs))
             if not current:
+                keep.append(isend_array(self.ep.comm, counts, dest, tp.TAG_SNAP, mb, reqs))
                 for w, slots in ps.state():
                     keep.append(isend_array(self.ep.comm, w, dest, tp.TAG_SNAP, mb, reqs))
                     if slots is not None:
@@ -476,7 +497,7 @@ class ServerGroup:
             if me not in chain[1:]:
                 continue
             src = rank_of[chain[0]]
-            head = np.empty(4, dtype=np.int64)
+            head = np.empty(5, dtype=np.int64)
             core.recv_array(self.ep.comm, head, src, tp.TAG_SNAP, mb)
             if int(head[0]) != r:
                 raise RuntimeError(f"server {me}: copy of key range {int(head[0])} received, "
@@ -484,6 +505,8 @@ class ServerGroup:
             if head[1] == 0:
                 rep = kept_backups[r]
             else:
+                counts = np.empty(int(head[4]), dtype=np.int64)
+                core.recv_array(self.ep.comm, counts, src, tp.TAG_SNAP, mb)
                 state = []
                 for spec, opt in self.tables:
                     lo, hi = _range_bounds(spec, self.n_ranges, r)
@@ -495,7 +518,7 @@ class ServerGroup:
                     if slots is not None:
                         core.recv_array(self.ep.comm, _bytes(slots), src, tp.TAG_SNAP, mb)
                     state.append((w, slots))
-                rep = Replica(r, state, int(head[2]), int(head[3]))
+                rep = Replica(r, state, int(head[2]), int(head[3]), *_epoch_dicts(counts))
             backups[r] = rep
         waitall(reqs)
         del keep
@@ -553,3 +576,26 @@ class _Fresh:
 
 def _range_bounds(spec, n_ranges: int, r: int) -> tuple[int, int]:
     return KeyPartition(spec.num_keys, n_ranges, permute=spec.sparse).shard_range(r)
+
+
+def _epoch_counts(examples_epoch: dict, examples_before: dict) -> np.ndarray:
+    """int64 ``[n, e1, c1, ..., en, cn, m, e1, c1, ...]``: a range's examples per epoch of this
+    launch and of the earlier ones, sent with a full copy to a new backup (:func:`_epoch_dicts`
+    reads it)."""
+    out = []
+    for d in (examples_epoch, examples_before):
+        out.append(len(d))
+        for e, n in sorted(d.items()):
+            out += [int(e), int(n)]
+    return np.array(out, dtype=np.int64)
+
+
+def _epoch_dicts(counts: np.ndarray) -> tuple[dict, dict]:
+    """The two dicts of :func:`_epoch_counts`."""
+    dicts, i = [], 0
+    for _ in range(2):
+        n = int(counts[i])
+        pairs = counts[i + 1:i + 1 + 2 * n].reshape(n, 2)
+        dicts.append({int(e): int(c) for e, c in pairs})
+        i += 1 + 2 * n
+    return dicts[0], dicts[1]

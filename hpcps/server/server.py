@@ -156,7 +156,7 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
         self.staleness = staleness if staleness is not None else StalenessHistogram()
         self.checkpoint_steps = [start] if checkpointed else []   # shards written
         # chain replication (hpcps.resilience.replica, :meth:`replicate`): forward(range,
-        # clock, rows per table, examples) after each applied clock; pulls see only the
+        # clock, rows per table, examples, epoch) after each applied clock; pulls see only the
         # clocks the backup has acknowledged (``acked``; None = no backup)
         self.forward = None
         self.acked = None
@@ -230,7 +230,7 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
     # ------------------------------------------------------------------ replication hook
     def replicate(self, forward) -> None:
         """Send every clock applied from now on to a backup: ``forward(range, clock, touched
-        rows per table, examples)`` (:class:`hpcps.resilience.replica.ServerGroup`); pulls
+        rows per table, examples, epoch)`` (:class:`hpcps.resilience.replica.ServerGroup`); pulls
         then see only the clocks the backup acknowledged (:meth:`acknowledge`). Local."""
         self.forward = forward
         self.acked = self.clock

@@ -187,7 +187,10 @@ class StepRequests:
             for n, epoch in per_worker.values():
                 self._count(n, epoch)
             if self.forward is not None:
-                self.forward(self.index, c, touched, n_ex)
+                # the clock's epoch (every worker's step c is in one epoch: clocks map to
+                # (epoch, step) alike on every worker)
+                epoch = max((e for n, e in per_worker.values() if n), default=0)
+                self.forward(self.index, c, touched, n_ex, epoch)
         if self.clock != start:
             self._publish()
             self._answer_waiting()

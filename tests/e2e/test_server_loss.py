@@ -61,10 +61,19 @@ def arrays(run_dir: Path) -> dict:
     return out
 
 
-def check_every_example_once(s):
-    """Every key range applied each training example of each epoch once (its own count)."""
+def check_every_example_once(s, run_dir=None):
+    """Every key range applied each training example of each epoch once (its own count); with
+    ``run_dir``, every shard of the last checkpoint keeps that per epoch too (the attribute a
+    resumed launch counts on from: a range taken over by its backup restarted it at the
+    takeover, found while checking a trial's report)."""
     assert [r["examples"] for r in s["ranges"]] == [EXAMPLES] * 3, s["ranges"]
     assert [r["lost_steps"] for r in s["ranges"]] == [0, 0, 0]
+    if run_dir is not None:
+        last = sorted((run_dir / "ckpt").glob("step-*"))[-1]
+        for shard in sorted(last.glob("shard-*.h5")):
+            with h5py.File(shard, "r") as f:
+                got = json.loads(f.attrs["examples_per_epoch"])
+            assert got == {"0": EXAMPLES // 2, "1": EXAMPLES // 2}, (shard.name, got)
 
 
 @pytest.mark.timeout(600)
@@ -90,7 +99,7 @@ def test_server_killed_backup_takes_over_bit_identical(tmp_path):
     assert event["backups"] == {"0": 2, "1": 0, "2": 0}
     assert 0 < event["recovery_seconds"] <= event["gap_seconds"] < 60
     assert [r["server"] for r in s["ranges"]] == [0, 2, 2]
-    check_every_example_once(s)
+    check_every_example_once(s, tmp_path / "kill")
     a, b = arrays(tmp_path / "ref"), arrays(tmp_path / "kill")
     assert sorted(a) == sorted(b) and len(a) > 10
     for k in a:
@@ -114,7 +123,7 @@ def test_worker_then_server_killed_every_example_once(tmp_path):
     assert first["dead_workers"] == [1] and first["dead_servers"] == []
     assert second["dead_workers"] == [] and second["dead_servers"] == [1]
     assert second["epoch"] == 2 and second["survivors"] == 2
-    check_every_example_once(s)
+    check_every_example_once(s, tmp_path / "two")
     assert [r["epoch"] for r in m["epochs"]] == [1, 2] and m["epochs"][-1]["test_auc"] > 0.88
 
 
