@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcps.core.consistency import StalenessHistogram, format_histogram
+from hpcps.analysis.listing import MANY
 
 WORKER_FIELDS = ("read_age_max", "read_age_mean", "lead_max", "rma_reads", "rma_retries",
                  "filter_sent", "filter_offered")
@@ -74,7 +75,16 @@ def lines(c: dict) -> list[str]:
            f"{st['updates']:,} applied updates mean {st['mean']:.2f}, max {st['max']} "
            f"({c['staleness_unit']})"]
     out += format_histogram(st)
-    ages = ", ".join(f"w{w['index']} {w['read_age_max']}/{w['lead_max']}" for w in c["workers"])
+    ws = c["workers"]
+    shown = ws
+    if len(ws) > MANY:          # many workers: the largest few, with the maxima over all
+        shown = sorted(ws, key=lambda w: (-w["read_age_max"], -w["lead_max"], w["index"]))[:5]
+    ages = ", ".join(f"w{w['index']} {w['read_age_max']}/{w['lead_max']}" for w in shown)
+    if len(ws) > MANY:
+        top = (max(w["read_age_max"] for w in ws), max(w["lead_max"] for w in ws))
+        ages = (f"0/0 for all {len(ws)} workers" if top == (0, 0) else
+                f"at most {top[0]}/{top[1]} over {len(ws)} workers; the largest: {ages} "
+                "(every worker: metrics.json summary.consistency.workers)")
     out.append(f"  max read age / max lead over the slowest worker (clocks): {ages}")
     if any(w["rma_reads"] for w in c["workers"]):
         reads = sum(w["rma_reads"] for w in c["workers"])

@@ -13,6 +13,7 @@ import numpy as np
 from hpcps.server.dynshard import REPORT_LEN
 
 from hpcps.analysis import consistency_report
+from hpcps.analysis.listing import MANY, id_ranges, spread
 from hpcps.runtime.baseline import cached_baseline, sklearn_baseline  # noqa: F401
 
 # role codes of the gathered row's first column
@@ -218,6 +219,64 @@ def size(n) -> str:
     return f"{int(n):,} B" if n < 100_000 else mb(n)
 
 
+def _server_lines(d: dict, rma: bool) -> list[str]:
+    """The line of server ``d`` (and of its hot keys) in :func:`summary_lines`."""
+    out = []
+    pulled = (f"sent {mb(d['bytes_out'])} by messages (pulls are RMA reads)" if rma else
+              f"sent {mb(d['bytes_out'])} ({d['keys_pulled']:,} keys pulled)")
+    dyn = "".join(f", {t} {k:,} keys stored" for t, k in d.get("keys_stored", {}).items())
+    for t in d.get("keys_stored", {}):
+        a, r, e = d["admitted"][t], d["rejected"][t], d["evicted"][t]
+        if r or e:
+            dyn += f" ({a:,} admitted, {r:,} pushes before admission, {e:,} evicted)"
+    rss = (f", peak RSS {d['rss_peak_bytes'] / 2**20:,.0f} MiB"     # as the readers' line
+           if d.get("rss_peak_bytes") else "")
+    out.append(f"  server {d['index']}: {d['rows']:,} rows ({size(d['memory_bytes'])}{dyn}"
+               f"{rss}); received {mb(d['bytes_in'])} (pushes and pull requests; "
+               f"{d['keys_pushed']:,} keys pushed), {pulled}, "
+               f"{d['requests']:,} requests"
+               + (f" ({d['requests_compiled']:,} BSP steps taken in compiled code)"
+                  if d.get("requests_compiled") else ""))
+    for t, hot in d.get("hot_keys", {}).items():
+        if hot:
+            out.append(f"    hot keys of {t} (updates): "
+                       + ", ".join(f"{k} ({n:,})" for k, n in hot))
+    return out
+
+
+def _servers_spread(servers: list) -> str:
+    """One line for many servers: each figure's spread over them."""
+    rss = [d["rss_peak_bytes"] / 2**20 for d in servers if d.get("rss_peak_bytes")]
+    return (f"  servers ({len(servers)}): rows {spread([d['rows'] for d in servers])}; "
+            f"received {spread([d['bytes_in'] for d in servers], mb)}; "
+            f"sent {spread([d['bytes_out'] for d in servers], mb)}; "
+            f"requests {spread([d['requests'] for d in servers])}"
+            + (f"; peak RSS {spread(rss)} MiB" if rss else "")
+            + "; the busiest two and the least busy below (every server: metrics.json "
+              "summary.servers)")
+
+
+def _hosts_lines(s: dict) -> list[str]:
+    """Where the ranks ran: each host's servers and workers as ranges of their indices; with
+    more than :data:`MANY` hosts, how many of each per host."""
+    by_host: dict = {}
+    for kind in ("server", "worker"):
+        for d in s.get(kind + "s", []):
+            if d.get("host"):
+                by_host.setdefault(d["host"], {}).setdefault(kind, []).append(d["index"])
+    if not by_host:
+        return []
+    if len(by_host) > MANY:
+        counts = {k: [len(h.get(k, [])) for h in by_host.values()] for k in ("server", "worker")}
+        return [f"  hosts: {len(by_host)}; servers per host {spread(counts['server'])}, workers "
+                f"per host {spread(counts['worker'])} (each rank's host: metrics.json "
+                "summary.servers, summary.workers)"]
+    return ["  hosts: " + "; ".join(
+        f"{h}: " + ", ".join(f"{k}{'s' if len(ids) > 1 else ''} {id_ranges(ids)}"
+                             for k, ids in kinds.items())
+        for h, kinds in by_host.items())]
+
+
 def summary_lines(s: dict, history: list) -> list[str]:
     """The printed summary of a run (:func:`summarize`'s dict, the epochs' records).
 
@@ -232,26 +291,14 @@ def summary_lines(s: dict, history: list) -> list[str]:
     lines = [f"done: {s['epochs']} epoch(s), {steps}, {s['examples']:,} examples in "
              f"{s['train_seconds']:.1f} s ({s['examples_per_second']:,.0f} ex/s)"]
     rma = s.get("consistency", {}).get("pull") == "rma"
-    for d in s["servers"]:
-        pulled = (f"sent {mb(d['bytes_out'])} by messages (pulls are RMA reads)" if rma else
-                  f"sent {mb(d['bytes_out'])} ({d['keys_pulled']:,} keys pulled)")
-        dyn = "".join(f", {t} {k:,} keys stored" for t, k in d.get("keys_stored", {}).items())
-        for t in d.get("keys_stored", {}):
-            a, r, e = d["admitted"][t], d["rejected"][t], d["evicted"][t]
-            if r or e:
-                dyn += f" ({a:,} admitted, {r:,} pushes before admission, {e:,} evicted)"
-        rss = (f", peak RSS {d['rss_peak_bytes'] / 2**20:,.0f} MiB"     # as the readers' line
-               if d.get("rss_peak_bytes") else "")
-        lines.append(f"  server {d['index']}: {d['rows']:,} rows ({size(d['memory_bytes'])}{dyn}"
-                     f"{rss}); received {mb(d['bytes_in'])} (pushes and pull requests; "
-                     f"{d['keys_pushed']:,} keys pushed), {pulled}, "
-                     f"{d['requests']:,} requests"
-                     + (f" ({d['requests_compiled']:,} BSP steps taken in compiled code)"
-                        if d.get("requests_compiled") else ""))
-        for t, hot in d.get("hot_keys", {}).items():
-            if hot:
-                lines.append(f"    hot keys of {t} (updates): "
-                             + ", ".join(f"{k} ({n:,})" for k, n in hot))
+    servers = s["servers"]
+    shown = servers
+    if len(servers) > MANY:            # many: their spread, then the busiest and the least busy
+        lines.append(_servers_spread(servers))
+        by_load = sorted(servers, key=lambda d: d["bytes_in"] + d["bytes_out"])
+        shown = by_load[:-3:-1] + by_load[:1]
+    for d in shown:
+        lines.extend(_server_lines(d, rma))
     if s.get("mode") != "allreduce":
         tot_pull = sum(d["pull_seconds"] for d in s["workers"])
         tot_push = sum(d["push_seconds"] for d in s["workers"])
@@ -270,14 +317,9 @@ def summary_lines(s: dict, history: list) -> list[str]:
                      f"({tot_b / 1e6 / tot_read if tot_read else 0:,.1f} MB/s per reader thread); "
                      f"workers waited {sum(r['wait_seconds'] for r in rd):.2f} s for data; "
                      f"{sum(r['skipped'] for r in rd):,} bad line(s) skipped; peak RSS per worker "
-                     + ", ".join(f"{r['peak_rss_mb']:,.0f}" for r in rd) + " MiB")
-    by_host: dict = {}
-    for kind in ("server", "worker"):
-        for d in s.get(kind + "s", []):
-            if d.get("host"):
-                by_host.setdefault(d["host"], []).append(f"{kind} {d['index']}")
-    if by_host:
-        lines.append("  hosts: " + "; ".join(f"{h}: {', '.join(r)}" for h, r in by_host.items()))
+                     + (spread([r["peak_rss_mb"] for r in rd]) if len(rd) > MANY
+                        else ", ".join(f"{r['peak_rss_mb']:,.0f}" for r in rd)) + " MiB")
+    lines.extend(_hosts_lines(s))
     if history and all(k in history[-1] for k in ("test_auc", "test_logloss", "test_accuracy")):
         h = history[-1]
         lines.append(f"  hpcps                              test AUC {h['test_auc']:.4f}  "

@@ -1,4 +1,4 @@
-"""Sizes in the printed summary (hpcps.runtime.report.size)."""
+"""Sizes and lengths of the printed summary (hpcps.runtime.report, hpcps.analysis.listing)."""
 
 from hpcps.runtime.report import size
 
@@ -8,3 +8,61 @@ def test_a_small_table_is_printed_in_bytes_not_as_zero_megabytes():
     assert size(232) == "232 B"
     assert size(99_999) == "99,999 B"
     assert size(8_400_000) == "8.4 MB"
+
+
+def _summary(n_workers, n_servers, hosts=1, age=0):
+    """A run summary as metrics.json has it, of ``n_workers`` workers and ``n_servers`` servers
+    placed round-robin on ``hosts`` hosts."""
+    server = {"rows": 1000, "memory_bytes": 8000, "keys_pulled": 10, "keys_pushed": 10,
+              "bytes_out": 2_000_000, "requests": 300, "rss_peak_bytes": 100 << 20}
+    return {
+        "epochs": 1, "steps": 3, "examples": 100, "train_seconds": 1.0,
+        "examples_per_second": 100.0,
+        "servers": [dict(server, index=i, bytes_in=1_000_000 + 1000 * i, host=f"n{i % hosts}")
+                    for i in range(n_servers)],
+        "workers": [{"index": i, "pull_seconds": 0.1, "push_seconds": 0.0, "bytes_pulled": 0,
+                     "host": f"n{i % hosts}"} for i in range(n_workers)],
+        "checkpoints": {"count": 0},
+        "consistency": {"description": "SSP(s=2)", "pull": "p2p", "staleness_unit": "updates",
+                        "staleness": {"updates": 0, "mean": 0.0, "max": 0, "counts": []},
+                        "workers": [{"index": i, "read_age_max": age * (i == 7),
+                                     "lead_max": age * (i == 7), "rma_reads": 0,
+                                     "rma_retries": 0} for i in range(n_workers)]},
+    }
+
+
+def test_the_summary_of_thousands_of_workers_stays_short():
+    """A trial at 60 workers on 2 cores: the hosts line and the read-age line had an entry per
+    rank (at 1,000 workers, lines of tens of kB); many servers had a line each."""
+    from hpcps.runtime.report import summary_lines
+
+    small = summary_lines(_summary(4, 2), [])
+    assert "  hosts: n0: servers 0-1, workers 0-3" in small
+    assert sum(line.startswith("  server ") for line in small) == 2
+    assert any("w0 0/0, w1 0/0, w2 0/0, w3 0/0" in line for line in small)
+
+    for n in (60, 1000):
+        lines = summary_lines(_summary(n, 20, age=3), [])
+        assert max(len(line) for line in lines) < 400, max(lines, key=len)[:300]
+        assert f"  hosts: n0: servers 0-19, workers 0-{n - 1}" in lines
+        (ages,) = [line for line in lines if "max read age" in line]
+        assert f"at most 3/3 over {n} workers; the largest: w7 3/3, w0 0/0" in ages, ages
+        (spread,) = [line for line in lines if line.startswith("  servers (20): ")]
+        # values that print alike are printed once ("1.0 MB .. 1.0 MB" said nothing)
+        assert "received 1.0 MB; sent 2.0 MB; requests 300;" in spread, spread
+        # the busiest two servers and the least busy one (received bytes grow with the index)
+        assert [line.split(":")[0] for line in lines if line.startswith("  server ")] == \
+            ["  server 19", "  server 18", "  server 0"]
+    many_hosts = summary_lines(_summary(1000, 20, hosts=100), [])
+    (hosts,) = [line for line in many_hosts if line.startswith("  hosts: ")]
+    assert hosts.startswith("  hosts: 100; servers per host 0 .. 1 (median 0), workers per host 10 ")
+
+
+def test_id_ranges_and_spread():
+    from hpcps.analysis.listing import id_ranges, spread
+
+    assert id_ranges([3, 0, 1, 2, 7, 9, 10]) == "0-3, 7, 9-10"
+    assert id_ranges([5]) == "5" and id_ranges([]) == ""
+    assert spread([4, 4]) == "4"
+    assert spread([1, 2, 10]) == "1 .. 10 (median 2)"
+    assert spread([1.01, 1.02], lambda v: f"{v:.1f}") == "1.0"
