@@ -289,10 +289,23 @@ class StalenessHistogram:
                 "histogram": hist}
 
 
-def format_histogram(summary: dict, width: int = 40) -> list[str]:
-    """Text lines of a staleness histogram summary (``StalenessHistogram.merge_rows``)."""
+def format_histogram(summary: dict, width: int = 40, most: int = 16) -> list[str]:
+    """Text lines of a staleness histogram summary (``StalenessHistogram.merge_rows``): one per
+    staleness value, or with more than ``most`` values (async with many workers: a trial at 60
+    workers printed 86 lines) one per power-of-two range (``0``, ``1``, ``2-3``, ``4-7``, ...)."""
     hist = summary.get("histogram", {})
     if not hist:
         return []
+    if len(hist) > most:
+        binned: dict = {}
+        for k, v in hist.items():
+            if k.startswith(">="):
+                label = k
+            else:
+                lo = 1 << (int(k).bit_length() - 1) if int(k) else 0
+                hi = max(lo, 2 * lo - 1)
+                label = str(lo) if lo == hi else f"{lo}-{hi}"
+            binned[label] = binned.get(label, 0) + v
+        hist = binned
     peak = max(hist.values())
-    return [f"    {k:>5}: {v:>9,} {'#' * max(1, round(width * v / peak))}" for k, v in hist.items()]
+    return [f"    {k:>7}: {v:>9,} {'#' * max(1, round(width * v / peak))}" for k, v in hist.items()]

@@ -107,3 +107,25 @@ def test_push_filter_rows_of_several_values():
     k, v = f.filter(np.array([2]), np.zeros((1, 3)), flush=True)
     assert k.tolist() == [4] and v.tolist() == [[0.2, 0.3, 0.4]]
     assert not f.residual.any()
+
+
+def test_a_wide_staleness_histogram_prints_in_power_of_two_ranges():
+    """Async at 60 workers: 86 distinct staleness values printed 86 lines; more than 16
+    values are printed per range 0, 1, 2-3, 4-7, ... with every update counted once."""
+    from hpcps.core.consistency import format_histogram
+
+    h = StalenessHistogram()
+    for s in range(120):
+        h.add(s, 1)
+    h.add(300, 5)                              # beyond the exact bins
+    summary = StalenessHistogram.merge_rows(h.row())
+    lines = format_histogram(summary)
+    labels = [line.split(":")[0].strip() for line in lines]
+    assert labels == ["0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64-127", ">=255"]
+    counts = [int(line.split(":")[1].split()[0].replace(",", "")) for line in lines]
+    assert counts == [1, 1, 2, 4, 8, 16, 32, 56, 5] and sum(counts) == summary["updates"]
+    few = StalenessHistogram()
+    few.add(0, 3)
+    few.add(2, 1)
+    assert [line.split(":")[0].strip() for line in
+            format_histogram(StalenessHistogram.merge_rows(few.row()))] == ["0", "2"]
