@@ -8,6 +8,7 @@ import h5py
 import numpy as np
 
 from hpcps import checkpoint as ckpt
+from hpcps.analysis.listing import MANY, spread
 from hpcps.analysis.sources import (AnalysisError, _one_line, array_stats, metric_label,
                                    read_dynamic, resolve)
 
@@ -187,10 +188,10 @@ def format_inspect(report: dict) -> str:
         layout = ""
         if "server_rows" in st:
             kind = f"sparse, permuted (multiplier {st['multiplier']})" if st["sparse"] else "dense"
-            layout = f"; {kind}; rows per server {st['server_rows']}"
+            per = _per_server(st["server_rows"])
+            layout = f"; {kind}; rows per server {per}"
             if st.get("storage") == "hash":
-                layout = (f"; dynamic (hash): {st['keys_stored']:,} keys stored, per server "
-                          f"{st['server_rows']}")
+                layout = f"; dynamic (hash): {st['keys_stored']:,} keys stored, per server {per}"
         elif st.get("storage") == "hash":
             layout = (f"; dynamic (hash): {st['keys_stored']:,} keys stored (their ids in "
                       f"{name}_keys)")
@@ -219,3 +220,8 @@ def _consistency(manifest) -> str:
     section = doc.get("consistency")
     model = section.get("model", "bsp") if isinstance(section, dict) else "bsp"
     return model if isinstance(model, str) else "bsp"
+
+
+def _per_server(rows: list) -> str:
+    """Rows (keys) per server: the list, or with more than :data:`MANY` servers its spread."""
+    return f"{spread(rows)} over {len(rows)} servers" if len(rows) > MANY else str(rows)

@@ -66,3 +66,10 @@ def test_id_ranges_and_spread():
     assert spread([4, 4]) == "4"
     assert spread([1, 2, 10]) == "1 .. 10 (median 2)"
     assert spread([1.01, 1.02], lambda v: f"{v:.1f}") == "1.0"
+
+
+def test_inspect_gives_the_spread_of_rows_over_many_servers():
+    from hpcps.analysis.inspection import _per_server
+
+    assert _per_server([3, 2]) == "[3, 2]"
+    assert _per_server([8192] * 127 + [8193]) == "8,192 .. 8,193 (median 8,192) over 128 servers"
