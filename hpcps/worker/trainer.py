@@ -458,7 +458,7 @@ class Trainer:
             if self.elastic is not None:
                 self.elastic.cancel_request("the job is stopping (signal)")
         if checkpointer is not None:
-            checkpointer.write(self.client.clock_value, cur.epoch, cur.first, cur.plan, self.history)
+            checkpointer.at_stop(self.client.clock_value, cur.epoch, cur.first, cur.plan, self.history)
         self.stopped_by_signal = True
 
     def finish(self, steps: int, plan: list, local_examples: int, checkpointer=None) -> dict:

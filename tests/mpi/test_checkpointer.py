@@ -30,13 +30,15 @@ STEP = 0.01         # seconds per step
 class Recorded(Checkpointer):
     """A checkpointer whose chief's write takes ``write_s`` and records the clock (no files)."""
 
-    def __init__(self, comm, write_s):
-        cfg = SimpleNamespace(checkpoint=CheckpointConfig(every_seconds=INTERVAL))
+    def __init__(self, comm, write_s, **config):
+        cfg = SimpleNamespace(checkpoint=CheckpointConfig(**(config or {"every_seconds": INTERVAL})))
         super().__init__(cfg, None, comm, comm.rank == 0, comm.size, [], None)
         self.write_s = write_s
+        self.written = []
 
     def _write(self, clock, epoch, step_in_epoch, plan, history, pushes):
         time.sleep(self.write_s)
+        self.written.append(clock)
 
 
 def run(ck, steps, before=0.0):
@@ -71,3 +73,18 @@ def test_a_write_longer_than_the_interval_is_not_followed_by_another_at_once():
     # the next checkpoint comes an interval (~INTERVAL / STEP steps) after the write ended
     assert min(gaps) >= (INTERVAL / STEP) // 2, got
     assert comm.allgather(got) == [got] * comm.size
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_stop_at_a_checkpointed_clock_writes_no_second_checkpoint():
+    """Found at 60 workers (SSP, every_steps = 20): a stop signal decided at clock 20 wrote
+    step-00000020 again right after the periodic one, inside a batch system's grace time."""
+    comm = MPI.COMM_WORLD
+    ck = Recorded(comm, write_s=0.0, every_steps=10)
+    for clock in range(1, 11):
+        ck.after_step(clock, 0, clock, None, [])
+    ck.at_stop(10, 0, 10, None, [])                 # the stop at the checkpoint's clock
+    ck.after_step(11, 0, 11, None, [])
+    ck.at_stop(11, 0, 11, None, [])                 # a stop between checkpoints writes one
+    assert ck.written == ([10, 11] if comm.rank == 0 else []), ck.written
+    assert ck.last_step == 11
