@@ -288,7 +288,10 @@ def summary_lines(s: dict, history: list) -> list[str]:
 
     phrase = launch_phrase(s) if "run_steps" in s else ""
     steps = f"{s['run_steps']:,} steps{phrase}" if phrase else f"{s['steps']} steps"
-    lines = [f"done: {s['epochs']} epoch(s), {steps}, {s['examples']:,} examples in "
+    # a resumed launch: its own examples (a run of 40 epochs read "1,297,796 examples", this
+    # launch's 100 of the 120 steps, as if they were the run's)
+    mine = "this launch " if phrase else ""
+    lines = [f"done: {s['epochs']} epoch(s), {steps}, {mine}{s['examples']:,} examples in "
              f"{s['train_seconds']:.1f} s ({s['examples_per_second']:,.0f} ex/s)"]
     rma = s.get("consistency", {}).get("pull") == "rma"
     servers = s["servers"]

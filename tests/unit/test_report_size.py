@@ -73,3 +73,16 @@ def test_inspect_gives_the_spread_of_rows_over_many_servers():
 
     assert _per_server([3, 2]) == "[3, 2]"
     assert _per_server([8192] * 127 + [8193]) == "8,192 .. 8,193 (median 8,192) over 128 servers"
+
+
+def test_a_resumed_launch_says_its_examples_are_this_launchs():
+    from hpcps.runtime.report import summary_lines
+
+    s = _summary(4, 2)
+    s.update(run_steps=120, steps=100, examples=1_297_796,
+             launches=[{"launch": 1, "resumed_from_step": None},
+                       {"launch": 2, "resumed_from_step": 20}])
+    assert summary_lines(s, [])[0].startswith(
+        "done: 1 epoch(s), 120 steps in all (100 in this launch, resumed at step 20; 2 launches, "
+        "0 restart(s)), this launch 1,297,796 examples in 1.0 s")
+    assert ", 100 examples in 1.0 s" in summary_lines(_summary(4, 2), [])[0]
