@@ -310,8 +310,11 @@ def summary_lines(s: dict, history: list) -> list[str]:
             keys = sum(d.get("keys_pulled", 0) for d in s["workers"])
             got = sum(d["bytes_pulled"] for d in s["workers"])
             read = f"read {keys:,} keys ({mb(got)}) by RMA, "
+        n_w, t = len(s["workers"]), s["train_seconds"]
+        share = (f"; {tot_pull / n_w:.2f} s of pull wait per worker, "
+                 f"{100 * tot_pull / n_w / t:.0f} % of the training time") if n_w and t else ""
         lines.append(f"  workers: {read}pull wait {tot_pull:.2f} s, push {tot_push:.2f} s "
-                     f"(summed over workers)")
+                     f"(summed over {n_w} workers{share})")
     if s.get("reader"):                       # streamed data (hpcps.data.lines)
         rd = s["reader"]
         tot_b = sum(r["bytes"] for r in rd)

@@ -40,6 +40,9 @@ def test_the_summary_of_thousands_of_workers_stays_short():
     assert "  hosts: n0: servers 0-1, workers 0-3" in small
     assert sum(line.startswith("  server ") for line in small) == 2
     assert any("w0 0/0, w1 0/0, w2 0/0, w3 0/0" in line for line in small)
+    # a sum over many workers says little alone: the mean per worker and its share of the time
+    assert ("  workers: pull wait 0.40 s, push 0.00 s (summed over 4 workers; 0.10 s of pull "
+            "wait per worker, 10 % of the training time)") in small
 
     for n in (60, 1000):
         lines = summary_lines(_summary(n, 20, age=3), [])
