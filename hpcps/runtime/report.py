@@ -37,7 +37,11 @@ class RankStats:
         Keys served (servers) or requested (workers). Under RMA pulls a server serves no
         pull requests (the workers read its windows), so its ``keys_pulled`` is 0.
     bytes_in, bytes_out, requests : int
-        Bytes received and sent, and messages; servers: requests served.
+        Bytes received and sent in training (the final model's export left out), and
+        messages; servers: requests served.
+    export_bytes : int
+        Bytes of the final model's export (``PULL_SHARD``): sent by a server, received by the
+        chief.
     requests_compiled : int
         Servers: of those, the BSP steps taken in by the compiled loop
         (:meth:`hpcps.comm.transport.ServerEndpoint.take_steps`).
@@ -64,6 +68,7 @@ class RankStats:
     keys_pushed: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    export_bytes: int = 0
     requests: int = 0
     requests_compiled: int = 0
     pull_seconds: float = 0.0
@@ -76,7 +81,7 @@ class RankStats:
 
     # the scalar fields after the role column, in row order
     _COUNTS = ("index", "rows", "memory_bytes", "keys_pulled", "keys_pushed", "bytes_in",
-               "bytes_out", "requests", "requests_compiled", "pull_seconds", "push_seconds",
+               "bytes_out", "export_bytes", "requests", "requests_compiled", "pull_seconds", "push_seconds",
                "clock_seconds",
                "examples", "rss_peak_bytes")
     _SECONDS = ("pull_seconds", "push_seconds", "clock_seconds")
@@ -122,6 +127,7 @@ class RankStats:
                    examples_per_epoch=per_epoch,
                    rss_peak_bytes=int(load.get("rss_peak_bytes", 0)),
                    tables=list(load.get("tables", [])),
+                   export_bytes=int(load.get("export_bytes", 0)),
                    **{k: int(load[k]) for k in ("rows", "memory_bytes", "keys_pulled",
                                                 "keys_pushed", "bytes_in", "bytes_out",
                                                 "requests", "requests_compiled")})
@@ -130,8 +136,9 @@ class RankStats:
         """A worker's counters from its endpoint's :class:`hpcps.comm.transport` stats."""
         self.keys_pulled = int(stats.keys.get("pull", 0))
         self.keys_pushed = int(stats.keys.get("push", 0))
-        self.bytes_in = int(stats.total("bytes_in"))
-        self.bytes_out = int(stats.total("bytes_out"))
+        self.bytes_in = int(stats.training("bytes_in"))
+        self.bytes_out = int(stats.training("bytes_out"))
+        self.export_bytes = int(stats.bytes_in.get("pull_shard", 0))
         self.requests = int(stats.total("messages"))
         self.pull_seconds = float(stats.seconds.get("pull", 0.0))
         self.push_seconds = float(stats.seconds.get("push", 0.0))
@@ -172,7 +179,8 @@ def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None,
                             share_of_run=result["checkpoints"]["seconds"] / wall if wall else 0.0),
         "servers": [{"index": r.index, "rows": r.rows, "memory_bytes": r.memory_bytes,
                      "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
-                     "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "requests": r.requests,
+                     "bytes_in": r.bytes_in, "bytes_out": r.bytes_out,
+                     "export_bytes": r.export_bytes, "requests": r.requests,
                      "requests_compiled": r.requests_compiled, "examples": r.examples,
                      "examples_per_epoch": list(r.examples_per_epoch),
                      "rss_peak_bytes": r.rss_peak_bytes,
@@ -180,6 +188,7 @@ def summarize(result: dict, ranks: list, wall: float, hosts: list | None = None,
                      "host": host[id(r)]}
                     for r in servers],
         "workers": [{"index": r.index, "bytes_pulled": r.bytes_in, "bytes_pushed": r.bytes_out,
+                     "export_bytes": r.export_bytes,
                      "keys_pulled": r.keys_pulled, "keys_pushed": r.keys_pushed,
                      "pull_seconds": r.pull_seconds, "push_seconds": r.push_seconds,
                      "clock_seconds": r.clock_seconds, "host": host[id(r)]}
@@ -236,7 +245,8 @@ def _server_lines(d: dict, rma: bool) -> list[str]:
                f"{d['keys_pushed']:,} keys pushed), {pulled}, "
                f"{d['requests']:,} requests"
                + (f" ({d['requests_compiled']:,} BSP steps taken in compiled code)"
-                  if d.get("requests_compiled") else ""))
+                  if d.get("requests_compiled") else "")
+               + (f"; model export {mb(d['export_bytes'])}" if d.get("export_bytes") else ""))
     for t, hot in d.get("hot_keys", {}).items():
         if hot:
             out.append(f"    hot keys of {t} (updates): "
