@@ -29,7 +29,7 @@ from hpcps.data.partition_rows import block_bounds
 from hpcps.data.source import block_partitioned, stream_index, streamed
 from hpcps.models import make_model   # the model registry imports every model
 from hpcps.worker import streaming
-from hpcps.worker.banner import start_lines
+from hpcps.worker.banner import progress_speed, start_lines
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
 from hpcps.worker.groupsteps import GroupSteps
 from hpcps.worker.steps import NonFiniteGuard, localized, make_steps
@@ -98,11 +98,6 @@ class Cursor:
         """Go on with ``seg``, the re-planned rest of the epoch, from its first step at ``clock``."""
         self.Xe, self.ye, self.order, self.steps, self.plan = seg.Xe, seg.ye, seg.order, seg.steps, seg.plan
         self.first, self.seg_clock0 = 0, clock
-
-
-def _fmt_eta(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 class Trainer:
@@ -199,6 +194,7 @@ class Trainer:
         self.part_rows: list = []         # every worker's training rows (prepare)
         self._t0 = self._last = 0.0       # progress lines: start of the run, last line
         self._clock0 = 0
+        self._first = None                # (time, clock) at the end of this launch's first step
         self._examples_per_step = 0.0
         # streamed data (hpcps.data.lines, self.streaming): lines are the rows; the epoch's
         # order shuffles within runs of [data] shuffle_buffer lines; the readers' counters
@@ -283,7 +279,7 @@ class Trainer:
         self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
                                                     self.n_workers, max(self.part_rows, default=0))
         self._t0 = self._last = time.perf_counter()
-        self._clock0 = self.client.clock_value
+        self._clock0, self._first = self.client.clock_value, None
 
     def adopt(self, seg: Segment) -> None:
         """Take ``seg``'s partitions for the later epochs (after a re-plan). Local."""
@@ -381,6 +377,7 @@ class Trainer:
             cur.n_ex += used
             cur.first = step + 1
             self.last_step_time = time.time()
+            self._first = self._first or (time.perf_counter(), self.client.clock_value)
             if self.gap_event is not None:      # first step after a recovery
                 ev, self.gap_event = self.gap_event, None
                 ev["gap_seconds"] = round(self.last_step_time - ev["last_step_time"], 3)
@@ -420,9 +417,8 @@ class Trainer:
         t = self.cfg.train
         self._last = last = time.perf_counter()
         total_steps = self.steps_full * t.epochs
-        done = max(1, self.client.clock_value - self._clock0)
-        rate = done * self._examples_per_step / (last - self._t0)
-        eta = (last - self._t0) / done * max(0, total_steps - self.client.clock_value)
+        head, tail = progress_speed(last, self._t0, self._first, self.client.clock_value,
+                                    self._examples_per_step, total_steps)
         if cur.order.size == 0:     # the chief reads nothing this epoch: its 0 loss says nothing
             mine = "  w0 has no rows (loss and reads: see the epoch lines and summary)"
         else:
@@ -433,7 +429,7 @@ class Trainer:
                          f"waited {st['wait_seconds']:.1f} s")
         self.say(f"epoch {cur.epoch + 1}/{t.epochs}  step {step + 1}/{cur.steps}  "
                   f"clock {self.client.clock_value}{self._worker_clocks_note()}  "
-                  f"{rate:,.0f} examples/s{mine}  ETA {_fmt_eta(eta)}")
+                  f"{head}{mine}{tail}")
 
     def _worker_clocks_note(self) -> str:
         """`` (workers S..F)`` — the slowest and the fastest worker's clock, ``(workers C)``
