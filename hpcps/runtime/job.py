@@ -302,9 +302,13 @@ def _wrap_up(cfg, result, client, elastic, group, checkpointer) -> None:
     if roles.is_chief and not result["stopped_by_signal"]:
         # streamed from the servers in chunks while it is written (hpcps.worker.export):
         # the chief never holds a whole table
+        t0 = time.perf_counter()
         path = write_model(RunDir(cfg.output.dir).model, model_tables(client), cfg,
                            step=result["clock"], epoch=result["epochs"])
         result["model_path"] = str(path)
+        # a trial's 32 M-key model.h5 took 44 s to write, reported nowhere
+        result["model_seconds"] = time.perf_counter() - t0
+        result["model_bytes"] = path.stat().st_size
     if group is not None:
         # a server's workers are one per group: the chief's last requests (the final
         # checkpoint, the model's PULL_SHARDs) to a server it does not own must be

@@ -89,3 +89,18 @@ def test_a_resumed_launch_says_its_examples_are_this_launchs():
         "done: 1 epoch(s), 120 steps in all (100 in this launch, resumed at step 20; 2 launches, "
         "0 restart(s)), this launch 1,297,796 examples in 1.0 s")
     assert ", 100 examples in 1.0 s" in summary_lines(_summary(4, 2), [])[0]
+
+
+def test_the_checkpoint_share_names_its_wall_time_and_the_model_write_is_timed():
+    """A trial: 'checkpoints: ... 49.49 s (25.5 % of the run)' was a share of a 194 s wall
+    time printed nowhere (the done line gives the 95 s of training), and the 44 s of writing
+    model.h5 were reported nowhere."""
+    from hpcps.runtime.report import summary_lines
+
+    s = _summary(4, 2)
+    s.update(wall_seconds=194.0, checkpoints={"count": 5, "bytes": 3_223_700_000,
+                                              "seconds": 49.49, "share_of_run": 49.49 / 194},
+             model_path="runs/x/model.h5", model_seconds=44.04, model_bytes=300_000_000)
+    lines = summary_lines(s, [])
+    assert "  checkpoints: 5 written, 3,223.7 MB, 49.49 s (25.5 % of the launch's 194.0 s)" in lines
+    assert "  model: runs/x/model.h5 (300.0 MB, written in 44.0 s)" in lines
