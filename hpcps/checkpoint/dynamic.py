@@ -6,8 +6,10 @@ A dynamic table's shard is written in its shard file's ``tables/<name>`` group a
     rows            (n, dim) table dtype    their weights
     slots/<slot>    (n, dim) or (n,)        optimizer state of the same rows
                                             (accumulator; m, v, step; z, n)
-    updates         (n,) int64              per row: updates applied (hot keys, LFU)
-    last_clock      (n,) int64              per row: clock of its last update (TTL)
+    updates         (n,) uint32             per row: updates applied (hot keys, LFU;
+                                            int64 in checkpoints before 2026-12-05)
+    last_clock      (n,) int64              per row: clock of its last update (TTL; only
+                                            with ttl_steps)
     sketch          (depth, width) uint32   admission's count-min sketch (min_count > 1)
     attrs           storage = "hash", dim, dtype, optimizer, n (rows stored),
                     admitted, rejected, evicted, sketch_total
@@ -60,13 +62,14 @@ def write_group(group: h5py.Group, table: HashTable) -> None:
 
 def write_state(group: h5py.Group, state: dict) -> None:
     """Write a shard's admission/eviction state beside its keys (layout above): ``updates``
-    and ``last_clock`` (int64 (n,), per stored row, arena order), the count-min sketch
+    (uint32 (n,)) and ``last_clock`` (int64 (n,); TTL only), per stored row in arena order,
+    the count-min sketch
     ``sketch`` (uint32 (depth, width), attribute ``sketch_total``) when admission is on,
     and the counts ``admitted``, ``rejected``, ``evicted`` as attributes. Missing entries
     are not written."""
-    for k in ("updates", "last_clock"):
+    for k, dtype in (("updates", np.uint32), ("last_clock", np.int64)):
         if state.get(k) is not None:
-            group.create_dataset(k, data=np.asarray(state[k], dtype=np.int64))
+            group.create_dataset(k, data=np.asarray(state[k], dtype=dtype))
     if state.get("sketch") is not None:
         group.create_dataset("sketch", data=np.asarray(state["sketch"], dtype=np.uint32))
         group.attrs["sketch_total"] = int(state["sketch_total"])
