@@ -125,12 +125,17 @@ class _Appender:
 
 
 def _dataset(f, name: str, shape, dtype):
-    """A dataset laid out as ``create_dataset(name, data=...)`` laid out the model's datasets
-    before (chunked by h5py's guess when it has more than one element, gzip above
-    ``_GZIP_ABOVE``), created at its final shape."""
+    """A dataset created at its final shape, chunked by h5py's guess when it has more than
+    one element, and above ``_GZIP_ABOVE`` elements compressed with HDF5's byte shuffle and
+    gzip level 1 (both built into every HDF5, so any reader opens the file). gzip at h5py's
+    default level 4 without the shuffle was most of the time of writing a 10 M-key model
+    (19 s, against 13 s of training; 5 M sorted keys and rows: 6.4 s, with the shuffle and
+    level 1 3.0 s, the file as small: 55.9 against 55.3 MB)."""
     size = int(np.prod(shape))
+    big = size > _GZIP_ABOVE
     return f.create_dataset(name, shape=shape, dtype=dtype, chunks=True if size > 1 else None,
-                            compression="gzip" if size > _GZIP_ABOVE else None)
+                            compression="gzip" if big else None,
+                            compression_opts=1 if big else None, shuffle=big)
 
 
 def _source(name: str, t):
