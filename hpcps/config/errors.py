@@ -18,20 +18,28 @@ def _dotted(raw: str) -> str:
 
 def key_lines(text: str) -> dict[str, int]:
     """The line (1-based) where each dotted key and each ``[table]`` header first appears,
-    read line by line (approximate inside multi-line strings, exact for job files)."""
+    read line by line (approximate inside multi-line strings, exact for job files). The
+    tables a header or a dotted key opens count too: ``[tabels.weights]`` gives the line of
+    ``tabels`` as well as of ``tabels.weights``."""
     out: dict[str, int] = {}
     prefix = ""
+
+    def note(dotted: str, n: int) -> None:
+        parts = dotted.split(".")
+        for i in range(1, len(parts) + 1):
+            out.setdefault(".".join(parts[:i]), n)
+
     for n, line in enumerate(text.splitlines(), 1):
         s = line.strip()
         m = _HEADER_RE.match(s)
         if m:
             prefix = _dotted(m.group(1))
-            out.setdefault(prefix, n)
+            note(prefix, n)
             continue
         m = _KEY_RE.match(s)
         if m:
             k = _dotted(m.group(1))
-            out.setdefault(f"{prefix}.{k}" if prefix else k, n)
+            note(f"{prefix}.{k}" if prefix else k, n)
     return out
 
 

@@ -23,6 +23,8 @@ CASES = {
     "output_not_writable.toml": "output_not_writable.toml:7: output.dir: cannot create directory {ro}/run: Read-only file system",
     "not_toml.toml": "not_toml.toml: invalid TOML: Invalid statement (at line 1, column 1)",
     "model_not_importable.toml": "model_not_importable.toml:9: model.type: cannot import module 'nosuchpkg.mod'",
+    # found by a trial: 'tabels: unknown key' without a line
+    "unknown_section.toml": "unknown_section.toml:8: tabels: unknown key (did you mean 'tables'?)",
 }
 
 

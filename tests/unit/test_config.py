@@ -348,6 +348,34 @@ def test_nested_table_inside_section_is_unknown(jobdir):
     assert e.key == "train.extra" and "unknown key" in e.message
 
 
+@pytest.mark.parametrize("before, after, key, line, hint", [
+    # found by a trial: "tabels: unknown key" without the file's line (other keys had it)
+    ("", '[tabels.weights]\nstorage = "hash"\n', "tabels", 6, "did you mean 'tables'?"),
+    ("", "[trian.x]\ny = 1\n", "trian", 6, "did you mean 'train'?"),
+    ("", "[train]\nextra.x = 1\n", "train.extra", 7, "valid keys:"),
+    ('tabels.weights.storage = "hash"\n', "", "tabels", 1, "did you mean 'tables'?"),
+])
+def test_unknown_section_of_a_sub_table_header_names_its_line(jobdir, monkeypatch, before,
+                                                              after, key, line, hint):
+    """A section known only through ``[a.b]`` (or a dotted key ``a.b.c =``) has the line
+    where it is opened, as every other unknown key."""
+    monkeypatch.chdir(jobdir)
+    (jobdir / "jobs" / "x.toml").write_text(before + ADULT + "\n" + after)
+    with pytest.raises(ConfigError) as ei:
+        load_job("jobs/x.toml")
+    e = ei.value
+    assert str(e).startswith(f"jobs/x.toml:{line}: {key}: unknown key ({hint}"), str(e)
+    assert e.key == key and e.line == line
+
+
+def test_key_lines_give_the_tables_a_header_or_dotted_key_opens():
+    from hpcps.config.errors import key_lines
+
+    lines = key_lines('a = 1\n[x.y.z]\nk = 2\n[s]\np.q = 3\n[x.y.w]\n')
+    assert lines == {"a": 1, "x": 2, "x.y": 2, "x.y.z": 2, "x.y.z.k": 3, "s": 4, "s.p": 5,
+                     "s.p.q": 5, "x.y.w": 6}
+
+
 def test_section_not_a_table(jobdir):
     e = error(jobdir, "train = 3\n" + ADULT)
     assert e.key == "train" and "expected a table" in e.message and "integer" in e.message
