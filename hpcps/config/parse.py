@@ -23,7 +23,7 @@ from hpcps.config.sections import (SECTIONS, TOP, CheckpointConfig, ClusterConfi
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def _data(ck: Checker, doc: dict, dynamic: bool = False) -> DataConfig:
+def _data(ck: Checker, doc: dict, dynamic: bool | None = False) -> DataConfig:
     table = ck.section(doc, "data")
     fmt = ck.value(table, "format", SECTIONS["data"]["format"], "data.format")
     keys = rules.data_keys(ck, table, fmt if ck.good("data.format") else None, dynamic)
@@ -31,7 +31,7 @@ def _data(ck: Checker, doc: dict, dynamic: bool = False) -> DataConfig:
     if fmt in ("adult_csv", "criteo") and ck.good("data.hash_bits"):
         if dynamic and "hash_bits" not in table:
             vals["hash_bits"] = 0            # a dynamic table: every feature its own 63-bit id
-        elif vals.get("hash_bits") == 0 and not dynamic:
+        elif vals.get("hash_bits") == 0 and dynamic is False:
             ck.fail("data.hash_bits", "0 (unhashed 63-bit feature ids) needs a dynamic table: "
                                       "set [model] storage = 'hash' (or [tables.weights] "
                                       "storage = 'hash')")
@@ -47,6 +47,21 @@ def _data(ck: Checker, doc: dict, dynamic: bool = False) -> DataConfig:
     return DataConfig(format=fmt, path=path, test_path=test_path, **vals)
 
 
+def _weights_dynamic(ck: Checker, doc: dict, tables_: dict, model: dict) -> bool | None:
+    """Whether the (logistic) weights are a dynamic table, which needs no svmlight
+    n_features (and lets hash_bits = 0 keep raw ids); None when a problem already reported
+    leaves it open: a bad storage, or a [tables.NAME] the model lacks whose storage is not
+    'array' (a misspelt [tables.weights]), so no requirement that follows from it is
+    reported."""
+    given = doc.get("tables", {})
+    unknown_hash = isinstance(given, dict) and any(
+        name not in tables_ and isinstance(t, dict) and t.get("storage", "array") != "array"
+        for name, t in given.items())
+    if unknown_hash or not ck.good("model.storage", "tables.weights.storage"):
+        return None
+    return tables_.get("weights", {}).get("storage", model["storage"]) == "hash"
+
+
 def _build(ck: Checker, doc: dict, text: str, path: Path) -> JobConfig:
     ck.unknown_keys(doc, {**TOP, **SECTIONS, "tables": None}, "")
     name = ck.value(doc, "name", TOP["name"], "name")
@@ -56,11 +71,9 @@ def _build(ck: Checker, doc: dict, text: str, path: Path) -> JobConfig:
     seed = ck.value(doc, "seed", TOP["seed"], "seed")
     tables = {s: ck.section(doc, s) for s in SECTIONS if s != "data"}
     vals = {s: ck.values(tables[s], s) for s in tables}
-    tables_ = rules.tables(ck, doc)
-    # svmlight needs no n_features when the (logistic) weights are a dynamic table
-    weights_dynamic = tables_.get("weights", {}).get("storage", vals["model"]["storage"]) == "hash"
-    data = _data(ck, doc, weights_dynamic)
     rules.model(ck, vals["model"])
+    tables_ = rules.tables(ck, doc, vals["model"])
+    data = _data(ck, doc, _weights_dynamic(ck, doc, tables_, vals["model"]))
     rules.optimizer(ck, tables["optimizer"], vals["optimizer"])
     rules.consistency(ck, tables["consistency"], vals["consistency"])
     rules.fault_tolerance(ck, tables["fault_tolerance"], vals["fault_tolerance"],

@@ -49,9 +49,10 @@ _USER_MODEL_RE = re.compile(
     r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
-def data_keys(ck: Checker, table: dict, fmt: str | None, dynamic: bool = False) -> tuple:
+def data_keys(ck: Checker, table: dict, fmt: str | None, dynamic: bool | None = False) -> tuple:
     """The ``[data]`` keys read for format ``fmt`` (None: a bad format, only the common
-    ones); records keys of another format and the format's required keys that are absent."""
+    ones); records keys of another format and the format's required keys that are absent
+    (``n_features`` only when ``dynamic`` is False: fixed weights; None: not known)."""
     if fmt is None:
         return tuple(k for k in ("path", "max_rows")
                      if not any(k in ks for ks in FORMAT_ONLY.values()))
@@ -72,7 +73,7 @@ def data_keys(ck: Checker, table: dict, fmt: str | None, dynamic: bool = False) 
                 ck.fail(f"data.{k}", f"not used with format '{fmt}' (only with {users}); "
                                      f"remove it")
     for k in FORMAT_REQUIRED[fmt]:
-        if k == "n_features" and dynamic:
+        if k == "n_features" and dynamic is not False:
             continue                         # a dynamic table takes any id below 2**63 - 1
         if k not in table:
             ck.fail(f"data.{k}", f"required key missing (required for format '{fmt}')"
@@ -240,37 +241,71 @@ def fault_tolerance(ck: Checker, table: dict, vals: dict, cluster: dict,
                                         "gradients when it dies)")
 
 
-def tables(ck: Checker, doc: dict) -> dict:
+def tables(ck: Checker, doc: dict, model: dict) -> dict:
     """The ``[tables.NAME]`` sections: ``{name: {storage, min_count, ttl_steps, max_keys,
-    evict}}``. ``storage`` is ``"array"`` or ``"hash"``; the others (admission and eviction
-    of a dynamic table, :mod:`hpcps.server.dynshard`) only with ``storage = "hash"``.
-    Whether NAME is a table of the model is checked when the model is built
-    (:func:`hpcps.models.load.apply_storage`)."""
+    evict}}``. ``storage`` is ``"array"`` or ``"hash"``, unset: ``[model] storage`` for a
+    sparse table, ``"array"`` for a dense one; the others (admission and eviction of a
+    dynamic table, :mod:`hpcps.server.dynshard`) only when it is ``"hash"``. NAME must be a
+    table of a built-in model (:func:`hpcps.models.builtin_tables`; reported before anything
+    about its keys, and the section is left out); a user model's are checked when it is built
+    (:func:`hpcps.models.load.apply_storage`). ``model``: the checked ``[model]`` values."""
     from hpcps.config.sections import STORAGES, Rule
+    from hpcps.models import builtin_tables
 
     given = doc.get("tables", {})
     if not isinstance(given, dict):
         ck.fail("tables", "expected [tables.NAME] sections, got a value")
         return {}
+    known = None
+    if ck.good("model.type", "model.hidden"):
+        known = builtin_tables(model["type"], model["hidden"])
+    its = f"its tables: {', '.join(known)}" if known is not None else ""
     rules = {"storage": Rule(kind=str, default="array", choices=STORAGES),
              "min_count": Rule(kind=int, default=0, lo=0, hi=1 << 31),
              "ttl_steps": Rule(kind=int, default=0, lo=0),
              "max_keys": Rule(kind=int, default=0, lo=0, hi=(1 << 31) - 2),
              "evict": Rule(kind=str, default="none", choices=("none", "lfu"))}
+    default = model["storage"] if ck.good("model.storage") else "array"
     out = {}
     for name, t in given.items():
+        if not isinstance(t, dict) and name in rules:   # [tables] storage = "hash"
+            ck.fail(f"tables.{name}", f"[tables] holds one section per table, [tables.NAME]"
+                                      f"{f' ({its})' if its else ''}: set {name!r} in one"
+                                      + (", or [model] storage for every sparse table"
+                                         if name == "storage" else ""))
+            continue
+        if known is not None and name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+            hint = f"; did you mean [tables.{close[0]}]?" if close else ""
+            ck.fail(f"tables.{name}", f"no table {name!r} in model {model['type']!r} "
+                                      f"({its}{hint})")
+            continue
         if not isinstance(t, dict):
             ck.fail(f"tables.{name}", f"expected a table ([tables.{name}]) with key 'storage'")
             continue
-        for k in t:
-            if k not in rules:
-                ck.fail(f"tables.{name}.{k}", f"unknown key (valid keys: {', '.join(rules)})")
+        ck.unknown_keys(t, rules, f"tables.{name}.")
+        sparse = True if known is None else known[name]
+        own = "storage" in t
+        rules["storage"] = Rule(kind=str, default=default if sparse else "array",
+                                choices=STORAGES)
         v = {k: ck.value(t, k, r, f"tables.{name}.{k}") for k, r in rules.items()}
-        if v["storage"] != "hash" and ck.good(f"tables.{name}.storage"):
+        storage_ok = ck.good(f"tables.{name}.storage")
+        if storage_ok and v["storage"] == "hash" and not sparse:
+            ck.fail(f"tables.{name}.storage", f"table {name!r} of model {model['type']!r} is "
+                                              "dense (pulled whole, in key order): only a "
+                                              "sparse table can be dynamic ('hash')")
+        elif storage_ok and v["storage"] != "hash":
+            if not sparse:
+                why = (f"table {name!r} of model {model['type']!r} is dense, always an "
+                       "array")
+            elif own:
+                why = f"[tables.{name}] storage = {v['storage']!r}"
+            else:
+                why = f"its storage is [model] storage = {v['storage']!r}"
             for k in ("min_count", "ttl_steps", "max_keys", "evict"):
                 if k in t:
                     ck.fail(f"tables.{name}.{k}", "only used with storage = 'hash' (admission "
-                                                  "and eviction of a dynamic table)")
+                                                  f"and eviction of a dynamic table); {why}")
         if v["evict"] == "lfu" and not v["max_keys"] and ck.good(f"tables.{name}.evict"):
             ck.fail(f"tables.{name}.evict", "'lfu' evicts when max_keys is reached: set "
                                             f"[tables.{name}] max_keys")

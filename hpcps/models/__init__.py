@@ -20,6 +20,28 @@ BUILTIN = {
 }
 
 
+def builtin_tables(type_name: str, hidden=()) -> dict[str, bool] | None:
+    """The tables of built-in model ``type_name`` as ``{name: sparse}``, in the order its
+    ``tables()`` declares them, known without its data (the job-file checker names a
+    ``[tables.NAME]`` the model lacks with them); None for a user model, whose tables are
+    known once it is built (:func:`hpcps.models.load.apply_storage`).
+
+    Parameters
+    ----------
+    type_name : str
+        ``[model] type``.
+    hidden : sequence of int
+        ``[model] hidden`` (``"mlp"``: one ``w<i>``, ``b<i>`` pair per layer, len + 1 layers).
+    """
+    if type_name == "logistic":         # hpcps.models.logistic_math.WEIGHTS, BIAS
+        return {"weights": True, "bias": False}
+    if type_name == "mf":               # hpcps.models.mf.USER_FACTORS, ...: all sparse
+        return dict.fromkeys(("user_factors", "item_factors", "user_bias", "item_bias"), True)
+    if type_name == "mlp":              # hpcps.models.mlp._layer_names: all dense
+        return {n: False for i in range(len(hidden) + 1) for n in (f"w{i}", f"b{i}")}
+    return None
+
+
 class ModelLoadError(ImportError):
     """``[model] type`` names a model that cannot be imported or is not a
     :class:`~hpcps.models.base.Model` subclass."""

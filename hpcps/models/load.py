@@ -41,13 +41,16 @@ def apply_storage(cfg, tables: list) -> list:
         ``tables.NAME.storage`` for a dense table declared ``"hash"``.
     """
     import dataclasses
+    import difflib
 
     names = [t.name for t, _ in tables]
     for name in getattr(cfg, "tables", {}):
-        if name not in names:
+        if name not in names:      # a user model's (the checker knows the built-in ones')
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            hint = f"; did you mean [tables.{close[0]}]?" if close else ""
             raise ConfigError(cfg.path, f"tables.{name}",
                               f"no table {name!r} in model {cfg.model.type!r} (its tables: "
-                              f"{', '.join(names)})")
+                              f"{', '.join(names)}{hint})")
     out = []
     for spec, opt in tables:
         st = cfg.storage_of(spec.name, spec.sparse) if hasattr(cfg, "storage_of") else spec.storage

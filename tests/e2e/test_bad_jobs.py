@@ -23,6 +23,8 @@ CASES = {
     "output_not_writable.toml": "output_not_writable.toml:7: output.dir: cannot create directory {ro}/run: Read-only file system",
     "not_toml.toml": "not_toml.toml: invalid TOML: Invalid statement (at line 1, column 1)",
     "model_not_importable.toml": "model_not_importable.toml:9: model.type: cannot import module 'nosuchpkg.mod'",
+    # found by a trial: 'tables.weight.min_count: only used with storage = hash' (it was)
+    "unknown_table.toml": "unknown_table.toml:10: tables.weight: no table 'weight' in model 'logistic' (its tables: weights, bias; did you mean [tables.weights]?)",
     # found by a trial: 'tabels: unknown key' without a line
     "unknown_section.toml": "unknown_section.toml:8: tabels: unknown key (did you mean 'tables'?)",
 }
@@ -88,6 +90,10 @@ BEFORE_LAUNCH = {
     # issue 22, item 9: found only after launch, once per rank, under an MPI abort banner
     "model": ('[model]\ntype = "nosuchpkg.mod:Model"\n',
               "s.toml:10: model.type: cannot import module 'nosuchpkg.mod'"),
+    # found by a trial: the misspelt table named only when [data] n_features was set
+    "table": ('[model]\nstorage = "hash"\n[tables.weight]\nmin_count = 2\n',
+              "s.toml:11: tables.weight: no table 'weight' in model 'logistic' (its tables: "
+              "weights, bias; did you mean [tables.weights]?)"),
 }
 
 
