@@ -77,7 +77,8 @@ def load_split(data_cfg, split: str, part: int, n_parts: int, cache_dir=None):
         from hpcps.data.svmlight import read_svmlight_part
 
         path = data_cfg.path if split == "train" else data_cfg.test_path
-        return read_svmlight_part(path, part, n_parts, n_features=data_cfg.num_features,
+        # no n_features (a dynamic table): None, the whole id space, named so in errors
+        return read_svmlight_part(path, part, n_parts, n_features=data_cfg.n_features,
                                   index_base=data_cfg.index_base,
                                   duplicates=data_cfg.duplicate_indices)
     if data_cfg.format == "criteo":

@@ -336,3 +336,67 @@ def test_adult_unhashed_crosses_train_in_a_dynamic_table(tmp_path):
     assert keys.size == stored and 1000 < stored < 20000, stored
     assert keys.max() > 2**50            # 63-bit ids, not buckets of 2**20
     assert "AUC gap (scikit-learn - hpcps)" in proc.stdout, proc.stdout[-3000:]
+
+
+STREAM_IDS = (2**53 + 1, 2**62 + 3, 2**63 - 2)     # above 2**53: not exact as float64
+STREAM_SVM = (f"1 5:1 {STREAM_IDS[0]}:1\n0 7:1 {STREAM_IDS[1]}:1\n1 5:1 12:1 {STREAM_IDS[2]}:1\n"
+              f"0 7:1 12:1\n")
+STREAM_JOB = """
+name = "stream_dyn"
+[cluster]
+servers = 1
+[data]
+format = "svmlight"
+path = "{d}/train.svm"
+test_path = "{d}/test.svm.gz"
+index_base = 0
+stream = true
+[model]
+storage = "hash"
+[train]
+epochs = 2
+batch_size = 2
+[output]
+dir = "{d}/run"
+"""
+
+
+def test_streamed_svmlight_without_n_features_trains_a_dynamic_table(tmp_path):
+    """Found by a trial: a streamed svmlight job with ``storage = "hash"`` and no
+    ``n_features`` (which the docs allow) stopped on every rank with a TypeError in the
+    streamed reader (``int(data_cfg.n_features)``, None). It trains now, the test set
+    (gzip, streamed too) and ``hpcps eval`` of the run included; ids above 2**53 are stored
+    exactly, up to 2**63 - 2; an id of 2**63 - 1 is refused naming the largest id a dynamic
+    table accepts, not an ``n_features`` the job does not set."""
+    import gzip
+
+    (tmp_path / "train.svm").write_text(STREAM_SVM)
+    (tmp_path / "test.svm.gz").write_bytes(gzip.compress(STREAM_SVM.encode()))
+    j = write_job(tmp_path / "stream_dyn.toml", STREAM_JOB.format(d=tmp_path))
+    proc, _ = hpcps(["run", "-n", "2", j], cwd=tmp_path, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    with h5py.File(tmp_path / "run" / "model.h5", "r") as f:
+        keys = f["weights_keys"][()]
+    assert keys.dtype == np.int64
+    assert [int(k) for k in keys] == [5, 7, 12, *STREAM_IDS]          # exact, not rounded
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["summary"]["servers"][0]["examples_per_epoch"] == [4, 4]
+    assert len(m["epochs"]) == 2 and "test_logloss" in m["epochs"][-1]
+    # hpcps eval of the run reads the gzip test file as training read it (streamed)
+    proc, _ = hpcps(["eval", tmp_path / "run", "--data", tmp_path / "test.svm.gz"],
+                    cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = float(proc.stdout.split("log-loss ")[1].split()[0])
+    assert got == pytest.approx(m["epochs"][-1]["test_logloss"], rel=1e-5), proc.stdout
+    # one id beyond: an input error naming the bound (exit status 65), not n_features
+    (tmp_path / "train.svm").write_text(STREAM_SVM + f"1 3:1 {2**63 - 1}:1\n")
+    j = write_job(tmp_path / "beyond.toml", STREAM_JOB.format(d=tmp_path).replace(
+        'name = "stream_dyn"', 'name = "beyond"').replace("/run", "/beyond"))
+    proc, _ = hpcps(["run", "-n", "2", j], cwd=tmp_path, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 65, (proc.returncode, out[-3000:])
+    assert (f"train.svm:5: feature index {2**63 - 1} (index_base=0) is above "
+            f"{2**63 - 2} (2**63 - 2), the largest id a dynamic table accepts") in out, out[-3000:]
+    assert "n_features" not in out, out[-3000:]

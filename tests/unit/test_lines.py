@@ -410,3 +410,40 @@ def test_row_hashes_with_empty_rows_last_and_between():
         alone = row_hashes(y[i:i + 1], np.array([0, b - a]), indices[a:b], data[a:b])
         assert h[i] == alone[0]
     assert h[3] == 0 and h[1] == 0
+
+
+def test_svmlight_without_n_features_reads_the_dynamic_id_space_and_names_its_bound(tmp_path):
+    """Found by a trial: the streamed reader took ``int(data_cfg.n_features)``, None for a
+    dynamic table without ``n_features`` (a TypeError on every rank); and an id of 2**63 - 1
+    was refused as "out of range for n_features=9223372036854775807", a key the job does not
+    set. Streamed and in memory alike, ids up to 2**63 - 2 are read exactly; 2**63 - 1 is
+    refused naming the largest id a dynamic table accepts."""
+    from hpcps.config.sections import DYNAMIC_KEYS
+    from hpcps.data.linereader import LineReader
+    from hpcps.data.svmlight import read_svmlight_part
+
+    big = (2**53 + 1, 2**63 - 2)
+    p = tmp_path / "d.svm"
+    p.write_text(f"1 5:1 {big[0]}:1\n0 7:1 {big[1]}:1\n")
+    c = cfg(format="svmlight", index_base=0, n_features=None, duplicate_indices="error",
+            num_features=DYNAMIC_KEYS)
+    reader = LineReader(load_index(p), Parser(c))
+    y, indptr, indices, _, _ = reader.read(0, 2)
+    reader.close()
+    assert indices.dtype == np.int64 and indices.tolist() == [5, big[0], 7, big[1]]
+    X, _ = read_svmlight_part(p, 0, 1, n_features=None, index_base=0)
+    assert X.shape[1] == DYNAMIC_KEYS and X.indices.tolist() == [5, big[0], 7, big[1]]
+    p.write_text(f"1 5:1\n0 7:1 {2**63 - 1}:1\n")
+    want = (f"d.svm:2: feature index {2**63 - 1} (index_base=0) is above {2**63 - 2} "
+            f"(2**63 - 2), the largest id a dynamic table accepts")
+    reader = LineReader(load_index(p), Parser(c))
+    with pytest.raises(DataError, match=re.escape(want)) as e:
+        reader.read(0, 2)
+    reader.close()
+    assert "n_features" not in str(e.value)
+    with pytest.raises(DataError, match=re.escape(want)) as e:
+        read_svmlight_part(p, 0, 1, n_features=None, index_base=0)
+    assert "n_features" not in str(e.value)
+    # a declared n_features is still named as such
+    with pytest.raises(DataError, match="out of range for n_features=100"):
+        read_svmlight_part(p, 0, 1, n_features=100, index_base=0)
