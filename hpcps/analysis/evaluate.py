@@ -113,7 +113,9 @@ def job_config(source, data, job=None):
     Its ``data.path`` (and for svmlight and criteo jobs ``data.test_path``) is replaced by the
     absolute path of ``data`` and the result validated with :func:`hpcps.config.parse_job`, whose
     ``path`` is the manifest (so other relative paths resolve against the checkpoint
-    directory) or the job file.
+    directory) or the job file. svmlight and criteo data is read streamed (``data.stream =
+    true``, no ``max_rows``: every row, in order, plain or compressed, whatever the job's
+    setting); a problem of ``data`` the job check finds is raised naming ``--data``.
 
     Parameters
     ----------
@@ -134,11 +136,12 @@ def job_config(source, data, job=None):
     Raises
     ------
     AnalysisError
-        If ``data`` or ``job`` cannot be read, or there is no stored configuration.
+        If ``data`` or ``job`` cannot be read (``"--data DATA: ..."`` for a data file the
+        job check refuses), or there is no stored configuration.
     hpcps.config.ConfigError
         If the configuration is invalid.
     """
-    from hpcps.config import parse_job
+    from hpcps.config import ConfigError, parse_job
 
     src = source if isinstance(source, Source) else resolve(source)
     if job is not None:
@@ -172,11 +175,29 @@ def job_config(source, data, job=None):
         except DataError as e:
             raise AnalysisError(str(e)) from None
         section["path"] = section["test_path"] = os.path.abspath(data)
+        # read in order on this one process: streamed (hpcps.data.lines.in_chunks), whatever
+        # the job's stream setting, so that a compressed, large or many-file --data is read
+        # as it is (a trial: an in-memory job's `stream = false` refused test.svm.gz, naming
+        # a line of model.h5); every row scored, so no max_rows of the job's
+        section["stream"] = True
+        section.pop("max_rows", None)
     else:
         if not Path(data).is_file():
             raise AnalysisError(f"{data}: no such data file")
         section["path"] = str(Path(data).resolve())
-    return parse_job(toml_text(doc), where)
+    try:
+        return parse_job(toml_text(doc), where)
+    except ConfigError as e:
+        # a problem of the --data file is the user's argument's, not a key of the stored job
+        # (model.h5 or a manifest: not edited by hand)
+        bad = [x for x in e.errors if x.key in _DATA_KEYS]
+        if bad:
+            raise AnalysisError(f"--data {data}: {bad[0].message}") from None
+        raise
+
+
+#: The job keys ``--data`` replaces (:func:`job_config`)
+_DATA_KEYS = ("data.path", "data.test_path")
 
 
 def _model_for(cfg, where):
