@@ -41,9 +41,10 @@ _INT32_MAX = 2**31 - 1
 
 
 def streams(data_cfg) -> bool:
-    """Whether a job's ``[data]`` streams: ``stream`` when set; else (absent) when a data file
-    is compressed or the files of ``path`` and ``test_path`` add up to more than
-    ``stream_above_mb`` MB.
+    """Whether a job's ``[data]`` streams: ``stream`` when set; else (absent) when ``path`` or
+    ``test_path`` names a directory or a glob (the in-memory readers take one file: a
+    directory of small files failed with ``IsADirectoryError`` on every rank), when a data
+    file is compressed, or when the files add up to more than ``stream_above_mb`` MB.
 
     Raises
     ------
@@ -54,7 +55,10 @@ def streams(data_cfg) -> bool:
         return False
     if data_cfg.stream is not None:
         return bool(data_cfg.stream)
-    files = data_files(data_cfg.path) + (data_files(data_cfg.test_path) if data_cfg.test_path else [])
+    paths = [p for p in (data_cfg.path, data_cfg.test_path) if p]
+    files = [f for p in paths for f in data_files(p)]      # raises for a missing one
+    if any(not os.path.isfile(p) for p in paths):
+        return True                       # a directory or a glob (of one file or more)
     if any(compression(f) is not None for f in files):
         return True
     return sum(os.path.getsize(f) for f in files) > data_cfg.stream_above_mb * 1e6

@@ -447,3 +447,30 @@ def test_svmlight_without_n_features_reads_the_dynamic_id_space_and_names_its_bo
     # a declared n_features is still named as such
     with pytest.raises(DataError, match="out of range for n_features=100"):
         read_svmlight_part(p, 0, 1, n_features=100, index_base=0)
+
+
+def test_a_directory_or_glob_of_small_plain_files_streams(tmp_path):
+    """Found by a helper: `path = "dd"` (a directory of small plain svmlight files, `stream`
+    unset) was judged in-memory by size, and the in-memory reader opened the directory:
+    IsADirectoryError on every rank."""
+    from hpcps.data.lines import streams
+
+    d = tmp_path / "dd"
+    d.mkdir()
+    for i in range(2):
+        (d / f"part-{i}.svm").write_text("1 1:1\n0 2:1\n")
+    cfg = types.SimpleNamespace(format="svmlight", stream=None, stream_above_mb=1024.0,
+                                path=str(d), test_path=None)
+    assert streams(cfg)
+    cfg.path = str(d / "part-*.svm")
+    assert streams(cfg)
+    cfg.path = str(d / "part-0.svm")                 # one small plain file: in memory
+    assert not streams(cfg)
+    cfg.test_path = str(d)
+    assert streams(cfg)
+    cfg.stream, cfg.path, cfg.test_path = False, str(d), None   # set: as set
+    assert not streams(cfg)
+    cfg.stream = None
+    cfg.path = str(tmp_path / "missing.svm")
+    with pytest.raises(DataError):
+        streams(cfg)
