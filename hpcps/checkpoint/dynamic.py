@@ -34,6 +34,8 @@ from hpcps.core.dyntables import HashPartition
 from hpcps.kernels.hashtable import HashTable
 
 STORAGE = "hash"
+#: rows of a dynamic table written per block in a checkpoint (:func:`write_group`)
+WRITE_ROWS = 1 << 20
 
 __all__ = ["STORAGE", "write_group", "is_dynamic", "read_owned", "restore", "write_state",
            "restore_state"]
@@ -53,11 +55,21 @@ def write_group(group: h5py.Group, table: HashTable) -> None:
     group.attrs["dtype"] = table.dtype.name
     group.attrs["optimizer"] = table.rule
     group.attrs["n"] = len(table)
+    n, dim = len(table), int(table.dim)
     group.create_dataset("keys", data=table.keys())
-    group.create_dataset("rows", data=table.weights())
-    sg = group.create_group("slots")
-    for name, a in table.slots().items():
-        sg.create_dataset(name, data=a)
+    # the rows and the optimizer state straight from the arena in blocks of WRITE_ROWS: a
+    # whole copy of each (the weights(), slots() arrays) added their size to a server's peak
+    # memory at every checkpoint (a trial at 32.7 M keys: peak RSS 3.4 GB, steady 2.1-2.4)
+    fields = {"rows": "w", **{f"slots/{s}": s for s in table.slot_names}}
+    group.create_group("slots")
+    out = {}
+    for ds, field in fields.items():
+        shape = (n,) if field == "step" else (n, dim)
+        out[ds] = group.create_dataset(ds, shape=shape, dtype=table.record_dtype[field].base)
+    for a in range(0, n, WRITE_ROWS):
+        recs = table._records(a, min(n, a + WRITE_ROWS))
+        for ds, field in fields.items():
+            out[ds][a:a + recs.shape[0]] = np.ascontiguousarray(recs[field])
 
 
 def write_state(group: h5py.Group, state: dict) -> None:
