@@ -199,9 +199,10 @@ def array_stats(a, block_rows: int = _BLOCK_ROWS) -> dict:
 
     Parameters
     ----------
-    a : ndarray or h5py.Dataset
+    a : ndarray or h5py.Dataset, or a list of them
         At least one-dimensional; blocks ``a[i:i + block_rows]`` are read one at a time,
-        so a large HDF5 dataset is never loaded whole.
+        so a large HDF5 dataset is never loaded whole. A list: the parts of one array
+        stacked along the first axis (a dynamic table's shards), read part by part.
     block_rows : int
         Rows per block (>= 1).
 
@@ -219,13 +220,15 @@ def array_stats(a, block_rows: int = _BLOCK_ROWS) -> dict:
     """
     if block_rows < 1:
         raise ValueError(f"block_rows must be >= 1, got {block_rows}")
-    if len(a.shape) == 0:
+    parts = list(a) if isinstance(a, (list, tuple)) else [a]
+    if not parts or len(parts[0].shape) == 0:
         raise ValueError("array_stats needs an array with at least one dimension")
+    shape = (sum(int(q.shape[0]) for q in parts),) + tuple(int(n) for n in parts[0].shape[1:])
     nnz = nonfinite = finite = 0
     sumsq = total = 0.0
     lo, hi = math.inf, -math.inf
-    for i in range(0, a.shape[0], block_rows):
-        x = np.asarray(a[i:i + block_rows], dtype=np.float64)
+    for q, i in ((q, i) for q in parts for i in range(0, q.shape[0], block_rows)):
+        x = np.asarray(q[i:i + block_rows], dtype=np.float64)
         nnz += int(np.count_nonzero(x))
         ok = np.isfinite(x)
         nonfinite += int(x.size - np.count_nonzero(ok))
@@ -236,8 +239,8 @@ def array_stats(a, block_rows: int = _BLOCK_ROWS) -> dict:
             total += float(v.sum())
             lo, hi = min(lo, float(v.min())), max(hi, float(v.max()))
     nan = float("nan")
-    return {"shape": tuple(int(n) for n in a.shape), "dtype": str(a.dtype),
-            "size": int(np.prod(a.shape)), "nonzeros": nnz, "nonfinite": nonfinite,
+    return {"shape": shape, "dtype": str(parts[0].dtype),
+            "size": int(np.prod(shape)), "nonzeros": nnz, "nonfinite": nonfinite,
             "l2": math.sqrt(sumsq) if finite else nan, "min": lo if finite else nan,
             "max": hi if finite else nan, "mean": total / finite if finite else nan}
 
