@@ -104,9 +104,12 @@ def test_server_killed_while_writing_its_shard_restarts_from_previous_checkpoint
 
 
 def test_checkpoint_every_seconds(tmp_path):
-    j = write_job(tmp_path / "t.toml", JOB.format(servers=1, opt="adagrad", rows=6000, epochs=2, batch=32,
+    # 150 steps and an interval of 0.01 s: at least two checkpoints however fast the machine
+    # (CI of d90699d: 100 steps took ~0.1 s, and with 0.05 s counted from the first step and
+    # from each write's end only one was written; here 5-9 at 0.05 s, 28-44 at 0.01 s)
+    j = write_job(tmp_path / "t.toml", JOB.format(servers=1, opt="adagrad", rows=6000, epochs=3, batch=32,
                                                  every=0, keep=100, out=tmp_path / "t")
-                  .replace("keep = 100\n", "keep = 100\nevery_seconds = 0.05\nat_end = false\n"))
+                  .replace("keep = 100\n", "keep = 100\nevery_seconds = 0.01\nat_end = false\n"))
     proc, _ = launch(4, ["train", j], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = ck.list_steps(tmp_path / "t")
