@@ -76,15 +76,17 @@ def lines(c: dict) -> list[str]:
            f"({c['staleness_unit']})"]
     out += format_histogram(st)
     ws = c["workers"]
-    shown = ws
-    if len(ws) > MANY:          # many workers: the largest few, with the maxima over all
-        shown = sorted(ws, key=lambda w: (-w["read_age_max"], -w["lead_max"], w["index"]))[:5]
-    ages = ", ".join(f"w{w['index']} {w['read_age_max']}/{w['lead_max']}" for w in shown)
-    if len(ws) > MANY:
+
+    def each(some):
+        return ", ".join(f"w{w['index']} {w['read_age_max']}/{w['lead_max']}" for w in some)
+
+    ages = each(ws)
+    if len(ws) > MANY:          # many workers: the maxima over all, and the largest few
         top = (max(w["read_age_max"] for w in ws), max(w["lead_max"] for w in ws))
+        largest = sorted(ws, key=lambda w: (-w["read_age_max"], -w["lead_max"], w["index"]))[:5]
         ages = (f"0/0 for all {len(ws)} workers" if top == (0, 0) else
-                f"at most {top[0]}/{top[1]} over {len(ws)} workers; the largest: {ages} "
-                "(every worker: metrics.json summary.consistency.workers)")
+                f"at most {top[0]}/{top[1]} over {len(ws)} workers; the largest: "
+                f"{each(largest)} (every worker: metrics.json summary.consistency.workers)")
     out.append(f"  max read age / max lead over the slowest worker (clocks): {ages}")
     if any(w["rma_reads"] for w in c["workers"]):
         reads = sum(w["rma_reads"] for w in c["workers"])

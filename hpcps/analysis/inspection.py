@@ -238,7 +238,7 @@ def _dynamic_stats(directory, manifest: dict, name: str) -> dict:
             up = g["updates"][()].astype(np.int64)
             cut = np.partition(up, n - min(n, 10))[n - min(n, 10)]
             at = np.flatnonzero((up >= cut) & (up > 0))
-            keys = g["keys"][()][at] if at.size < n else g["keys"][()]
+            keys = g["keys"][()][at]
             first = np.lexsort((keys, -up[at]))[:10]
             hot_k.append(keys[first])
             hot_n.append(up[at][first])

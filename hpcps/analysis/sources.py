@@ -227,8 +227,9 @@ def array_stats(a, block_rows: int = _BLOCK_ROWS) -> dict:
     nnz = nonfinite = finite = 0
     sumsq = total = 0.0
     lo, hi = math.inf, -math.inf
-    for q, i in ((q, i) for q in parts for i in range(0, q.shape[0], block_rows)):
-        x = np.asarray(q[i:i + block_rows], dtype=np.float64)
+    blocks = (q[i:i + block_rows] for q in parts for i in range(0, q.shape[0], block_rows))
+    for block in blocks:
+        x = np.asarray(block, dtype=np.float64)
         nnz += int(np.count_nonzero(x))
         ok = np.isfinite(x)
         nonfinite += int(x.size - np.count_nonzero(ok))

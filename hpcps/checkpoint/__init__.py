@@ -105,5 +105,6 @@ __all__ = ["CHECKSUM", "DIGEST_FIELD", "FORMAT", "H5_OVERHEAD", "MANIFEST", "REA
            "RESUME_MODES", "CheckpointError", "ResumeError", "Start", "attr_value",
            "check_compatible", "choose_start", "ckpt_root", "finished", "is_verified",
            "latest_valid", "leftovers", "list_steps", "no_valid_line", "prune", "read_manifest",
-           "read_range", "scan", "set_aside", "shard_examples", "shard_examples_per_epoch", "shard_name", "slot_specs",
+           "read_range", "scan", "set_aside", "shard_examples", "shard_examples_per_epoch",
+           "shard_name", "slot_specs",
            "step_dir", "verify", "write_manifest", "write_shard"]

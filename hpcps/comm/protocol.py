@@ -244,9 +244,12 @@ class TrafficStats:
         d = getattr(self, what)
         return sum(v for k, v in d.items() if ops is None or k in ops)
 
+    def export(self, what: str) -> float:
+        """``what`` (``"bytes_in"``, ``"bytes_out"``, ...) of the final model's export
+        (``PULL_SHARD``: the chief streams every table out after training)."""
+        return getattr(self, what).get(OP_NAMES[PULL_SHARD], 0)
+
     def training(self, what: str) -> float:
-        """:meth:`total` without the final model's export (``pull_shard``: the chief streams
-        every table out after training; at 32 M keys 72 % of a server's bytes sent were the
-        export, which the summary gave as its pull replies)."""
-        d = getattr(self, what)
-        return sum(v for k, v in d.items() if k != "pull_shard")
+        """:meth:`total` without the final model's export (at 32 M keys 72 % of a server's
+        bytes sent were the export, which the summary gave as its pull replies)."""
+        return self.total(what) - self.export(what)

@@ -176,8 +176,8 @@ class ServerGroup:
     def _new_range(self, rng, restore=None, state=None, clock=None, examples=0,
                    worker_ranks=None, order_key=None) -> ParameterServer:
         """Range ``rng`` served here: from ``state`` (the :class:`Replica` of a backup taking
-    over: its rows, examples and examples per epoch), from the
-        checkpoint ``restore`` (at ``clock``, when given), or at its initial values."""
+        over: its rows, examples and examples per epoch), from the checkpoint ``restore`` (at
+        ``clock``, when given), or at its initial values."""
         workers = self.worker_ranks if worker_ranks is None else worker_ranks
         keys = self.order_key if order_key is None else order_key
         common = dict(run_dir=self.ft.run_dir, ft_state=self.ft, idle_spin=self.idle_spin,
@@ -479,8 +479,8 @@ class ServerGroup:
             dest = rank_of[chain[1]]
             current = plan.holders[r].get(chain[1], -1) == ps.clock
             counts = _epoch_counts(ps.examples_epoch, ps.examples_before)
-            head = np.array([r, 0 if current else 1, ps.clock, ps.examples_total, counts.size],
-                            dtype=np.int64)
+            head = np.array([r, 0 if current else 1, ps.clock, ps.examples_total,
+                             counts.shape[0]], dtype=np.int64)
             keep.append(isend_array(self.ep.comm, head, dest, tp.TAG_SNAP, mb, reqs))
             if not current:
                 keep.append(isend_array(self.ep.comm, counts, dest, tp.TAG_SNAP, mb, reqs))
@@ -505,7 +505,7 @@ class ServerGroup:
             if head[1] == 0:
                 rep = kept_backups[r]
             else:
-                counts = np.empty(int(head[4]), dtype=np.int64)
+                counts = np.empty((int(head[4]), 3), dtype=np.int64)
                 core.recv_array(self.ep.comm, counts, src, tp.TAG_SNAP, mb)
                 state = []
                 for spec, opt in self.tables:
@@ -541,7 +541,7 @@ class ServerGroup:
             "keys_pushed": int(s.keys.get("push", 0)),
             "bytes_in": int(s.training("bytes_in")),
             "bytes_out": int(s.training("bytes_out")),
-            "export_bytes": int(s.bytes_out.get("pull_shard", 0)),
+            "export_bytes": int(s.export("bytes_out")),
             "requests": int(s.total("messages")),
             "requests_compiled": int(sum(ps.requests_compiled for ps in prim)),
             "clock": min(ps.clock for ps in prim),
@@ -580,23 +580,14 @@ def _range_bounds(spec, n_ranges: int, r: int) -> tuple[int, int]:
 
 
 def _epoch_counts(examples_epoch: dict, examples_before: dict) -> np.ndarray:
-    """int64 ``[n, e1, c1, ..., en, cn, m, e1, c1, ...]``: a range's examples per epoch of this
-    launch and of the earlier ones, sent with a full copy to a new backup (:func:`_epoch_dicts`
-    reads it)."""
-    out = []
-    for d in (examples_epoch, examples_before):
-        out.append(len(d))
-        for e, n in sorted(d.items()):
-            out += [int(e), int(n)]
-    return np.array(out, dtype=np.int64)
+    """int64 ``(k, 3)``: per epoch ``[epoch, this launch's examples, the earlier launches']``
+    of a range, sent with a full copy to a new backup (:func:`_epoch_dicts` reads it)."""
+    epochs = sorted(set(examples_epoch) | set(examples_before))
+    return np.array([[e, examples_epoch.get(e, 0), examples_before.get(e, 0)] for e in epochs],
+                    dtype=np.int64).reshape(-1, 3)
 
 
 def _epoch_dicts(counts: np.ndarray) -> tuple[dict, dict]:
-    """The two dicts of :func:`_epoch_counts`."""
-    dicts, i = [], 0
-    for _ in range(2):
-        n = int(counts[i])
-        pairs = counts[i + 1:i + 1 + 2 * n].reshape(n, 2)
-        dicts.append({int(e): int(c) for e, c in pairs})
-        i += 1 + 2 * n
-    return dicts[0], dicts[1]
+    """The two dicts of :func:`_epoch_counts` (zero counts left out)."""
+    return ({int(e): int(n) for e, n, _ in counts if n},
+            {int(e): int(m) for e, _, m in counts if m})

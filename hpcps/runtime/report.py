@@ -81,9 +81,8 @@ class RankStats:
 
     # the scalar fields after the role column, in row order
     _COUNTS = ("index", "rows", "memory_bytes", "keys_pulled", "keys_pushed", "bytes_in",
-               "bytes_out", "export_bytes", "requests", "requests_compiled", "pull_seconds", "push_seconds",
-               "clock_seconds",
-               "examples", "rss_peak_bytes")
+               "bytes_out", "export_bytes", "requests", "requests_compiled", "pull_seconds",
+               "push_seconds", "clock_seconds", "examples", "rss_peak_bytes")
     _SECONDS = ("pull_seconds", "push_seconds", "clock_seconds")
 
     def to_row(self, epochs: int, n_tables: int = 0) -> np.ndarray:
@@ -127,10 +126,10 @@ class RankStats:
                    examples_per_epoch=per_epoch,
                    rss_peak_bytes=int(load.get("rss_peak_bytes", 0)),
                    tables=list(load.get("tables", [])),
-                   export_bytes=int(load.get("export_bytes", 0)),
                    **{k: int(load[k]) for k in ("rows", "memory_bytes", "keys_pulled",
                                                 "keys_pushed", "bytes_in", "bytes_out",
-                                                "requests", "requests_compiled")})
+                                                "export_bytes", "requests",
+                                                "requests_compiled")})
 
     def add_client(self, stats) -> None:
         """A worker's counters from its endpoint's :class:`hpcps.comm.transport` stats."""
@@ -138,7 +137,7 @@ class RankStats:
         self.keys_pushed = int(stats.keys.get("push", 0))
         self.bytes_in = int(stats.training("bytes_in"))
         self.bytes_out = int(stats.training("bytes_out"))
-        self.export_bytes = int(stats.bytes_in.get("pull_shard", 0))
+        self.export_bytes = int(stats.export("bytes_in"))
         self.requests = int(stats.total("messages"))
         self.pull_seconds = float(stats.seconds.get("pull", 0.0))
         self.push_seconds = float(stats.seconds.get("push", 0.0))

@@ -389,9 +389,7 @@ class DynamicShard:
         """The table's entry for :func:`hpcps.checkpoint.write_shard` (a dynamic group;
         ``updates``: each stored row's update count, for ``hpcps inspect``'s hot keys)."""
         n = len(self.table)
-        # views, no copies (the arrays are at least as long as the table)
-        up = self.updates[:n] if self.updates.size >= n else \
-            np.pad(self.updates, (0, n - self.updates.size))
+        up = self.updates[:n]             # views, no copies (_count keeps them as long)
         last = None if self.last_clock is None else self.last_clock[:n]
         adm = self.admission
         return dict(name=self.spec.name, dynamic=self.table, num_keys=self.spec.num_keys,

@@ -565,7 +565,7 @@ class ParameterServer(StepRequests, CheckpointCut, ServerMembership):
             "keys_pushed": int(s.keys.get("push", 0)),
             "bytes_in": int(s.training("bytes_in")),
             "bytes_out": int(s.training("bytes_out")),
-            "export_bytes": int(s.bytes_out.get("pull_shard", 0)),
+            "export_bytes": int(s.export("bytes_out")),
             "requests": int(s.total("messages")),
             "requests_compiled": self.requests_compiled,
             "clock": self.clock,
