@@ -1029,6 +1029,57 @@ def test_small_push_of_distinct_rows_equals_merge_then_rule_bitwise(dtype, name,
         assert s1.tobytes() == s2.tobytes()
 
 
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize("R", [1 << 14, 1 << 20, 3_000_000])
+def test_large_push_of_distinct_rows_equals_merge_then_rule_bitwise(name, R):
+    """apply_sparse finds a large push's rows distinct by one pass with the kept bitmap and
+    steps them in input order (issue 20): bitwise the merge-then-rule result, on each side of
+    the scatter path's regime. A push whose duplicate or out-of-range key comes last must
+    leave that bitmap all clear: the scatter path, which shares it, then still sums right."""
+    rng = np.random.default_rng(R)
+    dim, dtype = 2, np.float32
+    n = min(5000, R // 2)
+    w1 = rng.standard_normal((R, dim)).astype(dtype)
+    s1 = kopt.new_state(name, R, dim, dtype) if name in ("adam", "ftrl") else \
+        (np.full((R, dim), 0.5, dtype) if name == "adagrad" else None)
+    w2 = w1.copy()
+    s2 = None if s1 is None else s1.copy()
+    hp = dict(l2=0.01, scale=0.25)
+
+    def reference(keys, grads):
+        rows, summed = merge_duplicates(keys, grads)
+        if name == "sgd":
+            sparse_sgd(w2, rows, summed, 0.3, **hp)
+        elif name == "adagrad":
+            sparse_adagrad(w2, s2, rows, summed, 0.3, eps=1e-6, **hp)
+        elif name == "adam":
+            kopt.sparse_adam(w2, s2, rows, summed, 0.3, eps=1e-6, **hp)
+        else:
+            kopt.sparse_ftrl(w2, s2, rows, summed, 0.3, **hp)
+
+    for case in ("distinct", "duplicate last", "bad key last", "distinct", "many duplicates"):
+        keys = rng.choice(R, size=n, replace=False).astype(np.int64)
+        if case == "duplicate last":
+            keys[-1] = keys[0]
+        elif case == "many duplicates":
+            keys = rng.choice(keys[: n // 10], size=n)
+        grads = rng.standard_normal((n, dim)).astype(dtype)
+        grads[0, 0] = -0.0
+        if case == "bad key last":
+            keys[-1] = R
+            before = w1.copy()
+            with pytest.raises(ValueError, match=rf"keys\[{n - 1}\] = {R} is out of range"):
+                apply_sparse(name, w1, s1, keys, grads, 0.3, eps=1e-6, **hp)
+            assert w1.tobytes() == before.tobytes()
+            continue
+        apply_sparse(name, w1, s1, keys, grads, 0.3, eps=1e-6, **hp)
+        reference(keys, grads)
+        assert w1.tobytes() == w2.tobytes(), case
+        if s1 is not None:
+            assert s1.tobytes() == s2.tobytes(), case
+    assert not kopt._SCRATCH.bits.any()
+
+
 def test_small_push_out_of_range_is_named_and_nothing_modified():
     w = np.zeros((3_000_000, 1), np.float32)
     with pytest.raises(ValueError, match=r"keys\[1\] = 3000000 is out of range"):
