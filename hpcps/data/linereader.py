@@ -13,7 +13,6 @@ import numpy as np
 
 from hpcps.data import DataError
 from hpcps.data.lineindex import INDEX_STEP, LineIndex, decode_errors, open_text
-from hpcps.data.svmlight import dynamic_reason
 from hpcps.data.textstream import compression
 from hpcps.kernels.text import count_newlines, newline_end
 
@@ -145,10 +144,6 @@ class Parser:
         self.skip = data_cfg.on_bad_line == "skip"
         self.skipped = 0
         self.n_features = int(data_cfg.num_features)
-        # svmlight without n_features (a dynamic table): errors name the id space's bound,
-        # not an n_features the job does not set
-        self._dynamic = (self.format == "svmlight"
-                         and getattr(data_cfg, "n_features", None) is None)
         if self.format == "criteo":
             from hpcps.kernels.criteo import CriteoSyntaxError, parse_criteo
 
@@ -201,8 +196,7 @@ class Parser:
             except self._errors as e:
                 bad_line = line0 + chunk.count(b"\n", 0, e.offset)
                 if not self.skip:
-                    reason = dynamic_reason(e.reason) if self._dynamic else e.reason
-                    raise DataError(f"{path}:{first_line + bad_line + 1}: {reason}") from None
+                    raise DataError(f"{path}:{first_line + bad_line + 1}: {e.reason}") from None
                 start = chunk.rfind(b"\n", 0, e.offset) + 1
                 end = chunk.find(b"\n", e.offset)
                 end = len(chunk) if end < 0 else end + 1

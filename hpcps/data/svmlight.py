@@ -32,17 +32,16 @@ from __future__ import annotations
 import mmap
 import operator
 import os
-import re
 
 import numpy as np
 import scipy.sparse as sp
 
-from hpcps.kernels.svmlight import SvmlightSyntaxError, parse_svmlight
+from hpcps.kernels.svmlight import DYNAMIC_IDS, SvmlightSyntaxError, parse_svmlight
 from hpcps.data import DataError
 from hpcps.data.partition_rows import check_part
 from hpcps.data.textstream import line_number
 
-__all__ = ["DUPLICATES", "DYNAMIC_IDS", "byte_ranges", "dynamic_reason", "read_svmlight_part",
+__all__ = ["DUPLICATES", "DYNAMIC_IDS", "byte_ranges", "read_svmlight_part",
            "write_svmlight"]
 
 #: Values of ``duplicates`` (``[data] duplicate_indices``): refuse or add repeated indices.
@@ -58,25 +57,9 @@ INT32_MAX = 2**31 - 1
 #: Suffixes of compressed files, which cannot be split into byte ranges.
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 
-#: The id space of a dynamic table without ``n_features``: ids (after removing
-#: ``index_base``) in ``[0, 2**63 - 1)`` (= :data:`hpcps.config.sections.DYNAMIC_KEYS`).
-DYNAMIC_IDS = (1 << 63) - 1
-
-_BEYOND = re.compile(r"feature index (\d+) \(index_base=(\d)\) is out of range for "
-                     r"n_features=\d+$")
-
-
-def dynamic_reason(reason: str) -> str:
-    """The parser's ``reason`` for a bad line, said for a dynamic table's id space when no
-    ``n_features`` is set: an id beyond it names the largest id accepted (``2**63 - 2``), not
-    an ``n_features`` the job does not set (found by a trial: "is out of range for
-    n_features=9223372036854775807" for a job without n_features). Other reasons unchanged."""
-    m = _BEYOND.search(reason)
-    if m is None:
-        return reason
-    return (f"{reason[:m.start()]}feature index {m[1]} (index_base={m[2]}) is above "
-            f"{DYNAMIC_IDS - 1} (2**63 - 2), the largest id a dynamic table accepts "
-            f"(after removing index_base)")
+#: :data:`DYNAMIC_IDS` (the kernel's): the id space of a dynamic table without ``n_features``,
+#: ids (after removing ``index_base``) in ``[0, 2**63 - 1)`` (=
+#: :data:`hpcps.config.sections.DYNAMIC_KEYS`); the parser names that bound for an id beyond.
 
 
 def _check_index_base(index_base) -> int:
@@ -156,7 +139,7 @@ def read_svmlight_part(
         Number of columns of ``X``, up to ``2**63 - 1``; every feature index (after
         subtracting ``index_base``) must be ``< n_features``.  None: the ids of a dynamic
         table without a declared size, ``[0, 2**63 - 1)`` (:data:`DYNAMIC_IDS` columns; an id
-        beyond is refused naming that bound, :func:`dynamic_reason`).
+        beyond is refused naming that bound).
     index_base : {0, 1}
         Whether the file's feature indices start at 0 or 1.  Never guessed.
     dtype : numpy dtype, default=numpy.float64
@@ -190,8 +173,7 @@ def read_svmlight_part(
         If the file cannot be read.
     """
     index_base = _check_index_base(index_base)
-    dynamic = n_features is None
-    n_features = DYNAMIC_IDS if dynamic else operator.index(n_features)
+    n_features = DYNAMIC_IDS if n_features is None else operator.index(n_features)
     if n_features < 1:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
     if duplicates not in DUPLICATES:
@@ -222,8 +204,8 @@ def read_svmlight_part(
                     buf, index_base, n_features, sum_duplicates=(duplicates == "sum"),
                     index_dtype=np.int32 if n_features <= INT32_MAX else np.int64)
             except SvmlightSyntaxError as e:
-                reason = dynamic_reason(e.reason) if dynamic else e.reason
-                raise DataError(f"{path}:{line_number(path, p + e.offset)}: {reason}") from None
+                raise DataError(f"{path}:{line_number(path, p + e.offset)}: {e.reason}") \
+                    from None
     finally:
         if mm is not None:
             mm.close()

@@ -97,6 +97,10 @@ cdef extern from *:
 
 __all__ = ["SvmlightSyntaxError", "parse_svmlight"]
 
+#: ``n_features`` of a dynamic table's id space (no ``n_features`` set: ids below 2**63 - 1,
+#: :data:`hpcps.data.svmlight.DYNAMIC_IDS`); an id beyond it is refused naming that bound
+DYNAMIC_IDS = (1 << 63) - 1
+
 # error codes of the nogil loop
 cdef enum:
     E_OK = 0
@@ -397,7 +401,8 @@ def parse_svmlight(buf, int index_base, int64_t n_features, bint sum_duplicates=
     index_base : {0, 1}
         Index of the first feature in the file; subtracted from every index.
     n_features : int
-        Every index minus ``index_base`` must be in ``[0, n_features)``; up to 2**63 - 1.
+        Every index minus ``index_base`` must be in ``[0, n_features)``; up to 2**63 - 1
+        (:data:`DYNAMIC_IDS`: a dynamic table's id space, named so in the error).
     sum_duplicates : bool, default False
         A feature index repeated right after itself in a row: add the values (True) or
         raise (False). An index smaller than its predecessor is always an error.
@@ -638,6 +643,12 @@ def _reason(int err, bytes token, int64_t col, int64_t prev, int index_base, int
     if err == E_BELOW_BASE:
         return (f"feature index {tok.split(':', 1)[0]} is below index_base={index_base} "
                 f"(is the file {1 - index_base}-based?)")
+    if err == E_BEYOND and n_features == DYNAMIC_IDS:
+        # no n_features set (a dynamic table's ids): the bound of that id space, not an
+        # n_features the job does not set (a trial read "out of range for n_features=9223...")
+        return (f"feature index {col + index_base} (index_base={index_base}) is above "
+                f"{DYNAMIC_IDS - 1} (2**63 - 2), the largest id a dynamic table accepts "
+                f"(after removing index_base)")
     if err == E_BEYOND:
         return (f"feature index {col + index_base} (index_base={index_base}) is out of range "
                 f"for n_features={n_features}")
