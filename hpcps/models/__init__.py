@@ -33,12 +33,15 @@ def builtin_tables(type_name: str, hidden=()) -> dict[str, bool] | None:
     hidden : sequence of int
         ``[model] hidden`` (``"mlp"``: one ``w<i>``, ``b<i>`` pair per layer, len + 1 layers).
     """
-    if type_name == "logistic":         # hpcps.models.logistic_math.WEIGHTS, BIAS
-        return {"weights": True, "bias": False}
-    if type_name == "mf":               # hpcps.models.mf.USER_FACTORS, ...: all sparse
-        return dict.fromkeys(("user_factors", "item_factors", "user_bias", "item_bias"), True)
-    if type_name == "mlp":              # hpcps.models.mlp._layer_names: all dense
-        return {n: False for i in range(len(hidden) + 1) for n in (f"w{i}", f"b{i}")}
+    if type_name == "logistic":
+        from hpcps.models.logistic_math import BIAS, WEIGHTS
+        return {WEIGHTS: True, BIAS: False}
+    if type_name == "mf":               # all sparse
+        from hpcps.models.mf import ITEM_BIAS, ITEM_FACTORS, USER_BIAS, USER_FACTORS
+        return dict.fromkeys((USER_FACTORS, ITEM_FACTORS, USER_BIAS, ITEM_BIAS), True)
+    if type_name == "mlp":              # all dense
+        from hpcps.models.mlp import _layer_names
+        return {n: False for i in range(len(hidden) + 1) for n in _layer_names(i)}
     return None
 
 
