@@ -990,6 +990,20 @@ def test_rows_finite_errors():
         kopt.rows_finite(np.zeros(3, np.float32), np.array([0], np.int64))
 
 
+def _rule_after_merge(name, w, state, keys, grads, hp):
+    """The reference of apply_sparse: merge_duplicates, then rule ``name`` (lr 0.3, eps 1e-6,
+    ``hp``) on the distinct rows, ascending."""
+    rows, summed = merge_duplicates(keys, grads)
+    if name == "sgd":
+        sparse_sgd(w, rows, summed, 0.3, **hp)
+    elif name == "adagrad":
+        sparse_adagrad(w, state, rows, summed, 0.3, eps=1e-6, **hp)
+    elif name == "adam":
+        kopt.sparse_adam(w, state, rows, summed, 0.3, eps=1e-6, **hp)
+    else:
+        kopt.sparse_ftrl(w, state, rows, summed, 0.3, **hp)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["sgd", "adagrad", "adam", "ftrl"])
 @pytest.mark.parametrize("n", [1, 2, 20, kopt._DISTINCT_MAX, kopt._DISTINCT_MAX + 1])
@@ -1015,15 +1029,7 @@ def test_small_push_of_distinct_rows_equals_merge_then_rule_bitwise(dtype, name,
     s2 = None if s1 is None else s1.copy()
     hp = dict(l2=0.0, scale=0.25)
     apply_sparse(name, w1, s1, keys, grads, 0.3, eps=1e-6, **hp)
-    rows, summed = merge_duplicates(keys, grads)
-    if name == "sgd":
-        sparse_sgd(w2, rows, summed, 0.3, **hp)
-    elif name == "adagrad":
-        sparse_adagrad(w2, s2, rows, summed, 0.3, eps=1e-6, **hp)
-    elif name == "adam":
-        kopt.sparse_adam(w2, s2, rows, summed, 0.3, eps=1e-6, **hp)
-    else:
-        kopt.sparse_ftrl(w2, s2, rows, summed, 0.3, **hp)
+    _rule_after_merge(name, w2, s2, keys, grads, hp)
     assert w1.tobytes() == w2.tobytes()
     if s1 is not None:
         assert s1.tobytes() == s2.tobytes()
@@ -1046,17 +1052,6 @@ def test_large_push_of_distinct_rows_equals_merge_then_rule_bitwise(name, R):
     s2 = None if s1 is None else s1.copy()
     hp = dict(l2=0.01, scale=0.25)
 
-    def reference(keys, grads):
-        rows, summed = merge_duplicates(keys, grads)
-        if name == "sgd":
-            sparse_sgd(w2, rows, summed, 0.3, **hp)
-        elif name == "adagrad":
-            sparse_adagrad(w2, s2, rows, summed, 0.3, eps=1e-6, **hp)
-        elif name == "adam":
-            kopt.sparse_adam(w2, s2, rows, summed, 0.3, eps=1e-6, **hp)
-        else:
-            kopt.sparse_ftrl(w2, s2, rows, summed, 0.3, **hp)
-
     for case in ("distinct", "duplicate last", "bad key last", "distinct", "many duplicates"):
         keys = rng.choice(R, size=n, replace=False).astype(np.int64)
         if case == "duplicate last":
@@ -1073,7 +1068,7 @@ def test_large_push_of_distinct_rows_equals_merge_then_rule_bitwise(name, R):
             assert w1.tobytes() == before.tobytes()
             continue
         apply_sparse(name, w1, s1, keys, grads, 0.3, eps=1e-6, **hp)
-        reference(keys, grads)
+        _rule_after_merge(name, w2, s2, keys, grads, hp)
         assert w1.tobytes() == w2.tobytes(), case
         if s1 is not None:
             assert s1.tobytes() == s2.tobytes(), case
