@@ -99,8 +99,12 @@ def cmd_train(args) -> int:
         except (ConfigError, core.LaunchError, ResumeError, ResourceError) as e:
             # raised identically on every rank before any parameter-server traffic; a
             # ResumeError carries rank 0's decision, so rank 0 alone prints it (once per job)
+            # and every other rank one line saying so (a per-rank log is never silent)
             if not isinstance(e, ResumeError) or world.Get_rank() == 0:
                 _fail(str(e))
+            else:
+                _fail("stopped: rank 0 refused to resume from the checkpoint (its error "
+                      "says why)")
             core.barrier_before_exit(world)
             return 2
     return 0

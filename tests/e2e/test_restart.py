@@ -123,12 +123,16 @@ def test_adam_and_ftrl_resume_on_another_server_count_is_bit_identical(tmp_path,
     assert "written by 2 worker(s) and 3 server(s)" in proc.stdout
     assert_identical(weights(out), want)
     # the same checkpoint is refused by a job with another optimizer: every rank stops (status
-    # 2), and the refusal, rank 0's decision (a ResumeError), is printed once, not once per rank
+    # 2), and the refusal, rank 0's decision (a ResumeError), is printed once, not once per
+    # rank; each other rank says it stopped for it (a trial: ranks 1-5 exited silently)
     other = job(tmp_path, "other", servers=3, epochs=2, out=tmp_path / "first",
                 opt="adagrad" if opt == "ftrl" else "ftrl")
     proc, _ = launch(5, ["train", other], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
     assert proc.stderr.count("was another optimizer used?") == 1, proc.stderr[-2000:]
+    for r in range(1, 5):
+        assert (f"rank {r}: error: stopped: rank 0 refused to resume from the checkpoint"
+                in proc.stderr), proc.stderr[-2000:]
 
 
 def to_format1(directory) -> None:
