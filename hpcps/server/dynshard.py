@@ -145,18 +145,21 @@ class DynamicShard:
             If the checkpoint holds the table as a fixed table, with another rule, dim or
             dtype, or a key twice (the message names the table and the file).
         """
-        table = new_shard(spec, optimizer, seed)
-        if restore is not None:
+        if restore is None:
+            table = new_shard(spec, optimizer, seed)
+        else:
             from pathlib import Path
 
+            from hpcps.checkpoint.dynamic import owned_count, restore_state
             from hpcps.checkpoint.dynamic import restore as restore_keys
             from hpcps.checkpoint.layout import CheckpointError
-
-            from hpcps.checkpoint.dynamic import restore_state
 
             directory, manifest = restore[0], restore[1]
             files = [Path(directory) / f for f in manifest["shards"]["files"]]
             try:
+                # sized for the keys it will hold: no growth (a copy of the arena) while loading
+                table = new_shard(spec, optimizer, seed,
+                                  capacity=owned_count(files, spec.name, index, n_servers))
                 restore_keys(table, files, spec.name, index, n_servers)
                 state = restore_state(files, spec.name, index, n_servers)
             except ValueError as e:
