@@ -14,7 +14,8 @@ from hpcps.comm.collectives import allgather_rows, allreduce_max
 from hpcps.data import DataError
 from hpcps.data.source import stream_index
 
-__all__ = ["index_files", "check_stream_restore", "stream_extra", "log_rows", "reader_report"]
+__all__ = ["index_files", "check_stream_settings", "check_stream_restore", "stream_extra",
+           "log_rows", "reader_report"]
 
 
 def index_files(tr) -> None:
@@ -36,25 +37,40 @@ def index_files(tr) -> None:
                         "chief worker's error is above)")
 
 
+def _stream_info(tr, restore) -> dict | None:
+    """The ``stream`` attribute of checkpoint ``restore`` (a manifest) when both it and the
+    job stream data, else None."""
+    raw = restore.get("stream") if restore is not None and tr.streaming else None
+    return json.loads(raw) if raw else None
+
+
+def check_stream_settings(tr, restore) -> None:
+    """Before the data files are indexed (every line counted; 30 s for 3.5 GB, a trial): a
+    checkpoint of streamed data written with another ``shuffle_buffer`` is refused (the
+    epoch's order, hence the reader positions, depends on it), naming its job. Local (the
+    same on every worker)."""
+    info = _stream_info(tr, restore)
+    if info is not None and int(info.get("shuffle_buffer", tr.shuffle_block)) != tr.shuffle_block:
+        raise DataError(f"{tr.cfg.path}: [data] shuffle_buffer is {tr.shuffle_block} but "
+                        f"checkpoint step {restore['step']} (job "
+                        f"{restore.get('job_name', '?')!r}) was written with "
+                        f"{info.get('shuffle_buffer')}; the epoch's order (the reader "
+                        "positions) depends on it: set it back, or start over (--resume never)")
+
+
 def check_stream_restore(tr, restore) -> None:
     """A checkpoint of streamed data resumes only on the same files (the positions are
-    line numbers of those files)."""
-    if not tr.streaming:
+    line numbers of those files). Local (after :func:`index_files`)."""
+    info = _stream_info(tr, restore)
+    if info is None:
         return
-    raw = restore.get("stream")
-    if not raw:
-        return
-    info = json.loads(raw)
     now = stream_index(tr.cfg.data, "train").fingerprint
     if info.get("fingerprint") != now:
         raise DataError(f"{tr.cfg.data.path}: the data files changed since checkpoint step "
                         f"{restore['step']} was written (names, sizes or times differ); its "
                         "reader positions are line numbers of the old files. Restore the "
                         "files, or start over (--resume never)")
-    if int(info.get("shuffle_buffer", tr.shuffle_block)) != tr.shuffle_block:
-        raise DataError(f"{tr.cfg.path}: [data] shuffle_buffer is {tr.shuffle_block} but "
-                        f"the checkpoint was written with {info.get('shuffle_buffer')}; the "
-                        "epoch's order (the reader positions) depends on it: set it back")
+    check_stream_settings(tr, restore)
 
 
 def stream_extra(tr) -> dict:

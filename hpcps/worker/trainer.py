@@ -219,6 +219,7 @@ class Trainer:
         """
         cfg, t = self.cfg, self.cfg.train
         if self.streaming:
+            streaming.check_stream_settings(self, restore)     # before every line is counted
             streaming.index_files(self)
         self.X, self.y = self.model.load("train", self.index, self.n_workers)
         self.Xt, self.yt = self.model.load("test", self.index, self.n_workers)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +151,19 @@ def test_restart_after_kill_9_reads_every_row_once(tmp_path, data):
     p0 = info["positions"][0]             # worker 0 after 80 steps of 32 rows: 2560 of 3000
     assert p0["file"].endswith("part-00000.tsv") and p0["line"] == 2501
     assert p0["rows_read_in_block"] == 60 and p0["block_seed"] == [2, 0, 0]
+    # resumed with another shuffle_buffer: refused naming the checkpoint's job, before the
+    # files are indexed (a trial waited 31.6 s for a 3.5 GB line count first)
+    other = tmp_path / "other.toml"
+    other.write_text(job.read_text().replace("shuffle_buffer = 500", "shuffle_buffer = 400"))
+    shutil.rmtree(tmp_path / "restart" / "line-index")
+    proc = subprocess.run([sys.executable, "-m", "hpcps", "run", "-n", "4", "--resume",
+                           str(ck.step_dir(tmp_path / "restart", 80)), str(other)],
+                          cwd=tmp_path, env=mpi_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 65, proc.stderr[-3000:]
+    assert ("[data] shuffle_buffer is 400 but checkpoint step 80 (job 'restart') was written "
+            "with 500") in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "restart" / "line-index").exists()
 
 
 def test_worker_killed_in_continue_mode_every_row_once(tmp_path, data):
