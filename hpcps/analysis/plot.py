@@ -71,16 +71,24 @@ def _run_seconds(epochs, launches) -> tuple[np.ndarray, str]:
     ``seconds`` counts from the start of training in the launch that wrote the record; a run
     of several launches (a restart, a resume: ``summary.launches``, each with the clock it
     resumed from) starts again from 0 in each. A record belongs to the last launch that
-    resumed below its clock; each launch's records are shifted by the last ``seconds`` of
-    the launches before it that wrote a record (one that ended before finishing an epoch
-    wrote none: its time is not on the axis)."""
+    resumed below its clock. When every launch has its start time (``started``, ISO 8601),
+    launch ``k``'s records are shifted by the time from the first launch's start to its own:
+    the time of launches that finished no epoch, the work lost after their last checkpoint
+    and the waits before a relaunch are on the axis (a trial: two killed launches, over 100 s,
+    were missing). Without them, each launch's records are shifted by the last ``seconds``
+    of the launches before it that wrote a record."""
     sec = _col(epochs, "seconds")
-    starts = sorted(int(r["resumed_from_step"]) for r in launches or []
-                    if isinstance(r, dict) and isinstance(r.get("resumed_from_step"), int))
+    runs = [r for r in launches or [] if isinstance(r, dict)]
+    starts = sorted(int(r["resumed_from_step"]) for r in runs
+                    if isinstance(r.get("resumed_from_step"), int))
     if not starts:
         return sec, "wall time (s)"
     clock = _col(epochs, "clock")
     launch = np.searchsorted(np.array(starts, dtype=np.float64), clock, side="left")
+    began = _started(runs)
+    if began is not None and len(began) == len(starts) + 1:
+        return (sec + (began - began[0])[np.minimum(launch, len(began) - 1)],
+                f"time since the first launch (s), {len(began)} launches")
     out, offset, last = sec.copy(), 0.0, 0.0
     for i in range(sec.size):
         if i and launch[i] != launch[i - 1]:      # the first record of a later launch
@@ -89,6 +97,17 @@ def _run_seconds(epochs, launches) -> tuple[np.ndarray, str]:
             last = sec[i]
         out[i] = offset + sec[i]
     return out, f"training time (s), {len(starts) + 1} launches joined"
+
+
+def _started(runs) -> np.ndarray | None:
+    """The launches' start times (seconds since the epoch), in launch order, or None when
+    one has none (a run written before they were kept)."""
+    import datetime as dt
+
+    try:
+        return np.array([dt.datetime.fromisoformat(r["started"]).timestamp() for r in runs])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _series(epochs) -> tuple[list, list]:

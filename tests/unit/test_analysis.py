@@ -548,6 +548,16 @@ def test_wall_time_of_a_run_of_several_launches_runs_forward(tmp_path):
     assert np.allclose(sec, [66.5, 127.3, 194.9, 245.6]) and "4 launches" in label
     sec, label = _run_seconds(epochs[:2], [launches[0]])
     assert np.allclose(sec, [66.5, 127.3]) and label == "wall time (s)"
+    # with the launches' start times (a trial: two launches killed before an epoch ended, over
+    # 100 s, were not on the axis): each record after its launch's start
+    t = ["2026-12-05T10:00:00+00:00", "2026-12-05T10:01:40+00:00",
+         "2026-12-05T10:04:00+00:00", "2026-12-05T10:05:20+00:00"]
+    timed = [dict(r, started=s) for r, s in zip(launches, t)]
+    sec, label = _run_seconds(epochs, timed)
+    assert np.allclose(sec, [100 + 66.5, 100 + 127.3, 240 + 67.6, 320 + 50.7]), sec
+    assert label == "time since the first launch (s), 4 launches"
+    sec, _ = _run_seconds(epochs, timed[:1] + [launches[1]] + timed[2:])    # one without
+    assert np.allclose(sec, [66.5, 127.3, 194.9, 245.6])
     rec = metrics_record()
     rec["summary"]["launches"] = [launches[0], {"launch": 2, "resumed_from_step": 20}]
     rec["epochs"][2]["seconds"] = 0.5               # epoch 3 (clock 30) in the second launch
