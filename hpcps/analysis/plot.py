@@ -88,7 +88,7 @@ def _run_seconds(epochs, launches) -> tuple[np.ndarray, str]:
     began = _started(runs)
     if began is not None and len(began) == len(starts) + 1:
         return (sec + (began - began[0])[np.minimum(launch, len(began) - 1)],
-                f"time since the first launch (s), {len(began)} launches")
+                f"time since launch 1 of {len(began)} (s)")
     out, offset, last = sec.copy(), 0.0, 0.0
     for i in range(sec.size):
         if i and launch[i] != launch[i - 1]:      # the first record of a later launch

@@ -555,7 +555,7 @@ def test_wall_time_of_a_run_of_several_launches_runs_forward(tmp_path):
     timed = [dict(r, started=s) for r, s in zip(launches, t)]
     sec, label = _run_seconds(epochs, timed)
     assert np.allclose(sec, [100 + 66.5, 100 + 127.3, 240 + 67.6, 320 + 50.7]), sec
-    assert label == "time since the first launch (s), 4 launches"
+    assert label == "time since launch 1 of 4 (s)"
     sec, _ = _run_seconds(epochs, timed[:1] + [launches[1]] + timed[2:])    # one without
     assert np.allclose(sec, [66.5, 127.3, 194.9, 245.6])
     rec = metrics_record()
