@@ -267,23 +267,34 @@ def _servers_spread(servers: list) -> str:
 
 
 def _hosts_lines(s: dict) -> list[str]:
-    """Where the ranks ran: each host's servers and workers as ranges of their indices; with
-    more than :data:`MANY` hosts, how many of each per host."""
+    """Where the ranks ran: each host's servers and workers as ranges of their indices, and
+    the parameter-server bytes its ranks sent and received (servers: replies / pushes and
+    pull requests; workers: requests / replies; the model export left out; traffic between
+    ranks of one host included); with more than :data:`MANY` hosts, how many ranks of each
+    kind and how many bytes per host."""
     by_host: dict = {}
-    for kind in ("server", "worker"):
+    traffic: dict = {}
+    for kind, sent, got in (("server", "bytes_out", "bytes_in"),
+                            ("worker", "bytes_pushed", "bytes_pulled")):
         for d in s.get(kind + "s", []):
             if d.get("host"):
                 by_host.setdefault(d["host"], {}).setdefault(kind, []).append(d["index"])
+                t = traffic.setdefault(d["host"], [0, 0])
+                t[0] += int(d.get(sent) or 0)
+                t[1] += int(d.get(got) or 0)
     if not by_host:
         return []
     if len(by_host) > MANY:
         counts = {k: [len(h.get(k, [])) for h in by_host.values()] for k in ("server", "worker")}
         return [f"  hosts: {len(by_host)}; servers per host {spread(counts['server'])}, workers "
-                f"per host {spread(counts['worker'])} (each rank's host: metrics.json "
-                "summary.servers, summary.workers)"]
+                f"per host {spread(counts['worker'])}; sent per host "
+                f"{spread([t[0] for t in traffic.values()], size)}, received "
+                f"{spread([t[1] for t in traffic.values()], size)} (each rank's host and bytes: "
+                "metrics.json summary.servers, summary.workers)"]
     return ["  hosts: " + "; ".join(
         f"{h}: " + ", ".join(f"{k}{'s' if len(ids) > 1 else ''} {id_ranges(ids)}"
                              for k, ids in kinds.items())
+        + f" (sent {size(traffic[h][0])}, received {size(traffic[h][1])})"
         for h, kinds in by_host.items())]
 
 

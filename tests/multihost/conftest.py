@@ -148,6 +148,19 @@ def weights(run_dir):
         return f["weights"][()], f["bias"][()]
 
 
+def hosts_line(out: str) -> str:
+    """The run summary's ``hosts:`` line of ``out`` without each host's traffic, after
+    checking that every host sent and received parameter-server bytes (``(sent X MB, received
+    Y MB)``, or bytes below 100 kB, after its ranks); AssertionError naming the line otherwise."""
+    import re
+
+    (line,) = [ln[ln.index("  hosts: "):] for ln in out.splitlines() if "  hosts: " in ln] or [""]
+    traffic = re.findall(r" \(sent ([\d,.]+) M?B, received ([\d,.]+) M?B\)", line)
+    assert traffic and all(float(a.replace(",", "")) > 0 and float(b.replace(",", "")) > 0
+                           for a, b in traffic), line
+    return re.sub(r" \(sent [^)]*\)", "", line).strip()
+
+
 def same_weights(a, b) -> bool:
     import numpy as np
     return bool(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]))

@@ -37,7 +37,8 @@ def test_the_summary_of_thousands_of_workers_stays_short():
     from hpcps.runtime.report import summary_lines
 
     small = summary_lines(_summary(4, 2), [])
-    assert "  hosts: n0: servers 0-1, workers 0-3" in small
+    # each host's parameter-server bytes (a trial on 3 hosts had to add them up itself)
+    assert "  hosts: n0: servers 0-1, workers 0-3 (sent 4.0 MB, received 2.0 MB)" in small
     assert sum(line.startswith("  server ") for line in small) == 2
     assert any("w0 0/0, w1 0/0, w2 0/0, w3 0/0" in line for line in small)
     # a sum over many workers says little alone: the mean per worker and its share of the time
@@ -47,7 +48,8 @@ def test_the_summary_of_thousands_of_workers_stays_short():
     for n in (60, 1000):
         lines = summary_lines(_summary(n, 20, age=3), [])
         assert max(len(line) for line in lines) < 400, max(lines, key=len)[:300]
-        assert f"  hosts: n0: servers 0-19, workers 0-{n - 1}" in lines
+        assert any(line.startswith(f"  hosts: n0: servers 0-19, workers 0-{n - 1} (sent ")
+                   for line in lines)
         (ages,) = [line for line in lines if "max read age" in line]
         assert f"at most 3/3 over {n} workers; the largest: w7 3/3, w0 0/0" in ages, ages
         (spread,) = [line for line in lines if line.startswith("  servers (20): ")]
@@ -58,7 +60,8 @@ def test_the_summary_of_thousands_of_workers_stays_short():
             ["  server 19", "  server 18", "  server 0"]
     many_hosts = summary_lines(_summary(1000, 20, hosts=100), [])
     (hosts,) = [line for line in many_hosts if line.startswith("  hosts: ")]
-    assert hosts.startswith("  hosts: 100; servers per host 0 .. 1 (median 0), workers per host 10 ")
+    assert hosts.startswith("  hosts: 100; servers per host 0 .. 1 (median 0), workers per host 10;")
+    assert "; sent per host 0 B .. 2.0 MB (median 0 B), received 0 B .. 1.0 MB" in hosts
 
 
 def test_id_ranges_and_spread():
