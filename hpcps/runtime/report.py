@@ -364,6 +364,13 @@ def summary_lines(s: dict, history: list) -> list[str]:
                         else f"{b['seconds']:.1f} s)"))
         if "auc_gap" in b:
             lines.append(f"  AUC gap (scikit-learn - hpcps): {b['auc_gap']:+.4f}")
+            if b["auc_gap"] > b.get("max_auc_gap", float("inf")):
+                # a trial: +0.0168 at 40 BSP workers passed in silence (limit 0.005)
+                lines.append(f"  warning: the AUC gap is above [evaluate] max_auc_gap = "
+                             f"{b['max_auc_gap']:g}; under BSP a step averages every worker's "
+                             "batch (fewer, larger steps per epoch with more workers): raise "
+                             "[train] epochs or [optimizer] learning_rate, or lower "
+                             "[train] batch_size (docs/consistency.md)")
     c = s["checkpoints"]
     if c["count"]:
         # the share is of this launch's wall time (start-up, data, training, outputs), which
@@ -396,3 +403,4 @@ def add_baseline(cfg, summary: dict, history: list) -> None:
         if history:
             summary["baseline"]["auc_gap"] = (summary["baseline"]["test_auc"]
                                               - history[-1]["test_auc"])
+            summary["baseline"]["max_auc_gap"] = cfg.evaluate.max_auc_gap

@@ -107,3 +107,21 @@ def test_the_checkpoint_share_names_its_wall_time_and_the_model_write_is_timed()
     lines = summary_lines(s, [])
     assert "  checkpoints: 5 written, 3,223.7 MB, 49.49 s (25.5 % of the launch's 194.0 s)" in lines
     assert "  model: runs/x/model.h5 (300.0 MB, written in 44.0 s)" in lines
+
+
+def test_an_auc_gap_above_the_jobs_limit_is_warned():
+    """A trial: +0.0168 below scikit-learn's AUC at 40 BSP workers (limit 0.005) passed in
+    silence; the summary now warns and says why more workers can cost quality."""
+    from hpcps.runtime.report import summary_lines
+
+    s = _summary(4, 2)
+    base = {"test_auc": 0.9067, "test_logloss": 0.3, "test_accuracy": 0.85, "C": 1.0,
+            "seconds": 1.0, "max_auc_gap": 0.005}
+    for gap, warned in ((0.0168, True), (0.005, False), (-0.001, False)):
+        s["baseline"] = dict(base, auc_gap=gap)
+        lines = summary_lines(s, [])
+        got = [ln for ln in lines if ln.startswith("  warning: the AUC gap")]
+        assert bool(got) == warned, (gap, lines)
+    s["baseline"] = dict(base, auc_gap=0.0168)
+    (w,) = [ln for ln in summary_lines(s, []) if ln.startswith("  warning: the AUC gap")]
+    assert "above [evaluate] max_auc_gap = 0.005; under BSP a step averages" in w
