@@ -192,3 +192,18 @@ def make_plan(rows: np.ndarray, n_ranges: int, replicas: int, n_old: int, old_id
                 source_clock=source, kept=kept_max, clocks=clocks, examples=examples,
                 lost_ranges=lost, resend=resend, epochs=int(wrk[:, 1].max()) if len(wrk) else 0,
                 last_epochs=last_epochs)
+
+
+def lost_message(on_server_loss: str, plan, failed_world) -> str:
+    """The ``ServerLost`` message of a recovery that found key ranges with no surviving copy
+    (``plan``: its ``dead_ids`` and ``lost_ranges``; ``failed_world``: the dead world ranks)."""
+    where = ", ".join(f"server {s}" for s in plan.dead_ids) or "a server"
+    ranks = ", ".join(map(str, failed_world))
+    # under async 'restart' is the only choice whatever the job file says (a trial read the
+    # job file's key named for a job that never set it)
+    why = ("[fault_tolerance] on_server_loss = 'restart', the job file's or, under async, the "
+           "only choice" if on_server_loss == "restart" else "no server survived")
+    return (f"{where} (rank(s) {ranks}) died and key range(s) "
+            f"{', '.join(map(str, plan.lost_ranges))} have no surviving copy ({why}); the job "
+            "stops and resumes from its last checkpoint on a restart (hpcps run --max-restarts, "
+            "or the Slurm script's requeue)")

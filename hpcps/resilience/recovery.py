@@ -49,7 +49,8 @@ import numpy as np
 
 from hpcps.comm import core, ft
 from hpcps.comm.collectives import allgather_rows, bcast_int
-from hpcps.resilience.plan import Plan, ServerReport, WorkerReport, make_plan, report_row
+from hpcps.resilience.plan import (Plan, ServerReport, WorkerReport, lost_message, make_plan,
+                                   report_row)
 
 @dataclass
 class Recovery:
@@ -206,7 +207,7 @@ def _recover_once(state, report, reload_step_of, t0) -> Recovery:
     failed_hosts = [state.hosts[w] if w < len(state.hosts) else "" for w in failed_world] \
         if state.hosts else []
     if plan.lost_ranges and (state.on_server_loss != "reload" or not plan.alive_ids):
-        raise ft.ServerLost(_lost_message(state, plan, failed_world))
+        raise ft.ServerLost(lost_message(state.on_server_loss, plan, failed_world))
     reload_step = None
     if plan.lost_ranges:
         first = [i for i in range(len(rows)) if rows[i, 0] == 1 and rows[i, 1] == plan.alive_ids[0]][0]
@@ -232,12 +233,3 @@ def _recover_once(state, report, reload_step_of, t0) -> Recovery:
                     reload_step=reload_step, resend=plan.resend, epochs=plan.last_epochs.copy())
 
 
-def _lost_message(state, plan, failed_world) -> str:
-    where = ", ".join(f"server {s}" for s in plan.dead_ids) or "a server"
-    ranks = ", ".join(map(str, failed_world))
-    why = ("[fault_tolerance] on_server_loss = 'restart'" if state.on_server_loss == "restart"
-           else "no server survived")
-    return (f"{where} (rank(s) {ranks}) died and key range(s) "
-            f"{', '.join(map(str, plan.lost_ranges))} have no surviving copy ({why}); the job "
-            "stops and resumes from its last checkpoint on a restart (hpcps run --max-restarts, "
-            "or the Slurm script's requeue)")

@@ -171,3 +171,18 @@ def test_touched_rows_distinct_ascending(n_rows):
     rows_ = np.array([7, 3, 3, 9, 0, 7], dtype=np.int64)
     out = touched_rows(rows_, n_rows)
     assert out.dtype == np.int64 and out.tolist() == [0, 3, 7, 9]
+
+
+def test_a_lost_range_under_async_does_not_blame_the_job_file():
+    """A trial: a server killed under async stopped every rank with "... ([fault_tolerance]
+    on_server_loss = 'restart')" for a job that never set it (async's only choice)."""
+    from types import SimpleNamespace
+
+    from hpcps.resilience.plan import lost_message
+
+    plan = SimpleNamespace(dead_ids=[1], lost_ranges=[1])
+    text = lost_message("restart", plan, [5])
+    assert ("server 1 (rank(s) 5) died and key range(s) 1 have no surviving copy "
+            "([fault_tolerance] on_server_loss = 'restart', the job file's or, under async, "
+            "the only choice)") in text
+    assert "(no server survived)" in lost_message("reload", plan, [5])
