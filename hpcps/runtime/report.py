@@ -14,6 +14,7 @@ from hpcps.server.dynshard import REPORT_LEN
 
 from hpcps.analysis import consistency_report
 from hpcps.analysis.listing import MANY, id_ranges, spread
+from hpcps.analysis.sources import metric_label
 from hpcps.runtime.baseline import cached_baseline, sklearn_baseline  # noqa: F401
 
 # role codes of the gathered row's first column
@@ -352,8 +353,8 @@ def summary_lines(s: dict, history: list) -> list[str]:
         lines.append(f"  hpcps                              test AUC {h['test_auc']:.4f}  "
                      f"log-loss {h['test_logloss']:.4f}  accuracy {h['test_accuracy']:.4f}")
     elif history:
-        lines.append("  hpcps  test " + "  ".join(
-            f"{k[5:]} {v:.4f}" for k, v in history[-1].items()
+        lines.append("  hpcps  test " + "  ".join(      # "log-loss", "RMSE": as the plots
+            f"{metric_label(k[5:])} {v:.4f}" for k, v in history[-1].items()
             if k.startswith("test_") and k != "test_rows"))
     if "baseline" in s:
         b = s["baseline"]

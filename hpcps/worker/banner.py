@@ -38,9 +38,9 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
     per = (f"of {t.batch_size} rows on {len(rows) - len(idle)} of {len(rows)} workers"
            if idle else f"of {t.batch_size} rows per worker")
     lines.append(f"hpcps: {tr.n_workers} worker(s), {tr.client.n_servers} server(s); "
-              f"{n_train} train / {n_test} test rows; model {tr.model.name} "
+              f"{n_train:,} train / {n_test:,} test rows; model {tr.model.name} "
               f"({_plural(_n_params(tr.client.specs), 'parameter')}{_dynamic_note(tr.client.specs)}); "
-              f"{steps_full} steps/epoch {per}; "
+              f"{_plural(steps_full, 'step')}/epoch {per}; "
               + ("AllReduce of the gradients (BSP by construction), "  # [cluster] mode
                  if tr.client.pull_mode == "allreduce" else
                  f"{tr.policy.describe()} ({tr.client.pull_mode} pulls), ")

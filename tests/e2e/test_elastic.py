@@ -147,7 +147,7 @@ def test_spawn_two_workers_into_bsp_job_every_example_once(tmp_path):
 
 
 def _n_train(text):
-    return int(re.search(r"(\d+) train / \d+ test rows", text).group(1))
+    return int(re.search(r"([\d,]+) train / [\d,]+ test rows", text).group(1).replace(",", ""))
 
 
 def grow_while_running(tmp_path, job, n, epochs, workers, env=None, extra=(), after=None,

@@ -125,3 +125,12 @@ def test_an_auc_gap_above_the_jobs_limit_is_warned():
     s["baseline"] = dict(base, auc_gap=0.0168)
     (w,) = [ln for ln in summary_lines(s, []) if ln.startswith("  warning: the AUC gap")]
     assert "above [evaluate] max_auc_gap = 0.005; under BSP a step averages" in w
+
+
+def test_the_test_metrics_of_other_models_are_labelled_as_in_the_plots():
+    """A trial: the MLP's summary read "test logloss" where the others say "log-loss"."""
+    from hpcps.runtime.report import summary_lines
+
+    lines = summary_lines(_summary(4, 2), [{"epoch": 1, "test_logloss": 0.35,
+                                            "test_accuracy": 0.85, "test_rows": 10}])
+    assert "  hpcps  test log-loss 0.3500  accuracy 0.8500" in lines, lines
