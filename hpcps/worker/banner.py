@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from hpcps.analysis.listing import id_ranges
 from hpcps.config.parse import changed_keys
 
 
@@ -47,6 +48,11 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
               + f"{cfg.optimizer.name} lr={cfg.optimizer.learning_rate}")
     if idle:
         lines.append(_idle_note(tr.streaming, idle, rows))
+    empty = _empty_servers(tr.client)
+    if empty:
+        lines.append(f"hpcps: note: server(s) {id_ranges(empty)} hold no row of any table (the "
+                     f"tables have fewer keys than there are servers): they serve nothing; "
+                     f"fewer [cluster] servers would do")
     g = getattr(tr.client, "group", None)
     if g is not None:
         lines.append(f"groups ([comm] aggregate = 'node'): {g.n_groups} group(s) of the "
@@ -99,6 +105,18 @@ def _idle_note(streaming, idle, rows) -> str:
     return (f"hpcps: note: worker(s) {', '.join(str(w) for w in idle)} have no training rows "
             f"(rows per worker: {', '.join(str(n) for n in rows)}): {why}; they run the "
             "epoch's clocks with empty batches")
+
+
+def _empty_servers(client) -> list[int]:
+    """Key ranges (servers) that hold no row of any table: every table fixed and smaller than
+    the number of servers (a trial: 3 features on 8 servers, servers 3-7 idle in silence);
+    none when a table is dynamic (its keys are spread by hash)."""
+    specs, routing = getattr(client, "specs", None), getattr(client, "routing", None)
+    if not specs or routing is None or any(s.dynamic for s in specs):
+        return []
+    return [r for r in range(client.n_servers)
+            if all(routing.shard_range(s.name, r)[0] >= routing.shard_range(s.name, r)[1]
+                   for s in specs)]
 
 
 def _n_params(specs) -> int:

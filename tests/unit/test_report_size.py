@@ -134,3 +134,22 @@ def test_the_test_metrics_of_other_models_are_labelled_as_in_the_plots():
     lines = summary_lines(_summary(4, 2), [{"epoch": 1, "test_logloss": 0.35,
                                             "test_accuracy": 0.85, "test_rows": 10}])
     assert "  hpcps  test log-loss 0.3500  accuracy 0.8500" in lines, lines
+
+
+def test_servers_without_a_row_are_named_at_start():
+    """A trial: 3 features on 8 servers ran with servers 3-7 holding nothing, unsaid."""
+    from types import SimpleNamespace
+
+    from hpcps.core.routing import Routing
+    from hpcps.core.tables import TableSpec
+    from hpcps.worker.banner import _empty_servers
+
+    def client(n_keys, n_servers, storage="array"):
+        specs = [TableSpec("weights", n_keys, 1, "float32", storage=storage),
+                 TableSpec("bias", 1, 1, "float32", sparse=False)]
+        return SimpleNamespace(specs=specs, n_servers=n_servers, routing=Routing(specs, n_servers))
+
+    assert _empty_servers(client(3, 8)) == [3, 4, 5, 6, 7]
+    assert _empty_servers(client(1 << 20, 8)) == []
+    assert _empty_servers(client(3, 3)) == []
+    assert _empty_servers(SimpleNamespace(specs=[], n_servers=0)) == []     # AllReduce
