@@ -113,26 +113,22 @@ def restore_state(shard_files, name: str, server: int, n_servers: int) -> dict:
     ups, lasts, have_up, have_last = [], [], True, True
     sketch, total = None, 0
     counts = dict(admitted=0, rejected=0, evicted=0)
-    for path in sorted(Path(p) for p in shard_files):
-        with h5py.File(path, "r") as f:
-            g = f.get(f"tables/{name}")
-            if g is None:
-                raise ValueError(f"{path}: no group tables/{name}")
-            old, old_n = int(f.attrs.get("server", -1)), int(f.attrs.get("n_servers", -1))
-            have_up, have_last = have_up and "updates" in g, have_last and "last_clock" in g
-            for a, mine in _owned_blocks(g, server, n_servers):
-                b = a + mine.size
-                if have_up:
-                    ups.append(g["updates"][a:b][mine])
-                if have_last:
-                    lasts.append(g["last_clock"][a:b][mine])
-            if "sketch" in g and (old_n != n_servers or old == server):
-                sk = g["sketch"][()].astype(np.uint64)
-                sketch = sk if sketch is None else sketch + sk
-                total += int(g.attrs.get("sketch_total", 0))
-            if old >= 0 and old % n_servers == server:
-                for k in counts:
-                    counts[k] += int(g.attrs.get(k, 0))
+    for _, f, g in _shard_groups(shard_files, name):
+        old, old_n = int(f.attrs.get("server", -1)), int(f.attrs.get("n_servers", -1))
+        have_up, have_last = have_up and "updates" in g, have_last and "last_clock" in g
+        for a, mine in _owned_blocks(g, server, n_servers):
+            b = a + mine.size
+            if have_up:
+                ups.append(g["updates"][a:b][mine])
+            if have_last:
+                lasts.append(g["last_clock"][a:b][mine])
+        if "sketch" in g and (old_n != n_servers or old == server):
+            sk = g["sketch"][()].astype(np.uint64)
+            sketch = sk if sketch is None else sketch + sk
+            total += int(g.attrs.get("sketch_total", 0))
+        if old >= 0 and old % n_servers == server:
+            for k in counts:
+                counts[k] += int(g.attrs.get(k, 0))
     cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64))
     if sketch is not None:
         sketch = np.minimum(sketch, np.iinfo(np.uint32).max).astype(np.uint32)
@@ -156,6 +152,17 @@ def _check(group: h5py.Group, table: HashTable, where: str, name: str) -> None:
         raise ValueError(f"{where}: table {name!r} has dim {dim}, dtype {dtype}, optimizer "
                          f"{rule} in the checkpoint but dim {table.dim}, dtype "
                          f"{table.dtype.name}, optimizer {table.rule} in the job")
+
+
+def _shard_groups(shard_files, name: str):
+    """``(path, file, group)`` of table ``name`` in every shard file, in name order (each
+    file open while its group is used). ValueError naming the file for a missing group."""
+    for path in sorted(Path(p) for p in shard_files):
+        with h5py.File(path, "r") as f:
+            g = f.get(f"tables/{name}")
+            if g is None:
+                raise ValueError(f"{path}: no group tables/{name}")
+            yield path, f, g
 
 
 def _owned_blocks(group: h5py.Group, server: int, n_servers: int):
@@ -189,14 +196,8 @@ def owned_count(shard_files, name: str, server: int, n_servers: int) -> int:
     """How many keys ``server`` of ``n_servers`` owns among every old shard of a checkpoint
     (the capacity to give the table :func:`restore` fills, so that it never grows while
     loading). ValueError for a missing group (naming the file and the table)."""
-    total = 0
-    for path in sorted(Path(p) for p in shard_files):
-        with h5py.File(path, "r") as f:
-            g = f.get(f"tables/{name}")
-            if g is None:
-                raise ValueError(f"{path}: no group tables/{name}")
-            total += sum(int(m.sum()) for _, m in _owned_blocks(g, server, n_servers))
-    return total
+    return sum(int(m.sum()) for _, _, g in _shard_groups(shard_files, name)
+               for _, m in _owned_blocks(g, server, n_servers))
 
 
 def restore(table: HashTable, shard_files, name: str, server: int, n_servers: int) -> int:
@@ -227,16 +228,12 @@ def restore(table: HashTable, shard_files, name: str, server: int, n_servers: in
     if len(table):
         raise ValueError(f"table {name!r}: restore needs an empty table, it holds {len(table)} keys")
     total = 0
-    for path in sorted(Path(p) for p in shard_files):
-        with h5py.File(path, "r") as f:
-            g = f.get(f"tables/{name}")
-            if g is None:
-                raise ValueError(f"{path}: no group tables/{name}")
-            _check(g, table, str(path), name)
-            for keys, rows, slots in read_owned(g, server, n_servers):
-                try:
-                    table.load(keys, rows, slots)
-                except ValueError as e:
-                    raise ValueError(f"{path}: table {name!r}: {e}") from None
-                total += keys.size
+    for path, _, g in _shard_groups(shard_files, name):
+        _check(g, table, str(path), name)
+        for keys, rows, slots in read_owned(g, server, n_servers):
+            try:
+                table.load(keys, rows, slots)
+            except ValueError as e:
+                raise ValueError(f"{path}: table {name!r}: {e}") from None
+            total += keys.size
     return total
