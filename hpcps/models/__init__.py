@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 
+from hpcps.models import names
 from hpcps.models.base import Model
 
 BUILTIN = {
@@ -34,14 +35,12 @@ def builtin_tables(type_name: str, hidden=()) -> dict[str, bool] | None:
         ``[model] hidden`` (``"mlp"``: one ``w<i>``, ``b<i>`` pair per layer, len + 1 layers).
     """
     if type_name == "logistic":
-        from hpcps.models.logistic_math import BIAS, WEIGHTS
-        return {WEIGHTS: True, BIAS: False}
+        return {names.WEIGHTS: True, names.BIAS: False}
     if type_name == "mf":               # all sparse
-        from hpcps.models.mf import ITEM_BIAS, ITEM_FACTORS, USER_BIAS, USER_FACTORS
-        return dict.fromkeys((USER_FACTORS, ITEM_FACTORS, USER_BIAS, ITEM_BIAS), True)
+        return dict.fromkeys((names.USER_FACTORS, names.ITEM_FACTORS, names.USER_BIAS,
+                              names.ITEM_BIAS), True)
     if type_name == "mlp":              # all dense
-        from hpcps.models.mlp import _layer_names
-        return {n: False for i in range(len(hidden) + 1) for n in _layer_names(i)}
+        return {n: False for i in range(len(hidden) + 1) for n in names.layer_names(i)}
     return None
 
 

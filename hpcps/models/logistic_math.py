@@ -16,8 +16,7 @@ from hpcps.kernels.keys import unique_inverse
 from hpcps.kernels.logistic import logistic_loss_grad, logistic_predict
 from hpcps.core.optim import Optimizer
 from hpcps.core.tables import TableSpec
-
-WEIGHTS, BIAS = "weights", "bias"
+from hpcps.models.names import BIAS, WEIGHTS  # noqa: F401  (the tables' names, used as lr.WEIGHTS)
 
 
 def logistic_tables(cfg) -> list:

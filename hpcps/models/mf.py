@@ -39,9 +39,8 @@ from hpcps.kernels.optim import merge_duplicates
 from hpcps.core.optim import Optimizer
 from hpcps.core.tables import TableSpec
 from hpcps.models.base import Model
+from hpcps.models.names import ITEM_BIAS, ITEM_FACTORS, USER_BIAS, USER_FACTORS
 
-USER_FACTORS, ITEM_FACTORS, USER_BIAS, ITEM_BIAS = ("user_factors", "item_factors",
-                                                    "user_bias", "item_bias")
 REQUIRED_ATTRS = ("n_users", "n_items", "global_mean")
 
 

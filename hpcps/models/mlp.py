@@ -32,13 +32,10 @@ import numpy as np
 from hpcps.core.optim import Optimizer
 from hpcps.core.tables import TableSpec
 from hpcps.models.base import Model
+from hpcps.models.names import layer_names
 
 #: Rows per chunk in :meth:`MLP.predict` (bounds the activations' memory).
 PREDICT_CHUNK = 8192
-
-
-def _layer_names(i: int) -> tuple[str, str]:
-    return f"w{i}", f"b{i}"
 
 
 def init_stds(sizes) -> list:
@@ -153,7 +150,7 @@ class MLP(Model):
         out = []
         for i, ((a, b), std) in enumerate(zip(zip(self.sizes[:-1], self.sizes[1:]),
                                               init_stds(self.sizes))):
-            wn, bn = _layer_names(i)
+            wn, bn = layer_names(i)
             out.append((TableSpec(wn, a, b, dt, sparse=False, init_std=std),
                         opt(self.cfg.model.l2, True)))
             out.append((TableSpec(bn, 1, b, dt, sparse=False), opt(0.0, False)))
@@ -192,7 +189,7 @@ class MLP(Model):
         """Every row of every table: ``{"w0": arange(n_features), "b0": [0], …}``."""
         keys = {}
         for i, a in enumerate(self.sizes[:-1]):
-            wn, bn = _layer_names(i)
+            wn, bn = layer_names(i)
             keys[wn] = np.arange(a, dtype=np.int64)
             keys[bn] = np.zeros(1, dtype=np.int64)
         return keys
@@ -206,7 +203,7 @@ class MLP(Model):
     def _weights(self, params: dict) -> list:
         out = []
         for i, (a, b) in enumerate(zip(self.sizes[:-1], self.sizes[1:])):
-            wn, bn = _layer_names(i)
+            wn, bn = layer_names(i)
             W, B = params[wn], params[bn]
             if W.shape != (a, b) or B.shape != (1, b):
                 raise ValueError(f"layer {i}: pulled {wn} has shape {W.shape} and {bn} "
@@ -262,7 +259,7 @@ class MLP(Model):
         delta[rows, y] -= 1
         grads = {}
         for i in range(len(layers) - 1, -1, -1):
-            wn, bn = _layer_names(i)
+            wn, bn = layer_names(i)
             grads[wn] = acts[i].T @ delta
             grads[bn] = delta.sum(axis=0, keepdims=True)
             if i:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from hpcps.analysis.listing import id_ranges
 from hpcps.config.parse import changed_keys
 
 
@@ -50,7 +49,8 @@ def start_lines(trainer, restore, n_train, n_test, start_epoch, start_step, plan
         lines.append(_idle_note(tr.streaming, idle, rows))
     empty = _empty_servers(tr.client)
     if empty:
-        lines.append(f"hpcps: note: server(s) {id_ranges(empty)} hold no row of any table (the "
+        where = str(empty[0]) if len(empty) == 1 else f"{empty[0]}-{empty[-1]}"   # the last ones
+        lines.append(f"hpcps: note: server(s) {where} hold no row of any table (the "
                      f"tables have fewer keys than there are servers): they serve nothing; "
                      f"fewer [cluster] servers would do")
     g = getattr(tr.client, "group", None)
@@ -108,8 +108,8 @@ def _idle_note(streaming, idle, rows) -> str:
 
 
 def _empty_servers(client) -> list[int]:
-    """Key ranges (servers) that hold no row of any table: every table fixed and smaller than
-    the number of servers (a trial: 3 features on 8 servers, servers 3-7 idle in silence);
+    """Key ranges (servers) that hold no row of any table, ascending (the last ranges of a
+    range partition: consecutive): every table fixed and smaller than the number of servers (a trial: 3 features on 8 servers, servers 3-7 idle in silence);
     none when a table is dynamic (its keys are spread by hash)."""
     specs, routing = getattr(client, "specs", None), getattr(client, "routing", None)
     if not specs or routing is None or any(s.dynamic for s in specs):
