@@ -302,7 +302,7 @@ dir = "svm"
     proc = subprocess.run([sys.executable, "-m", "hpcps", "run", "-n", "4", str(job)],
                           cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert "6002 train" in proc.stdout                 # lines, the 2 comment lines included
+    assert "6,002 train" in proc.stdout                # lines, the 2 comment lines included
     s = json.loads((tmp_path / "svm" / "metrics.json").read_text())["summary"]
     assert s["servers"][0]["examples_per_epoch"] == [6000, 6000]
     assert sum(r["lines"] for r in s["reader"]) > 2 * 6002
