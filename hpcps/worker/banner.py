@@ -115,8 +115,7 @@ def _empty_servers(client) -> list[int]:
     if not specs or routing is None or any(s.dynamic for s in specs):
         return []
     return [r for r in range(client.n_servers)
-            if all(routing.shard_range(s.name, r)[0] >= routing.shard_range(s.name, r)[1]
-                   for s in specs)]
+            if all(hi <= lo for lo, hi in (routing.shard_range(s.name, r) for s in specs))]
 
 
 def _n_params(specs) -> int:

@@ -60,7 +60,8 @@ def check_stream_settings(tr, restore) -> None:
 
 def check_stream_restore(tr, restore) -> None:
     """A checkpoint of streamed data resumes only on the same files (the positions are
-    line numbers of those files). Local (after :func:`index_files`)."""
+    line numbers of those files). Local (after :func:`index_files`; the settings were checked
+    before it, :func:`check_stream_settings`)."""
     info = _stream_info(tr, restore)
     if info is None:
         return
@@ -70,7 +71,6 @@ def check_stream_restore(tr, restore) -> None:
                         f"{restore['step']} was written (names, sizes or times differ); its "
                         "reader positions are line numbers of the old files. Restore the "
                         "files, or start over (--resume never)")
-    check_stream_settings(tr, restore)
 
 
 def stream_extra(tr) -> dict:
