@@ -299,6 +299,20 @@ def _hosts_lines(s: dict) -> list[str]:
         for h, kinds in by_host.items())]
 
 
+def _auc_gap_advice(model: str) -> str:
+    """Why more workers can cost quality under the run's consistency model (``"bsp"``,
+    ``"ssp"`` or ``"async"``), and what to change (docs/consistency.md, "More workers")."""
+    if model == "async":
+        # a review: the warning said "under BSP" in async runs too
+        return ("under async every worker pushes gradients computed on rows that are older "
+                "the more workers push between its pull and its push (the staleness below): "
+                "lower [optimizer] learning_rate or set [consistency] staleness_aware_lr, "
+                "or train under BSP/SSP (docs/consistency.md)")
+    return (f"under {model.upper()} a step averages every worker's batch (fewer, larger steps "
+            "per epoch with more workers): raise [train] epochs or [optimizer] learning_rate, "
+            "or lower [train] batch_size (docs/consistency.md)")
+
+
 def summary_lines(s: dict, history: list) -> list[str]:
     """The printed summary of a run (:func:`summarize`'s dict, the epochs' records).
 
@@ -368,10 +382,8 @@ def summary_lines(s: dict, history: list) -> list[str]:
             if b["auc_gap"] > b.get("max_auc_gap", float("inf")):
                 # a trial: +0.0168 at 40 BSP workers passed in silence (limit 0.005)
                 lines.append(f"  warning: the AUC gap is above [evaluate] max_auc_gap = "
-                             f"{b['max_auc_gap']:g}; under BSP a step averages every worker's "
-                             "batch (fewer, larger steps per epoch with more workers): raise "
-                             "[train] epochs or [optimizer] learning_rate, or lower "
-                             "[train] batch_size (docs/consistency.md)")
+                             f"{b['max_auc_gap']:g}; "
+                             + _auc_gap_advice(s.get("consistency", {}).get("model", "bsp")))
     c = s["checkpoints"]
     if c["count"]:
         # the share is of this launch's wall time (start-up, data, training, outputs), which
