@@ -13,8 +13,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpcps.analysis.sources import (SLOT_SEP, AnalysisError, Source, _one_line, _unpermute,
-                                    resolve)
+from hpcps.analysis.sources import (SLOT_SEP, AnalysisError, Source, _one_line, _permutation,
+                                    _unpermute, resolve)
 
 #: Elements compared at a time (float64 temporaries of this many values, not of a table)
 BLOCK = 1 << 20
@@ -54,28 +54,41 @@ def diff(a, b) -> dict:
     keyed = sa.dynamic | sb.dynamic
     pairs = {}                        # base -> (rows of A, rows of B, counts) of common keys
     rows = []
-    for name in sa.names + [n for n in sb.names if n not in sa.shapes]:
-        if name.endswith("_keys") and name[:-len("_keys")] in keyed:
-            continue
-        xs, ys = sa.shapes.get(name), sb.shapes.get(name)
-        row = {"name": name, "shape_a": xs, "shape_b": ys}
-        rows.append(row)
-        if xs is None or ys is None:
-            row["status"] = "only in A" if ys is None else "only in B"
-            continue
+    names = [n for n in sa.names + [n for n in sb.names if n not in sa.shapes]
+             if not (n.endswith("_keys") and n[:-len("_keys")] in keyed)]
+    # a fixed table's key permutation (checkpoint) is read once for its rows and its slots,
+    # and dropped after the last of them (one table's at a time: 8 B per key)
+    last = {n.split(SLOT_SEP)[0]: n for n in names}
+    for name in names:
+        rows.append(_diff_row(sa, sb, name, keyed, pairs))
         base = name.split(SLOT_SEP)[0]
-        by_key = base in keyed and base in sa.shapes and base in sb.shapes
-        if (xs[1:] != ys[1:]) if by_key else (xs != ys):
-            row["status"] = "shape mismatch"
-            continue
-        pa = pb = None
-        if by_key:
-            if base not in pairs:
-                pairs[base] = _common_keys(sa.sorted_keys(base), sb.sorted_keys(base))
-            pa, pb, counts = pairs[base]
-            row.update(counts)
-        row.update(status="compared", **_compare(sa.read(name), sb.read(name), pa, pb))
+        if last[base] == name:
+            sa.forget(base)
+            sb.forget(base)
     return {"a": sa.src, "b": sb.src, "rows": rows}
+
+
+def _diff_row(sa, sb, name: str, keyed: set, pairs: dict) -> dict:
+    """The row of :func:`diff` for array ``name`` of sources ``sa`` and ``sb``
+    (:class:`_Arrays`); ``pairs`` caches the common keys of each table compared by key."""
+    xs, ys = sa.shapes.get(name), sb.shapes.get(name)
+    row = {"name": name, "shape_a": xs, "shape_b": ys}
+    if xs is None or ys is None:
+        row["status"] = "only in A" if ys is None else "only in B"
+        return row
+    base = name.split(SLOT_SEP)[0]
+    by_key = base in keyed and base in sa.shapes and base in sb.shapes
+    if (xs[1:] != ys[1:]) if by_key else (xs != ys):
+        row["status"] = "shape mismatch"
+        return row
+    pa = pb = None
+    if by_key:
+        if base not in pairs:
+            pairs[base] = _common_keys(sa.sorted_keys(base), sb.sorted_keys(base))
+        pa, pb, counts = pairs[base]
+        row.update(counts)
+    row.update(status="compared", **_compare(sa.read(name), sb.read(name), pa, pb))
+    return row
 
 
 class _Arrays:
@@ -90,6 +103,7 @@ class _Arrays:
         self.shapes = {}              # name -> shape, in read_tables' order
         self.dynamic = set()          # tables stored by key
         self._dyn = {}                # checkpoint dynamic array name -> shard dataset path
+        self._perm = {}               # checkpoint fixed table -> its rows' keys (checked)
         try:
             if src.kind == "model":
                 with h5py.File(src.path, "r") as f:
@@ -151,11 +165,19 @@ class _Arrays:
             table, _, slot = name.partition(SLOT_SEP)
             mpath = Path(src.path) / "manifest.h5"
             with h5py.File(mpath, "r") as f:
-                keys = f[f"tables/{table}_keys"][()]
                 ds = f[f"slots/{table}/{slot}"] if slot else f[f"tables/{table}"]
-                return _unpermute(ds[()], keys, f"{mpath}: {name!r}")
+                keys = self._perm.get(table)
+                if keys is None or keys.shape[0] != ds.shape[0]:
+                    keys = _permutation(f[f"tables/{table}_keys"][()], ds.shape[0],
+                                        f"{mpath}: {name!r}")
+                    self._perm[table] = keys
+                return _unpermute(ds[()], keys, f"{mpath}: {name!r}", checked=True)
         except (OSError, KeyError, ValueError) as e:
             raise AnalysisError(f"{src.path}: cannot read {name!r} ({_one_line(e)})") from None
+
+    def forget(self, table: str) -> None:
+        """Drop the key permutation of fixed table ``table`` kept by :meth:`read`."""
+        self._perm.pop(table, None)
 
     def sorted_keys(self, base: str):
         """``(keys, order)`` of table ``base``: its keys ascending and the permutation of

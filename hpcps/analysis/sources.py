@@ -246,13 +246,23 @@ def array_stats(a, block_rows: int = _BLOCK_ROWS) -> dict:
             "max": hi if finite else nan, "mean": total / finite if finite else nan}
 
 
-def _unpermute(rows: np.ndarray, keys: np.ndarray, where: str) -> np.ndarray:
-    n = rows.shape[0]
+def _permutation(keys, n: int, where: str) -> np.ndarray:
+    """``keys`` (the key of each stored row, as a checkpoint's manifest gives a fixed table's
+    ``NAME_keys``) as int64 (n,), checked to be a permutation of ``0..n-1``; AnalysisError
+    naming ``where`` otherwise."""
     keys = np.asarray(keys, dtype=np.int64)
     if keys.shape != (n,) or (n and (keys.min() < 0 or keys.max() >= n)) or \
             not np.all(np.bincount(keys, minlength=n) == 1):
         raise AnalysisError(f"{where}: the row keys are not a permutation of 0..{n - 1} "
                             "(a shard file unreadable through the manifest's virtual dataset?)")
+    return keys
+
+
+def _unpermute(rows: np.ndarray, keys: np.ndarray, where: str, checked: bool = False) -> np.ndarray:
+    """``rows`` (n, ...) in key order: row ``i`` goes to ``keys[i]``. ``keys`` is checked
+    (:func:`_permutation`) unless ``checked`` (already returned by it for ``n`` rows)."""
+    if not checked:
+        keys = _permutation(keys, rows.shape[0], where)
     out = np.empty_like(rows)
     out[keys] = rows
     return out

@@ -639,6 +639,37 @@ def test_diff_values(svm_run):
     assert all(r["max_abs"] == 0.0 for r in same if r["status"] == "compared")
 
 
+def test_diff_reads_each_key_permutation_once_per_table(svm_run, monkeypatch):
+    """A checkpoint's fixed-table key permutation is read and checked once per table (for
+    its rows and every slot), not once per array; each row equals the whole-array
+    difference of the arrays written (tables and slots), bit for bit in its counts."""
+    import hpcps.analysis.diff as diffmod
+
+    seen = []
+    real = diffmod._permutation
+
+    def counting(keys, n, where):
+        seen.append(where)
+        return real(keys, n, where)
+
+    monkeypatch.setattr(diffmod, "_permutation", counting)
+    res = analysis.diff(svm_run["c1"], svm_run["c2"])
+    assert len(seen) == 4                       # weights and bias, of each source
+    assert sorted(w.split("'")[1] for w in seen) == ["bias", "bias", "weights", "weights"]
+    want = {**{n: (svm_run["t1"][n], svm_run["t2"][n]) for n in svm_run["t1"]},
+            **{f"{n}__accumulator": (svm_run["s1"][n]["accumulator"],
+                                     svm_run["s2"][n]["accumulator"]) for n in svm_run["s1"]}}
+    for r in res["rows"]:
+        x, y = want[r["name"]]
+        d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+        assert r["status"] == "compared" and r["size"] == d.size
+        assert r["differing"] == np.count_nonzero(d) and r["max_abs"] == d.max()
+        assert math.isclose(r["mean_abs"], d.mean(), rel_tol=1e-12)
+    seen.clear()
+    res2 = analysis.diff(svm_run["c1"], svm_run["run"] / "model.h5")   # a model file: none
+    assert len(seen) == 2 and {r["name"] for r in res2["rows"]} == set(want)
+
+
 def test_cli_diff_shape_mismatch_is_reported_and_exits_0(svm_run, tmp_path):
     text = SVM_JOB.replace("n_features = 50", "n_features = 64")
     t, s = logistic(3, nf=64)
