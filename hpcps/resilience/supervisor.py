@@ -374,7 +374,8 @@ class Supervisor:
         tr.follow(self.ckpt)                        # the membership the growth changed
         seg = self.regroup_or_recover(epoch, plan_next, clock)
         if tr.is_chief:
-            event.update(epoch=epoch + 1, examples_replanned=int(sum(seg.remaining)),
+            event.update(epoch=epoch + 1, workers_before=n_old,
+                         examples_replanned=int(sum(seg.remaining)),
                          examples_to_new_workers=int(sum(seg.remaining[n_old:])),
                          pause_seconds=round(time.time() - t_start, 3))
             lost = n_old + n - tr.n_workers          # lost at once (continue mode)

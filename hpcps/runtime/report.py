@@ -320,6 +320,7 @@ def summary_lines(s: dict, history: list) -> list[str]:
     requests, so their lines give the bytes they sent and leave the key count to the
     workers' line (the keys the workers read from the windows).
     """
+    from hpcps.runtime.incidents import incident_lines
     from hpcps.runtime.rundir import launch_phrase
 
     phrase = launch_phrase(s) if "run_steps" in s else ""
@@ -329,6 +330,7 @@ def summary_lines(s: dict, history: list) -> list[str]:
     mine = "this launch " if phrase else ""
     lines = [f"done: {s['epochs']} epoch(s), {steps}, {mine}{s['examples']:,} examples in "
              f"{s['train_seconds']:.1f} s ({s['examples_per_second']:,.0f} ex/s)"]
+    lines.extend(incident_lines(s))       # lost ranks, growths, restarts: scrolled away
     rma = s.get("consistency", {}).get("pull") == "rma"
     servers = s["servers"]
     shown = servers
