@@ -83,8 +83,8 @@ def _launch(r: dict, this: bool) -> str:
     at = r.get("resumed_from_step")
     text = f"launch {r.get('launch', '?')}" + (f" started {started}" if started else "")
     if "restart" in r:
-        text += f": restart {r['restart']} after exit status {r.get('after_status', '?')},"
-    text += f" resumed at step {int(at):,}" if at is not None else " from step 0"
+        text += f": restart {r['restart']} after exit status {r.get('after_status', '?')}"
+    text += f", resumed at step {int(at):,}" if at is not None else ", from step 0"
     if "steps_kept" in r:
         text += f"; {_n(int(r['steps_kept']), 'step')} of it kept by the next"
     return text + (" (this launch)" if this else "")

@@ -103,12 +103,19 @@ def test_the_launches_of_a_restarted_run():
                  "restart": 2, "after_status": 137, "steps": 200}]
     assert incident_lines({"launches": launches}) == [
         "  launches: 3, 2 restarts after a failed launch (metrics.json summary.launches)",
-        "    launch 1 started 2026-12-05 19:49:53 UTC from step 0; 600 steps of it kept by "
+        "    launch 1 started 2026-12-05 19:49:53 UTC, from step 0; 600 steps of it kept by "
         "the next",
         "    launch 2 started 2026-12-05 19:52:10 UTC: restart 1 after exit status 1, resumed "
         "at step 600; 400 steps of it kept by the next",
         "    launch 3 started 2026-12-05 19:55:00 UTC: restart 2 after exit status 137, "
         "resumed at step 1,000 (this launch)"]
+    # resumed by hand (no restart), from a checkpoint written before launches were kept
+    resumed = [{"launch": 1, "resumed_from_step": None, "steps_kept": 280},
+               {"launch": 2, "started": "2026-12-05T20:00:00+00:00", "resumed_from_step": 280}]
+    assert incident_lines({"launches": resumed}) == [
+        "  launches: 2, 0 restarts after a failed launch (metrics.json summary.launches)",
+        "    launch 1, from step 0; 280 steps of it kept by the next",
+        "    launch 2 started 2026-12-05 20:00:00 UTC, resumed at step 280 (this launch)"]
     many = [dict(launches[1], launch=i, resumed_from_step=100 * i, steps_kept=100)
             for i in range(1, 12)]
     (line,) = incident_lines({"launches": many})
