@@ -1,5 +1,5 @@
-"""The chief worker's start-up lines (:func:`start_lines`) and its progress lines' speed
-(:func:`progress_speed`). Local; no MPI."""
+"""The chief worker's start-up lines (:func:`start_lines`; its progress lines' rate and ETA:
+:mod:`hpcps.worker.progress`). Local; no MPI."""
 
 from __future__ import annotations
 
@@ -131,20 +131,3 @@ def _dynamic_note(specs) -> str:
 def _plural(n: int, word: str) -> str:
     """``"1 parameter"``, ``"109,386 parameters"``."""
     return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
-def progress_speed(now: float, t_start: float, first, clock: int, examples_per_step: float,
-                   total_steps: int) -> tuple[str, str]:
-    """The rate and the ETA of a progress line: ``("N examples/s", "  ETA h:mm:ss")``, from
-    the end of this launch's first step (``first``: ``(time, clock)`` then, None before);
-    ``("first step S s (start-up included)", "")`` while no later step has ended. The first
-    step waits for the servers' start-up: a resume at 32 M keys spent 20-40 s restoring, and
-    a rate since the launch's start (``t_start``) read 177 examples/s, ETA 1:48:41 (a trial).
-    Times in seconds (``time.perf_counter``)."""
-    if first is None or clock <= first[1]:
-        return f"first step {now - t_start:.1f} s (start-up included)", ""
-    t1, c1 = first
-    done = clock - c1
-    eta = int((now - t1) / done * max(0, total_steps - clock))
-    return (f"{done * examples_per_step / max(now - t1, 1e-9):,.0f} examples/s",
-            f"  ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")

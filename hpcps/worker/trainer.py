@@ -29,9 +29,10 @@ from hpcps.data.partition_rows import block_bounds
 from hpcps.data.source import block_partitioned, stream_index, streamed
 from hpcps.models import make_model   # the model registry imports every model
 from hpcps.worker import streaming
-from hpcps.worker.banner import progress_speed, start_lines
+from hpcps.worker.banner import start_lines
 from hpcps.worker.events import GrowthRequested, PeerLost, SegmentEvent, StopRequested
 from hpcps.worker.groupsteps import GroupSteps
+from hpcps.worker.progress import ProgressMeter, epoch_position
 from hpcps.worker.steps import NonFiniteGuard, localized, make_steps
 
 __all__ = ["Trainer", "Segment", "Cursor", "epoch_order", "epoch_rows", "EVAL_CHUNK"]
@@ -194,8 +195,7 @@ class Trainer:
         self.part_rows: list = []         # every worker's training rows (prepare)
         self._t0 = self._last = 0.0       # progress lines: start of the run, last line
         self._clock0 = 0
-        self._first = None                # (time, clock) at the end of this launch's first step
-        self._examples_per_step = 0.0
+        self.meter = ProgressMeter()      # their rate and ETA, across re-plans (adopt)
         # streamed data (hpcps.data.lines, self.streaming): lines are the rows; the epoch's
         # order shuffles within runs of [data] shuffle_buffer lines; the readers' counters
         self.shuffle_block = cfg.data.shuffle_buffer if self.streaming else 0
@@ -277,10 +277,10 @@ class Trainer:
                 return {**d, **streaming.stream_extra(self)}
             checkpointer.extra = extra
         self.epochs_done = start_epoch
-        self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
-                                                    self.n_workers, max(self.part_rows, default=0))
+        self.meter = ProgressMeter(examples_per_step(self.n_train, self.cfg.train.batch_size,
+                                                     self.n_workers, max(self.part_rows, default=0)))
         self._t0 = self._last = time.perf_counter()
-        self._clock0, self._first = self.client.clock_value, None
+        self._clock0 = self.client.clock_value
 
     def adopt(self, seg: Segment) -> None:
         """Take ``seg``'s partitions for the later epochs (after a re-plan). Local."""
@@ -288,8 +288,8 @@ class Trainer:
         self.steps_full = seg.steps_full
         # block partitions: the new sizes are known locally (others: taken as equal)
         self.part_rows = self.part_sizes(self.n_train, self.n_workers) if self.blocks() else []
-        self._examples_per_step = examples_per_step(self.n_train, self.cfg.train.batch_size,
-                                                    self.n_workers, max(self.part_rows, default=0))
+        self.meter.replan(self.client.clock_value, examples_per_step(  # the progress rate
+            self.n_train, self.cfg.train.batch_size, self.n_workers, max(self.part_rows, default=0)))
 
     def epoch_cursor(self, epoch: int, first: int = 0, plan=()) -> Cursor:
         """The cursor of ``epoch`` from step ``first``: the whole epoch on this worker's
@@ -378,7 +378,7 @@ class Trainer:
             cur.n_ex += used
             cur.first = step + 1
             self.last_step_time = time.time()
-            self._first = self._first or (time.perf_counter(), self.client.clock_value)
+            self.meter.stepped(time.perf_counter(), self.client.clock_value)
             if self.gap_event is not None:      # first step after a recovery
                 ev, self.gap_event = self.gap_event, None
                 ev["gap_seconds"] = round(self.last_step_time - ev["last_step_time"], 3)
@@ -417,9 +417,8 @@ class Trainer:
         """The chief's progress line (every ``[train] progress_seconds``)."""
         t = self.cfg.train
         self._last = last = time.perf_counter()
-        total_steps = self.steps_full * t.epochs
-        head, tail = progress_speed(last, self._t0, self._first, self.client.clock_value,
-                                    self._examples_per_step, total_steps)
+        at, of, left = epoch_position(cur, step, self.steps_full, t.epochs)  # across re-plans
+        head, tail = self.meter.speed(last, self._t0, self.client.clock_value, left)
         if cur.order.size == 0:     # the chief reads nothing this epoch: its 0 loss says nothing
             mine = "  w0 has no rows (loss and reads: see the epoch lines and summary)"
         else:
@@ -428,7 +427,7 @@ class Trainer:
                 st = cur.Xe.stats
                 mine += (f"  read(w0) {st['bytes'] / 1e6 / (last - self._t0):,.1f} MB/s, "
                          f"waited {st['wait_seconds']:.1f} s")
-        self.say(f"epoch {cur.epoch + 1}/{t.epochs}  step {step + 1}/{cur.steps}  "
+        self.say(f"epoch {cur.epoch + 1}/{t.epochs}  step {at}/{of}  "
                   f"clock {self.client.clock_value}{self._worker_clocks_note()}  "
                   f"{head}{mine}{tail}")
 

@@ -68,12 +68,14 @@ def test_levels_from_prefixes_and_rank_from_the_launcher():
 def test_progress_rate_counts_from_the_end_of_the_first_step():
     """A trial resumed a 32 M-key run: the servers' restore (20-40 s) fell in the first step,
     and the first progress line read 177 examples/s, ETA 1:48:41 (the run ended 39 s later)."""
-    from hpcps.worker.banner import progress_speed
+    from hpcps.worker.progress import ProgressMeter
 
     # launch start at 0 s, first step (clock 450) ended at 30 s, clock 460 at 31 s
-    head, tail = progress_speed(31.0, 0.0, (30.0, 450), 460, 6144, 733)
-    assert head == "61,440 examples/s" and tail == "  ETA 0:00:27", (head, tail)
+    m = ProgressMeter(6144)
+    assert m.speed(3.0, 0.0, 0, 733)[1] == ""
+    m.stepped(30.0, 450)
     # only the first step has ended: no rate yet, the start-up is named
-    assert progress_speed(30.5, 0.0, (30.0, 450), 450, 6144, 733) == \
-        ("first step 30.5 s (start-up included)", "")
-    assert progress_speed(3.0, 0.0, None, 0, 6144, 733)[1] == ""
+    assert m.speed(30.5, 0.0, 450, 283) == ("first step 30.5 s (start-up included)", "")
+    m.stepped(31.0, 460)
+    head, tail = m.speed(31.0, 0.0, 460, 273)
+    assert head == "61,440 examples/s" and tail == "  ETA 0:00:27", (head, tail)
