@@ -88,7 +88,8 @@ def row_hashes(y, indptr, indices, data=None) -> np.ndarray:
 
 def in_chunks(X, y, chunk: int):
     """The rows of ``X`` and their labels ``y`` in consecutive chunks of ``chunk`` rows, in
-    order: ``(X[a:a + chunk], y[a:a + chunk])``. A :class:`StreamedRows` (``X.start``) is
+    order: ``(X[a:a + chunk], y[a:a + chunk])``, or ``(X, y)`` themselves when ``X`` has from 1 to
+    ``chunk`` rows. A :class:`StreamedRows` (``X.start``) is
     started once with every line in order and asked by line numbers; skipped bad lines make
     its chunks shorter. Local.
 
@@ -107,6 +108,9 @@ def in_chunks(X, y, chunk: int):
     streamed = hasattr(X, "start")
     if streamed:
         X.start(np.arange(n, dtype=np.int64))
+    if not streamed and 0 < n <= chunk:
+        yield X, y           # one chunk: X itself, not a copy (the model may know it already)
+        return
     for a in range(0, n, chunk):
         sel = np.arange(a, min(a + chunk, n), dtype=np.int64) if streamed else slice(a, a + chunk)
         yield X[sel], y[sel]

@@ -52,7 +52,15 @@ class LogisticRegression(Model):
             if len(marks) >= 4:
                 marks.clear()
             marks[n] = lr.new_marks(n)
-        keys, local = lr.batch_keys(X, marks[n])
+        same = getattr(self, "_same", None)
+        if same is not None and same[0] is X and same[1] is X.indices and same[2] == X.nnz:
+            keys, local = same[3], same[4]      # the test rows again: the next epoch's evaluation
+        else:
+            keys, local = lr.batch_keys(X, marks[n])
+            if getattr(X, "global_keys", None) is None:
+                # rows in the whole feature space (the test rows; a training minibatch of a
+                # localized partition has global_keys): kept for the same matrix's next call
+                self._same = (X, X.indices, X.nnz, keys, local)
         # loss_grad/predict of this batch reuse the renumbering; the one before's is kept
         # too (the worker asks for the next batch's keys before this one's loss_grad)
         self._last = [(X, local)] + getattr(self, "_last", [])[:1]
