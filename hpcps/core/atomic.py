@@ -42,11 +42,12 @@ def _size(n: int) -> str:
     return f"{n / 1e6:,.2f} MB" if n >= 10_000 else f"{n:,} bytes"
 
 
-def write_atomic(final: Path, data: bytes) -> Path:
+def write_atomic(final: Path, data: bytes, durable: bool = True) -> Path:
     """Write ``data`` to ``final`` through a temporary file in the same directory, fsync it
-    and ``os.replace`` it into place. When the directory has less free space than
-    ``len(data)``, nothing is written; when writing fails anyway the temporary file is
-    removed. Raises :class:`OutputError`."""
+    (unless not ``durable``) and ``os.replace`` it into place: a reader sees the old or the
+    new content whole either way; ``durable`` also makes it survive a crash of the node.
+    When the directory has less free space than ``len(data)``, nothing is written; when
+    writing fails anyway the temporary file is removed. Raises :class:`OutputError`."""
     need = len(data)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -61,7 +62,8 @@ def write_atomic(final: Path, data: bytes) -> Path:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, final)
     except OSError as e:
         raise _failed(final, e.errno, e.strerror or str(e), need) from e
@@ -236,8 +238,9 @@ def jsonable(x):
     return x
 
 
-def write_metrics(path, record: dict) -> Path:
-    """Write the metrics JSON atomically (non-finite floats become ``null``).
+def write_metrics(path, record: dict, durable: bool = True) -> Path:
+    """Write the metrics JSON atomically (non-finite floats become ``null``); ``durable``:
+    as :func:`write_atomic`.
 
     Raises
     ------
@@ -245,4 +248,4 @@ def write_metrics(path, record: dict) -> Path:
         As :func:`write_model`: naming the file, the bytes needed and free.
     """
     text = json.dumps(jsonable(record), indent=1, allow_nan=False) + "\n"
-    return write_atomic(Path(path), text.encode())
+    return write_atomic(Path(path), text.encode(), durable)

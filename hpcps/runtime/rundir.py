@@ -103,18 +103,21 @@ class MetricsFile:
         self.head = {"job": cfg.name, "hpcps_version": __version__, "config": to_dict(cfg)}
 
     def epochs(self, history: list) -> Path:
-        """Write the record with the per-epoch metrics so far (no summary yet)."""
-        return self._write({**self.head, "epochs": list(history)})
+        """Write the record with the per-epoch metrics so far (no summary yet), atomically but
+        not fsynced: every checkpoint holds the epochs' records too, and an fsync per epoch
+        held the chief (and under BSP every worker) for 0.3-1.8 ms per epoch of ~60 ms on a
+        local disk (Adult, 3 workers), more on a parallel file system."""
+        return self._write({**self.head, "epochs": list(history)}, durable=False)
 
     def final(self, history: list, summary: dict, **more) -> Path:
         """Write the finished run's record: epochs, summary, and ``more`` top-level keys
         (e.g. sandblaster's ``iterations``)."""
         return self._write({**self.head, **more, "epochs": list(history), "summary": summary})
 
-    def _write(self, record: dict) -> Path:
+    def _write(self, record: dict, durable: bool = True) -> Path:
         from hpcps.runtime.output import write_metrics
 
-        return write_metrics(self.path, record)
+        return write_metrics(self.path, record, durable)
 
 
 class Restore(NamedTuple):
