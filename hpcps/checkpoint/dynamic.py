@@ -40,9 +40,11 @@ WRITE_ROWS = 1 << 20
 #: restore read every shard's arrays whole and raised its peak memory by ~40 % over training
 #: (a trial at 5.6 M keys per server, 2026-12-05)
 READ_ROWS = 1 << 20
+#: the largest update count restored per row (``updates`` is uint32 and saturates there)
+_UPDATES_MAX = np.iinfo(np.uint32).max
 
 __all__ = ["STORAGE", "write_group", "is_dynamic", "read_owned", "owned_count", "restore",
-           "write_state", "restore_state"]
+           "write_state", "restore_state", "Owned", "find_owned", "restore_all"]
 
 
 def write_group(group: h5py.Group, table: HashTable) -> None:
@@ -94,49 +96,6 @@ def write_state(group: h5py.Group, state: dict) -> None:
             group.attrs[k] = int(state[k])
 
 
-def restore_state(shard_files, name: str, server: int, n_servers: int) -> dict:
-    """The admission/eviction state of ``server`` of ``n_servers`` from every old shard of
-    a checkpoint, aligned with the rows :func:`restore` loads (same files, same order).
-
-    ``updates`` and ``last_clock`` (int64 (m,)) follow the owned keys (absent in an older
-    checkpoint: None). The sketch is the old server's own when the server count is
-    unchanged (exact); re-sharded, it is the element-wise sum of every old server's sketch
-    (each key was counted only on its owner, so the sum never undercounts it: the
-    count-min guarantee holds with ``N`` the total). The counts ``admitted``, ``rejected``,
-    ``evicted`` of old server ``i`` go to new server ``i mod n_servers`` (totals kept).
-
-    Raises
-    ------
-    ValueError
-        For a missing group (the message names the file and the table).
-    """
-    ups, lasts, have_up, have_last = [], [], True, True
-    sketch, total = None, 0
-    counts = dict(admitted=0, rejected=0, evicted=0)
-    for _, f, g in _shard_groups(shard_files, name):
-        old, old_n = int(f.attrs.get("server", -1)), int(f.attrs.get("n_servers", -1))
-        have_up, have_last = have_up and "updates" in g, have_last and "last_clock" in g
-        for a, mine in _owned_blocks(g, server, n_servers):
-            b = a + mine.size
-            if have_up:
-                ups.append(g["updates"][a:b][mine])
-            if have_last:
-                lasts.append(g["last_clock"][a:b][mine])
-        if "sketch" in g and (old_n != n_servers or old == server):
-            sk = g["sketch"][()].astype(np.uint64)
-            sketch = sk if sketch is None else sketch + sk
-            total += int(g.attrs.get("sketch_total", 0))
-        if old >= 0 and old % n_servers == server:
-            for k in counts:
-                counts[k] += int(g.attrs.get(k, 0))
-    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64))
-    if sketch is not None:
-        sketch = np.minimum(sketch, np.iinfo(np.uint32).max).astype(np.uint32)
-    return dict(updates=cat(ups) if have_up else None,
-                last_clock=cat(lasts) if have_last else None,
-                sketch=sketch, sketch_total=total, **counts)
-
-
 def is_dynamic(group: h5py.Group) -> bool:
     """True when ``group`` holds a dynamic table's shard."""
     return group.attrs.get("storage", "array") == STORAGE
@@ -165,15 +124,80 @@ def _shard_groups(shard_files, name: str):
             yield path, f, g
 
 
-def _owned_blocks(group: h5py.Group, server: int, n_servers: int):
-    """``(first row, mask)`` for each block of ``READ_ROWS`` keys of one old shard's group
-    that holds a key ``server`` of ``n_servers`` owns (``mask``: those keys)."""
+class Owned:
+    """The keys one server owns in every old shard of a checkpoint, found by one pass that
+    reads and hashes their keys (:func:`find_owned`).
+
+    Attributes
+    ----------
+    server, n_servers : int
+        The server and the new number of servers.
+    rows : int
+        Keys per block (:data:`READ_ROWS` when found).
+    count : int
+        Keys owned: the capacity of the table :func:`restore_all` fills.
+    blocks : dict
+        Shard file path -> ``(keys in its group, [(first row, keys in the block, mask)])``
+        for each block holding an owned key; ``mask`` is a bit per key of the block
+        (``np.packbits``, uint8 (ceil(size / 8),)), or None when every key is owned: an
+        eighth of a byte per old key, so that the restore reads the keys once more but
+        hashes them no more.
+    """
+
+    def __init__(self, server: int, n_servers: int, rows: int):
+        self.server, self.n_servers, self.rows = int(server), int(n_servers), int(rows)
+        self.count = 0
+        self.blocks = {}
+
+
+def find_owned(shard_files, name: str, server: int, n_servers: int) -> Owned:
+    """The keys ``server`` of ``n_servers`` owns among every old shard of a checkpoint: each
+    shard's keys read and hashed (:class:`~hpcps.core.dyntables.HashPartition`) once, in
+    blocks of :data:`READ_ROWS` keys. ValueError for a missing group (naming the file and
+    the table)."""
+    own = Owned(server, n_servers, READ_ROWS)
+    part = HashPartition(n_servers)
+    for path, _, g in _shard_groups(shard_files, name):
+        d, blocks = g["keys"], []
+        for a in range(0, d.shape[0], own.rows):
+            mine = part.owned(d[a:a + own.rows], server)
+            m = int(np.count_nonzero(mine))
+            if m:
+                blocks.append((a, mine.size, None if m == mine.size else np.packbits(mine)))
+                own.count += m
+        own.blocks[path] = (int(d.shape[0]), blocks)
+    return own
+
+
+def _owned_blocks(group: h5py.Group, server: int, n_servers: int, path=None, owned=None):
+    """``(first row, end row, mask)`` for each block of ``READ_ROWS`` keys of one old shard's
+    group that holds a key ``server`` of ``n_servers`` owns (``mask``: bool (end - first,),
+    those keys; None: all of them). With ``owned`` (:func:`find_owned` of the same server and
+    files) the blocks it found for ``path``, no key read; ValueError if the group's keys
+    are not those it read."""
     d = group["keys"]
+    if owned is not None:
+        n, blocks = owned.blocks.get(path, (-1, ()))
+        if (owned.server, owned.n_servers, n) != (server, n_servers, d.shape[0]):
+            raise ValueError(f"{path}: its keys ({d.shape[0]}) are not those found owned "
+                             f"by server {server} of {n_servers} (file replaced since?)")
+        for a, size, bits in blocks:
+            yield a, a + size, (None if bits is None
+                                else np.unpackbits(bits, count=size).view(bool))
+        return
     part = HashPartition(n_servers)
     for a in range(0, d.shape[0], READ_ROWS):
         mine = part.owned(d[a:a + READ_ROWS], server)
-        if mine.any():
-            yield a, mine
+        if mine.all():
+            yield a, a + mine.size, None
+        elif mine.any():
+            yield a, a + mine.size, mine
+
+
+def _take(ds, a: int, b: int, mask):
+    """Rows ``a:b`` of dataset ``ds``, those of ``mask`` (None: all)."""
+    x = ds[a:b]
+    return x if mask is None else x[mask]
 
 
 def read_owned(group: h5py.Group, server: int, n_servers: int):
@@ -186,18 +210,16 @@ def read_owned(group: h5py.Group, server: int, n_servers: int):
     rows : (m, dim)
     slots : dict of slot name -> (m, ...) arrays
     """
-    for a, mine in _owned_blocks(group, server, n_servers):
-        b = a + mine.size
-        yield (group["keys"][a:b][mine], group["rows"][a:b][mine],
-               {s: d[a:b][mine] for s, d in group["slots"].items()})
+    for a, b, mine in _owned_blocks(group, server, n_servers):
+        yield (_take(group["keys"], a, b, mine), _take(group["rows"], a, b, mine),
+               {s: _take(d, a, b, mine) for s, d in group["slots"].items()})
 
 
 def owned_count(shard_files, name: str, server: int, n_servers: int) -> int:
     """How many keys ``server`` of ``n_servers`` owns among every old shard of a checkpoint
     (the capacity to give the table :func:`restore` fills, so that it never grows while
     loading). ValueError for a missing group (naming the file and the table)."""
-    return sum(int(m.sum()) for _, _, g in _shard_groups(shard_files, name)
-               for _, m in _owned_blocks(g, server, n_servers))
+    return find_owned(shard_files, name, server, n_servers).count
 
 
 def restore(table: HashTable, shard_files, name: str, server: int, n_servers: int) -> int:
@@ -225,15 +247,123 @@ def restore(table: HashTable, shard_files, name: str, server: int, n_servers: in
         For a fixed table's group, another rule/dim/dtype, a missing group, or a key found
         in two shards (the message names the file and the table).
     """
-    if len(table):
+    return _restore(table, shard_files, name, server, n_servers, None, False)[0]
+
+
+def restore_state(shard_files, name: str, server: int, n_servers: int) -> dict:
+    """The admission/eviction state of ``server`` of ``n_servers`` from every old shard of
+    a checkpoint, aligned with the rows :func:`restore` loads (same files, same order).
+
+    ``updates`` and ``last_clock`` (as stored: uint32 and int64 (m,)) follow the owned
+    keys (absent in an older checkpoint: None). The sketch is the old server's own when
+    the server count is unchanged (exact); re-sharded, it is the element-wise sum of every
+    old server's sketch (each key was counted only on its owner, so the sum never
+    undercounts it: the count-min guarantee holds with ``N`` the total). The counts
+    ``admitted``, ``rejected``, ``evicted`` of old server ``i`` go to new server ``i mod
+    n_servers`` (totals kept).
+
+    Raises
+    ------
+    ValueError
+        For a missing group (the message names the file and the table).
+    """
+    return _restore(None, shard_files, name, server, n_servers, None, True)[1]
+
+
+def restore_all(table: HashTable, shard_files, name: str, owned: Owned) -> tuple:
+    """:func:`restore` and :func:`restore_state` in one pass over the old shards: each block
+    of keys that holds an owned key read once for the rows, the optimizer state and the
+    update counts (a restore read and hashed every shard's keys three times: to size the
+    table, for the rows and for the counts).
+
+    Parameters
+    ----------
+    table : HashTable
+        Empty, made with capacity ``owned.count``; rule, dim and dtype as the checkpoint's.
+    shard_files : sequence of path
+        The files given to :func:`find_owned`.
+    name : str
+        Table name.
+    owned : Owned
+        :func:`find_owned` of these files for the server and server count to restore.
+
+    Returns
+    -------
+    loaded : int
+        Keys loaded (``owned.count``).
+    state : dict
+        As :func:`restore_state`, but ``updates`` already saturated to uint32 (m,)
+        (int64 counts of older checkpoints above 2^32 - 1 capped there).
+
+    Raises
+    ------
+    ValueError
+        As :func:`restore`, or for a shard file whose keys differ from those ``owned``
+        found.
+    """
+    return _restore(table, shard_files, name, owned.server, owned.n_servers, owned, True)
+
+
+def _restore(table, shard_files, name: str, server: int, n_servers: int, owned, state: bool):
+    """``(keys loaded, state dict or None)``: the rows into ``table`` (None: none read) and
+    the state when ``state``; with ``owned`` the per-key state is written into arrays of
+    ``owned.count`` (``updates`` saturated to uint32), else concatenated from blocks."""
+    if table is not None and len(table):
         raise ValueError(f"table {name!r}: restore needs an empty table, it holds {len(table)} keys")
-    total = 0
-    for path, _, g in _shard_groups(shard_files, name):
-        _check(g, table, str(path), name)
-        for keys, rows, slots in read_owned(g, server, n_servers):
-            try:
-                table.load(keys, rows, slots)
-            except ValueError as e:
-                raise ValueError(f"{path}: table {name!r}: {e}") from None
-            total += keys.size
-    return total
+    total, at = 0, 0
+    have = dict(updates=state, last_clock=state)
+    dtypes = dict(updates=np.uint32, last_clock=np.int64)
+    cols = {k: [] if owned is None else None for k in have}   # None: not allocated yet
+    sketch, sk_total = None, 0
+    counts = dict(admitted=0, rejected=0, evicted=0)
+    for path, f, g in _shard_groups(shard_files, name):
+        if table is not None:
+            _check(g, table, str(path), name)
+        for k in have:
+            have[k] = have[k] and k in g
+            if not have[k]:
+                cols[k] = None                  # a shard without it: None for all
+            elif cols[k] is None:
+                cols[k] = np.empty(owned.count, dtype=dtypes[k])
+        for a, b, mine in _owned_blocks(g, server, n_servers, path, owned):
+            if table is not None:
+                keys = _take(g["keys"], a, b, mine)
+                try:
+                    table.load(keys, _take(g["rows"], a, b, mine),
+                               {s: _take(d, a, b, mine) for s, d in g["slots"].items()})
+                except ValueError as e:
+                    raise ValueError(f"{path}: table {name!r}: {e}") from None
+                total += keys.size
+            m = b - a if mine is None else int(np.count_nonzero(mine))
+            for k in (k for k in have if have[k]):
+                x = _take(g[k], a, b, mine)
+                if isinstance(cols[k], list):
+                    cols[k].append(x)
+                elif k == "updates" and x.dtype != np.uint32:     # int64 before 2026-12-05
+                    cols[k][at:at + m] = np.minimum(x.astype(np.int64), _UPDATES_MAX)
+                else:
+                    cols[k][at:at + m] = x
+            at += m
+        if not state:
+            continue
+        old, old_n = int(f.attrs.get("server", -1)), int(f.attrs.get("n_servers", -1))
+        if "sketch" in g and (old_n != n_servers or old == server):
+            sk = g["sketch"][()].astype(np.uint64)
+            sketch = sk if sketch is None else sketch + sk
+            sk_total += int(g.attrs.get("sketch_total", 0))
+        if old >= 0 and old % n_servers == server:
+            for k in counts:
+                counts[k] += int(g.attrs.get(k, 0))
+    if not state:
+        return total, None
+    out = {}
+    for k, c in cols.items():
+        if not have[k]:
+            out[k] = None
+        elif isinstance(c, list):
+            out[k] = np.concatenate(c) if c else np.zeros(0, dtype=np.int64)
+        else:
+            out[k] = c if at == c.size else c[:at].copy()
+    if sketch is not None:
+        sketch = np.minimum(sketch, np.iinfo(np.uint32).max).astype(np.uint32)
+    return total, dict(out, sketch=sketch, sketch_total=sk_total, **counts)

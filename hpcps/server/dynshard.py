@@ -28,7 +28,10 @@ _UPDATES_MAX = np.iinfo(np.uint32).max
 
 
 def _saturated(counts) -> np.ndarray:
-    """Update counts read from a checkpoint (int64 before, uint32 now) as uint32, capped."""
+    """Update counts read from a checkpoint (int64 before, uint32 now) as uint32, capped
+    (uint32 counts: themselves, not a copy)."""
+    if isinstance(counts, np.ndarray) and counts.dtype == np.uint32:
+        return counts
     return np.minimum(np.asarray(counts, dtype=np.int64), _UPDATES_MAX).astype(np.uint32)
 
 
@@ -150,18 +153,18 @@ class DynamicShard:
         else:
             from pathlib import Path
 
-            from hpcps.checkpoint.dynamic import owned_count, restore_state
-            from hpcps.checkpoint.dynamic import restore as restore_keys
+            from hpcps.checkpoint.dynamic import find_owned, restore_all
             from hpcps.checkpoint.layout import CheckpointError
 
             directory, manifest = restore[0], restore[1]
             files = [Path(directory) / f for f in manifest["shards"]["files"]]
             try:
-                # sized for the keys it will hold: no growth (a copy of the arena) while loading
-                table = new_shard(spec, optimizer, seed,
-                                  capacity=owned_count(files, spec.name, index, n_servers))
-                restore_keys(table, files, spec.name, index, n_servers)
-                state = restore_state(files, spec.name, index, n_servers)
+                # sized for the keys it will hold: no growth (a copy of the arena) while
+                # loading. The keys are hashed once (find_owned: a bit per old key kept), and
+                # each block holding owned keys read once more for rows, slots and counts
+                owned = find_owned(files, spec.name, index, n_servers)
+                table = new_shard(spec, optimizer, seed, capacity=owned.count)
+                state = restore_all(table, files, spec.name, owned)[1]
             except ValueError as e:
                 raise CheckpointError(str(e)) from None
         sh = cls(spec, optimizer, index, n_servers, table, np.zeros(nh, dtype=np.int64),
@@ -179,7 +182,7 @@ class DynamicShard:
         self.updates = (_saturated(up) if up is not None and len(up) == n
                         else np.zeros(n, dtype=np.uint32))
         if self.last_clock is not None:         # TTL on (a checkpoint without: its clock)
-            self.last_clock = (np.asarray(last, dtype=np.int64).copy() if last is not None
+            self.last_clock = (np.asarray(last, dtype=np.int64) if last is not None
                                and len(last) == n else np.full(n, clock, dtype=np.int64))
         sk = state.get("sketch")
         if self.admission is not None and sk is not None \

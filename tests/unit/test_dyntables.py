@@ -274,3 +274,74 @@ def test_diff_of_dynamic_checkpoints_by_key_in_blocks(tmp_path, monkeypatch):
     bad = _dyn_checkpoint(tmp_path / "bad", rng, [pool[:10], pool[5:12]], spec)
     with pytest.raises(AnalysisError, match=f"key {int(pool[5:10].min())} is stored twice"):
         D.diff(bad, a)
+
+
+@pytest.mark.parametrize("new_n", [1, 2, 3, 4])
+def test_restore_hashes_each_key_once_and_equals_the_separate_passes(tmp_path, new_n,
+                                                                     monkeypatch):
+    """A server's restore (DynamicShard.create) read and hashed every old shard's keys three
+    times (owned_count, restore, restore_state): find_owned hashes each key once and
+    restore_all reads each block of owned keys once for rows, slots, update counts and last
+    clocks. In blocks of 7 keys, on 1 to 4 servers from 3: the table (records and index
+    size) and the state equal those of the separate passes bit for bit, int64 counts of an
+    older checkpoint saturated to uint32 as DynamicShard did them; the shard restored by
+    DynamicShard.create (TTL, admission) holds them."""
+    import hpcps.checkpoint.dynamic as dyn
+    from hpcps.server.dynshard import DynamicShard, _saturated
+
+    monkeypatch.setattr(dyn, "READ_ROWS", 7)
+    rng = np.random.default_rng(4)
+    spec = TableSpec("emb", num_keys=2, dim=2, dtype="float64", init_std=0.1)
+    opt = Optimizer("adagrad", 0.2)
+    old = _train(spec, opt, 3, _pushes(rng, n_pushes=4))
+    files = []
+    for s, t in enumerate(old):
+        path = tmp_path / f"shard-{s:04d}.h5"
+        with h5py.File(path, "w") as f:
+            f.attrs["server"], f.attrs["n_servers"] = s, 3
+            g = f.create_group("tables/emb")
+            write_group(g, t)
+            ups = t.keys() % 1000 + (s == 1) * (1 << 33)        # int64, some beyond uint32
+            dyn.write_state(g, {"updates": ups, "last_clock": t.keys() % 97 + 5,
+                                "sketch": rng.integers(0, 9, (4, 1 << 18)), "sketch_total": 40 + s,
+                                "admitted": 7 * s, "rejected": s, "evicted": 2})
+            del g["updates"]
+            g.create_dataset("updates", data=ups.astype(np.int64))
+        files.append(path)
+    hashed = []
+    owned_of = dyn.HashPartition.owned
+    monkeypatch.setattr(dyn.HashPartition, "owned",
+                        lambda self, k, s: hashed.append(len(k)) or owned_of(self, k, s))
+    n_old = sum(len(t) for t in old)
+    for s in range(new_n):
+        ref = new_shard(spec, opt, seed=3, capacity=dyn.owned_count(files, "emb", s, new_n))
+        assert restore(ref, files, "emb", s, new_n) == len(ref)
+        want = dyn.restore_state(files, "emb", s, new_n)
+        hashed.clear()
+        owned = dyn.find_owned(files, "emb", s, new_n)
+        assert sum(hashed) == n_old and owned.count == len(ref)       # each key hashed once
+        t = new_shard(spec, opt, seed=3, capacity=owned.count)
+        loaded, got = dyn.restore_all(t, files, "emb", owned)
+        assert sum(hashed) == n_old and loaded == len(ref)            # and not again
+        assert np.array_equal(t.keys(), ref.keys()) and t.index_slots == ref.index_slots
+        assert t._records(0, len(t)).tobytes() == ref._records(0, len(ref)).tobytes()
+        assert got["updates"].dtype == np.uint32
+        assert np.array_equal(got["updates"], _saturated(want["updates"]))
+        assert np.array_equal(got["last_clock"], want["last_clock"])
+        assert np.array_equal(got["sketch"], want["sketch"])
+        assert {k: got[k] for k in ("sketch_total", "admitted", "rejected", "evicted")} == \
+            {k: want[k] for k in ("sketch_total", "admitted", "rejected", "evicted")}
+        dspec = TableSpec("emb", (1 << 63) - 1, 2, "float64", storage="hash", init_std=0.1,
+                          ttl_steps=50, min_count=2)
+        man = {"shards": {"files": [f.name for f in files]}, "step": 9}
+        sh = DynamicShard.create(dspec, opt, s, new_n, 3, 8, restore=(tmp_path, man))
+        assert sh.table._records(0, len(ref)).tobytes() == ref._records(0, len(ref)).tobytes()
+        assert np.array_equal(sh.updates, got["updates"])
+        assert np.array_equal(sh.last_clock, want["last_clock"])
+        assert (sh.admitted, sh.rejected, sh.evicted) == (want["admitted"], want["rejected"],
+                                                          want["evicted"])
+        assert np.array_equal(sh.admission.counts, want["sketch"])
+        assert sh.admission.total == want["sketch_total"]
+    other = dyn.find_owned(files[:2], "emb", 0, new_n)
+    with pytest.raises(ValueError, match="not those found owned"):
+        dyn.restore_all(new_shard(spec, opt, seed=3), files, "emb", other)
