@@ -66,12 +66,12 @@ def _launch_lines(launches: list) -> list[str]:
     if len(runs) < 2:
         return []
     restarts = [r for r in runs if "restart" in r]
-    head = (f"  launches: {len(runs)}, {_n(len(restarts), 'restart')} after a failed launch"
-            " (metrics.json summary.launches)")
+    by = (f"{_n(len(restarts), 'restart')} by hpcps run --max-restarts; " if restarts else "")
+    head = f"  launches: {len(runs)} ({by}metrics.json summary.launches)"
     if len(runs) > MANY:
         statuses = sorted({int(r["after_status"]) for r in restarts if "after_status" in r})
         kept = [int(r["steps_kept"]) for r in runs if "steps_kept" in r]
-        return [head + "; " + "; ".join(filter(None, (
+        return [head + ": " + "; ".join(filter(None, (
             f"exit status(es) {', '.join(map(str, statuses))}" if statuses else "",
             f"steps kept per launch {spread(kept)}" if kept else "",
             f"the last resumed at step {int(runs[-1].get('resumed_from_step') or 0):,}")))]
@@ -97,7 +97,7 @@ def _failure_lines(events: list, replicas=None) -> list[str]:
     events = [e for e in events if isinstance(e, dict)]
     if not events:
         return []
-    copies = f", {replicas} copies of each key range" if replicas else ""
+    copies = f", {replicas} copies of each key range" if (replicas or 0) > 1 else ""
     head = (f"  failures: {len(events)} survived (continue mode{copies}; "
             "metrics.json summary.failures)")
     if len(events) <= MANY:

@@ -200,6 +200,18 @@ def test_two_growths_end_the_job_with_exit_0(tmp_path):
     s = metrics(tmp_path / "two")["summary"]
     assert [ev["workers"] for ev in s["growth"]] == [5, 6]
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN] * 12
+    # the summary repeats the growths (a trial: their lines had scrolled away)
+    assert "  growth: 2 growths, workers 3 -> 5 -> 6 (metrics.json summary.growth)" in out
+    assert "    clock 40 (epoch 1): 2 worker(s) added ([elastic] at_step): 3 -> 5 workers; " in out
+    assert re.search(r"    clock [\d,]+ \(epoch \d+\): 1 worker\(s\) added \(hpcps grow\): 5 -> 6 "
+                     r"workers; pause ", out), out[-3000:]
+    # the progress lines count the steps of each epoch across a growth (they restarted at
+    # "step 1" of the rest of the epoch): under BSP clock - step is the epoch's first clock
+    firsts: dict = {}
+    for e, step, clock in re.findall(r"epoch (\d+)/12  step (\d+)/\d+  clock (\d+)", out):
+        firsts.setdefault(int(e), set()).add(int(clock) - int(step))
+    assert firsts and all(len(v) == 1 for v in firsts.values()), firsts
+    assert "since the re-plan at clock" in out, out[-3000:]
 
 
 def test_hpcps_grow_without_free_slot_is_refused_and_the_job_finishes(tmp_path):

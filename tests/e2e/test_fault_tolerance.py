@@ -16,6 +16,7 @@ can land after the last step of a fast run.
 """
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -75,6 +76,17 @@ def test_worker_killed_mid_epoch_job_finishes_every_example_once(tmp_path, model
     assert 0 < event["recovery_seconds"] <= event["gap_seconds"] < 120
     assert [r["epoch"] for r in m["epochs"]] == [1, 2]
     assert abs(m["epochs"][-1]["test_auc"] - m_ref["epochs"][-1]["test_auc"]) <= 0.005
+    # the summary repeats the loss (a trial: the lines printed at the failure scrolled away)
+    assert "  failures: 1 survived (continue mode; metrics.json summary.failures)" in out
+    assert (f"): worker 2 lost (rank 2, on {socket.gethostname()}); 2 worker(s) continue, "
+            f"{event['examples_reassigned']:,} unread example(s) of the epoch reassigned; "
+            "recovered in ") in out, out[-3000:]
+    # the progress lines after the re-plan go on with the epoch's steps (they restarted at
+    # "step 1" of the rest of the epoch) and give the rate since it
+    after = out[out.index("worker(s) 2 (rank(s) 2) lost"):]
+    step = re.search(r"epoch 1/2  step (\d+)/(\d+)  clock", after)
+    assert step and 20 < int(step.group(1)) < int(step.group(2)), after[:2000]
+    assert f"since the re-plan at clock {event['clock']})" in after, after[:2000]
 
 
 def test_worker_then_server_lost_server_loss_restarts_from_checkpoint(tmp_path):
@@ -90,6 +102,10 @@ def test_worker_then_server_lost_server_loss_restarts_from_checkpoint(tmp_path):
     proc, _ = hpcps(["run", "-n", str(RANKS), "--max-restarts", "1", job], cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "resumed from checkpoint step" in proc.stdout, proc.stdout[-3000:]
+    # the summary lists the two launches (the relaunch resumed the first's checkpoint)
+    assert "  launches: 2 (metrics.json summary.launches)" in proc.stdout, proc.stdout[-3000:]
+    assert re.search(r"    launch 2 started [-\d]+ [:\d]+ UTC, resumed at step \d+ \(this "
+                     r"launch\)", proc.stdout), proc.stdout[-3000:]
     m = metrics(tmp_path, "two")
     assert [r["epoch"] for r in m["epochs"]][-1] == 2 and m["epochs"][-1]["test_auc"] > 0.88
 

@@ -81,6 +81,12 @@ def test_kill_9_a_rank_then_resume_is_bit_identical(tmp_path, kill_ref, victim, 
     assert last["resumed_from_step"] + last["steps"] == KILL_STEPS == s["steps"] + last["resumed_from_step"]
     assert f"done: 2 epoch(s), {KILL_STEPS} steps in all ({s['steps']:,} in this launch, restart " in out, \
         out[-3000:]
+    # the summary lists the launches, with the restart and the status it followed
+    n = s["restarts"]
+    assert (f"  launches: {len(s['launches'])} ({n} restart{'s' if n > 1 else ''} by hpcps run "
+            "--max-restarts; metrics.json summary.launches)") in out, out[-3000:]
+    assert (f": restart {n} after exit status {last['after_status']}, resumed at step "
+            f"{last['resumed_from_step']:,} (this launch)") in out, out[-3000:]
 
 
 def test_resume_on_fewer_and_more_servers_is_bit_identical(tmp_path):

@@ -16,6 +16,7 @@ real ``mpirun --with-ft ulfm`` launches, real ``kill -9``, 3 workers + 3 servers
 """
 
 import json
+import re
 from pathlib import Path
 
 import h5py
@@ -146,6 +147,16 @@ def test_server_killed_then_workers_added_every_example_once(tmp_path):
     assert s["growth"][0]["workers"] == 5 and len(s["workers"]) == 5
     assert [r["server"] for r in s["ranges"]] == [0, 2, 2]
     check_every_example_once(s)
+    # the summary repeats the loss and the growth (a trial: their lines had scrolled away)
+    assert "  failures: 1 survived (continue mode, 2 copies of each key range; " in out, out[-3000:]
+    assert re.search(r"    clock 3[01] \(epoch 1\): server 1 lost \(rank 4, on \S+\); key range 1 "
+                     r"taken over by server 2 \(its backup copy\); recovered in \d", out), out[-3000:]
+    assert "  growth: 1 growth, workers 3 -> 5 (metrics.json summary.growth)" in out
+    assert "    clock 60 (epoch 1): 2 worker(s) added ([elastic] at_step): 3 -> 5 workers; " in out
+    # the progress line goes on with the epoch's steps after the re-plan (it said "step 1/24")
+    # and gives the rate since it
+    assert re.search(r"epoch 1/2  step 61/84  clock 61 ", out), out[-3000:]
+    assert "since the re-plan at clock 60)" in out
 
 
 @pytest.mark.timeout(600)
@@ -164,6 +175,10 @@ def test_server_killed_without_replica_range_reloaded_steps_lost_reported(tmp_pa
     (event,) = s["failures"]
     assert event["reload_step"] == k and event["ranges_reloaded"] == [1]
     assert event["lost_steps"] == {"1": lost} and event["resumed_at"] == {"1": kill_clock}
+    # the summary repeats it, with the steps lost
+    assert re.search(rf"    clock {event['clock']} \(epoch 1\): server 1 lost \(rank 4, on \S+\); "
+                     rf"key range 1 reloaded from checkpoint step {k}, {lost} steps of its "
+                     r"updates lost; recovered in ", out), out[-3000:]
     assert [r["lost_steps"] for r in s["ranges"]] == [0, lost, 0]
     # range 1 misses exactly the examples of the lost steps; the others have every example
     assert [r["examples"] for r in s["ranges"]] == [EXAMPLES, EXAMPLES - lost * STEP_EXAMPLES,

@@ -102,7 +102,7 @@ def test_the_launches_of_a_restarted_run():
                 {"launch": 3, "started": "2026-12-05T19:55:00+00:00", "resumed_from_step": 1000,
                  "restart": 2, "after_status": 137, "steps": 200}]
     assert incident_lines({"launches": launches}) == [
-        "  launches: 3, 2 restarts after a failed launch (metrics.json summary.launches)",
+        "  launches: 3 (2 restarts by hpcps run --max-restarts; metrics.json summary.launches)",
         "    launch 1 started 2026-12-05 19:49:53 UTC, from step 0; 600 steps of it kept by "
         "the next",
         "    launch 2 started 2026-12-05 19:52:10 UTC: restart 1 after exit status 1, resumed "
@@ -113,12 +113,12 @@ def test_the_launches_of_a_restarted_run():
     resumed = [{"launch": 1, "resumed_from_step": None, "steps_kept": 280},
                {"launch": 2, "started": "2026-12-05T20:00:00+00:00", "resumed_from_step": 280}]
     assert incident_lines({"launches": resumed}) == [
-        "  launches: 2, 0 restarts after a failed launch (metrics.json summary.launches)",
+        "  launches: 2 (metrics.json summary.launches)",
         "    launch 1, from step 0; 280 steps of it kept by the next",
         "    launch 2 started 2026-12-05 20:00:00 UTC, resumed at step 280 (this launch)"]
     many = [dict(launches[1], launch=i, resumed_from_step=100 * i, steps_kept=100)
             for i in range(1, 12)]
     (line,) = incident_lines({"launches": many})
-    assert line == ("  launches: 11, 11 restarts after a failed launch (metrics.json "
-                    "summary.launches); exit status(es) 1; steps kept per launch 100; the last "
+    assert line == ("  launches: 11 (11 restarts by hpcps run --max-restarts; metrics.json "
+                    "summary.launches): exit status(es) 1; steps kept per launch 100; the last "
                     "resumed at step 1,100")
