@@ -1228,8 +1228,12 @@ cdef class HashTable:
                 raise ValueError(f"slot {s!r} has shape {np.shape(a)}, expected {want}")
         if n == 0:
             return
-        if np.unique(k).shape[0] != n:
+        # a sort, not np.unique: numpy >= 2.3's hashes the keys, 30x slower at 2^20 random
+        # keys (247 vs 8 ms) and most of a restore's time (2.5 s of 3.1 at 10.1 M keys)
+        srt = np.sort(k)
+        if n > 1 and bool((srt[1:] == srt[:-1]).any()):
             raise ValueError("load: the keys are not distinct")
+        del srt
         present = self.lookup(k) >= 0
         if present.any():
             raise ValueError(f"load: key {int(k[np.argmax(present)])} is already stored")

@@ -189,6 +189,13 @@ def test_load_roundtrip_and_errors():
         b.load(a.keys()[:1], a.weights()[:1])
     with pytest.raises(ValueError, match="not distinct"):
         _table("adam", 2, "float32").load([1, 1], np.zeros((2, 2)))
+    t = _table("adam", 2, "float32")        # apart in the input, and at the int64 ends
+    for dup in ([5, -3, 9, 5], [I64.max, 0, I64.min, I64.max], [I64.min, 1, I64.min]):
+        with pytest.raises(ValueError, match="not distinct"):
+            t.load(dup, np.zeros((len(dup), 2)))
+        assert len(t) == 0
+    t.load([I64.max, I64.min, 0], np.ones((3, 2)))
+    assert sorted(t.keys().tolist()) == [I64.min, 0, I64.max]
     with pytest.raises(ValueError, match="slot 'z'"):
         _table("adam", 2, "float32").load([1], np.zeros((1, 2)), {"z": np.zeros((1, 2))})
 
