@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcps.data import DataError
+from hpcps.core.arrays import distinct
 
 DATASET = "movielens-100k"
 RECBOLE_FILE = ("dataset_example", "ml-100k", "ml-100k.inter")
@@ -166,7 +167,7 @@ def index_ids(train_ids: np.ndarray, test_ids: np.ndarray) -> tuple:
     test_only : int
         Number of distinct ids that occur only in ``test_ids``.
     """
-    known = np.unique(train_ids)
+    known = distinct(train_ids)
     extra = np.setdiff1d(np.unique(test_ids), known)
     vocab = np.concatenate([known, extra])         # known sorted, then extra sorted
     order = np.argsort(vocab, kind="stable")

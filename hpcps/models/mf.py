@@ -40,6 +40,7 @@ from hpcps.core.optim import Optimizer
 from hpcps.core.tables import TableSpec
 from hpcps.models.base import Model
 from hpcps.models.names import ITEM_BIAS, ITEM_FACTORS, USER_BIAS, USER_FACTORS
+from hpcps.core.arrays import distinct
 
 REQUIRED_ATTRS = ("n_users", "n_items", "global_mean")
 
@@ -241,8 +242,8 @@ class MatrixFactorization(Model):
         with no known id is left out."""
         keys = {}
         u, i = X[:, 0], X[:, 1]
-        uk = np.unique(u[u < self.n_users]).astype(np.int64, copy=False)
-        ik = np.unique(i[i < self.n_items]).astype(np.int64, copy=False)
+        uk = distinct(u[u < self.n_users]).astype(np.int64, copy=False)
+        ik = distinct(i[i < self.n_items]).astype(np.int64, copy=False)
         if uk.size:
             keys[USER_FACTORS] = keys[USER_BIAS] = uk
         if ik.size:

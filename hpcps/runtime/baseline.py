@@ -22,6 +22,7 @@ from pathlib import Path
 import xxhash
 
 from hpcps.data.featcache import cache_root, file_digest
+from hpcps.core.arrays import distinct
 
 
 def cache_dir(environ=None) -> Path | None:
@@ -134,7 +135,7 @@ def compact_columns(X, Xt):
 
     if X.shape[1] <= 1 << 24:
         return X, Xt
-    cols = np.unique(X.indices)
+    cols = distinct(X.indices)
 
     def remap(M):
         M = M.tocoo()

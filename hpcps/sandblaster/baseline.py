@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from hpcps.core.arrays import distinct
+
 
 def objective(X, y, w, b: float, l2: float) -> float:
     """``F(w, b)`` evaluated centrally.
@@ -64,7 +66,7 @@ def sklearn_solution(X, y, l2: float, tol: float, max_iter: int = 10000) -> dict
     from sklearn.linear_model import LogisticRegression
 
     n = X.shape[0]
-    cols = np.unique(X.indices)
+    cols = distinct(X.indices)
     t0 = time.perf_counter()
     if l2 > 0:
         c = 1.0 / (l2 * n)

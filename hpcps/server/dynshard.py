@@ -17,6 +17,7 @@ from hpcps.core.consistency import H_CLOCK
 from hpcps.core.dyntables import HashPartition, new_shard
 from hpcps.core.tables import PULL_SHARD_SORTED
 from hpcps.core.errors import DataError
+from hpcps.core.arrays import distinct
 
 #: hot keys per dynamic table in the run summary
 HOT_KEYS = 10
@@ -337,7 +338,7 @@ class DynamicShard:
 
     def touched(self, keys: np.ndarray) -> np.ndarray:
         """Distinct keys of an update (ascending)."""
-        return np.unique(keys)
+        return distinct(keys)
 
     def whole(self, aux: int, nkeys: int, start: int = 0):
         """The reply to a ``PULL_SHARD``: the count, keys or rows (``aux``, see

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcps.core.arrays import distinct
 from hpcps.core.consistency import H_SEQ, header_len
 from hpcps.core.tables import PULL_SHARD_KEY_RANGE, KeyPartition, TableSpec
 from hpcps.kernels.keys import gather_local, push_rows_inplace
@@ -25,12 +26,12 @@ def touched_rows(rows: np.ndarray, n_rows: int) -> np.ndarray:
     """Distinct local rows of an update, ascending int64. Local.
 
     A boolean mask when the update covers at least 1/8 of the shard (linear in the shard),
-    else ``np.unique`` (sorts the update)."""
+    else a sort of the update (:func:`hpcps.core.arrays.distinct`)."""
     if rows.size * 8 >= n_rows:
         mask = np.zeros(n_rows, dtype=bool)
         mask[rows] = True
         return np.flatnonzero(mask).astype(np.int64)
-    return np.unique(rows)
+    return distinct(rows)
 
 
 def rows_of(w: np.ndarray, rows: np.ndarray, pool=None) -> np.ndarray:

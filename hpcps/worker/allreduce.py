@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from hpcps.comm.collectives import allgatherv, allreduce_sum
+from hpcps.core.arrays import distinct
 
 
 class AllReduceClient:
@@ -119,7 +120,7 @@ class AllReduceClient:
             else:
                 buf = np.zeros((spec.num_keys, spec.dim + 1), dtype=np.float64)
                 np.add.at(buf[:, :spec.dim], keys, grads)
-                buf[np.unique(keys), spec.dim] = 1.0
+                buf[distinct(keys), spec.dim] = 1.0
                 buf = allreduce_sum(self.comm, buf)
                 self.bytes_out += buf.nbytes
                 self.bytes_in += buf.nbytes
