@@ -126,7 +126,7 @@ class _Unit:
     the rows ``count[a - start]:count[b - start]``: a step's batch is a slice."""
 
     __slots__ = ("k", "covered", "good", "slot", "y", "indptr", "indices", "data", "start",
-                 "stop", "count")
+                 "stop", "count", "log")
 
 
 class StreamedRows:
@@ -156,7 +156,11 @@ class StreamedRows:
         ``(hi - lo, n_features)``.
     stats : dict
         ``bytes``, ``lines`` read, ``read_seconds`` (reader thread), ``wait_seconds`` (the
-        trainer waiting for a unit), ``skipped`` bad lines.
+        trainer waiting for a unit), ``skipped`` bad lines (of this object's reads: a
+        :meth:`view` shares the parser, not the count).
+    again : dict
+        The part of ``bytes``, ``lines``, ``read_seconds`` and ``wait_seconds`` that was read
+        for nothing and is read again: the lines :meth:`release` gave up.
     """
 
     def __init__(self, index: LineIndex, parser: Parser, lo: int, hi: int, *, unit: int = 65536,
@@ -166,7 +170,10 @@ class StreamedRows:
         self.shape = (self.hi - self.lo, parser.n_features)
         self.unit, self.depth = max(1, int(unit)), max(1, int(depth))
         self.labels = _Labels(self)
-        self.stats = {"bytes": 0, "lines": 0, "read_seconds": 0.0, "wait_seconds": 0.0}
+        self.stats = {"bytes": 0, "lines": 0, "read_seconds": 0.0, "wait_seconds": 0.0,
+                      "skipped": 0}
+        self.again = {"bytes": 0, "lines": 0, "read_seconds": 0.0, "wait_seconds": 0.0}
+        self._log: list = []       # this start's units read: [start, stop, bytes, read s, wait s]
         self._thread = None
         self._stop = threading.Event()
         self._q = None
@@ -188,6 +195,7 @@ class StreamedRows:
         self._loaded = []
         self._last = self._gathered = None
         self._next = self._first_read = int(first)    # where the next step's batch should start
+        self._log = []
         self._thread = threading.Thread(target=self._run, args=(self._order, int(first), self._q,
                                                                 self._stop),
                                         name="hpcps-reader", daemon=True)
@@ -202,11 +210,16 @@ class StreamedRows:
                 a = max(k * self.unit, first)
                 seq = order[a:(k + 1) * self.unit]
                 want = _sorted_lines(seq)
-                t0 = time.perf_counter()
+                t0, b0, s0 = time.perf_counter(), reader.bytes, self.parser.skipped
                 u = self._read_unit(reader, k, want, seq, a)
-                self.stats["read_seconds"] += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                # skipped: this object's count (a view and its parent share the parser)
+                self.stats["skipped"] += self.parser.skipped - s0
+                self.stats["read_seconds"] += dt
                 self.stats["lines"] += int(want.size)
                 self.stats["bytes"] = base + reader.bytes
+                u.log = [u.start, u.stop, reader.bytes - b0, dt, 0.0]
+                self._log.append(u.log)
                 if not _put(q, u, stop) or stop.is_set():
                     return
                 k += 1
@@ -283,13 +296,35 @@ class StreamedRows:
             self._thread = None
         self._loaded = []
 
+    def release(self, pos: int) -> None:
+        """Stop the reader: the lines at positions ``pos`` and later of the order being read
+        will be read again (a re-plan gave their rows out again, or :meth:`start` goes on from
+        ``pos`` after a recovery), so what was read of them is counted in :attr:`again` —
+        lines, bytes, reading and waiting seconds of each unit in proportion to its lines
+        from ``pos`` on. Counted once per :meth:`start`."""
+        self.close()
+        pos = int(pos)
+        for start, stop, nbytes, read_s, wait_s in self._log:
+            if stop <= pos:
+                continue
+            n = stop - max(start, pos)
+            share = n / (stop - start)
+            self.again["lines"] += n
+            self.again["bytes"] += round(nbytes * share)
+            self.again["read_seconds"] += read_s * share
+            self.again["wait_seconds"] += wait_s * share
+        self._log = []
+
     # -- requests -----------------------------------------------------------------------------
     def _next_unit(self) -> _Unit:
         if self._q is None:
             raise RuntimeError("StreamedRows: start() was not called before reading rows")
         t0 = time.perf_counter()
         item = self._q.get()
-        self.stats["wait_seconds"] += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        self.stats["wait_seconds"] += waited
+        if isinstance(item, _Unit):
+            item.log[4] += waited
         if item is None:
             self._q.put(None)
             raise RuntimeError("StreamedRows: asked for lines outside the order being read")
@@ -437,8 +472,9 @@ class StreamedRows:
             return int(y.size), int(h.sum(dtype=np.uint64)), int((h * h).sum(dtype=np.uint64))
 
     def report(self) -> dict:
-        """The reader's counters (:attr:`stats` and ``skipped``)."""
-        return {**self.stats, "skipped": int(self.parser.skipped)}
+        """The reader's counters: :attr:`stats`, and :attr:`again` as ``lines_again``,
+        ``bytes_again``, ``read_seconds_again``, ``wait_seconds_again``."""
+        return {**self.stats, **{f"{k}_again": v for k, v in self.again.items()}}
 
 
 class _Labels:

@@ -28,6 +28,7 @@ from hpcps.core.planning import (capped_steps, epoch_rows, rows_reassigned, segm
 from hpcps.resilience.elastic import JoinPlan
 from hpcps.resilience.recovery import WorkerReport, recover
 from hpcps.worker.events import GrowthRequested, PeerLost, StopRequested
+from hpcps.worker import streaming
 from hpcps.worker.trainer import Cursor, Segment
 
 __all__ = ["supervise", "Supervisor", "regroup"]
@@ -120,7 +121,7 @@ class Supervisor:
             if tr.guard.agree is not None:       # the voted count is the same on every worker
                 tr.guard.rejected = join.nonfinite_rejected
             seg = self.regroup_or_recover(join.epoch, join.plan, join.clock)
-            tr.adopt(seg)
+            streaming.adopt(tr, seg)
         else:
             start_epoch, start_step, plan = tr.prepare(restore, self.ckpt)
         tr.begin_run(start_epoch, self.ckpt)
@@ -195,7 +196,7 @@ class Supervisor:
                     resume = seg is None               # nobody added: the segment goes on
                     if seg is not None:
                         cur.resegment(seg, tr.client.clock_value)
-                        tr.adopt(seg)
+                        streaming.adopt(tr, seg)
                     continue
                 except StopRequested:
                     tr.stop_here(cur, self.ckpt)
@@ -217,7 +218,7 @@ class Supervisor:
                     continue
                 # a worker lost: the rest of the epoch, re-planned over the survivors
                 cur.resegment(seg, tr.client.clock_value)
-                tr.adopt(seg)
+                streaming.adopt(tr, seg)
 
     def regroup_or_recover(self, epoch, plan, clock0) -> Segment:
         """:func:`regroup` at the first clock of a segment, ``clock0`` (a growth, a recovery
@@ -245,8 +246,18 @@ class Supervisor:
             return seg if seg is not None else self.regroup_or_recover(epoch, plan, clock0)
 
     def recover(self, cur):
-        """:meth:`_recover` in the middle of ``cur``'s segment."""
-        return self._recover(cur.epoch, cur.seg_clock0, cur.steps, cur.plan)
+        """:meth:`_recover` in the middle of ``cur``'s segment. Streamed data: what the
+        reader read ahead of the steps this worker goes on from (or, re-planned, finished)
+        is counted as read again (:func:`hpcps.worker.streaming.release`)."""
+        me = self.tr.index
+        seg, first, done_ex = self._recover(cur.epoch, cur.seg_clock0, cur.steps, cur.plan)
+        if seg is not None:       # the re-plan's entry for cur's segment: [workers, done]
+            done = seg.plan[len(cur.plan)][1]
+            streaming.release(cur, done[me] if isinstance(done, list) else done,
+                              self.tr.cfg.train.batch_size)
+        elif self.tr.epochs_agreed <= cur.epoch:
+            streaming.release(cur, first, self.tr.cfg.train.batch_size)
+        return seg, first, done_ex
 
     def _recover(self, epoch, seg_clock0, steps, plan):
         """Recover from the loss of workers or servers in the middle of ``epoch`` (see
@@ -372,6 +383,8 @@ class Supervisor:
             tr.vote = tr.make_vote()                # on the unchanged workers' communicator
             return None
         tr.follow(self.ckpt)                        # the membership the growth changed
+        # the rows this worker's reader read ahead are re-planned: read again
+        streaming.release(cur, plan_next[-1][1], tr.cfg.train.batch_size)
         seg = self.regroup_or_recover(epoch, plan_next, clock)
         if tr.is_chief:
             event.update(epoch=epoch + 1, workers_before=n_old,

@@ -255,6 +255,40 @@ def _server_lines(d: dict, rma: bool) -> list[str]:
     return out
 
 
+def readers_line(s: dict) -> str:
+    """The summary's ``readers:`` line from ``s["reader"]``, one record per worker alive at
+    the end (:func:`hpcps.worker.streaming.reader_report`): the text every reader of this
+    launch read, those a re-plan replaced included. Lines read ahead before a recovery or a
+    growth and read again after it (``*_again``: their rows were given out again, or the
+    worker went on from an earlier step) are named, with their bytes and seconds; the reads of
+    a lost worker (``s["failures"]``) cannot be counted and are said to be missing; a resumed
+    launch's line is this launch's (as the ``done:`` line's examples)."""
+    rd = s["reader"]
+
+    def tot(k):
+        return sum(r.get(k, 0) for r in rd)
+
+    tot_b, tot_read = tot("bytes"), tot("read_seconds")
+    resumed = (s.get("launches") or [{}])[-1].get("resumed_from_step") is not None
+    again = ""
+    if tot("lines_again"):
+        kinds = [k for k, key in (("recovery", "failures"), ("growth", "growth")) if s.get(key)]
+        after = " or a ".join(kinds) or "re-plan"
+        again = (f" ({tot('lines_again'):,} of them, {mb(tot('bytes_again'))} in "
+                 f"{tot('read_seconds_again'):.2f} s, read again after a {after}: read ahead "
+                 "of the steps done then, and given out again)")
+    lost = sum(len(ev.get("dead_workers") or []) for ev in s.get("failures") or [])
+    return (f"  readers{' (this launch)' if resumed else ''}: {mb(tot_b)} of text, "
+            f"{tot('lines'):,} lines{again} "
+            f"({tot_b / 1e6 / tot_read if tot_read else 0:,.1f} MB/s per reader thread); "
+            f"workers waited {tot('wait_seconds'):.2f} s for data"
+            + (f" ({tot('wait_seconds_again'):.2f} s of it for lines read again)" if again else "")
+            + (f"; not counted: what the {lost} lost worker(s) read" if lost else "")
+            + f"; {tot('skipped'):,} bad line(s) skipped; peak RSS per worker "
+            + (spread([r["peak_rss_mb"] for r in rd]) if len(rd) > MANY
+               else ", ".join(f"{r['peak_rss_mb']:,.0f}" for r in rd)) + " MiB")
+
+
 def _servers_spread(servers: list) -> str:
     """One line for many servers: each figure's spread over them."""
     rss = [d["rss_peak_bytes"] / 2**20 for d in servers if d.get("rss_peak_bytes")]
@@ -354,15 +388,7 @@ def summary_lines(s: dict, history: list) -> list[str]:
         lines.append(f"  workers: {read}pull wait {tot_pull:.2f} s, push {tot_push:.2f} s "
                      f"(summed over {n_w} workers{share})")
     if s.get("reader"):                       # streamed data (hpcps.data.lines)
-        rd = s["reader"]
-        tot_b = sum(r["bytes"] for r in rd)
-        tot_read = sum(r["read_seconds"] for r in rd)
-        lines.append(f"  readers: {mb(tot_b)} of text, {sum(r['lines'] for r in rd):,} lines "
-                     f"({tot_b / 1e6 / tot_read if tot_read else 0:,.1f} MB/s per reader thread); "
-                     f"workers waited {sum(r['wait_seconds'] for r in rd):.2f} s for data; "
-                     f"{sum(r['skipped'] for r in rd):,} bad line(s) skipped; peak RSS per worker "
-                     + (spread([r["peak_rss_mb"] for r in rd]) if len(rd) > MANY
-                        else ", ".join(f"{r['peak_rss_mb']:,.0f}" for r in rd)) + " MiB")
+        lines.append(readers_line(s))
     lines.extend(_hosts_lines(s))
     if history and all(k in history[-1] for k in ("test_auc", "test_logloss", "test_accuracy")):
         h = history[-1]

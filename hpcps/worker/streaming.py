@@ -15,7 +15,12 @@ from hpcps.data import DataError
 from hpcps.data.source import stream_index
 
 __all__ = ["index_files", "check_stream_settings", "check_stream_restore", "stream_extra",
-           "log_rows", "reader_report"]
+           "log_rows", "adopt", "release", "reader_report"]
+
+#: A worker's reader counters, in :func:`reader_report`'s records (``_again``: the part read
+#: for nothing and read again, :meth:`hpcps.data.lines.StreamedRows.release`)
+COUNTERS = ("bytes", "lines", "read_seconds", "wait_seconds", "skipped", "bytes_again",
+            "lines_again", "read_seconds_again", "wait_seconds_again")
 
 
 def index_files(tr) -> None:
@@ -123,24 +128,46 @@ def log_rows(tr, cur, rows, epoch) -> None:
     tr._row_log.flush()
 
 
+def adopt(tr, seg) -> None:
+    """:meth:`~hpcps.worker.trainer.Trainer.adopt` of ``seg`` after a re-plan, keeping the
+    test reader it replaces in the readers' counters (found by a trial: the evaluations read
+    before a growth or a recovery dropped out of the summary's ``readers:`` line). Local."""
+    if hasattr(tr.Xt, "report"):
+        tr._readers[id(tr.Xt)] = tr.Xt
+    tr.adopt(seg)
+
+
+def release(cur, steps: int, batch_size: int) -> None:
+    """The segment of ``cur`` ends after ``steps`` of its steps on this worker (a re-plan
+    gives the rest of its rows out again, or it goes on from that step after a recovery):
+    what its reader read ahead of them is counted as read again
+    (:meth:`hpcps.data.lines.StreamedRows.release`). Local."""
+    if cur is not None and hasattr(cur.Xe, "release"):
+        cur.Xe.release(int(steps) * batch_size)
+
+
 def reader_report(tr, elapsed: float) -> list:
     """Every worker's reader counters and peak memory, gathered (the chief's list, one
-    dict per worker: ``bytes``, ``lines``, ``read_seconds``, ``wait_seconds``,
-    ``skipped``, ``peak_rss_mb``, ``mb_per_second``). Collective over the workers."""
+    dict per worker: the :data:`COUNTERS`, ``peak_rss_mb``, ``mb_per_second``). Every
+    reader the worker started counts, also those a re-plan replaced. Collective over the
+    workers."""
     import resource
 
-    tot = {"bytes": 0, "lines": 0, "read_seconds": 0.0, "wait_seconds": 0.0, "skipped": 0}
-    for r in list(tr._readers.values()) + ([tr.Xt] if hasattr(tr.Xt, "report") else []):
+    tot = dict.fromkeys(COUNTERS, 0)
+    readers = {**tr._readers, **({id(tr.Xt): tr.Xt} if hasattr(tr.Xt, "report") else {})}
+    for r in readers.values():
         r.close()
         for k, v in r.report().items():
             tot[k] += v
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0      # KiB -> MiB
     # int64 rows: seconds and MiB in millionths
-    row = [tot["bytes"], tot["lines"], round(tot["read_seconds"] * 1e6),
-           round(tot["wait_seconds"] * 1e6), tot["skipped"], round(rss * 1e6)]
-    rows = allgather_rows(tr.comm, row)
-    return [{"worker": w, "bytes": int(r[0]), "lines": int(r[1]), "read_seconds": r[2] / 1e6,
-             "wait_seconds": r[3] / 1e6, "skipped": int(r[4]), "peak_rss_mb": r[5] / 1e6,
-             "mb_per_second": float(r[0] / r[2]) if r[2] else 0.0,
-             "train_seconds": elapsed}
-            for w, r in enumerate(rows.tolist())]
+    micro = [k for k in COUNTERS if k.startswith(("read_seconds", "wait_seconds"))]
+    row = [round(tot[k] * 1e6) if k in micro else int(tot[k]) for k in COUNTERS]
+    rows = allgather_rows(tr.comm, row + [round(rss * 1e6)])
+    out = []
+    for w, r in enumerate(rows.tolist()):
+        d = {k: (v / 1e6 if k in micro else int(v)) for k, v in zip(COUNTERS, r)}
+        rate = d["bytes"] / 1e6 / d["read_seconds"] if d["read_seconds"] else 0.0
+        out.append({"worker": w, **d, "peak_rss_mb": r[-1] / 1e6, "mb_per_second": rate,
+                    "train_seconds": elapsed})
+    return out

@@ -143,7 +143,11 @@ def test_restart_after_kill_9_reads_every_row_once(tmp_path, data):
                     if int(f.read_text().split(None, 2)[1]) == 1}
     got = identity(logs, lambda f, clock: f not in first_launch or clock <= resumed)
     assert got == {0: want, 1: want}
-    assert "readers:" in out and "bad line(s) skipped" in out
+    # the readers' line is this launch's (the first launch's counters died with it): its
+    # training rows and 2 evaluations of the 3000 test lines, nothing read twice
+    assert "readers (this launch):" in out and "bad line(s) skipped" in out
+    assert sum(r["lines"] for r in s["reader"]) == s["examples"] + 2 * 3000
+    assert sum(r["lines_again"] for r in s["reader"]) == 0
     # the checkpoint names each reader's position: file, line, the block's rows read
     m = ck.verify(ck.step_dir(tmp_path / "restart", 80))
     info = json.loads(m["stream"])
@@ -181,6 +185,16 @@ def test_worker_killed_in_continue_mode_every_row_once(tmp_path, data):
     assert identity(logs) == {0: want, 1: want}
     s = json.loads((tmp_path / "cont" / "metrics.json").read_text())["summary"]
     assert s["servers"][0]["examples_per_epoch"] == [N_TRAIN, N_TRAIN]
+    # found by a scale trial: the lines the survivors read ahead before the recovery and read
+    # again after it were counted as new. Now named; with the lines worker 2 trained on
+    # before it was lost (its reads are not counted) every line is read once per epoch and
+    # evaluation: 2 * (9000 + 3000)
+    rd, (ev,) = s["reader"], s["failures"]
+    again = sum(r["lines_again"] for r in rd)
+    assert again > 0 and f"{again:,} of them" in out and "read again after a recovery" in out
+    assert "not counted: what the 1 lost worker(s) read" in out
+    dead = ev["worker_steps_done"][2] * 32
+    assert sum(r["lines"] for r in rd) - again + dead == 2 * (N_TRAIN + 3000)
 
 
 @pytest.mark.parametrize("consistency", ["bsp", "async"])
@@ -196,6 +210,14 @@ def test_workers_added_every_row_once(tmp_path, data, consistency):
     assert "2 worker(s) added at clock 40 (epoch 1): 5 workers" in proc.stdout, proc.stdout[-3000:]
     assert identity(logs) == {0: want, 1: want}
     m = json.loads((tmp_path / "grow" / "metrics.json").read_text())
+    # found by a scale trial: the readers replaced at the re-plan dropped out of the readers'
+    # line, and the lines read ahead before it and read again after it counted as new. Every
+    # line once per epoch and evaluation, the lines read again named apart
+    rd = m["summary"]["reader"]
+    again = sum(r["lines_again"] for r in rd)
+    assert sum(r["lines"] for r in rd) - again == 2 * (N_TRAIN + 3000)
+    assert again > 0 and f"{again:,} of them" in proc.stdout
+    assert "read again after a growth" in proc.stdout
     assert m["epochs"][-1]["test_auc"] > 0.6
 
 
