@@ -268,7 +268,8 @@ def test_added_worker_killed_in_continue_mode_job_finishes_every_example_once(tm
     lines: list = []
     try:
         read_until(p, "worker(s) added at clock 40", lines)
-        read_until(p, "epoch 1/10  step 5/", lines)
+        # 5 steps after the growth: the progress line counts the epoch's steps (40 before it)
+        read_until(p, "epoch 1/10  step 45/", lines)
         (victim, *_) = join_pids(tmp_path)
         os.kill(victim, signal.SIGKILL)
         out, _ = p.communicate(timeout=600)
