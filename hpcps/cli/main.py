@@ -264,6 +264,7 @@ def cmd_run(args) -> int:
         print(f"hpcps run: mpirun exited with status {rc} because {why}; the job itself "
               "finished", flush=True)
         rc = 0
+    _say_lost(cfg, n, rc, t_launch, args, 0)
     if rc and not restartable(rc) and args.max_restarts:
         print(f"hpcps run: mpirun exited with status {rc} ({describe(rc)}): not restarting, "
               "a relaunch would fail the same way", flush=True)
@@ -283,7 +284,46 @@ def cmd_run(args) -> int:
         t_launch = time.time()
         rc = _checked(launch.run(cmd, env), cfg, t_launch, args)
         run_dir.clear_stale_running()
+        _say_lost(cfg, n, rc, t_launch, args, restarts)
     return rc
+
+
+def _say_lost(cfg, n: int, rc: int, since: float, args, restarts: int) -> None:
+    """After a launch of ``n`` ranks (started at ``since``) that mpirun ended with ``rc``
+    because a rank was lost (no rank aborted, no stop signal forwarded): say on stderr which
+    rank, when in the run, and how the run resumes (:mod:`hpcps.runtime.lostrank`); mpirun's
+    own message says only that a process ended. ``restarts``: relaunches done so far. Local."""
+    from hpcps.core.exitcodes import restartable
+    from hpcps.core.signals import EXIT_REQUEUE
+    from hpcps.runtime import launch, lostrank
+
+    if (rc == 0 or rc == EXIT_REQUEUE or not restartable(rc) or launch.forwarded
+            or launch.last["abort"] is not None):
+        return
+    relaunch = f"restart {restarts + 1}/{args.max_restarts}" if restarts < args.max_restarts else None
+    text = lostrank.explain(cfg, n, rc, launch.last["stderr"], since, _resume_command(args),
+                            relaunch)
+    if text:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def _resume_command(args) -> str:
+    """The ``hpcps run`` command line that resumes the job of ``args`` (``hpcps run`` or
+    ``check``) from its newest whole checkpoint: same ranks, job, mpirun and mpirun
+    arguments; ``--resume`` left at ``auto``."""
+    import shlex
+
+    cmd = ["hpcps", "run"]
+    if args.n:
+        cmd += ["-n", str(args.n)]
+    if args.mpirun:
+        cmd += ["--mpirun", args.mpirun]
+    if args.job:
+        cmd.append(args.job)
+    if args.mpirun_args:
+        cmd += ["--", *args.mpirun_args]
+    return shlex.join(cmd)
 
 
 def _checked(rc: int, cfg, since: float, args) -> int:

@@ -26,6 +26,10 @@
 * removes, just before mpirun starts, a session directory that an earlier, killed Open MPI
   mpirun with the same process id left (it would make mpirun exit with status 213 at once:
   :func:`clear_stale_session_dir`);
+* passes mpirun's stderr on to its own as it comes, keeping the last
+  :data:`STDERR_TAIL_BYTES` of it in :data:`last` (``"stderr"``) with the status a rank
+  aborted with (``"abort"``): after a rank was lost, ``hpcps run`` reads there which one
+  mpirun saw end (:mod:`hpcps.runtime.lostrank`);
 * returns mpirun's exit status.
 """
 
@@ -38,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +60,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: every process of mpirun's session (an added worker ends itself ``join_timeout`` after its
 #: start, and MPI_Abort's teardown takes a few seconds).
 ABORT_EXIT_SECONDS = 20.0
+
+#: Bytes of the end of mpirun's stderr kept for :data:`last` (mpirun's message about a lost
+#: rank is among its last lines).
+STDERR_TAIL_BYTES = 65536
+
+#: Seconds :func:`run` waits, after mpirun and its session ended, for the end of mpirun's
+#: stderr (a process outside the session may still hold it).
+STDERR_DRAIN_SECONDS = 5.0
 
 
 def find_mpirun(explicit: str | None = None) -> str:
@@ -152,6 +165,11 @@ def build_launch(n: int, program, *, mpirun: str, flavour=("unknown", 0), cores=
 #: Signals forwarded during the last :func:`run` (a user or scheduler asked to stop).
 forwarded: list = []
 
+#: The last :func:`run`'s ``"stderr"`` (the end of mpirun's stderr, text) and ``"abort"``
+#: (the status a rank aborted the job with, :func:`hpcps.core.procs.mark_abort`; None when
+#: no rank did).
+last: dict = {"stderr": "", "abort": None}
+
 
 def session_dir(pid: int, environ=None) -> Path:
     """Where Open MPI 5's mpirun with process id ``pid`` keeps its session directory:
@@ -196,8 +214,10 @@ def run(cmd: list[str], env_extra: dict, abort_exit_seconds: float = ABORT_EXIT_
     """Run ``cmd`` (mpirun), forwarding signals; return its exit status (128 + signal if
     killed), or :data:`EXIT_INTERRUPTED` after a SIGINT (saying so on stderr).
 
-    The child runs in a session of its own with stdin from ``/dev/null`` and, on
-    Linux, SIGTERM as its parent-death signal (see the module docstring). When a rank aborts
+    The child runs in a session of its own with stdin from ``/dev/null``, its stderr passed
+    on to this process's through a pipe (the end of it, and the status a rank aborted with,
+    in :data:`last`) and, on Linux, SIGTERM as its parent-death signal (see the module
+    docstring). When a rank aborts
     the job (it writes the file named by ``HPCPS_ABORT_MARK`` in the child's environment, a
     file in a temporary directory of this call) and the child has not exited
     ``abort_exit_seconds`` later, every process of its session is killed (SIGKILL), saying so
@@ -212,6 +232,7 @@ def run(cmd: list[str], env_extra: dict, abort_exit_seconds: float = ABORT_EXIT_
     mark = Path(mark_dir) / "aborted"
     env[ABORT_MARK_ENV] = str(mark)
     forwarded.clear()
+    last.update(stderr="", abort=None)
     parent = os.getpid()
     prctl = libc_prctl()
 
@@ -247,15 +268,21 @@ def run(cmd: list[str], env_extra: dict, abort_exit_seconds: float = ABORT_EXIT_
             pass
 
     old = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    relay = None
     try:
         child.append(subprocess.Popen(cmd, env=env, preexec_fn=before_exec,
-                                      start_new_session=True, stdin=subprocess.DEVNULL))
+                                      start_new_session=True, stdin=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE))
+        relay = _Relay(child[0].stderr)
         for signum in early:
             child[0].send_signal(signum)
         rc = _wait(child[0], mark, abort_exit_seconds)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if relay is not None:
+            last["stderr"] = relay.finish(STDERR_DRAIN_SECONDS)
+        last["abort"] = read_abort_mark(mark)
         shutil.rmtree(mark_dir, ignore_errors=True)
     rc = 128 - rc if rc < 0 else rc
     if signal.SIGINT in forwarded:
@@ -265,6 +292,52 @@ def run(cmd: list[str], env_extra: dict, abort_exit_seconds: float = ABORT_EXIT_
         sys.stderr.flush()
         return EXIT_INTERRUPTED
     return rc
+
+
+class _Relay:
+    """Copy a pipe (mpirun's stderr) to this process's file descriptor 2 as it comes, in a
+    thread, keeping its last :data:`STDERR_TAIL_BYTES`. Local."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.tail = bytearray()
+        self.thread = threading.Thread(target=self._copy, name="hpcps-mpirun-stderr", daemon=True)
+        self.thread.start()
+
+    def _copy(self) -> None:
+        fd = self.pipe.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            try:                      # never stop reading: a full pipe would stop mpirun
+                _write_all(2, chunk)
+                self.tail += chunk
+                del self.tail[:-STDERR_TAIL_BYTES]
+            except Exception:         # noqa: BLE001 - best effort, as mpirun's own stderr
+                pass
+
+    def finish(self, timeout: float) -> str:
+        """Wait at most ``timeout`` s for the pipe's end; the tail copied so far, as text."""
+        self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.pipe.close()
+        return bytes(self.tail).decode(errors="replace")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``; a closed or failing ``fd`` drops it (best effort)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return
 
 
 def _sweep(sid: int, rc: int) -> None:

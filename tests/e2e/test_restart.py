@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ import pytest
 
 from hpcps import checkpoint as ck
 from tests.e2e.restart_jobs import assert_identical, job, weights
-from tests.helpers import hpcps, launch, mpi_env, rank_pids
+from tests.helpers import hpcps, kill_session, launch, mpi_env, rank_pids
 
 pytestmark = pytest.mark.slow      # launches mpirun (python tests/run.py; pytest -m "not slow" leaves it out)
 
@@ -87,6 +88,82 @@ def test_kill_9_a_rank_then_resume_is_bit_identical(tmp_path, kill_ref, victim, 
             "--max-restarts; metrics.json summary.launches)") in out, out[-3000:]
     assert (f": restart {n} after exit status {last['after_status']}, resumed at step "
             f"{last['resumed_from_step']:,} (this launch)") in out, out[-3000:]
+    # hpcps run says which rank was lost and where the relaunch resumes (before: Open MPI's
+    # message alone)
+    role = "server 0" if victim == "server" else f"worker {rank}" + (", the chief" if rank == 0 else "")
+    assert (f"hpcps run: rank {rank} ({role}) was lost: killed by signal 9 (SIGKILL) on host "
+            in out and ", during training" in out), out[-3000:]
+    assert "the newest whole one" in out and "relaunching it now (restart 1/2)." in out, out[-3000:]
+
+
+#: ``sitecustomize`` of the ranks of
+#: :func:`test_rank_killed_in_the_final_checkpoint_is_explained_and_resumed`:
+#: the chief, about to write the final checkpoint's manifest (the servers' shards are written),
+#: creates ``$FINAL_FLAG`` and waits there; ``hpcps run`` itself is left alone
+SLOW_FINAL = '''
+import os, time
+if os.environ.get("OMPI_COMM_WORLD_RANK") is not None and os.environ.get("FINAL_FLAG"):
+    from hpcps import checkpoint as ckpt
+    _write_manifest = ckpt.write_manifest
+    def write_manifest(directory, **k):
+        if ckpt.finished(k, int(os.environ["FINAL_EPOCHS"])):
+            open(os.environ["FINAL_FLAG"], "w").close()
+            time.sleep(300)
+        return _write_manifest(directory, **k)
+    ckpt.write_manifest = write_manifest
+'''
+
+
+@pytest.mark.parametrize("victim", [3, 1])
+def test_rank_killed_in_the_final_checkpoint_is_explained_and_resumed(tmp_path, victim):
+    """Found by a scale trial: a rank killed (``kill -9``) while the job wrote its final
+    checkpoint ended ``hpcps run`` with Open MPI's message alone. Now ``hpcps run`` says which
+    rank was lost, in the final checkpoint of which step, that this checkpoint is incomplete
+    and skipped, and the command that resumes; it exits within seconds, non-zero, and that
+    command finishes the run from the checkpoint before."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_FINAL)
+    flag = tmp_path / "in-final-checkpoint"
+    end = job(tmp_path, "end", epochs=1, every=10)      # 4,800 train rows: 25 steps of 64
+    env = mpi_env(FINAL_FLAG=str(flag), FINAL_EPOCHS="1",
+                  PYTHONPATH=os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+    p = subprocess.Popen([sys.executable, "-m", "hpcps", "run", "-n", "4", str(end)], cwd=tmp_path,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while not flag.exists() and time.time() < deadline and p.poll() is None:
+            time.sleep(0.02)
+        assert flag.exists(), p.communicate(timeout=60)[0][-3000:]
+        os.kill(rank_pids(end)[victim], signal.SIGKILL)
+        t_kill = time.time()
+        out, _ = p.communicate(timeout=120)
+        waited = time.time() - t_kill
+    finally:
+        if p.poll() is None:
+            kill_session(p.pid)
+            p.wait()
+    steps = ck.list_steps(tmp_path / "end")
+    final, before = steps[-1], steps[-2]
+    assert p.returncode == 128 + signal.SIGKILL and waited < 30, (p.returncode, waited, out[-3000:])
+    role = "server 0" if victim == 3 else "worker 1"
+    assert (f"hpcps run: rank {victim} ({role}) was lost: killed by signal 9 (SIGKILL) on host "
+            f"{socket.gethostname()}, during the final checkpoint of step {final} (after the last "
+            "epoch, 1 of 1)") in out, out[-3000:]
+    name, whole = ck.step_dir(tmp_path, final).name, ck.step_dir(tmp_path, before).name
+    assert (f"hpcps run: Checkpoint {name} is incomplete (no manifest.h5 written" in out
+            and f"will be skipped; the run resumes from checkpoint {whole}, the newest whole one"
+            in out), out[-3000:]
+    command = f"hpcps run -n 4 {end}"
+    assert f"hpcps run:   {command}\n" in out, out[-3000:]
+    # that command (without the slow hook) skips the half-written checkpoint and finishes
+    proc, _ = hpcps(command.split()[1:], cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    both = proc.stdout + proc.stderr
+    assert f"skipping checkpoint {name}: no manifest.h5" in both, both[-3000:]
+    assert f"resumed from checkpoint step {before} " in both, both[-3000:]
+    assert ck.verify(ck.step_dir(tmp_path / "end", final))["step"] == final
 
 
 def test_resume_on_fewer_and_more_servers_is_bit_identical(tmp_path):
