@@ -1063,3 +1063,187 @@ def send_rows(MPI.Comm comm, int dest, int tag, w, rows, header, sendbuf):
     if ierr != MPI_SUCCESS:
         raise MPIException(ierr)
     return total
+
+
+cdef inline cnp.ndarray _c_array(a):
+    """``a`` as an ndarray when it is one and C-contiguous, else None (the caller falls back)."""
+    if type(a) is not cnp.ndarray or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a):
+        return None
+    return <cnp.ndarray>a
+
+
+def send_step(MPI.Comm comm, int tag, int reply_tag0, ranks, todo, int64_t clock,
+              int64_t n_examples, int64_t seq, int64_t epoch, dict staged, pulls, take,
+              Py_ssize_t max_request, Py_ssize_t max_reply, int64_t[::1] pushes_sent,
+              int64_t[:, ::1] counts, int op_clock, int op_push_clock, int op_step,
+              int op_push, int op_pull):
+    """A worker's clock to each key range of ``todo`` — with the step's held pushes and the
+    next step's pulls — packed and started in one call (issue 20: the per-range Python work
+    of :meth:`hpcps.worker.client.PSClient.clock`). Point-to-point.
+
+    Per range ``s`` one message on ``tag`` to ``ranks[s]``, as the Python path sends it: a
+    ``CLOCK`` header (nothing held for ``s``); a ``PUSH_CLOCK`` (pushes, no pull); or a
+    ``PUSH_CLOCK_PULL`` (pulls) — header ``[op, pushes, clock, keys pushed, n_examples,
+    seq, pulls, epoch, s]``, the parts' descriptions (:data:`hpcps.comm.protocol.PART_LEN`
+    int64 each: a push's ``[table, keys, examples, dim, version]`` from its PUSH header, a
+    pull's ``[table, keys, 0, dim, 0]``), each push's keys and values, each pull's keys.
+    The receive of the reply to a range's pulls (each pull's rows then its shard header, one
+    message on ``reply_tag0 + 2 s``) is posted before its request is sent.
+
+    Parameters
+    ----------
+    ranks : sequence of int
+        The ``ps`` rank of each key range.
+    todo : sequence of int
+        The ranges to clock.
+    staged : dict
+        Range -> list of ``(PUSH header int64 (9,), keys int64 (n,), values)`` held pushes.
+    pulls : list or None
+        Per range, a list of ``(table, keys int64 (n,), rows (n, dim), header int64)``: the
+        pulls and the C-contiguous buffers of their replies.
+    take : callable((nbytes,), dtype) -> ndarray
+        Gives the send buffer (kept by the caller until the sends complete).
+    max_request, max_reply : int
+        Largest message and largest reply taken here.
+    pushes_sent : int64 (n_ranges,)
+        Push messages per range: increased by each range's pushes.
+    counts : int64 (ops, 4)
+        Per op code, messages, bytes out, bytes in and keys, increased as
+        :class:`~hpcps.comm.protocol.TrafficStats` counts the Python path.
+    op_clock, op_push_clock, op_step, op_push, op_pull : int
+        The op codes.
+
+    Returns
+    -------
+    None (nothing sent: a message or a reply above its limit, an array not C-contiguous), or
+    ``(requests, sendbuf, recvbuf, unpack)``: the started ``MPI.Request`` objects (receives
+    first per range), the two buffers to keep until they complete, and the ``(stage, rows,
+    header)`` copies that complete the replies (:func:`unpack`).
+
+    Raises
+    ------
+    mpi4py.MPI.Exception
+        If an ``MPI_Irecv`` or ``MPI_Isend`` fails.
+    """
+    cdef Py_ssize_t i, j, nt = len(todo), total = 0, rtotal = 0, nbytes, reply, pos, rpos
+    cdef Py_ssize_t n_parts, n_pulls, nkeys
+    cdef int64_t s, op
+    cdef int64_t* p
+    cdef int64_t* hp
+    cdef char* base
+    cdef char* rbase = NULL
+    cdef cnp.ndarray a, b, h
+    cdef int ierr
+    cdef MPI.Request rq
+    sizes = []
+    for i in range(nt):                  # sizes and checks: nothing sent when one fails
+        s = todo[i]
+        parts = staged.get(s) or ()
+        pl = pulls[s] if pulls is not None else ()
+        nbytes = 72
+        reply = 0
+        if parts or pl:
+            nbytes += 40 * (len(parts) + len(pl))
+            for hh, k, g in parts:
+                a = _c_array(k)
+                b = _c_array(g)
+                if a is None or b is None or _c_array(hh) is None:
+                    return None
+                nbytes += cnp.PyArray_NBYTES(a) + cnp.PyArray_NBYTES(b)
+            for tid, k, rows, hdr in pl:
+                a = _c_array(k)
+                b = _c_array(rows)
+                if a is None or b is None or _c_array(hdr) is None:
+                    return None
+                nbytes += cnp.PyArray_NBYTES(a)
+                reply += cnp.PyArray_NBYTES(b) + cnp.PyArray_NBYTES(<cnp.ndarray>hdr)
+        if nbytes > max_request or reply > max_reply:
+            return None
+        sizes.append((nbytes, reply))
+        total += nbytes
+        rtotal += reply
+    sendbuf = take((total,), np.uint8)
+    base = <char*>cnp.PyArray_DATA(<cnp.ndarray>sendbuf)
+    recvbuf = None
+    if rtotal:
+        recvbuf = np.empty(rtotal, dtype=np.uint8)
+        rbase = <char*>cnp.PyArray_DATA(<cnp.ndarray>recvbuf)
+    reqs = []
+    unpack = []
+    pos = rpos = 0
+    for i in range(nt):
+        s = todo[i]
+        nbytes, reply = sizes[i]
+        parts = staged.get(s) or ()
+        pl = pulls[s] if pulls is not None else ()
+        n_parts = len(parts)
+        n_pulls = len(pl)
+        if reply:                         # the reply's receive first
+            rq = MPI.Request.__new__(MPI.Request)
+            ierr = MPI_Irecv(rbase + rpos, <int>reply, MPI_BYTE, <int>ranks[s],
+                             reply_tag0 + 2 * <int>s, comm.ob_mpi, &rq.ob_mpi)
+            if ierr != MPI_SUCCESS:
+                raise MPIException(ierr)
+            reqs.append(rq)
+            counts[op_pull, 2] += reply
+            for tid, k, rows, hdr in pl:
+                j = cnp.PyArray_NBYTES(<cnp.ndarray>rows) + cnp.PyArray_NBYTES(<cnp.ndarray>hdr)
+                unpack.append((recvbuf[rpos:rpos + j], rows, hdr))
+                rpos += j
+        p = <int64_t*>(base + pos)
+        op = op_step if n_pulls else (op_push_clock if n_parts else op_clock)
+        p[0] = op
+        p[1] = n_parts
+        p[2] = clock
+        p[3] = 0
+        p[4] = n_examples
+        p[5] = seq if (n_parts or n_pulls) else 0
+        p[6] = n_pulls
+        p[7] = epoch
+        p[8] = s
+        j = 9
+        nkeys = 0
+        for hh, k, g in parts:
+            hp = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>hh)
+            p[j] = hp[1]
+            p[j + 1] = hp[3]
+            p[j + 2] = hp[4]
+            p[j + 3] = hp[6]
+            p[j + 4] = hp[7]
+            nkeys += hp[3]
+            j += 5
+        p[3] = nkeys
+        for tid, k, rows, hdr in pl:
+            p[j] = tid
+            p[j + 1] = (<cnp.ndarray>k).shape[0]
+            p[j + 2] = 0
+            p[j + 3] = (<cnp.ndarray>rows).shape[1] if (<cnp.ndarray>rows).ndim > 1 else 1
+            p[j + 4] = 0
+            j += 5
+        counts[op, 0] += 1
+        counts[op, 1] += 8 * j
+        counts[op, 3] += nkeys
+        j = pos + 8 * j
+        for hh, k, g in parts:
+            a = <cnp.ndarray>k
+            b = <cnp.ndarray>g
+            memcpy(base + j, cnp.PyArray_DATA(a), cnp.PyArray_NBYTES(a))
+            j += cnp.PyArray_NBYTES(a)
+            memcpy(base + j, cnp.PyArray_DATA(b), cnp.PyArray_NBYTES(b))
+            j += cnp.PyArray_NBYTES(b)
+            counts[op_push, 1] += cnp.PyArray_NBYTES(a) + cnp.PyArray_NBYTES(b)
+        for tid, k, rows, hdr in pl:
+            a = <cnp.ndarray>k
+            memcpy(base + j, cnp.PyArray_DATA(a), cnp.PyArray_NBYTES(a))
+            j += cnp.PyArray_NBYTES(a)
+            counts[op_pull, 1] += cnp.PyArray_NBYTES(a)
+            counts[op_pull, 3] += a.shape[0]
+        rq = MPI.Request.__new__(MPI.Request)
+        ierr = MPI_Isend(base + pos, <int>nbytes, MPI_BYTE, <int>ranks[s], tag, comm.ob_mpi,
+                         &rq.ob_mpi)
+        if ierr != MPI_SUCCESS:
+            raise MPIException(ierr)
+        reqs.append(rq)
+        pushes_sent[s] += n_parts
+        pos += nbytes
+    return reqs, sendbuf, recvbuf, unpack

@@ -12,10 +12,10 @@ from hpcps.comm import core as _core
 from hpcps.comm.buffers import BufferPool
 from hpcps.comm.compiled import _fast
 from hpcps.comm.core import cores_dedicated, irecv_array, isend_array, pack_into, waitall
-from hpcps.comm.protocol import (DEFER_MAX_BYTES, H_NKEYS, H_OP, HEADER_BYTES, INLINE_BYTES,
-                                 KEY_FMT, PULL, PUSH, REQUEST_BYTES, TAG_KEYS, TAG_REPLY, TAG_REQ,
-                                 TAG_VALS, TrafficStats, one_message, one_reply, one_request,
-                                 reply_tag)
+from hpcps.comm.protocol import (CLOCK, DEFER_MAX_BYTES, H_NKEYS, H_OP, HEADER_BYTES,
+                                 INLINE_BYTES, KEY_FMT, PULL, PUSH, PUSH_CLOCK, PUSH_CLOCK_PULL,
+                                 REQUEST_BYTES, TAG_KEYS, TAG_REPLY, TAG_REQ, TAG_VALS,
+                                 TrafficStats, one_message, one_reply, one_request, reply_tag)
 
 class WorkerEndpoint:
     """A worker's side of the protocol: send requests to servers, receive replies.
@@ -56,6 +56,8 @@ class WorkerEndpoint:
         #: buffers of requests packed here (_send_one), reused once complete() sent them
         self._packs = BufferPool()
         self._packed: list = []
+        #: per op code, messages, bytes out, bytes in and keys of a compiled clock_step
+        self._step_counts = np.zeros((16, 4), dtype=np.int64)
 
     def send(self, server: int, header: np.ndarray, keys=None, values=None,
              more=()) -> None:
@@ -178,6 +180,44 @@ class WorkerEndpoint:
                        keys=keys.size, seconds=time.perf_counter() - t0)
         return True
 
+    def clock_step(self, todo, clock: int, n_examples: int, seq: int, epoch: int, staged: dict,
+                   pulls, pushes_sent: np.ndarray) -> bool:
+        """Clock each key range of ``todo``, with the step's held pushes ``staged`` (range ->
+        ``[(PUSH header, keys, values)]``) and the next step's ``pulls`` (per range
+        ``[(table, keys, rows, header)]``, or None), in one compiled call
+        (:func:`hpcps.comm.fastpath.send_step`: one message per range, sent without
+        waiting; the replies' receives posted first and completed by :meth:`complete`).
+        Counted as the Python path counts them; ``pushes_sent`` (per range) increased.
+
+        Returns whether it did. False — nothing sent — without the compiled path, in
+        continue mode (its waits are watched), or when a range's request is more than one
+        message (:func:`one_request`), its reply more than one (:func:`one_reply`) or an
+        array is not C-contiguous: the caller then sends them as before."""
+        if not self.compiled or _core.WATCH:
+            return False
+        counts = self._step_counts
+        got = _fast.send_step(self.comm, TAG_REQ, TAG_REPLY, self.server_ranks, todo, clock,
+                              n_examples, seq, epoch, staged, pulls, self._packs.take,
+                              min(REQUEST_BYTES, self.max_bytes), self._reply_limit,
+                              pushes_sent, counts, CLOCK, PUSH_CLOCK, PUSH_CLOCK_PULL, PUSH,
+                              PULL)
+        if got is None:
+            return False
+        reqs, sendbuf, recvbuf, unpack = got
+        self._reqs.extend(reqs)
+        self._packed.append(sendbuf)          # back to the pool once sent
+        self._keep.append(sendbuf)
+        if recvbuf is not None:
+            self._keep.append(recvbuf)
+        self._unpack.extend(unpack)
+        rows = counts.tolist()
+        for op in _STEP_OPS:
+            m, out, inn, keys = rows[op]
+            if m or out or inn or keys:
+                self.stats.add(op, messages=m, out=out, inn=inn, keys=keys)
+        counts.fill(0)
+        return True
+
     def _abandon_buffers(self, sendbuf) -> None:
         """After a failed watched :meth:`request`: keep its buffers alive for ever
         (:func:`hpcps.comm.core.abandon`) and use new ones. Local."""
@@ -282,6 +322,9 @@ class WorkerEndpoint:
             header.view(np.uint8)[:] = stage[n:]
         self.stats.add(op, seconds=time.perf_counter() - t0)
 
+
+#: The ops a compiled :meth:`WorkerEndpoint.clock_step` counts
+_STEP_OPS = (CLOCK, PUSH_CLOCK, PUSH_CLOCK_PULL, PUSH, PULL)
 
 #: Seconds a worker polls for its replies before it sleeps between polls, when its node's
 #: cores are oversubscribed (or the launcher did not say); with a core per rank it waits in

@@ -458,21 +458,9 @@ class PSClient(NextPull, KeptPushes):
         staged, self.staged = self.staged, {}
         nxt, self.next_pull = self.next_pull, None
         pulls = self._pulls_by_server(nxt[2]) if nxt is not None else None
-        for s in ranges:
-            parts = staged.get(s)
-            if pulls is not None and pulls[s]:
-                self._send_step(s, parts or [], pulls[s], n_examples, epoch)
-                continue
-            if not parts:
-                self.ep.send(s, tp.make_header(tp.CLOCK, 0, self.clock_value, 0, n_examples,
-                                               aux=epoch, rng=s))
-                continue
-            desc = np.array([tp.part_of(h) for h, _, _ in parts], dtype=np.int64)
-            self.ep.send(s, tp.make_header(tp.PUSH_CLOCK, len(parts), self.clock_value,
-                                           sum(int(h[tp.H_NKEYS]) for h, _, _ in parts),
-                                           n_examples, self.seq, aux=epoch, rng=s), desc,
-                         more=[(k, g, tp.PUSH) for _, k, g in parts])
-            self.pushes_sent[s] += len(parts)
+        if not self.ep.clock_step(ranges, self.clock_value, n_examples, self.seq, epoch, staged,
+                                  pulls, self.pushes_sent):        # one compiled call
+            self._send_clock(ranges, staged, pulls, n_examples, epoch)
         self.clock_value += 1
         if nxt is not None:
             self.seq += 1

@@ -112,6 +112,28 @@ class NextPull:
                     by_server[s].append((tid, sorted_keys[a:b], buf[a:b], hdrs[s]))
         return by_server
 
+    def _send_clock(self, ranges, staged: dict, pulls, n_examples: int, epoch: int) -> None:
+        """:meth:`~hpcps.worker.client.PSClient.clock`'s requests, one per range of
+        ``ranges``, through the endpoint's Python path (when its compiled
+        :meth:`~hpcps.comm.transport.WorkerEndpoint.clock_step` does not take them): a
+        ``PUSH_CLOCK_PULL`` with the range's held pushes ``staged[s]`` and pulls
+        ``pulls[s]``, a ``PUSH_CLOCK`` (pushes, no pull) or a ``CLOCK``."""
+        c = self.clock_value
+        for s in ranges:
+            parts = staged.get(s)
+            if pulls is not None and pulls[s]:
+                self._send_step(s, parts or [], pulls[s], n_examples, epoch)
+                continue
+            if not parts:
+                self.ep.send(s, tp.make_header(tp.CLOCK, 0, c, 0, n_examples, aux=epoch, rng=s))
+                continue
+            desc = np.array([tp.part_of(h) for h, _, _ in parts], dtype=np.int64)
+            self.ep.send(s, tp.make_header(tp.PUSH_CLOCK, len(parts), c,
+                                           sum(int(h[tp.H_NKEYS]) for h, _, _ in parts),
+                                           n_examples, self.seq, aux=epoch, rng=s), desc,
+                         more=[(k, g, tp.PUSH) for _, k, g in parts])
+            self.pushes_sent[s] += len(parts)
+
     def _send_step(self, s: int, parts: list, pulls: list, n_examples: int, epoch: int) -> None:
         """Start one ``PUSH_CLOCK_PULL`` to range ``s``: this step's held pushes ``parts``
         (maybe none), its CLOCK, and the next step's pulls ``pulls`` (see
