@@ -23,7 +23,9 @@ and the worker's side of small requests (:class:`hpcps.comm.transport.WorkerEndp
 
 * :func:`send_packed`: a request of one message packed and sent (``MPI_Send``) in one call;
 * :func:`irecv_bytes`: the receive of a packed reply posted (an ``MPI.Request``);
-* :func:`unpack`: the packed reply copied into the rows and the header.
+* :func:`unpack`: the packed reply copied into the rows and the header;
+* :func:`send_step`: a step's clock to every key range — with its held pushes and the next
+  step's pulls — packed and started in one call, the replies' receives posted first.
 
 MPI errors raise :class:`mpi4py.MPI.Exception` with the error code, as mpi4py's own calls do
 (:func:`hpcps.comm.ft.is_peer_failure` reads its class).
