@@ -20,7 +20,7 @@ import numpy as np
 
 from hpcps.core.dyntables import HashPartition
 from hpcps.core.tables import KeyPartition, TableSpec
-from hpcps.kernels.keys import group_order
+from hpcps.kernels.keys import group_order, route_split
 
 __all__ = ["partition_of", "Routing"]
 
@@ -97,6 +97,24 @@ class Routing:
         if grouped:
             return None, bounds
         return group_order(srv, bounds), bounds
+
+    def split(self, table, keys, values=None):
+        """``keys`` (int64 ``(n,)``, C-contiguous) and the rows of ``values`` (``(n, ...)``
+        or None) grouped by range: ``(keys_g, values_g, bounds, order)`` — ``keys`` and
+        ``values`` themselves with ``order`` None when grouped already, else new arrays
+        with ``keys_g == keys[order]`` (a fixed table's in one compiled pass,
+        :func:`hpcps.kernels.keys.route_split`). Errors as :meth:`route`."""
+        part = self.table(table)[2]
+        if self.n_ranges == 1:
+            part.route(keys)                  # the keys checked (a bad one named)
+            return keys, values, np.array((0, keys.shape[0]), dtype=np.int64), None
+        if isinstance(part, KeyPartition):
+            return route_split(keys, values, part.num_keys, part.multiplier, part.range_size,
+                               part.n_servers)
+        order, bounds = self.group(table, keys)
+        if order is None:
+            return keys, values, bounds, None
+        return keys[order], (None if values is None else values[order]), bounds, order
 
     def shard_range(self, table, r: int) -> tuple[int, int]:
         """Permuted positions ``[lo, hi)`` of range ``r`` of a fixed table."""

@@ -240,8 +240,7 @@ class PSClient(NextPull, KeptPushes):
                              f"{getattr(out, 'shape', '')}")
         if keys.size == 0:
             return table, tid, None, None, None, out, out, None
-        order, bounds = self.routing.group(tid, keys)
-        sorted_keys = keys if order is None else keys[order]
+        sorted_keys, _, bounds, order = self.routing.split(tid, keys)
         buf = out if order is None else np.empty_like(out)   # in order already: no reordering
         hdrs = np.zeros((self.n_servers, self.header_len), dtype=np.int64)
         return table, tid, sorted_keys, order, bounds, buf, out, hdrs
@@ -388,20 +387,16 @@ class PSClient(NextPull, KeptPushes):
         tid, spec, _ = self._table(table)
         given_keys, given_grads = keys, grads
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
-        grads = np.asarray(grads, dtype=spec.dtype).reshape(keys.size, -1) if keys.size else \
-            np.empty((0, spec.dim), dtype=spec.dtype)
+        grads = np.ascontiguousarray(grads, dtype=spec.dtype).reshape(keys.size, -1) \
+            if keys.size else np.empty((0, spec.dim), dtype=spec.dtype)
         if grads.shape != (keys.size, spec.dim):
             raise ValueError(f"push to {spec.name!r}: grads shape {grads.shape} does not match "
                              f"({keys.size}, {spec.dim})")
         if keys.size == 0:
             return
-        order, bounds = self.routing.group(tid, keys)
-        if order is None:
-            k, g = keys, grads
-            if defer:       # sent after clock() returns: never from the caller's memory
-                k, g = _private(k, given_keys), _private(g, given_grads)
-        else:
-            k, g = keys[order], grads[order]
+        k, g, bounds, order = self.routing.split(tid, keys, grads)     # new arrays if reordered
+        if order is None and defer:       # sent after clock() returns: never the caller's memory
+            k, g = _private(k, given_keys), _private(g, given_grads)
         versions = self.read_version[tid] if versions is None else versions
         for s in range(self.n_servers):
             a, b = bounds[s], bounds[s + 1]

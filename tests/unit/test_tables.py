@@ -186,6 +186,38 @@ def test_route_matches_server_of_and_counts(n_servers, num_keys, permute):
     assert part.route(srt)[2]                    # grouped by server: no reordering needed
 
 
+@pytest.mark.parametrize("n_servers", [1, 3, 4])
+@pytest.mark.parametrize("dim, dtype", [(1, np.float32), (3, np.float64), (2, np.float32)])
+def test_route_split_is_group_then_take(n_servers, dim, dtype):
+    """Issue 20: a push's keys and values grouped by server in one compiled pass
+    (Routing.split -> kernels.keys.route_split) equal Routing.group's order applied to both;
+    grouped input comes back as itself (no copy), a dynamic table takes the general path,
+    a bad key is named."""
+    from hpcps.core.routing import Routing
+
+    rng = np.random.default_rng(7)
+    specs = [TableSpec("w", 1 << 20, dim, np.dtype(dtype).name, sparse=True),
+             TableSpec("h", (1 << 63) - 1, dim, np.dtype(dtype).name, sparse=True, storage="hash")]
+    routing = Routing(specs, n_servers)
+    for tid, space in ((0, 1 << 20), (1, 1 << 62)):
+        keys = rng.integers(0, space, 3001, dtype=np.int64)
+        vals = rng.standard_normal((keys.size, dim)).astype(dtype)
+        kg, vg, bounds, order = routing.split(tid, keys, vals)
+        want_order, want_bounds = routing.group(tid, keys)
+        np.testing.assert_array_equal(bounds, want_bounds)
+        if want_order is None:
+            assert order is None and kg is keys and vg is vals
+        else:
+            np.testing.assert_array_equal(order, want_order)
+            np.testing.assert_array_equal(kg, keys[want_order])
+            np.testing.assert_array_equal(vg, vals[want_order])
+        k2, v2, b2, o2 = routing.split(tid, kg)            # grouped now; no values
+        assert o2 is None and k2 is kg and v2 is None
+        np.testing.assert_array_equal(b2, bounds)
+    with pytest.raises(ValueError, match=r"key 1048576\b.*outside the key space"):
+        routing.split(0, np.array([5, 1 << 20], dtype=np.int64), np.zeros((2, dim), dtype))
+
+
 def test_route_and_local_rows_name_the_bad_key():
     part = KeyPartition(100, 3)
     for bad in (-1, 100, 2**40):
