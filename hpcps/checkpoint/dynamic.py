@@ -43,7 +43,7 @@ READ_ROWS = 1 << 20
 #: the largest update count restored per row (``updates`` is uint32 and saturates there)
 _UPDATES_MAX = np.iinfo(np.uint32).max
 
-__all__ = ["STORAGE", "write_group", "is_dynamic", "read_owned", "owned_count", "restore",
+__all__ = ["STORAGE", "write_group", "is_dynamic", "owned_count", "restore",
            "write_state", "restore_state", "Owned", "find_owned", "restore_all"]
 
 
@@ -169,50 +169,24 @@ def find_owned(shard_files, name: str, server: int, n_servers: int) -> Owned:
     return own
 
 
-def _owned_blocks(group: h5py.Group, server: int, n_servers: int, path=None, owned=None):
-    """``(first row, end row, mask)`` for each block of ``READ_ROWS`` keys of one old shard's
-    group that holds a key ``server`` of ``n_servers`` owns (``mask``: bool (end - first,),
-    those keys; None: all of them). With ``owned`` (:func:`find_owned` of the same server and
-    files) the blocks it found for ``path``, no key read; ValueError if the group's keys
-    are not those it read."""
+def _owned_blocks(group: h5py.Group, path, owned: Owned):
+    """``(first row, end row, mask)`` for each block of one old shard's group (file
+    ``path``) that :func:`find_owned` found holding a key ``owned.server`` owns (``mask``:
+    bool (end - first,), those keys; None: all of them); no key read or hashed again.
+    ValueError if the group's keys are not those it read."""
     d = group["keys"]
-    if owned is not None:
-        n, blocks = owned.blocks.get(path, (-1, ()))
-        if (owned.server, owned.n_servers, n) != (server, n_servers, d.shape[0]):
-            raise ValueError(f"{path}: its keys ({d.shape[0]}) are not those found owned "
-                             f"by server {server} of {n_servers} (file replaced since?)")
-        for a, size, bits in blocks:
-            yield a, a + size, (None if bits is None
-                                else np.unpackbits(bits, count=size).view(bool))
-        return
-    part = HashPartition(n_servers)
-    for a in range(0, d.shape[0], READ_ROWS):
-        mine = part.owned(d[a:a + READ_ROWS], server)
-        if mine.all():
-            yield a, a + mine.size, None
-        elif mine.any():
-            yield a, a + mine.size, mine
+    n, blocks = owned.blocks.get(path, (-1, ()))
+    if n != d.shape[0]:
+        raise ValueError(f"{path}: its keys ({d.shape[0]}) are not those found owned "
+                         f"by server {owned.server} of {owned.n_servers} (file replaced since?)")
+    for a, size, bits in blocks:
+        yield a, a + size, (None if bits is None else np.unpackbits(bits, count=size).view(bool))
 
 
 def _take(ds, a: int, b: int, mask):
     """Rows ``a:b`` of dataset ``ds``, those of ``mask`` (None: all)."""
     x = ds[a:b]
     return x if mask is None else x[mask]
-
-
-def read_owned(group: h5py.Group, server: int, n_servers: int):
-    """The entries of one old shard's group that ``server`` of ``n_servers`` owns, block by
-    block (``READ_ROWS`` keys: never a whole shard's arrays, nor a foreign shard's rows).
-
-    Yields
-    ------
-    keys : int64 (m,)
-    rows : (m, dim)
-    slots : dict of slot name -> (m, ...) arrays
-    """
-    for a, b, mine in _owned_blocks(group, server, n_servers):
-        yield (_take(group["keys"], a, b, mine), _take(group["rows"], a, b, mine),
-               {s: _take(d, a, b, mine) for s, d in group["slots"].items()})
 
 
 def owned_count(shard_files, name: str, server: int, n_servers: int) -> int:
@@ -247,15 +221,17 @@ def restore(table: HashTable, shard_files, name: str, server: int, n_servers: in
         For a fixed table's group, another rule/dim/dtype, a missing group, or a key found
         in two shards (the message names the file and the table).
     """
-    return _restore(table, shard_files, name, server, n_servers, None, False)[0]
+    return restore_all(table, shard_files, name,
+                       find_owned(shard_files, name, server, n_servers))[0]
 
 
 def restore_state(shard_files, name: str, server: int, n_servers: int) -> dict:
     """The admission/eviction state of ``server`` of ``n_servers`` from every old shard of
     a checkpoint, aligned with the rows :func:`restore` loads (same files, same order).
 
-    ``updates`` and ``last_clock`` (as stored: uint32 and int64 (m,)) follow the owned
-    keys (absent in an older checkpoint: None). The sketch is the old server's own when
+    ``updates`` (uint32 (m,); int64 counts of older checkpoints above 2^32 - 1 capped
+    there) and ``last_clock`` (int64 (m,)) follow the owned keys (absent in an older
+    checkpoint: None). The sketch is the old server's own when
     the server count is unchanged (exact); re-sharded, it is the element-wise sum of every
     old server's sketch (each key was counted only on its owner, so the sum never
     undercounts it: the count-min guarantee holds with ``N`` the total). The counts
@@ -267,7 +243,8 @@ def restore_state(shard_files, name: str, server: int, n_servers: int) -> dict:
     ValueError
         For a missing group (the message names the file and the table).
     """
-    return _restore(None, shard_files, name, server, n_servers, None, True)[1]
+    return _restore(None, shard_files, name, find_owned(shard_files, name, server, n_servers),
+                    True)[1]
 
 
 def restore_all(table: HashTable, shard_files, name: str, owned: Owned) -> tuple:
@@ -292,8 +269,7 @@ def restore_all(table: HashTable, shard_files, name: str, owned: Owned) -> tuple
     loaded : int
         Keys loaded (``owned.count``).
     state : dict
-        As :func:`restore_state`, but ``updates`` already saturated to uint32 (m,)
-        (int64 counts of older checkpoints above 2^32 - 1 capped there).
+        As :func:`restore_state`.
 
     Raises
     ------
@@ -301,19 +277,20 @@ def restore_all(table: HashTable, shard_files, name: str, owned: Owned) -> tuple
         As :func:`restore`, or for a shard file whose keys differ from those ``owned``
         found.
     """
-    return _restore(table, shard_files, name, owned.server, owned.n_servers, owned, True)
+    return _restore(table, shard_files, name, owned, True)
 
 
-def _restore(table, shard_files, name: str, server: int, n_servers: int, owned, state: bool):
+def _restore(table, shard_files, name: str, owned: Owned, state: bool):
     """``(keys loaded, state dict or None)``: the rows into ``table`` (None: none read) and
-    the state when ``state``; with ``owned`` the per-key state is written into arrays of
-    ``owned.count`` (``updates`` saturated to uint32), else concatenated from blocks."""
+    the state when ``state``, its per-key arrays of ``owned.count`` (``updates`` saturated
+    to uint32)."""
+    server, n_servers = owned.server, owned.n_servers
     if table is not None and len(table):
         raise ValueError(f"table {name!r}: restore needs an empty table, it holds {len(table)} keys")
     total, at = 0, 0
     have = dict(updates=state, last_clock=state)
     dtypes = dict(updates=np.uint32, last_clock=np.int64)
-    cols = {k: [] if owned is None else None for k in have}   # None: not allocated yet
+    cols = {k: None for k in have}           # None: not allocated yet
     sketch, sk_total = None, 0
     counts = dict(admitted=0, rejected=0, evicted=0)
     for path, f, g in _shard_groups(shard_files, name):
@@ -325,7 +302,7 @@ def _restore(table, shard_files, name: str, server: int, n_servers: int, owned, 
                 cols[k] = None                  # a shard without it: None for all
             elif cols[k] is None:
                 cols[k] = np.empty(owned.count, dtype=dtypes[k])
-        for a, b, mine in _owned_blocks(g, server, n_servers, path, owned):
+        for a, b, mine in _owned_blocks(g, path, owned):
             if table is not None:
                 keys = _take(g["keys"], a, b, mine)
                 try:
@@ -337,9 +314,7 @@ def _restore(table, shard_files, name: str, server: int, n_servers: int, owned, 
             m = b - a if mine is None else int(np.count_nonzero(mine))
             for k in (k for k in have if have[k]):
                 x = _take(g[k], a, b, mine)
-                if isinstance(cols[k], list):
-                    cols[k].append(x)
-                elif k == "updates" and x.dtype != np.uint32:     # int64 before 2026-12-05
+                if k == "updates" and x.dtype != np.uint32:     # int64 before 2026-12-05
                     cols[k][at:at + m] = np.minimum(x.astype(np.int64), _UPDATES_MAX)
                 else:
                     cols[k][at:at + m] = x
@@ -360,8 +335,6 @@ def _restore(table, shard_files, name: str, server: int, n_servers: int, owned, 
     for k, c in cols.items():
         if not have[k]:
             out[k] = None
-        elif isinstance(c, list):
-            out[k] = np.concatenate(c) if c else np.zeros(0, dtype=np.int64)
         else:
             out[k] = c if at == c.size else c[:at].copy()
     if sketch is not None:
